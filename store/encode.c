@@ -1,0 +1,295 @@
+/*
+ * encode.c - the host encoder (layout 0): symbol histogram, exp_of_rank, per-lane code lengths,
+ * block offsets, then the lane bit streams and the raw plane.
+ *
+ * Two passes over the weights: the first counts symbols and sums each lane's code lengths, which
+ * fixes hdr[], bases[] and the exact data size before a byte is written; the second writes.  The
+ * code of every input byte is looked up in a 256-entry table (BF16: the high byte; fp8: the whole
+ * byte), so the encoder never branches on the element type inside its loops.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct code {
+  uint32_t bits; /* right-aligned */
+  uint32_t len;  /* 2..24 */
+} code;
+
+typedef struct plan {
+  nwc__geom g;
+  const uint8_t *w8;   /* fp8 input */
+  const uint16_t *w16; /* BF16 input */
+  code codes[256];     /* by input byte (BF16: high byte) */
+  uint8_t nib[256];    /* fp8: raw nibble by input byte */
+  uint64_t data_bytes;
+} plan;
+
+/* The coded byte of weight (row, col): BF16 high byte or fp8 byte. */
+static inline unsigned in_byte(const plan *p, uint64_t row, uint64_t col) {
+  uint64_t i = row * p->g.K + col;
+  return p->w16 ? (unsigned)(p->w16[i] >> 8) : p->w8[i];
+}
+
+/* Ranks symbols by descending count, ties by ascending symbol; writes order[0..nsym). */
+static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
+  for (unsigned i = 0; i < nsym; i++) order[i] = i;
+  for (unsigned i = 1; i < nsym; i++) { /* insertion sort: stable, nsym <= 128 */
+    unsigned s = order[i], j = i;
+    while (j > 0 && freq[order[j - 1]] < freq[s]) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = s;
+  }
+}
+
+static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
+  uint64_t freq[128] = {0};
+  unsigned order[128], rank_of[128];
+  const nwc__geom *g = &p->g;
+  uint64_t n = g->M * g->K;
+  memset(psym, 0, NWC_RANKS);
+  if (p->w16) {
+    for (uint64_t i = 0; i < n; i++) freq[(p->w16[i] >> 8) & 0x7f]++;
+    rank_symbols(freq, 128, order);
+    for (unsigned r = 0; r < 128; r++) rank_of[order[r]] = r;
+    for (unsigned r = 0; r < NWC_BF16_CODED_RANKS; r++) psym[r] = (uint8_t)order[r];
+    for (unsigned b = 0; b < 256; b++) {
+      unsigned r = rank_of[b & 0x7f];
+      if (r < NWC_BF16_CODED_RANKS)
+        p->codes[b] = (code){2u | (b >> 7), r + 2};
+      else
+        p->codes[b] = (code){0x100u | b, 24}; /* 15 zeros, a one, the byte */
+    }
+    if (freq_out) memcpy(freq_out, freq, 128 * sizeof *freq);
+    return 0;
+  }
+  unsigned sym_of[256];
+  for (unsigned b = 0; b < 256; b++) {
+    unsigned s = 0, nib = 0;
+    sym_of[b] = nwc__fp8_split((uint8_t)b, &s, &nib) < 0 ? NWC_FP8_SYMBOLS : s;
+    p->nib[b] = (uint8_t)nib;
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    unsigned s = sym_of[p->w8[i]];
+    NWC_RETURN_IF(s == NWC_FP8_SYMBOLS, -EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN",
+                  (unsigned long long)i, (unsigned long long)(i / g->K),
+                  (unsigned long long)(i % g->K));
+    freq[s]++;
+  }
+  rank_symbols(freq, NWC_FP8_SYMBOLS, order);
+  for (unsigned r = 0; r < NWC_FP8_SYMBOLS; r++) {
+    rank_of[order[r]] = r;
+    psym[r] = nwc__fp8_sym_byte[order[r]];
+  }
+  for (unsigned b = 0; b < 256; b++) {
+    unsigned r = sym_of[b] < NWC_FP8_SYMBOLS ? rank_of[sym_of[b]] : 0; /* NaNs never reach here */
+    p->codes[b] = (code){2u | (b >> 7), r + 2};
+  }
+  if (freq_out) memcpy(freq_out, freq, NWC_FP8_SYMBOLS * sizeof *freq);
+  return 0;
+}
+
+/* Sums code lengths per lane, fills hdr[] and bases[], sets p->data_bytes. */
+static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
+  const nwc__geom *g = &p->g;
+  uint64_t lanes_per_band = g->col_blocks * NWC_LANES;
+  uint64_t *bits = calloc(lanes_per_band, sizeof *bits);
+  if (!bits) return -ENOMEM;
+  uint64_t off = 0;
+  for (uint64_t rb = 0; rb < g->row_blocks; rb++) {
+    memset(bits, 0, lanes_per_band * sizeof *bits);
+    uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < g->M ? r0 + NWC_BLOCK_ROWS : g->M;
+    for (uint64_t r = r0; r < r1; r++)
+      for (uint64_t c = 0; c < g->K; c++) bits[c / NWC_LANE_COLS] += p->codes[in_byte(p, r, c)].len;
+    for (uint64_t l = 0; l < lanes_per_band; l++) {
+      uint64_t c0 = l * NWC_LANE_COLS;
+      uint64_t cols = c0 >= g->K ? 0 : (g->K - c0 < NWC_LANE_COLS ? g->K - c0 : NWC_LANE_COLS);
+      bits[l] += 2 * (NWC_LANE_WEIGHTS - (r1 - r0) * cols); /* fillers: rank 0, sign 0 */
+    }
+    for (uint64_t cb = 0; cb < g->col_blocks; cb++) {
+      uint64_t b = rb * g->col_blocks + cb, words = 0;
+      bases[b] = off;
+      for (unsigned l = 0; l < NWC_LANES; l++) {
+        uint64_t wl = nwc__ceil_div(bits[cb * NWC_LANES + l], 32);
+        hdr[b * NWC_LANES + l] = (uint8_t)wl;
+        words += wl;
+      }
+      off = nwc__round_up(off + 4 * words, NWC_DATA_ALIGN);
+    }
+  }
+  bases[g->nblocks] = off;
+  p->data_bytes = off + NWC_DATA_SLACK;
+  free(bits);
+  return 0;
+}
+
+static inline void put_word(uint8_t *dst, uint32_t v) {
+  dst[0] = (uint8_t)v;
+  dst[1] = (uint8_t)(v >> 8);
+  dst[2] = (uint8_t)(v >> 16);
+  dst[3] = (uint8_t)(v >> 24);
+}
+
+/* MSB-first bit writer into little-endian 32-bit words. */
+typedef struct bitw {
+  uint8_t *dst;
+  uint64_t acc; /* pending bits, right-aligned */
+  unsigned n;   /* number of pending bits (< 32 between calls) */
+} bitw;
+
+static inline void bitw_put(bitw *w, uint32_t bits, unsigned len) {
+  w->acc = (w->acc << len) | bits;
+  w->n += len;
+  if (w->n >= 32) {
+    w->n -= 32;
+    put_word(w->dst, (uint32_t)(w->acc >> w->n));
+    w->dst += 4;
+  }
+}
+
+static inline void bitw_flush(bitw *w) {
+  if (w->n) {
+    put_word(w->dst, (uint32_t)(w->acc << (32 - w->n)));
+    w->dst += 4;
+    w->n = 0;
+  }
+}
+
+static void write_streams(const plan *p, const uint64_t *bases, const uint8_t *hdr, uint8_t *data) {
+  const nwc__geom *g = &p->g;
+  for (uint64_t b = 0; b < g->nblocks; b++) {
+    uint64_t rb = b / g->col_blocks, cb = b % g->col_blocks;
+    uint8_t *dst = data + bases[b];
+    for (unsigned l = 0; l < NWC_LANES; l++) {
+      bitw w = {dst, 0, 0};
+      uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
+      for (unsigned i = 0; i < NWC_BLOCK_ROWS; i++) {
+        uint64_t r = rb * NWC_BLOCK_ROWS + i;
+        for (unsigned j = 0; j < NWC_LANE_COLS; j++) {
+          if (r < g->M && c0 + j < g->K) {
+            code c = p->codes[in_byte(p, r, c0 + j)];
+            bitw_put(&w, c.bits, c.len);
+          } else {
+            bitw_put(&w, 2u, 2); /* filler */
+          }
+        }
+      }
+      bitw_flush(&w);
+      dst += 4 * (uint64_t)hdr[b * NWC_LANES + l];
+    }
+    memset(dst, 0, (size_t)(data + bases[b + 1] - dst)); /* alignment padding */
+  }
+  memset(data + bases[g->nblocks], 0, NWC_DATA_SLACK);
+}
+
+static void write_raw(const plan *p, uint8_t *raw) {
+  const nwc__geom *g = &p->g;
+  memset(raw, 0, g->M * g->raw_stride);
+  for (uint64_t r = 0; r < g->M; r++) {
+    uint8_t *row = raw + r * g->raw_stride;
+    if (p->w16) {
+      const uint16_t *src = p->w16 + r * g->K;
+      for (uint64_t c = 0; c < g->K; c++) row[c] = (uint8_t)src[c];
+    } else {
+      const uint8_t *src = p->w8 + r * g->K;
+      for (uint64_t c = 0; c < g->K; c++) {
+        unsigned j = (unsigned)(c % NWC_LANE_COLS);
+        row[(c / NWC_LANE_COLS) * 8 + nwc__fp8_nib_byte(j)] |=
+            (uint8_t)(p->nib[src[c]] << nwc__fp8_nib_shift(j));
+      }
+    }
+  }
+}
+
+static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
+                     uint8_t psym[16], uint64_t *bases, uint8_t *hdr) {
+  NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");
+  NWC_RETURN_IF(K == 0 || n == 0 || n % K != 0, -EINVAL,
+                "nwc_encode: %llu weights are not whole rows of %llu", (unsigned long long)n,
+                (unsigned long long)K);
+  memset(p, 0, sizeof *p);
+  NWC_TRY(nwc__geom_init(&p->g, n / K, K, elem));
+  if (p->g.type == NWC_ELEM_BF16)
+    p->w16 = w;
+  else
+    p->w8 = w;
+  NWC_TRY(plan_symbols(p, freq, psym));
+  return plan_lengths(p, bases, hdr);
+}
+
+int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
+                   uint8_t psym[16], uint64_t *bases, uint8_t *hdr, uint8_t *data, uint64_t cap,
+                   uint8_t *raw) {
+  NWC_RETURN_IF(!psym || !bases || !hdr, -EINVAL, "nwc_encode: missing output array");
+  plan *p = malloc(sizeof *p);
+  if (!p) return -ENOMEM;
+  int64_t rc = plan_init(p, w, n, K, elem, freq, psym, bases, hdr);
+  if (rc == 0) rc = (int64_t)p->data_bytes;
+  if (rc > 0 && data) {
+    if (cap < p->data_bytes || !raw) {
+      rc = nwc__fail(-ENOSPC, "nwc_encode: needs %llu data bytes, got %llu",
+                     (unsigned long long)p->data_bytes, (unsigned long long)cap);
+    } else {
+      write_streams(p, bases, hdr, data);
+      write_raw(p, raw);
+    }
+  }
+  free(p);
+  return rc;
+}
+
+int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem,
+                      const float *scale, nwc_tensor *t) {
+  NWC_RETURN_IF(!t, -EINVAL, "nwc_tensor_encode: no output");
+  memset(t, 0, sizeof *t);
+  uint64_t lay[4];
+  NWC_TRY(nwc_layout(rows, cols, elem, lay));
+  uint64_t nb = lay[NWC_LAYOUT_BLOCKS], raw_bytes = lay[NWC_LAYOUT_RAW_BYTES];
+  size_t meta = (size_t)((nb + 1) * 8 + nb * NWC_LANES);
+  uint8_t *head = malloc(nwc__round_up(meta, 8));
+  plan *p = malloc(sizeof *p);
+  int rc = head && p ? 0 : -ENOMEM;
+  uint64_t *bases = (uint64_t *)head;
+  uint8_t *hdr = head + (nb + 1) * 8;
+  if (rc == 0) rc = plan_init(p, w, rows * cols, cols, elem, NULL, t->psym, bases, hdr);
+  uint8_t *all = NULL;
+  if (rc == 0) {
+    size_t scale_bytes = scale ? (size_t)rows * sizeof(float) : 0;
+    size_t meta8 = nwc__round_up(meta, 8), data8 = nwc__round_up(p->data_bytes, 8);
+    all = malloc(meta8 + data8 + nwc__round_up(raw_bytes, 8) + scale_bytes);
+    if (!all) rc = -ENOMEM;
+    if (all) {
+      memcpy(all, head, meta);
+      uint8_t *data = all + meta8, *raw = data + data8;
+      t->bases = (const uint64_t *)all;
+      t->hdr = all + (nb + 1) * 8;
+      write_streams(p, t->bases, t->hdr, data);
+      write_raw(p, raw);
+      if (scale) {
+        memcpy(raw + nwc__round_up(raw_bytes, 8), scale, scale_bytes);
+        t->scale = (const float *)(raw + nwc__round_up(raw_bytes, 8));
+      }
+      t->elem = elem;
+      t->rows = rows;
+      t->cols = cols;
+      t->nblocks = nb;
+      t->data = data;
+      t->data_bytes = p->data_bytes;
+      t->raw = raw;
+      t->raw_bytes = raw_bytes;
+      t->owned = all;
+    }
+  }
+  free(head);
+  free(p);
+  return rc;
+}
+
+void nwc_tensor_release(nwc_tensor *t) {
+  if (!t) return;
+  free(t->owned);
+  memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,36 @@
+/*
+ * error.c - error text: nwc_strerror() for the negative errno values every nwc call returns, and
+ * the thread-local detail line that NWC_RETURN_IF records.
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char detail[256];
+
+int nwc__fail(int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+const char *nwc_error_detail(void) { return detail; }
+
+const char *nwc_strerror(int err) {
+  switch (err) {
+  case 0: return "success";
+  case -EINVAL: return "invalid argument";
+  case -EBADMSG: return "malformed or corrupt data";
+  case -ENOSPC: return "output buffer too small";
+  case -ENOMEM: return "out of memory";
+  case -ENOTSUP: return "not supported by this build";
+  case -ERANGE: return "value out of range";
+  case -EIO: return "input/output error";
+  case -ENOENT: return "no such file or entry";
+  default: return err < 0 ? strerror(-err) : "unknown status";
+  }
+}

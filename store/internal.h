@@ -1,0 +1,67 @@
+/*
+ * internal.h - helpers shared by the codec's translation units (not installed).
+ *
+ * NWC_RETURN_IF is how the codec rejects outside bytes: it records a one-line detail that
+ * nwc_error_detail() returns, and returns the negative errno from the enclosing function.
+ */
+#ifndef NWC_INTERNAL_H
+#define NWC_INTERNAL_H
+
+#include "nwc.h"
+
+#include <errno.h>
+
+#if defined(__GNUC__)
+#define NWC__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define NWC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define NWC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define NWC__PRINTF(a, b)
+#define NWC__LIKELY(x) (x)
+#define NWC__UNLIKELY(x) (x)
+#endif
+
+/* Records the detail text for err and returns err. */
+int nwc__fail(int err, const char *fmt, ...) NWC__PRINTF(2, 3);
+
+#define NWC_RETURN_IF(cond, err, ...)                                                            \
+  do {                                                                                           \
+    if (NWC__UNLIKELY(cond)) return nwc__fail((err), __VA_ARGS__);                               \
+  } while (0)
+
+/* Propagates a negative status. */
+#define NWC_TRY(expr)                                                                            \
+  do {                                                                                           \
+    int64_t nwc__rc = (expr);                                                                    \
+    if (nwc__rc < 0) return (int)nwc__rc;                                                        \
+  } while (0)
+
+/* Largest supported dimension product; keeps every byte count below 2^62. */
+#define NWC__MAX_WEIGHTS (UINT64_C(1) << 40)
+
+static inline uint64_t nwc__ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+static inline uint64_t nwc__round_up(uint64_t a, uint64_t b) { return nwc__ceil_div(a, b) * b; }
+
+/* Shape of a layout-0 tensor, derived from M, K and the element type. */
+typedef struct nwc__geom {
+  uint64_t M, K, K16;
+  uint64_t row_blocks, col_blocks, nblocks;
+  uint64_t raw_stride; /* bytes per row of the raw plane */
+  unsigned type;       /* NWC_ELEM_BF16 or NWC_ELEM_FP8 */
+} nwc__geom;
+
+/* Fills g for an M x K tensor; -EINVAL for a bad shape, -ENOTSUP for an unknown layout/type. */
+int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem);
+
+/* fp8 symbol split (docs/format.md, "fp8 symbols"): symbol 0..9 and the 4-bit raw nibble of an
+ * fp8 byte, sign excluded.  Returns -1 for the NaN patterns 0x7f and 0xff. */
+int nwc__fp8_split(uint8_t b, unsigned *sym, unsigned *nibble);
+/* The byte an fp8 symbol decodes to (its fp32 exponent field shifted right by one). */
+extern const uint8_t nwc__fp8_sym_byte[NWC_FP8_SYMBOLS];
+
+/* Position of an fp8 weight's nibble inside a lane's 8 bytes for 16 consecutive weights j:
+ * byte (j & 3) + 4 * (j >> 3), high nibble when bit 2 of j is set. */
+static inline unsigned nwc__fp8_nib_byte(unsigned j) { return (j & 3u) + 4u * (j >> 3); }
+static inline unsigned nwc__fp8_nib_shift(unsigned j) { return (j & 4u) ? 4u : 0u; }
+
+#endif /* NWC_INTERNAL_H */

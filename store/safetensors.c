@@ -1,0 +1,163 @@
+/*
+ * safetensors.c - parse and check a safetensors header with jansson; map the file read-only.
+ *
+ * Checks: header length within the file and below 100 MB; the header a JSON object whose members
+ * (except "__metadata__") each have a dtype string, a shape of at most 8 non-negative integers and
+ * data_offsets [begin, end] with begin <= end <= data size and, for known dtypes,
+ * end - begin == numel * dtype size.
+ */
+#include "safetensors.h"
+
+#include "internal.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_HEADER (100u << 20)
+
+typedef struct owned_map {
+  nwc_st_file f;
+  int mapped;
+} owned_map;
+
+static unsigned dtype_size(const char *d) {
+  static const struct {
+    const char *name;
+    unsigned size;
+  } k[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
+           {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
+           {"I64", 8},  {"U64", 8}, {"F64", 8}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (!strcmp(d, k[i].name)) return k[i].size;
+  return 0;
+}
+
+static int parse_entry(const char *name, json_t *v, uint64_t data_size, nwc_st_tensor *t) {
+  json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
+  json_t *off = json_object_get(v, "data_offsets");
+  NWC_RETURN_IF(!json_is_object(v) || !json_is_string(dt) || !json_is_array(sh) ||
+                    !json_is_array(off) || json_array_size(off) != 2,
+                -EBADMSG, "safetensors: tensor '%s' lacks dtype, shape or data_offsets", name);
+  const char *d = json_string_value(dt);
+  NWC_RETURN_IF(strlen(d) >= sizeof t->dtype, -EBADMSG, "safetensors: '%s': dtype too long", name);
+  strcpy(t->dtype, d);
+  t->dtype_size = dtype_size(d);
+  t->ndim = (unsigned)json_array_size(sh);
+  NWC_RETURN_IF(t->ndim > NWC_ST_MAX_DIMS, -EBADMSG, "safetensors: '%s': %u dimensions", name,
+                t->ndim);
+  t->numel = 1;
+  for (unsigned i = 0; i < t->ndim; i++) {
+    json_t *e = json_array_get(sh, i);
+    NWC_RETURN_IF(!json_is_integer(e) || json_integer_value(e) < 0, -EBADMSG,
+                  "safetensors: '%s': shape[%u] is not a non-negative integer", name, i);
+    t->shape[i] = (uint64_t)json_integer_value(e);
+    NWC_RETURN_IF(t->shape[i] && t->numel > (UINT64_C(1) << 48) / t->shape[i], -EBADMSG,
+                  "safetensors: '%s': shape too large", name);
+    t->numel *= t->shape[i];
+  }
+  json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
+  NWC_RETURN_IF(!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
+                    json_integer_value(e) < json_integer_value(b) ||
+                    (uint64_t)json_integer_value(e) > data_size,
+                -EBADMSG, "safetensors: '%s': data_offsets outside the %llu data bytes", name,
+                (unsigned long long)data_size);
+  t->begin = (uint64_t)json_integer_value(b);
+  t->end = (uint64_t)json_integer_value(e);
+  NWC_RETURN_IF(t->dtype_size && t->end - t->begin != t->numel * t->dtype_size, -EBADMSG,
+                "safetensors: '%s': %llu bytes for %llu %s elements", name,
+                (unsigned long long)(t->end - t->begin), (unsigned long long)t->numel, d);
+  t->name = strdup(name);
+  return t->name ? 0 : -ENOMEM;
+}
+
+static int parse(owned_map *m) {
+  nwc_st_file *f = &m->f;
+  NWC_RETURN_IF(f->size < 8, -EBADMSG, "safetensors: file of %zu bytes has no header", f->size);
+  uint64_t hlen;
+  memcpy(&hlen, f->map, 8);
+  NWC_RETURN_IF(hlen > MAX_HEADER || hlen > f->size - 8, -EBADMSG,
+                "safetensors: header length %llu does not fit the %zu-byte file",
+                (unsigned long long)hlen, f->size);
+  f->data_offset = 8 + hlen;
+  json_error_t err;
+  json_t *root = json_loadb((const char *)f->map + 8, hlen, JSON_REJECT_DUPLICATES, &err);
+  NWC_RETURN_IF(!root, -EBADMSG, "safetensors: header JSON: %s (line %d)", err.text, err.line);
+  int rc = 0;
+  if (!json_is_object(root)) rc = nwc__fail(-EBADMSG, "safetensors: header is not an object");
+  size_t n = rc ? 0 : json_object_size(root);
+  f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+  if (!f->tensors) rc = -ENOMEM;
+  const char *key;
+  json_t *v;
+  json_object_foreach(root, key, v) {
+    if (rc) break;
+    if (!strcmp(key, "__metadata__")) continue;
+    rc = parse_entry(key, v, f->size - f->data_offset, &f->tensors[f->count]);
+    if (rc == 0) f->count++;
+  }
+  json_decref(root);
+  return rc;
+}
+
+int nwc_st_parse(const uint8_t *buf, size_t size, nwc_st_file **out) {
+  owned_map *m = calloc(1, sizeof *m);
+  if (!m) return -ENOMEM;
+  m->f.map = buf;
+  m->f.size = size;
+  int rc = parse(m);
+  if (rc < 0) {
+    nwc_st_close(&m->f);
+    return rc;
+  }
+  *out = &m->f;
+  return 0;
+}
+
+int nwc_st_open(const char *path, nwc_st_file **out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nwc__fail(-errno, "safetensors: cannot open %s", path);
+  struct stat st;
+  int rc = fstat(fd, &st) < 0 ? -errno : 0;
+  void *map = MAP_FAILED;
+  if (rc == 0 && st.st_size > 0) {
+    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) rc = -errno;
+  }
+  close(fd);
+  if (rc < 0) return nwc__fail(rc, "safetensors: cannot map %s", path);
+  owned_map *m = calloc(1, sizeof *m);
+  if (!m) {
+    if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
+    return -ENOMEM;
+  }
+  m->f.map = map == MAP_FAILED ? (const uint8_t *)"" : map;
+  m->f.size = map == MAP_FAILED ? 0 : (size_t)st.st_size;
+  m->mapped = map != MAP_FAILED;
+  rc = parse(m);
+  if (rc < 0) {
+    nwc_st_close(&m->f);
+    return rc;
+  }
+  *out = &m->f;
+  return 0;
+}
+
+void nwc_st_close(nwc_st_file *f) {
+  if (!f) return;
+  owned_map *m = (owned_map *)f;
+  for (size_t i = 0; i < f->count; i++) free(f->tensors[i].name);
+  free(f->tensors);
+  if (m->mapped) munmap((void *)f->map, f->size);
+  free(m);
+}
+
+const nwc_st_tensor *nwc_st_find(const nwc_st_file *f, const char *name) {
+  for (size_t i = 0; i < f->count; i++)
+    if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
+  return NULL;
+}
