@@ -1,1 +1,62 @@
-int main(void){return 0;}
+/*
+ * nwc_bench.c - the nwc-bench command: dispatches to the benchmark subcommands, each of which
+ * prints one JSON object per line (one per measured item, then a summary).
+ */
+#include "bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double nwc_bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds) {
+  double round_time[3];
+  for (int k = 0; k < 3; k++) {
+    int n = 0;
+    double t0 = nwc_bench_now(), t;
+    do {
+      int rc = fn(arg);
+      if (rc < 0) return rc;
+      n++;
+      t = nwc_bench_now() - t0;
+    } while (t < min_seconds / 3 || n < 1);
+    round_time[k] = t / n;
+  }
+  qsort(round_time, 3, sizeof round_time[0], cmp_double);
+  return round_time[1];
+}
+
+void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols) {
+  *rows = t->ndim >= 2 ? t->shape[0] : 1;
+  *cols = t->ndim >= 2 ? t->numel / (t->shape[0] ? t->shape[0] : 1) : t->numel;
+}
+
+static void usage(FILE *f) {
+  fputs("usage: nwc-bench SUBCOMMAND [ARGS]\n"
+        "  codec FILE.safetensors [--layout N] [--elem bf16|fp8] [--seconds S]\n"
+        "        encode, decode and matvec every tensor on one core; JSON line per tensor + summary\n"
+        "Output is JSON lines on stdout; progress and errors go to stderr.\n",
+        f);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "codec")) return nwc_bench_codec(argc - 1, argv + 1);
+  fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

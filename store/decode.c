@@ -20,11 +20,11 @@
 #include <string.h>
 
 typedef struct lane {
-  uint64_t win;      /* valid bits left-aligned, zeros below */
-  int nbits;         /* valid bits in win */
-  unsigned left;     /* words of the stream not yet loaded */
-  unsigned phantom;  /* zero words loaded past the end of the stream */
-  const uint8_t *p;  /* next word */
+  uint64_t win;     /* valid bits left-aligned, zeros below */
+  int nbits;        /* valid bits in win */
+  unsigned left;    /* words not yet loaded (the last may hold the next lane's first unit) */
+  int avail;        /* bits of this lane's own stream not yet consumed; < 0 after an overrun */
+  const uint8_t *p; /* next word */
 } lane;
 
 typedef struct decoder {
@@ -46,8 +46,6 @@ static inline void refill(lane *s) {
       w = load_le32(s->p);
       s->p += 4;
       s->left--;
-    } else {
-      s->phantom++;
     }
     s->win |= (uint64_t)w << (32 - s->nbits);
     s->nbits += 32;
@@ -57,6 +55,7 @@ static inline void refill(lane *s) {
 static inline void consume(lane *s, unsigned c) {
   s->win <<= c;
   s->nbits -= (int)c;
+  s->avail -= (int)c;
 }
 
 /* exp_of_rank[r] as the table stores it. */
@@ -121,18 +120,30 @@ static int block_begin(decoder *d, uint64_t b) {
                 (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
                 (unsigned long long)t->data_bytes);
   const uint8_t *hdr = t->hdr + b * NWC_LANES;
-  uint64_t off = base;
+  uint64_t units = 0;
+  for (unsigned l = 0; l < NWC_LANES; l++) units += hdr[l];
+  NWC_RETURN_IF(4 * nwc__ceil_div(units, 2) > end - base, -EBADMSG,
+                "block %llu: lane streams (%llu units) overrun the block's %llu bytes",
+                (unsigned long long)b, (unsigned long long)units,
+                (unsigned long long)(end - base));
+  /* Lane l starts at unit u = sum of the lengths before it: in word u / 2, after 16 bits if u
+   * is odd; its words are u / 2 .. (u + n - 1) / 2. */
+  uint64_t u = 0;
   for (unsigned l = 0; l < NWC_LANES; l++) {
-    NWC_RETURN_IF(hdr[l] > NWC_LANE_MAX_WORDS, -EBADMSG, "block %llu: lane %u claims %u words",
-                  (unsigned long long)b, l, hdr[l]);
-    d->lanes[l] = (lane){0, 0, hdr[l], 0, t->data + off};
-    off += 4u * hdr[l];
+    unsigned n = hdr[l];
+    lane *s = &d->lanes[l];
+    *s = (lane){0, 0, 0, NWC_UNIT_BITS * (int)n, t->data + base + 4 * (u / 2)};
+    if (n) {
+      s->left = (unsigned)((u + n - 1) / 2 - u / 2 + 1);
+      refill(s);
+      if (u & 1) {
+        s->win <<= NWC_UNIT_BITS;
+        s->nbits -= NWC_UNIT_BITS;
+      }
+    }
+    u += n;
   }
-  NWC_RETURN_IF(off > end, -EBADMSG, "block %llu: lane streams (%llu bytes) overrun the block",
-                (unsigned long long)b, (unsigned long long)(off - base));
-  uint64_t c0 = (b % d->g.col_blocks) * NWC_BLOCK_COLS;
-  uint64_t cols = d->g.K16 - c0 < NWC_BLOCK_COLS ? d->g.K16 - c0 : NWC_BLOCK_COLS;
-  d->active = (unsigned)(cols / NWC_LANE_COLS);
+  d->active = nwc__active_lanes(&d->g, b % d->g.col_blocks);
   return 0;
 }
 
@@ -140,7 +151,7 @@ static int block_begin(decoder *d, uint64_t b) {
 static int block_end(const decoder *d, uint64_t b) {
   for (unsigned l = 0; l < d->active; l++) {
     const lane *s = &d->lanes[l];
-    NWC_RETURN_IF((int64_t)s->nbits < 32 * (int64_t)s->phantom, -EBADMSG,
+    NWC_RETURN_IF(s->avail < 0, -EBADMSG,
                   "block %llu: lane %u reads past the end of its stream", (unsigned long long)b, l);
   }
   return 0;
@@ -203,11 +214,6 @@ static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint1
   return block_end(d, b);
 }
 
-static unsigned rows_in_band(const nwc__geom *g, uint64_t rb) {
-  uint64_t left = g->M - rb * NWC_BLOCK_ROWS;
-  return left < NWC_BLOCK_ROWS ? (unsigned)left : NWC_BLOCK_ROWS;
-}
-
 int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, uint16_t *out) {
   int rc;
   decoder *d = decoder_new(t, &rc);
@@ -218,7 +224,7 @@ int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, u
                    (unsigned long long)d->g.row_blocks);
   for (uint64_t rb = rb_begin; rc == 0 && rb < rb_end; rb++)
     for (uint64_t cb = 0; rc == 0 && cb < d->g.col_blocks; cb++)
-      rc = dequant_block(d, rb * d->g.col_blocks + cb, rows_in_band(&d->g, rb), -1, out,
+      rc = dequant_block(d, rb * d->g.col_blocks + cb, nwc__block_rows(&d->g, rb), -1, out,
                          rb_begin * NWC_BLOCK_ROWS);
   free(d);
   return rc;
@@ -272,7 +278,7 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
   if (!x) rc = nwc__fail(-EINVAL, "nwc_matvec: no x");
   for (uint64_t rb = 0; rc == 0 && rb < d->g.row_blocks; rb++) {
     double acc[NWC_BLOCK_ROWS] = {0};
-    unsigned nrows = rows_in_band(&d->g, rb);
+    unsigned nrows = nwc__block_rows(&d->g, rb);
     for (uint64_t cb = 0; rc == 0 && cb < d->g.col_blocks; cb++) {
       uint64_t b = rb * d->g.col_blocks + cb;
       if ((rc = block_begin(d, b)) < 0) break;

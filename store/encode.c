@@ -106,18 +106,19 @@ static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
       for (uint64_t c = 0; c < g->K; c++) bits[c / NWC_LANE_COLS] += p->codes[in_byte(p, r, c)].len;
     for (uint64_t l = 0; l < lanes_per_band; l++) {
       uint64_t c0 = l * NWC_LANE_COLS;
-      uint64_t cols = c0 >= g->K ? 0 : (g->K - c0 < NWC_LANE_COLS ? g->K - c0 : NWC_LANE_COLS);
-      bits[l] += 2 * (NWC_LANE_WEIGHTS - (r1 - r0) * cols); /* fillers: rank 0, sign 0 */
+      if (c0 >= g->K16) continue; /* an inactive lane: empty stream */
+      uint64_t cols = g->K - c0 < NWC_LANE_COLS ? g->K - c0 : NWC_LANE_COLS;
+      bits[l] += 2 * (r1 - r0) * (NWC_LANE_COLS - cols); /* fillers K..K16-1: rank 0, sign 0 */
     }
     for (uint64_t cb = 0; cb < g->col_blocks; cb++) {
-      uint64_t b = rb * g->col_blocks + cb, words = 0;
+      uint64_t b = rb * g->col_blocks + cb, units = 0;
       bases[b] = off;
       for (unsigned l = 0; l < NWC_LANES; l++) {
-        uint64_t wl = nwc__ceil_div(bits[cb * NWC_LANES + l], 32);
-        hdr[b * NWC_LANES + l] = (uint8_t)wl;
-        words += wl;
+        uint64_t ul = nwc__ceil_div(bits[cb * NWC_LANES + l], NWC_UNIT_BITS);
+        hdr[b * NWC_LANES + l] = (uint8_t)ul;
+        units += ul;
       }
-      off = nwc__round_up(off + 4 * words, NWC_DATA_ALIGN);
+      off += nwc__block_span(units);
     }
   }
   bases[g->nblocks] = off;
@@ -150,37 +151,34 @@ static inline void bitw_put(bitw *w, uint32_t bits, unsigned len) {
   }
 }
 
-static inline void bitw_flush(bitw *w) {
-  if (w->n) {
-    put_word(w->dst, (uint32_t)(w->acc << (32 - w->n)));
-    w->dst += 4;
-    w->n = 0;
-  }
+/* Pads with zero bits to a multiple of `align` bits (16: a lane's end; 32: the block's end). */
+static inline void bitw_pad(bitw *w, unsigned align) {
+  unsigned r = w->n % align;
+  if (r) bitw_put(w, 0, align - r);
 }
 
-static void write_streams(const plan *p, const uint64_t *bases, const uint8_t *hdr, uint8_t *data) {
+static void write_streams(const plan *p, const uint64_t *bases, uint8_t *data) {
   const nwc__geom *g = &p->g;
   for (uint64_t b = 0; b < g->nblocks; b++) {
     uint64_t rb = b / g->col_blocks, cb = b % g->col_blocks;
-    uint8_t *dst = data + bases[b];
+    uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < g->M ? r0 + NWC_BLOCK_ROWS : g->M;
+    bitw w = {data + bases[b], 0, 0};
     for (unsigned l = 0; l < NWC_LANES; l++) {
-      bitw w = {dst, 0, 0};
       uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
-      for (unsigned i = 0; i < NWC_BLOCK_ROWS; i++) {
-        uint64_t r = rb * NWC_BLOCK_ROWS + i;
+      for (uint64_t r = r0; r < r1 && c0 < g->K16; r++) {
         for (unsigned j = 0; j < NWC_LANE_COLS; j++) {
-          if (r < g->M && c0 + j < g->K) {
+          if (c0 + j < g->K) {
             code c = p->codes[in_byte(p, r, c0 + j)];
             bitw_put(&w, c.bits, c.len);
           } else {
-            bitw_put(&w, 2u, 2); /* filler */
+            bitw_put(&w, 2u, 2); /* filler column below K16 */
           }
         }
       }
-      bitw_flush(&w);
-      dst += 4 * (uint64_t)hdr[b * NWC_LANES + l];
+      bitw_pad(&w, NWC_UNIT_BITS);
     }
-    memset(dst, 0, (size_t)(data + bases[b + 1] - dst)); /* alignment padding */
+    bitw_pad(&w, 32);
+    memset(w.dst, 0, (size_t)(data + bases[b + 1] - w.dst)); /* alignment padding */
   }
   memset(data + bases[g->nblocks], 0, NWC_DATA_SLACK);
 }
@@ -233,7 +231,7 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
       rc = nwc__fail(-ENOSPC, "nwc_encode: needs %llu data bytes, got %llu",
                      (unsigned long long)p->data_bytes, (unsigned long long)cap);
     } else {
-      write_streams(p, bases, hdr, data);
+      write_streams(p, bases, data);
       write_raw(p, raw);
     }
   }
@@ -266,7 +264,7 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
       uint8_t *data = all + meta8, *raw = data + data8;
       t->bases = (const uint64_t *)all;
       t->hdr = all + (nb + 1) * 8;
-      write_streams(p, t->bases, t->hdr, data);
+      write_streams(p, t->bases, data);
       write_raw(p, raw);
       if (scale) {
         memcpy(raw + nwc__round_up(raw_bytes, 8), scale, scale_bytes);

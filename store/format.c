@@ -52,8 +52,8 @@ int nwc_layout(uint64_t M, uint64_t K, unsigned elem, uint64_t out[4]) {
 int64_t nwc_encode_bound(uint64_t M, uint64_t K, unsigned elem) {
   nwc__geom g = {0};
   NWC_TRY(nwc__geom_init(&g, M, K, elem));
-  /* 32 lanes of 96 words is 12288 bytes, already a multiple of the 8-byte alignment. */
-  return (int64_t)(g.nblocks * NWC_LANES * NWC_LANE_MAX_WORDS * 4 + NWC_DATA_SLACK);
+  /* 32 lanes of 192 units is 12288 bytes, already a multiple of the 8-byte alignment. */
+  return (int64_t)(g.nblocks * NWC_LANES * NWC_LANE_MAX_UNITS * 2 + NWC_DATA_SLACK);
 }
 
 /* ---- fp8 e4m3 symbols ----------------------------------------------------------------------- */

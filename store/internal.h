@@ -50,6 +50,23 @@ typedef struct nwc__geom {
   unsigned type;       /* NWC_ELEM_BF16 or NWC_ELEM_FP8 */
 } nwc__geom;
 
+/* Rows of row block rb that lie inside the tensor (8 except in the last row block). */
+static inline unsigned nwc__block_rows(const nwc__geom *g, uint64_t rb) {
+  uint64_t left = g->M - rb * NWC_BLOCK_ROWS;
+  return left < NWC_BLOCK_ROWS ? (unsigned)left : NWC_BLOCK_ROWS;
+}
+
+/* Lanes of column block cb whose 16 columns start below K16; the others have empty streams. */
+static inline unsigned nwc__active_lanes(const nwc__geom *g, uint64_t cb) {
+  uint64_t left = g->K16 - cb * NWC_BLOCK_COLS;
+  return left < NWC_BLOCK_COLS ? (unsigned)(left / NWC_LANE_COLS) : NWC_LANES;
+}
+
+/* Bytes from one block's base to the next: its units rounded up to words, then to 8 bytes. */
+static inline uint64_t nwc__block_span(uint64_t units) {
+  return nwc__round_up(4 * nwc__ceil_div(units, 2), NWC_DATA_ALIGN);
+}
+
 /* Fills g for an M x K tensor; -EINVAL for a bad shape, -ENOTSUP for an unknown layout/type. */
 int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem);
 

@@ -6,8 +6,11 @@
  *
  *   psym[16]           exp_of_rank: the byte each prefix-code rank decodes to
  *   bases[nblocks + 1] byte offset of each 8 x 512 block in data (8-aligned); bases[nblocks] = end
- *   hdr[nblocks * 32]  stream length of each lane in 32-bit words
- *   data[data_bytes]   the lane bit streams, then NWC_DATA_SLACK zero bytes
+ *   hdr[nblocks * 32]  stream length of each lane in 16-bit units (0 for a lane whose columns
+ *                      start at or beyond K16; rows beyond M are not coded)
+ *   data[data_bytes]   per block, the lane streams concatenated in bit order (MSB first within
+ *                      little-endian 32-bit words, each lane padded to 16 bits, the block to a
+ *                      word and to 8 bytes), then NWC_DATA_SLACK zero bytes
  *   raw[raw_bytes]     the raw plane: the low byte of each BF16 weight (row stride K16), or the
  *                      4-bit nibble of each fp8 weight (row stride K16 / 2)
  *
@@ -39,8 +42,8 @@ extern "C" {
 #define NWC_LANES 32
 #define NWC_LANE_COLS 16       /* columns per lane and row */
 #define NWC_LANE_WEIGHTS 128   /* weights per lane and block: 8 rows x 16 columns */
-#define NWC_LANE_MAX_WORDS 96  /* 128 weights x 24 bits / 32 */
-#define NWC_LANE_MIN_WORDS 8   /* 128 weights x 2 bits / 32 */
+#define NWC_UNIT_BITS 16        /* lane streams are whole 16-bit units */
+#define NWC_LANE_MAX_UNITS 192  /* 128 weights x 24 bits / 16 */
 #define NWC_TAB_BITS 12
 #define NWC_TAB_ENTRIES 4096
 #define NWC_TAB_SLOW 0x40000000u /* bit 30 of a table entry: the pair is not complete */

@@ -65,15 +65,17 @@ int nwc_tensor_validate(const nwc_tensor *t) {
   NWC_RETURN_IF(t->bases[0] != 0, -EBADMSG, "bases[0] = %llu, must be 0",
                 (unsigned long long)t->bases[0]);
   for (uint64_t b = 0; b < g.nblocks; b++) {
-    uint64_t words = 0;
+    uint64_t units = 0, rows = nwc__block_rows(&g, b / g.col_blocks);
+    unsigned active = nwc__active_lanes(&g, b % g.col_blocks);
     for (unsigned l = 0; l < NWC_LANES; l++) {
-      unsigned n = t->hdr[b * NWC_LANES + l];
-      NWC_RETURN_IF(n < NWC_LANE_MIN_WORDS || n > NWC_LANE_MAX_WORDS, -EBADMSG,
-                    "block %llu lane %u: %u words, must be %d..%d", (unsigned long long)b, l, n,
-                    NWC_LANE_MIN_WORDS, NWC_LANE_MAX_WORDS);
-      words += n;
+      /* each of a lane's rows * 16 codes takes 2..24 bits: 2 * rows .. 24 * rows units */
+      uint64_t n = t->hdr[b * NWC_LANES + l], lo = l < active ? 2 * rows : 0, hi = 12 * lo;
+      NWC_RETURN_IF(n < lo || n > hi, -EBADMSG, "block %llu lane %u: %llu units, must be %llu..%llu",
+                    (unsigned long long)b, l, (unsigned long long)n, (unsigned long long)lo,
+                    (unsigned long long)hi);
+      units += n;
     }
-    uint64_t want = nwc__round_up(t->bases[b] + 4 * words, NWC_DATA_ALIGN);
+    uint64_t want = t->bases[b] + nwc__block_span(units);
     NWC_RETURN_IF(t->bases[b + 1] != want, -EBADMSG, "bases[%llu] = %llu, streams end at %llu",
                   (unsigned long long)(b + 1), (unsigned long long)t->bases[b + 1],
                   (unsigned long long)want);

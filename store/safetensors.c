@@ -4,7 +4,12 @@
  * Checks: header length within the file and below 100 MB; the header a JSON object whose members
  * (except "__metadata__") each have a dtype string, a shape of at most 8 non-negative integers and
  * data_offsets [begin, end] with begin <= end <= data size and, for known dtypes,
- * end - begin == numel * dtype size.
+ * end - begin == numel * dtype size; no two non-empty tensors' byte ranges overlap (duplicate names
+ * are rejected by jansson's JSON_REJECT_DUPLICATES).
+ *
+ * The sharded index (model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor:
+ * shard}}) is parsed here too: every shard name is a plain file name (no '/', not "." or "..",
+ * no control characters), so an index can only name files next to itself.
  */
 #include "safetensors.h"
 
@@ -75,6 +80,31 @@ static int parse_entry(const char *name, json_t *v, uint64_t data_size, nwc_st_t
   return t->name ? 0 : -ENOMEM;
 }
 
+static int cmp_begin(const void *a, const void *b) {
+  const nwc_st_tensor *x = *(const nwc_st_tensor *const *)a, *y = *(const nwc_st_tensor *const *)b;
+  return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+/* Rejects two non-empty tensors whose [begin, end) ranges overlap. */
+static int check_overlap(const nwc_st_file *f) {
+  if (f->count < 2) return 0;
+  const nwc_st_tensor **v = malloc(f->count * sizeof *v);
+  if (!v) return -ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < f->count; i++)
+    if (f->tensors[i].end > f->tensors[i].begin) v[n++] = &f->tensors[i];
+  qsort(v, n, sizeof *v, cmp_begin);
+  int rc = 0;
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (v[i]->begin < v[i - 1]->end)
+      rc = nwc__fail(-EBADMSG, "safetensors: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                     v[i - 1]->name, (unsigned long long)v[i - 1]->begin,
+                     (unsigned long long)v[i - 1]->end, v[i]->name,
+                     (unsigned long long)v[i]->begin, (unsigned long long)v[i]->end);
+  free(v);
+  return rc;
+}
+
 static int parse(owned_map *m) {
   nwc_st_file *f = &m->f;
   NWC_RETURN_IF(f->size < 8, -EBADMSG, "safetensors: file of %zu bytes has no header", f->size);
@@ -101,6 +131,7 @@ static int parse(owned_map *m) {
     if (rc == 0) f->count++;
   }
   json_decref(root);
+  if (rc == 0) rc = check_overlap(f);
   return rc;
 }
 
@@ -121,6 +152,12 @@ int nwc_st_parse(const uint8_t *buf, size_t size, nwc_st_file **out) {
 int nwc_st_open(const char *path, nwc_st_file **out) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nwc__fail(-errno, "safetensors: cannot open %s", path);
+  int rc = nwc_st_open_fd(fd, out);
+  close(fd);
+  return rc;
+}
+
+int nwc_st_open_fd(int fd, nwc_st_file **out) {
   struct stat st;
   int rc = fstat(fd, &st) < 0 ? -errno : 0;
   void *map = MAP_FAILED;
@@ -128,8 +165,7 @@ int nwc_st_open(const char *path, nwc_st_file **out) {
     map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) rc = -errno;
   }
-  close(fd);
-  if (rc < 0) return nwc__fail(rc, "safetensors: cannot map %s", path);
+  if (rc < 0) return nwc__fail(rc, "safetensors: cannot map the file");
   owned_map *m = calloc(1, sizeof *m);
   if (!m) {
     if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
@@ -160,4 +196,73 @@ const nwc_st_tensor *nwc_st_find(const nwc_st_file *f, const char *name) {
   for (size_t i = 0; i < f->count; i++)
     if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
   return NULL;
+}
+
+/* ---- the sharded index ---------------------------------------------------------------------- */
+
+static int shard_name_ok(const char *s) {
+  if (!*s || !strcmp(s, ".") || !strcmp(s, "..")) return 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p == '/' || *p < 0x20 || *p == 0x7f) return 0;
+  return 1;
+}
+
+void nwc_st_index_free(nwc_st_index *x) {
+  if (!x) return;
+  for (size_t i = 0; i < x->nshards; i++) free(x->shards[i]);
+  for (size_t i = 0; i < x->count; i++) free(x->names[i]);
+  free(x->shards);
+  free(x->names);
+  free(x->shard_of);
+  free(x);
+}
+
+static int index_fill(nwc_st_index *x, json_t *map) {
+  size_t n = json_object_size(map);
+  x->names = calloc(n ? n : 1, sizeof *x->names);
+  x->shard_of = calloc(n ? n : 1, sizeof *x->shard_of);
+  x->shards = calloc(n ? n : 1, sizeof *x->shards);
+  if (!x->names || !x->shard_of || !x->shards) return -ENOMEM;
+  const char *key;
+  json_t *v;
+  json_object_foreach(map, key, v) {
+    NWC_RETURN_IF(!json_is_string(v), -EBADMSG,
+                  "safetensors index: weight_map['%s'] is not a string", key);
+    const char *shard = json_string_value(v);
+    NWC_RETURN_IF(!shard_name_ok(shard), -EBADMSG,
+                  "safetensors index: tensor '%s' names shard '%s', not a plain file name", key,
+                  shard);
+    size_t s = 0;
+    while (s < x->nshards && strcmp(x->shards[s], shard)) s++;
+    if (s == x->nshards) {
+      if (!(x->shards[s] = strdup(shard))) return -ENOMEM;
+      x->nshards++;
+    }
+    if (!(x->names[x->count] = strdup(key))) return -ENOMEM;
+    x->shard_of[x->count++] = s;
+  }
+  return 0;
+}
+
+int nwc_st_index_parse(const uint8_t *buf, size_t size, nwc_st_index **out) {
+  NWC_RETURN_IF(size > MAX_HEADER, -EBADMSG, "safetensors index: %zu bytes is too large", size);
+  json_error_t err;
+  json_t *root = json_loadb((const char *)buf, size, JSON_REJECT_DUPLICATES, &err);
+  NWC_RETURN_IF(!root, -EBADMSG, "safetensors index: JSON: %s (line %d)", err.text, err.line);
+  json_t *map = json_object_get(root, "weight_map");
+  int rc = 0;
+  if (!json_is_object(root) || !json_is_object(map))
+    rc = nwc__fail(-EBADMSG, "safetensors index: no weight_map object");
+  else if (json_object_size(map) == 0)
+    rc = nwc__fail(-EBADMSG, "safetensors index: weight_map is empty");
+  nwc_st_index *x = rc ? NULL : calloc(1, sizeof *x);
+  if (rc == 0 && !x) rc = -ENOMEM;
+  if (rc == 0) rc = index_fill(x, map);
+  json_decref(root);
+  if (rc < 0) {
+    nwc_st_index_free(x);
+    return rc;
+  }
+  *out = x;
+  return 0;
 }

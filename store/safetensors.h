@@ -34,6 +34,8 @@ typedef struct nwc_st_file {
 /* Maps and parses path.  Returns 0, -errno for an I/O error, -EBADMSG for a malformed file
  * (nwc_error_detail says what).  Free with nwc_st_close. */
 NWC_EXTERN int nwc_st_open(const char *path, nwc_st_file **out);
+/* The same for an open file descriptor (not closed; the mapping outlives it). */
+NWC_EXTERN int nwc_st_open_fd(int fd, nwc_st_file **out);
 /* Parses an in-memory file (not copied: buf must outlive the result). */
 NWC_EXTERN int nwc_st_parse(const uint8_t *buf, size_t size, nwc_st_file **out);
 NWC_EXTERN void nwc_st_close(nwc_st_file *f);
@@ -42,6 +44,20 @@ NWC_EXTERN const nwc_st_tensor *nwc_st_find(const nwc_st_file *f, const char *na
 static inline const void *nwc_st_data(const nwc_st_file *f, const nwc_st_tensor *t) {
   return f->map + f->data_offset + t->begin;
 }
+
+/* A sharded model's index (model.safetensors.index.json): which shard holds each tensor. */
+typedef struct nwc_st_index {
+  size_t nshards;
+  char **shards;    /* distinct shard file names, in first-seen order (plain names, no '/') */
+  size_t count;
+  char **names;     /* tensor names, in weight_map order */
+  size_t *shard_of; /* names[i] lives in shards[shard_of[i]] */
+} nwc_st_index;
+
+/* Parses an index held in memory (copied).  Returns 0, -EBADMSG (detail says what) or -ENOMEM.
+ * Free *out with nwc_st_index_free (NULL is a no-op). */
+NWC_EXTERN int nwc_st_index_parse(const uint8_t *buf, size_t size, nwc_st_index **out);
+NWC_EXTERN void nwc_st_index_free(nwc_st_index *x);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,25 @@
+/*
+ * bench.h - what the nwc-bench subcommands share: a monotonic clock, repeat-until-long-enough
+ * timing, and loading a safetensors tensor as a BF16 matrix.
+ */
+#ifndef NWC_BENCH_H
+#define NWC_BENCH_H
+
+#include "nwc.h"
+#include "safetensors.h"
+
+#include <stdint.h>
+
+double nwc_bench_now(void);
+
+/* Runs fn(arg) until at least min_seconds have passed (and at least 3 times); returns the median
+ * seconds per call of 3 such rounds.  A negative return from fn aborts and is returned. */
+double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds);
+
+/* Rows and columns a tensor is stored as: 1-D as 1 x N, more dims as (d0, rest). */
+void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols);
+
+/* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */
+int nwc_bench_codec(int argc, char **argv);
+
+#endif

@@ -1,0 +1,217 @@
+/*
+ * nwc_store.h - the store: a directory of container files and a SQLite catalog (docs/store.md).
+ *
+ *   DIR/catalog.sqlite            the catalog (WAL mode; commits that publish or remove a model
+ *                                 are synchronous=FULL)
+ *   DIR/lock                      flock()ed: one writer (or several readers) per store
+ *   DIR/containers/ID.nwc         container files, ID = 16 lowercase hex digits of the container id
+ *   DIR/containers/ID.tmp         a container being written (removed at the next open if left)
+ *
+ * File names come from ids only, never from model or tensor names.  A container file is a
+ * 4096-byte header followed by tensor blobs, each starting on a 4096-byte boundary and padded to
+ * one, so that a loader can read a blob with O_DIRECT into an aligned buffer.  Every blob is
+ * covered by XXH3-64 checksums of its 1 MiB chunks (the last one the tail, padding included),
+ * kept in the catalog; every read path here checks them.
+ *
+ * Import is atomic: blobs are written to ID.tmp, fsynced, renamed to ID.nwc, the directory
+ * fsynced, and then one SQLite transaction publishes the model.  Removal is the reverse (the
+ * transaction first, then the files).  nwc_store_open() in writer mode removes whatever a crash
+ * left behind: *.tmp files and containers no catalog row references.
+ *
+ * Conventions as in nwc.h: 0 or a negative errno, nwc_error_detail() names the file, the tensor
+ * and what was wrong.  A store handle is not thread-safe: use it from one thread at a time
+ * (import uses its own worker threads internally).
+ */
+#ifndef NWC_STORE_H
+#define NWC_STORE_H
+
+#include "nwc.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NWC_STORE_ALIGN 4096u          /* blob offset and length alignment (O_DIRECT) */
+#define NWC_STORE_CHUNK (1u << 20)     /* checksum chunk size */
+#define NWC_STORE_SCHEMA_VERSION 2     /* catalog schema this build writes */
+#define NWC_CONTAINER_VERSION 1        /* container file format this build writes */
+#define NWC_MODEL_NAME_MAX 128
+
+typedef struct nwc_store nwc_store;
+
+enum nwc_store_flags {
+  NWC_STORE_CREATE = 1, /* create DIR and an empty catalog if missing */
+  NWC_STORE_RDONLY = 2, /* shared lock, no cleanup, no writes (import/remove return -EROFS) */
+};
+
+/* Opens (or with NWC_STORE_CREATE creates) the store in dir, migrates its catalog forward, and
+ * (writer mode) removes crash leftovers.  -EBUSY if another process holds the store's lock in a
+ * conflicting mode, -ENOENT if missing and not CREATE, -EBADMSG for a catalog newer than this
+ * build or not an nwc catalog.  Free with nwc_store_close. */
+NWC_EXTERN int nwc_store_open(const char *dir, unsigned flags, nwc_store **out);
+/* Closes the catalog and releases the lock; NULL is a no-op. */
+NWC_EXTERN void nwc_store_close(nwc_store *s);
+/* Files the last open's cleanup removed (temporary and unreferenced containers). */
+NWC_EXTERN uint64_t nwc_store_swept(const nwc_store *s);
+/* The catalog's schema version (after migration: NWC_STORE_SCHEMA_VERSION). */
+NWC_EXTERN int nwc_store_schema_version(nwc_store *s);
+
+/* 1 if name is a valid model name ([A-Za-z0-9][A-Za-z0-9._-]{0,127}), else 0. */
+NWC_EXTERN int nwc_model_name_valid(const char *name);
+/* 1 if name is a valid tensor name (non-empty valid UTF-8 without control characters), else 0. */
+NWC_EXTERN int nwc_tensor_name_valid(const char *name);
+
+/* ---- import ------------------------------------------------------------------------------- */
+
+/* Progress: bytes of source tensor data encoded so far, of total.  Called on the thread that
+ * called import (never from a worker), at least once at the start and once at the end; return
+ * non-zero to cancel (import then returns -ECANCELED and writes nothing). */
+typedef int (*nwc_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+typedef struct nwc_import_opts {
+  unsigned elem;    /* NWC_ELEM_BF16: keep source precision (F8_E4M3 stays fp8);
+                       NWC_ELEM_FP8: quantize BF16/F16/F32 tensors of 2 or more dims to fp8 per
+                       output row (nwc_quantize_fp8); 1-D tensors stay BF16 */
+  unsigned layout;  /* codec layout 0..15, passed through (the codec says -ENOTSUP if missing) */
+  unsigned threads; /* encoder threads; 0 = all online cores */
+  nwc_progress_fn progress;
+  void *progress_ctx;
+} nwc_import_opts;
+
+/* Imports path as model: a .safetensors file, or a sharded model's index (a name ending in
+ * ".json", e.g. model.safetensors.index.json, whose shards are read from its directory).
+ * opts may be NULL (bf16, layout 0, all cores, no progress).  On any error nothing is published
+ * and no file is left behind.  -EEXIST if the model exists, -EINVAL for a bad name or option,
+ * -EBADMSG for a malformed file, -ENOTSUP for a dtype that cannot be stored. */
+NWC_EXTERN int nwc_store_import(nwc_store *s, const char *model, const char *path,
+                                const nwc_import_opts *opts);
+
+/* One source file given as an open descriptor (how nwcd receives them over SCM_RIGHTS). */
+typedef struct nwc_import_file {
+  const char *name; /* file name as the index names it (or any label for a single file) */
+  int fd;           /* open for reading; not closed */
+} nwc_import_file;
+
+/* The same from descriptors: index_fd < 0 imports files[0] (nfiles must be 1); otherwise
+ * index_fd is the index and files must hold every shard it names (extra files are an error). */
+NWC_EXTERN int nwc_store_import_fds(nwc_store *s, const char *model, int index_fd,
+                                    const nwc_import_file *files, size_t nfiles,
+                                    const nwc_import_opts *opts);
+
+/* Removes a model: one transaction, then its container files.  -ENOENT if it does not exist. */
+NWC_EXTERN int nwc_store_remove(nwc_store *s, const char *model);
+
+/* ---- the catalog -------------------------------------------------------------------------- */
+
+typedef struct nwc_model_info {
+  int64_t id;
+  char *name;
+  int64_t created;        /* unix seconds */
+  int64_t verified;       /* unix seconds of the last clean nwc_store_verify, 0 if never */
+  uint64_t tensors;
+  uint64_t source_bytes;  /* tensor data bytes in the source files */
+  uint64_t raw_bytes;     /* bytes the tensors take as stored elements (BF16 2, fp8 1 per weight) */
+  uint64_t nwc_bytes;     /* bytes of their blobs in the containers */
+  unsigned nsources;      /* source files */
+} nwc_model_info;
+
+/* All models by name.  *out is an array of *n (free with nwc_model_info_free(*out, *n)). */
+NWC_EXTERN int nwc_store_models(nwc_store *s, nwc_model_info **out, size_t *n);
+/* One model; -ENOENT if absent.  Free with nwc_model_info_free(out, 1). */
+NWC_EXTERN int nwc_store_model(nwc_store *s, const char *model, nwc_model_info **out);
+NWC_EXTERN void nwc_model_info_free(nwc_model_info *m, size_t n);
+
+/* Everything the catalog holds about one stored tensor: enough to find, check and decode it. */
+typedef struct nwc_tensor_info {
+  int64_t id;
+  char *model, *name;            /* name as in the source file */
+  unsigned ndim;
+  uint64_t shape[8];             /* source shape */
+  char dtype[12];                /* source dtype: BF16, F16, F32, F8_E4M3 */
+  char *conversion;              /* what was done, e.g. "none", "f32->bf16 rne", "bf16->fp8 row" */
+  char *scale_tensor;            /* F8_E4M3 source: companion scale tensor's name, or NULL */
+  unsigned source;               /* index of the source file (shard) in the model */
+  unsigned elem;                 /* NWC_ELEM(type, layout) */
+  uint64_t rows, cols;           /* as encoded: 1-D is 1 x N, more dims (d0, rest) */
+  uint64_t source_bytes;         /* bytes in the source file */
+  uint64_t raw_bytes;            /* rows * cols * element size as stored */
+  char *path;                    /* absolute path of the container file */
+  uint64_t container;            /* container id */
+  uint64_t offset, length;       /* blob in the container: both multiples of NWC_STORE_ALIGN */
+  uint64_t chunk_size;           /* NWC_STORE_CHUNK */
+  uint64_t nchunks;              /* ceil(length / chunk_size) */
+  uint64_t *checksums;           /* XXH3-64 of each chunk */
+  /* decoder parameters (docs/format.md); offsets are from the blob start */
+  unsigned format_version;
+  uint8_t psym[16];              /* exp_of_rank */
+  unsigned tab_bits;             /* lookup table index bits (12) */
+  uint64_t nblocks, data_bytes, raw_plane_bytes;
+  uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no per-row scale */
+} nwc_tensor_info;
+
+/* The tensors of a model in source order (*out an array of *n; free with
+ * nwc_tensor_info_free(*out, *n)).  -ENOENT if the model does not exist. */
+NWC_EXTERN int nwc_store_tensors(nwc_store *s, const char *model, nwc_tensor_info **out,
+                                 size_t *n);
+/* One tensor; -ENOENT if absent.  Free with nwc_tensor_info_free(*out, 1). */
+NWC_EXTERN int nwc_store_tensor(nwc_store *s, const char *model, const char *tensor,
+                                nwc_tensor_info **out);
+NWC_EXTERN void nwc_tensor_info_free(nwc_tensor_info *t, size_t n);
+
+/* ---- reading tensors back ----------------------------------------------------------------- */
+
+/* Reads a tensor's blob into memory (4096-aligned), checks every chunk checksum and the blob
+ * header against the catalog, validates it, and fills *t (release with nwc_tensor_release). */
+NWC_EXTERN int nwc_store_read(nwc_store *s, const char *model, const char *tensor, nwc_tensor *t);
+NWC_EXTERN int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t);
+
+/* A tensor mapped read-only from its container (checksums verified when mapped). */
+typedef struct nwc_store_map nwc_store_map;
+/* Maps ti's blob, verifies it, and points *view into the mapping (valid until
+ * nwc_store_unmap(*out); do not nwc_tensor_release the view). */
+NWC_EXTERN int nwc_store_map_info(const nwc_tensor_info *ti, nwc_store_map **out,
+                                  nwc_tensor *view);
+NWC_EXTERN void nwc_store_unmap(nwc_store_map *m);
+
+/* For loaders that do their own I/O (nwcd's io_uring path): checks chunk i of ti's blob, given
+ * as the bytes [i * chunk_size, min(length, (i + 1) * chunk_size)) of the blob.  -EBADMSG names
+ * the model, tensor, file and offset on a mismatch. */
+NWC_EXTERN int nwc_store_chunk_check(const nwc_tensor_info *ti, uint64_t i, const void *chunk);
+/* Builds a borrowed view of a blob read whole into memory (blob holds ti->length bytes, 8-byte
+ * aligned at least): checks the blob header against the catalog and validates the tensor, but
+ * not the chunk checksums (check those as the chunks arrive). */
+NWC_EXTERN int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *view);
+
+/* ---- verify ------------------------------------------------------------------------------- */
+
+typedef struct nwc_verify_problem {
+  const char *model;
+  const char *tensor; /* NULL for a problem of the container file itself (header, size) */
+  const char *path;   /* container file */
+  uint64_t offset;    /* file offset of the bad range */
+  uint64_t length;    /* its length (a chunk, the header, ...) */
+  int err;            /* negative errno */
+  const char *what;   /* one line */
+} nwc_verify_problem;
+
+typedef void (*nwc_verify_fn)(void *ctx, const nwc_verify_problem *p);
+
+typedef struct nwc_verify_stats {
+  uint64_t models, tensors, chunks, bytes, problems;
+} nwc_verify_stats;
+
+/* Re-reads every container of model (NULL: all models): the container header and size, every
+ * chunk of every blob against its checksum, the blob headers, then decodes every tensor.  Calls
+ * cb (may be NULL) for each problem; st (may be NULL) receives counts.  Returns 0 if all is well
+ * (and records the time in the model's "verified"), -EBADMSG if any problem was found (the
+ * detail line is the first one), -ENOENT for an unknown model, or an I/O error. */
+NWC_EXTERN int nwc_store_verify(nwc_store *s, const char *model, nwc_verify_fn cb, void *ctx,
+                                nwc_verify_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NWC_STORE_H */
