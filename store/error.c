@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char detail[256];
+static _Thread_local char detail[1024]; /* room for a path, a tensor name and the reason */
 
 int nwc__fail(int err, const char *fmt, ...) {
   va_list ap;
