@@ -1,0 +1,34 @@
+# common.sh - sourced by scripts/test and scripts/demo: install what the build needs on Debian 12
+# (only what is missing, so a prepared machine needs no network), then configure and build.
+
+nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+# Debian packages the build and the tests need, and tools (command:package) that may also come
+# from elsewhere (a machine with its own Node.js has npm without Debian's package).
+nwc_packages=(build-essential cmake pkg-config clang
+  libjansson-dev libxxhash-dev libsqlite3-dev libuv1-dev liburing-dev libsystemd-dev libinih-dev)
+nwc_tools=(python3:python3 npm:npm)
+
+nwc_install_deps() {
+  local missing=()
+  for p in "${nwc_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  for t in "${nwc_tools[@]}"; do
+    command -v "${t%%:*}" >/dev/null || missing+=("${t#*:}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  echo "== installing: ${missing[*]}"
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# nwc_build DIR [cmake options...]: configure (once) and build into DIR.
+nwc_build() {
+  local dir="$1"
+  shift
+  cmake -S "$nwc_root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$(nproc)"
+}
