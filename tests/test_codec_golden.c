@@ -1,0 +1,150 @@
+/*
+ * test_codec_golden.c - the golden files (tests/golden/, README.md there) freeze the format.
+ *
+ * For each case in golden.txt: encoding NAME.in (fp8q: after nwc_quantize_fp8) must give
+ * NAME.nwct byte for byte (freezes the encoder and the record); NAME.out must follow from
+ * NAME.in (checks the golden data itself); reading NAME.nwct and decoding it must give NAME.out
+ * (freezes the decoder), and gather and matvec on it must agree with NAME.out.  A change that
+ * moves one bit of the format fails here.
+ */
+#include "codec_util.h"
+
+#include <errno.h>
+
+#ifndef GOLDEN_DIR
+#define GOLDEN_DIR "tests/golden"
+#endif
+
+/* Reads a whole file (malloc'ed) or returns NULL with a CHECK failure. */
+static uint8_t *slurp(const char *dir, const char *name, const char *ext, size_t *len) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s%s", dir, name, ext);
+  FILE *f = fopen(path, "rb");
+  CHECK(f, "cannot open %s: %s", path, strerror(errno));
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *p = cu_malloc((size_t)(n > 0 ? n : 1));
+  size_t got = fread(p, 1, (size_t)n, f);
+  fclose(f);
+  CHECK(n >= 0 && got == (size_t)n, "short read of %s", path);
+  *len = got;
+  return p;
+}
+
+/* Where two records first differ, named by the record layout (docs/format.md, "Tensor record"). */
+static void report_diff(const char *name, const uint8_t *got, size_t glen, const uint8_t *want,
+                        size_t wlen) {
+  size_t i = 0;
+  while (i < glen && i < wlen && got[i] == want[i]) i++;
+  static const struct {
+    size_t end;
+    const char *field;
+  } fields[] = {{4, "magic"},     {6, "version"},  {7, "elem"},      {8, "flags"},
+                {16, "rows"},     {24, "cols"},    {40, "psym"},     {48, "nblocks"},
+                {56, "data_bytes"}, {64, "raw_bytes"}, {72, "checksum"}};
+  const char *field = "arrays (bases, hdr, data, raw, scale)";
+  for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+    if (i < fields[f].end) {
+      field = fields[f].field;
+      break;
+    }
+  CHECK(0, "%s: record differs from %s.nwct at byte %zu (%s); %zu vs %zu bytes", name, name, i,
+        field, glen, wlen);
+}
+
+static void golden_case(const char *dir, const char *name, const char *type, uint64_t M, uint64_t K) {
+  int fp8_in = !strcmp(type, "fp8"), quant = !strcmp(type, "fp8q");
+  CHECK(fp8_in || quant || !strcmp(type, "bf16"), "%s: unknown type %s", name, type);
+  uint64_t K16 = cu_k16(K), n = M * K;
+  size_t in_len = 0, rec_len = 0, out_len = 0;
+  uint8_t *in = slurp(dir, name, ".in", &in_len), *rec = slurp(dir, name, ".nwct", &rec_len);
+  uint16_t *out = (uint16_t *)slurp(dir, name, ".out", &out_len);
+  if (!in || !rec || !out) goto done;
+  int sizes_ok = in_len == (fp8_in ? n : 2 * n) && out_len == M * K16 * 2;
+  CHECK(sizes_ok, "%s: file sizes do not fit %llux%llu", name, (unsigned long long)M,
+        (unsigned long long)K);
+  if (!sizes_ok) goto done;
+
+  /* Encoder: the input encodes to the golden record, byte for byte. */
+  unsigned type_id = fp8_in || quant ? NWC_ELEM_FP8 : NWC_ELEM_BF16;
+  uint8_t *q = fp8_in ? in : cu_malloc(n);
+  float *scale = quant ? cu_malloc(M * sizeof *scale) : NULL;
+  if (quant) CHECK_RC(nwc_quantize_fp8((const uint16_t *)in, M, K, q, scale));
+  const void *w = type_id == NWC_ELEM_FP8 ? (const void *)q : (const void *)in;
+  nwc_tensor t;
+  uint8_t *mine = NULL;
+  size_t mine_len = 0;
+  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type_id, 0), scale, &t);
+  CHECK_RC(rc);
+  if (rc == 0) {
+    CHECK_RC(nwc_record_write(&t, &mine, &mine_len));
+    if (mine && (mine_len != rec_len || memcmp(mine, rec, rec_len)))
+      report_diff(name, mine, mine_len, rec, rec_len);
+    nwc_tensor_release(&t);
+  }
+  free(mine);
+
+  /* The golden output follows from the input: padding columns hold the filler of psym[0]. */
+  uint8_t psym0 = rec_len >= 72 ? rec[24] : 0;
+  uint16_t *expect = cu_expected(w, M, K, type_id, psym0);
+  cu_same16(out, expect, M * K16, K16, "golden .out vs .in");
+  free(expect);
+
+  /* Decoder: the golden record decodes to the golden output. */
+  rc = nwc_record_read(rec, rec_len, &t);
+  CHECK(rc == 0, "%s: nwc_record_read: %s", name, nwc_error_detail());
+  if (rc == 0) {
+    CHECK(t.rows == M && t.cols == K && NWC_ELEM_TYPE(t.elem) == type_id && !t.scale == !quant,
+          "%s: record header does not match golden.txt", name);
+    CHECK(!quant || !memcmp(t.scale, scale, M * sizeof *scale), "%s: scales differ", name);
+    char what[300];
+    snprintf(what, sizeof what, "golden %s", name);
+    cu_check_dequant(&t, out, what);
+    cu_check_gather(&t, out, what);
+    cu_check_matvec(&t, out, what);
+    nwc_tensor_release(&t);
+  }
+  if (!fp8_in) free(q);
+  free(scale);
+done:
+  free(in);
+  free(rec);
+  free(out);
+}
+
+int main(void) {
+  test_seed("test_codec_golden");
+  const char *src = getenv("NWC_SOURCE_DIR");
+  char dir[4096];
+  if (src && *src)
+    snprintf(dir, sizeof dir, "%s/tests/golden", src);
+  else
+    snprintf(dir, sizeof dir, "%s", GOLDEN_DIR);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/golden.txt", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "test_codec_golden: cannot open %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  char line[512];
+  int cases = 0;
+  while (fgets(line, sizeof line, f)) {
+    char name[256], type[16];
+    unsigned long long M, K;
+    if (line[0] == '#' || line[0] == '\n') continue;
+    if (sscanf(line, "%255s %15s %llu %llu", name, type, &M, &K) != 4) {
+      CHECK(0, "golden.txt: bad line: %s", line);
+      continue;
+    }
+    int before = test_failures;
+    golden_case(dir, name, type, M, K);
+    printf("%-22s %s\n", name, test_failures == before ? "ok" : "FAILED");
+    cases++;
+  }
+  fclose(f);
+  CHECK(cases >= 8, "golden.txt lists only %d cases", cases);
+  return test_exit("test_codec_golden");
+}
