@@ -6,9 +6,10 @@
  * entry (bit 30) is finished code by code with a count of leading zeros, reading exp_of_rank back
  * out of the table itself (docs/format.md, "Decoding").  The table is the only symbol state.
  *
- * Safety: every block's offsets and stream lengths are checked before its words are read, a lane
- * never loads a word past its own stream, and a lane whose codes would need more bits than its
- * stream holds fails with -EBADMSG.  Rows are decoded in order 0..7, so decoding stops after the
+ * Safety: every block's offsets and stream lengths are checked before its words are read; a lane
+ * whose codes need more bits than its stream holds fails with -EBADMSG at the end of that row,
+ * and until then reads at most 400 bits past its end, which is inside the data (the next lanes or
+ * blocks) or inside a zero-padded copy of the block (the last blocks of the data).  Rows are decoded in order 0..7, so decoding stops after the
  * last row a request needs (the last row block of a tensor, gather).
  *
  * Loops run row by row over all lanes of a block, so the 32 independent lane states give the CPU
@@ -19,43 +20,38 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A lane's position in its block's bit sequence (bit 0 = bit 31 of the block's first word). */
 typedef struct lane {
-  uint64_t win;     /* valid bits left-aligned, zeros below */
-  int nbits;        /* valid bits in win */
-  unsigned left;    /* words not yet loaded (the last may hold the next lane's first unit) */
-  int avail;        /* bits of this lane's own stream not yet consumed; < 0 after an overrun */
-  const uint8_t *p; /* next word */
+  uint32_t pos; /* next bit to decode */
+  uint32_t end; /* first bit after the lane's stream */
 } lane;
+
+/* A block near the end of the data is copied here, so that windows can be loaded without bounds
+ * checks: a lane reads at most 384 bits (one row of 24-bit codes) past its end before the row
+ * check catches it, plus the second word of a window. */
+#define BLOCK_MAX_BYTES (NWC_LANES * NWC_LANE_MAX_UNITS * 2)
+#define WINDOW_MARGIN 64
 
 typedef struct decoder {
   nwc__geom g;
   const nwc_tensor *t;
   uint32_t tab[NWC_TAB_ENTRIES];
   lane lanes[NWC_LANES];
-  unsigned active; /* lanes whose columns start below K16 */
+  unsigned active;    /* lanes whose columns start below K16 */
+  const uint8_t *blk; /* the current block's words */
+  uint8_t pad[BLOCK_MAX_BYTES + WINDOW_MARGIN];
 } decoder;
 
 static inline uint32_t load_le32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  uint32_t v;
+  memcpy(&v, p, 4); /* little-endian host (record.c checks) */
+  return v;
 }
 
-static inline void refill(lane *s) {
-  if (s->nbits <= 32) {
-    uint32_t w = 0;
-    if (NWC__LIKELY(s->left)) {
-      w = load_le32(s->p);
-      s->p += 4;
-      s->left--;
-    }
-    s->win |= (uint64_t)w << (32 - s->nbits);
-    s->nbits += 32;
-  }
-}
-
-static inline void consume(lane *s, unsigned c) {
-  s->win <<= c;
-  s->nbits -= (int)c;
-  s->avail -= (int)c;
+/* 64 bits of the block's bit sequence from bit pos on, left-aligned; at least 33 are valid. */
+static inline uint64_t window(const uint8_t *blk, uint32_t pos) {
+  const uint8_t *p = blk + 4 * (pos >> 5);
+  return ((uint64_t)load_le32(p) << 32 | load_le32(p + 4)) << (pos & 31);
 }
 
 /* exp_of_rank[r] as the table stores it. */
@@ -64,50 +60,67 @@ static inline unsigned rank_byte(const uint32_t *tab, unsigned r) {
   return (tab[(r - 11) >> 1] >> (8 + 8 * ((r - 11) & 1))) & 0xffu;
 }
 
-/* One code, by counting leading zeros.  Needs >= 24 valid bits in the window. */
-static int slow_code(decoder *d, lane *s, unsigned *byte) {
-  unsigned z = s->win ? (unsigned)__builtin_clzll(s->win) : 64;
+/* One code at *pos, by counting leading zeros. */
+static int slow_code(const decoder *d, uint32_t *pos, unsigned *byte) {
+  uint64_t w = window(d->blk, *pos);
+  unsigned z = w ? (unsigned)__builtin_clzll(w) : 64;
   if (z < NWC_BF16_CODED_RANKS && (d->g.type == NWC_ELEM_BF16 || z < NWC_FP8_SYMBOLS)) {
-    *byte = (unsigned)((s->win >> (62 - z)) & 1u) << 7 | rank_byte(d->tab, z);
-    consume(s, z + 2);
+    *byte = (unsigned)((w >> (62 - z)) & 1u) << 7 | rank_byte(d->tab, z);
+    *pos += z + 2;
     return 0;
   }
   NWC_RETURN_IF(z != NWC_BF16_CODED_RANKS || d->g.type != NWC_ELEM_BF16, -EBADMSG,
                 "invalid code: %u leading zeros in a %s stream", z,
                 d->g.type == NWC_ELEM_BF16 ? "bf16" : "fp8");
-  *byte = (unsigned)(s->win >> 40) & 0xffu;
-  consume(s, 24);
+  *byte = (unsigned)(w >> 40) & 0xffu;
+  *pos += 24;
   return 0;
 }
 
-static int slow_pair(decoder *d, lane *s, uint32_t e, uint8_t *h) {
-  unsigned b0, b1;
+/* One pair at *pos through the table, finishing a slow entry code by code. */
+static int slow_pair(const decoder *d, uint32_t *pos, uint8_t *h) {
+  uint32_t e = d->tab[window(d->blk, *pos) >> 52];
+  unsigned b0 = 0, b1 = 0;
+  if (!(e & NWC_TAB_SLOW)) {
+    h[0] = (uint8_t)(e >> 8);
+    h[1] = (uint8_t)(e >> 16);
+    *pos += e & 0xffu;
+    return 0;
+  }
   if (e & 0xffu) { /* the entry holds a complete first code */
     b0 = (e >> 8) & 0xffu;
-    consume(s, e & 0xffu);
+    *pos += e & 0xffu;
   } else {
-    NWC_TRY(slow_code(d, s, &b0));
+    NWC_TRY(slow_code(d, pos, &b0));
   }
-  refill(s);
-  NWC_TRY(slow_code(d, s, &b1));
+  NWC_TRY(slow_code(d, pos, &b1));
   h[0] = (uint8_t)b0;
   h[1] = (uint8_t)b1;
   return 0;
 }
 
-/* The 16 bytes (sign << 7 | exponent) of one lane's weights in the current row. */
-static inline int decode_lane_row(decoder *d, lane *s, uint8_t h[16]) {
-  for (unsigned k = 0; k < NWC_LANE_COLS; k += 2) {
-    refill(s);
-    uint32_t e = d->tab[s->win >> 52];
-    if (NWC__LIKELY(!(e & NWC_TAB_SLOW))) {
-      h[k] = (uint8_t)(e >> 8);
-      h[k + 1] = (uint8_t)(e >> 16);
-      consume(s, e & 0xffu);
+/* The 16 bytes (sign << 7 | exponent) of one lane's weights in the current row.  One window
+ * serves two table lookups (two fast pairs use at most 24 of its >= 33 bits). */
+static inline int decode_lane_row(const decoder *d, lane *s, uint8_t h[16]) {
+  uint32_t pos = s->pos;
+  for (unsigned k = 0; k < NWC_LANE_COLS; k += 4) {
+    uint64_t w = window(d->blk, pos);
+    uint32_t e0 = d->tab[w >> 52];
+    uint32_t e1 = d->tab[(w << (e0 & 0xffu)) >> 52];
+    if (NWC__LIKELY(!((e0 | e1) & NWC_TAB_SLOW))) {
+      h[k] = (uint8_t)(e0 >> 8);
+      h[k + 1] = (uint8_t)(e0 >> 16);
+      h[k + 2] = (uint8_t)(e1 >> 8);
+      h[k + 3] = (uint8_t)(e1 >> 16);
+      pos += (e0 & 0xffu) + (e1 & 0xffu);
     } else {
-      NWC_TRY(slow_pair(d, s, e, h + k));
+      NWC_TRY(slow_pair(d, &pos, h + k));
+      NWC_TRY(slow_pair(d, &pos, h + k + 2));
     }
   }
+  NWC_RETURN_IF(pos > s->end, -EBADMSG, "lane stream overrun: codes need bit %u of %u", pos,
+                s->end);
+  s->pos = pos;
   return 0;
 }
 
@@ -120,40 +133,22 @@ static int block_begin(decoder *d, uint64_t b) {
                 (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
                 (unsigned long long)t->data_bytes);
   const uint8_t *hdr = t->hdr + b * NWC_LANES;
-  uint64_t units = 0;
-  for (unsigned l = 0; l < NWC_LANES; l++) units += hdr[l];
-  NWC_RETURN_IF(4 * nwc__ceil_div(units, 2) > end - base, -EBADMSG,
-                "block %llu: lane streams (%llu units) overrun the block's %llu bytes",
-                (unsigned long long)b, (unsigned long long)units,
-                (unsigned long long)(end - base));
-  /* Lane l starts at unit u = sum of the lengths before it: in word u / 2, after 16 bits if u
-   * is odd; its words are u / 2 .. (u + n - 1) / 2. */
-  uint64_t u = 0;
+  uint32_t u = 0;
   for (unsigned l = 0; l < NWC_LANES; l++) {
-    unsigned n = hdr[l];
-    lane *s = &d->lanes[l];
-    *s = (lane){0, 0, 0, NWC_UNIT_BITS * (int)n, t->data + base + 4 * (u / 2)};
-    if (n) {
-      s->left = (unsigned)((u + n - 1) / 2 - u / 2 + 1);
-      refill(s);
-      if (u & 1) {
-        s->win <<= NWC_UNIT_BITS;
-        s->nbits -= NWC_UNIT_BITS;
-      }
-    }
-    u += n;
+    d->lanes[l] = (lane){NWC_UNIT_BITS * u, NWC_UNIT_BITS * (u + hdr[l])};
+    u += hdr[l];
+  }
+  uint64_t bytes = 4 * nwc__ceil_div(u, 2);
+  NWC_RETURN_IF(bytes > end - base, -EBADMSG,
+                "block %llu: lane streams (%u units) overrun the block's %llu bytes",
+                (unsigned long long)b, u, (unsigned long long)(end - base));
+  d->blk = t->data + base;
+  if (t->data_bytes - base - bytes < WINDOW_MARGIN) {
+    memcpy(d->pad, d->blk, bytes);
+    memset(d->pad + bytes, 0, sizeof d->pad - bytes);
+    d->blk = d->pad;
   }
   d->active = nwc__active_lanes(&d->g, b % d->g.col_blocks);
-  return 0;
-}
-
-/* After decoding: no lane may have used bits beyond its stream. */
-static int block_end(const decoder *d, uint64_t b) {
-  for (unsigned l = 0; l < d->active; l++) {
-    const lane *s = &d->lanes[l];
-    NWC_RETURN_IF(s->avail < 0, -EBADMSG,
-                  "block %llu: lane %u reads past the end of its stream", (unsigned long long)b, l);
-  }
   return 0;
 }
 
@@ -211,7 +206,7 @@ static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint1
       for (unsigned j = 0; j < 16; j++) o[j] = (uint16_t)(h[j] << 8 | lo[j]);
     }
   }
-  return block_end(d, b);
+  return 0;
 }
 
 int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, uint16_t *out) {
@@ -294,7 +289,6 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
         }
         acc[i] += row;
       }
-      if (rc == 0) rc = block_end(d, b);
     }
     for (unsigned i = 0; rc == 0 && i < nrows; i++) {
       uint64_t r = rb * NWC_BLOCK_ROWS + i;
