@@ -1,0 +1,212 @@
+/*
+ * decode.cuh - the layout-0 lane decoder every kernel shares (format v9's decoder), device code.
+ *
+ * One warp decodes one 8 x 512 block; lane L owns columns 16L..16L+15 of each row.  Per lane:
+ *
+ *   window    hi:lo, 64 bits, MSB first (the next stream bit is bit 31 of hi); below the valid
+ *             bits it holds the next words or zeros.
+ *   fill      fm = 2^((64 - nb) mod 32) for nb valid bits, a rotated power of two: consuming c
+ *             bits rotates it left by c; it wraps (gets smaller) exactly when nb drops to <= 32,
+ *             and then fm = 2^(32 - nb) is the multiplier that puts the next word w just below
+ *             the valid bits: hi:lo += w * fm (one wide multiply-add; the multiplier is 0 when it
+ *             did not wrap).  Invariant between steps: nb > 32, so a slow code (<= 24 bits) and a
+ *             table lookup (12 bits) always find their bits.
+ *   w         the next word, loaded ahead; only that load is predicated.
+ *
+ * A step looks up the top 12 bits in the 4096-entry table in shared memory (store/tab.c): a fast
+ * entry gives two exponent bytes in bytes 1 and 2 and the bits used in byte 0, which the funnel
+ * shifts use directly as their shift amount (they take it mod 32); a slow entry (bit 30) is
+ * finished code by code with a count of leading zeros, exp_of_rank read back from the table
+ * (entries 1 << (11 - r) for rank r <= 10, entries 0/1 for ranks 11..14; escape: 15 zeros, a one,
+ * the byte).  Step results are "pair words" shaped like a fast entry: byte 1 = weight 2k's high
+ * byte, byte 2 = weight 2k+1's, byte 3 = 0.  A weight's fp32 pattern is then one prmt of the pair
+ * word with the low bytes: [high][low][0][0], bytes 1..0 taken from the pair word's zero byte 3.
+ *
+ * Reading bounds: a lane reads at most two words past its own stream (the two words loaded ahead),
+ * which lie in the next lane's stream or, for the last lane of the tensor, in the 16 slack bytes.
+ *
+ * decode_block() walks the rows of one block and hands each row's 8 pair words and 4 low-byte
+ * words to a sink (the dot product, or the store of dequant and gather).
+ */
+#ifndef NWC_DECODE_CUH
+#define NWC_DECODE_CUH
+
+#include "nwc.h"
+
+#include <stdint.h>
+
+namespace nwc_k {
+
+/* The tensor as the kernels see it (device pointers, 32-bit counters checked by the callers). */
+struct Geom {
+  const uint64_t *bases;
+  const uint8_t *hdr;
+  const uint8_t *data;
+  const uint8_t *raw;
+  uint64_t raw_stride; /* bytes per raw row: K16 (BF16) or K16 / 2 (fp8) */
+  uint32_t M, K16, CB, nblocks;
+};
+
+/* Copies the 4096-word table to shared memory; all threads of the block must call it. */
+__device__ __forceinline__ void load_table(uint32_t *s_tab, const uint32_t *tab) {
+  const uint4 *src = reinterpret_cast<const uint4 *>(tab);
+  uint4 *dst = reinterpret_cast<uint4 *>(s_tab);
+  for (unsigned i = threadIdx.x; i < NWC_TAB_ENTRIES / 4; i += blockDim.x) dst[i] = __ldg(src + i);
+  __syncthreads();
+}
+
+struct Lane {
+  uint32_t hi, lo, fm, w;
+  const uint32_t *p; /* word after w */
+
+  __device__ __forceinline__ void start(const uint32_t *s) {
+    hi = __ldg(s);
+    lo = __ldg(s + 1);
+    w = __ldg(s + 2);
+    p = s + 3;
+    fm = 1; /* nb = 64 */
+  }
+
+  /* Consumes (c mod 32) bits, c <= 24; refills from w when the fill level wraps. */
+  __device__ __forceinline__ void advance(uint32_t c) {
+    uint32_t nfm = __funnelshift_l(fm, fm, c);
+    uint32_t nhi = __funnelshift_l(lo, hi, c);
+    uint32_t nlo = __funnelshift_l(0u, lo, c);
+    bool wrap = nfm < fm;
+    uint64_t v = ((uint64_t)nhi << 32 | nlo) + (uint64_t)w * (wrap ? nfm : 0u);
+    hi = (uint32_t)(v >> 32);
+    lo = (uint32_t)v;
+    fm = nfm;
+    if (wrap) w = __ldg(p++);
+  }
+
+  /* One code by counting leading zeros; returns its byte (sign << 7 | exp_of_rank). */
+  __device__ __forceinline__ uint32_t code(const uint32_t *tab) {
+    uint32_t z = __clz(hi), byte;
+    if (z < NWC_BF16_CODED_RANKS) {
+      uint32_t sign = (hi >> (30 - z)) & 1u;
+      uint32_t rb = z <= 10 ? (tab[0x800u >> z] >> 8) & 0x7fu
+                            : (tab[(z - 11) >> 1] >> (8 + 8 * ((z - 11) & 1))) & 0xffu;
+      byte = sign << 7 | rb;
+      advance(z + 2);
+    } else { /* escape (15 zeros, a one, the byte); longer zero runs never occur in valid data */
+      byte = (hi >> 8) & 0xffu;
+      advance(24);
+    }
+    return byte;
+  }
+
+  /* The next two weights as a pair word. */
+  __device__ __forceinline__ uint32_t pair(const uint32_t *tab) {
+    uint32_t e = tab[hi >> (32 - NWC_TAB_BITS)];
+    if (__builtin_expect(!(e & NWC_TAB_SLOW), 1)) {
+      advance(e);
+      return e;
+    }
+    uint32_t b0;
+    if (e & 0xffu) { /* the first code is complete in the entry */
+      b0 = (e >> 8) & 0xffu;
+      advance(e & 0xffu);
+    } else {
+      b0 = code(tab);
+    }
+    uint32_t b1 = code(tab);
+    return b0 << 8 | b1 << 16;
+  }
+};
+
+/* Low bytes of one lane's 16 weights in one row, as 4 words (weights 4j..4j+3 in word j, weight
+ * order within a word = byte order).  BF16: the raw bytes; fp8: nibble << 4 (docs/format.md: word
+ * 0's low nibbles are weights 0..3, its high nibbles 4..7, word 1 likewise 8..15). */
+template <int TYPE> struct Low;
+
+template <> struct Low<NWC_ELEM_BF16> {
+  static constexpr unsigned lane_bytes = 16;
+  static __device__ __forceinline__ void load(const uint8_t *row, uint32_t c0, bool ok, uint32_t m[4]) {
+    uint4 v = ok ? __ldg(reinterpret_cast<const uint4 *>(row + c0)) : make_uint4(0, 0, 0, 0);
+    m[0] = v.x, m[1] = v.y, m[2] = v.z, m[3] = v.w;
+  }
+};
+
+template <> struct Low<NWC_ELEM_FP8> {
+  static constexpr unsigned lane_bytes = 8;
+  static __device__ __forceinline__ void load(const uint8_t *row, uint32_t c0, bool ok, uint32_t m[4]) {
+    uint2 v = ok ? __ldg(reinterpret_cast<const uint2 *>(row + c0 / 2)) : make_uint2(0, 0);
+    m[0] = (v.x << 4) & 0xf0f0f0f0u, m[1] = v.x & 0xf0f0f0f0u;
+    m[2] = (v.y << 4) & 0xf0f0f0f0u, m[3] = v.y & 0xf0f0f0f0u;
+  }
+};
+
+/* fp32 bit pattern of weight j of a row (e: the pair word of weights j & ~1, j | 1):
+ * [high][low][0][0].  j is a constant after unrolling, so the selector is an immediate. */
+__device__ __forceinline__ uint32_t weight_bits(int j, uint32_t e, const uint32_t m[4]) {
+  uint32_t sel = (uint32_t)(1 + (j & 1)) << 12 | (uint32_t)(4 + (j & 3)) << 8 | 0x33u;
+  return __byte_perm(e, m[j >> 2], sel);
+}
+
+/* BF16 bits of weights 2k and 2k+1 as one word (2k in the low half). */
+__device__ __forceinline__ uint32_t bf16_pair(int k, uint32_t e, const uint32_t m[4]) {
+  uint32_t b = 4 + ((2 * k) & 3);
+  uint32_t sel = 2u << 12 | (b + 1) << 8 | 1u << 4 | b;
+  return __byte_perm(e, m[(2 * k) >> 2], sel);
+}
+
+__device__ __forceinline__ uint32_t warp_exclusive_sum(uint32_t v) {
+  unsigned lane = threadIdx.x & 31u;
+  uint32_t s = v;
+#pragma unroll
+  for (unsigned d = 1; d < 32; d <<= 1) {
+    uint32_t o = __shfl_up_sync(0xffffffffu, s, d);
+    if (lane >= d) s += o;
+  }
+  return s - v;
+}
+
+/*
+ * Decodes rows [0, nrows) of block b (the whole warp calls it) and calls
+ * sink.row(i, row, active_and_in_range, e[8], m[4]) for each.  Before the rows: sink.begin(c0,
+ * active), with c0 the lane's first column and active = c0 < K16 (lanes beyond K16 own only filler
+ * weights: they decode them but load no raw bytes).
+ */
+template <int TYPE, class Sink>
+__device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab, uint32_t b,
+                                             uint32_t nrows, Sink &sink) {
+  const unsigned lane = threadIdx.x & 31u;
+  const uint32_t rb = b / g.CB, cb = b - rb * g.CB;
+  const uint32_t c0 = cb * NWC_BLOCK_COLS + lane * NWC_LANE_COLS;
+  const bool active = c0 < g.K16;
+  const uint64_t base = g.bases[b];
+  const uint32_t len = g.hdr[(uint64_t)b * NWC_LANES + lane];
+  const uint32_t *s = reinterpret_cast<const uint32_t *>(g.data + base) + warp_exclusive_sum(len);
+
+  /* Prefetch the block's streams (one 128-byte line per lane) and its raw rows into L1. */
+  const uint64_t end = g.bases[b + 1];
+  if (base + 128u * lane < end) asm volatile("prefetch.global.L1 [%0];" ::"l"(g.data + base + 128u * lane));
+  {
+    constexpr unsigned lines = Low<TYPE>::lane_bytes * NWC_LANES / 128; /* per row: 4 or 2 */
+    uint32_t r = lane / lines, seg = lane % lines;
+    uint64_t row = (uint64_t)rb * NWC_BLOCK_ROWS + r;
+    uint64_t off = (uint64_t)cb * (Low<TYPE>::lane_bytes * NWC_LANES) + 128u * seg;
+    if (r < nrows && row < g.M && off < g.raw_stride)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(g.raw + row * g.raw_stride + off));
+  }
+  sink.begin(c0, active);
+
+  Lane st;
+  st.start(s);
+#pragma unroll 1
+  for (uint32_t i = 0; i < nrows; i++) {
+    const uint64_t row = (uint64_t)rb * NWC_BLOCK_ROWS + i;
+    const bool ok = active && row < g.M;
+    uint32_t m[4];
+    Low<TYPE>::load(g.raw + row * g.raw_stride, c0, ok, m);
+    uint32_t e[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) e[k] = st.pair(tab);
+    sink.row(i, row, ok, e, m);
+  }
+}
+
+} /* namespace nwc_k */
+
+#endif /* NWC_DECODE_CUH */

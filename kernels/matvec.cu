@@ -1,0 +1,181 @@
+/*
+ * matvec.cu - y = scale * (W x) + bias on a layout-0 tensor (nwc_k_linear_bf16, nwc_k_matvec), and
+ * the plain fp8 matvec baseline (nwc_k_ref_fp8).
+ *
+ * Design (format v9): one persistent block of 1024 threads per SM copies the table to shared
+ * memory once, then each warp grid-strides over the 8 x 512 blocks.  Per block a lane loads its 16
+ * activations into registers once, decodes its 8 rows of 16 weights (decode.cuh), multiplies them
+ * into one row sum per row (two FMA chains), and rotates the row sums through eight accumulators so
+ * that every register index is a constant.  At block end a transposed shuffle reduction (xor 16,
+ * 8, 4 split the rows between lane halves, xor 2, 1 finish) leaves row r's sum in lane 4r, which
+ * stores it to scratch[row * CB + column block].  A finalize kernel (one thread per row) adds a
+ * row's CB partial sums in order, applies scale and bias, and writes fp32 and/or BF16.  No atomics:
+ * the result does not depend on scheduling.
+ *
+ * Variants: matvec_kernel<BF16>, matvec_kernel<FP8>; finalize_kernel; ref_fp8_kernel.
+ */
+#include "host.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace nwc_k {
+namespace {
+
+struct Dot {
+  const float *x;
+  float xv[16];
+  float acc[8];
+
+  __device__ __forceinline__ void begin(uint32_t c0, bool active) {
+    const float4 *xp = reinterpret_cast<const float4 *>(x + c0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float4 v = active ? __ldg(xp + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      xv[4 * j] = v.x, xv[4 * j + 1] = v.y, xv[4 * j + 2] = v.z, xv[4 * j + 3] = v.w;
+    }
+  }
+
+  __device__ __forceinline__ void row(uint32_t, uint64_t, bool, const uint32_t e[8], const uint32_t m[4]) {
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      s0 = fmaf(__uint_as_float(weight_bits(2 * k, e[k], m)), xv[2 * k], s0);
+      s1 = fmaf(__uint_as_float(weight_bits(2 * k + 1, e[k], m)), xv[2 * k + 1], s1);
+    }
+#pragma unroll
+    for (int r = 0; r < 7; r++) acc[r] = acc[r + 1];
+    acc[7] = s0 + s1;
+  }
+
+  /* Sum over the 32 lanes of each row's sums; row r ends in lane 4r, which stores it. */
+  __device__ __forceinline__ void end(float *scratch, uint32_t b, uint32_t CB) {
+    const unsigned lane = threadIdx.x & 31u;
+    const bool b4 = lane & 16u, b3 = lane & 8u, b2 = lane & 4u;
+    float v[4], u[2];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      float send = b4 ? acc[k] : acc[k + 4], keep = b4 ? acc[k + 4] : acc[k];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      float send = b3 ? v[k] : v[k + 2], keep = b3 ? v[k + 2] : v[k];
+      u[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+    }
+    float send = b2 ? u[0] : u[1], keep = b2 ? u[1] : u[0];
+    float s = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 3u) == 0) {
+      uint32_t rb = b / CB, cb = b - rb * CB;
+      scratch[(uint64_t)(rb * NWC_BLOCK_ROWS + (lane >> 2)) * CB + cb] = s;
+    }
+  }
+};
+
+template <int TYPE>
+__global__ void __launch_bounds__(1024, 1)
+matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
+  __shared__ uint32_t s_tab[NWC_TAB_ENTRIES];
+  load_table(s_tab, tab);
+  const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < g.nblocks; b += nwarps) {
+    Dot d;
+    d.x = x;
+    decode_block<TYPE>(g, s_tab, b, NWC_BLOCK_ROWS, d);
+    d.end(scratch, b, g.CB);
+  }
+}
+
+__global__ void finalize_kernel(const float *scratch, uint32_t M, uint32_t CB, const float *scale,
+                                const float *bias, float *y, uint16_t *y_bf16) {
+  uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= M) return;
+  const float *p = scratch + (uint64_t)r * CB;
+  float s = 0.f;
+  for (uint32_t cb = 0; cb < CB; cb++) s += p[cb];
+  float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
+  if (y) y[r] = v;
+  if (y_bf16) y_bf16[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* One warp per row, 16 fp8 weights per lane and load, converted through half2. */
+__global__ void __launch_bounds__(256)
+ref_fp8_kernel(const uint8_t *q, uint32_t M, uint32_t K, const float *x, const float *scale,
+               const float *bias, uint16_t *y) {
+  const uint32_t r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31u;
+  if (r >= M) return;
+  const uint4 *row = reinterpret_cast<const uint4 *>(q + (uint64_t)r * K);
+  const float4 *xp = reinterpret_cast<const float4 *>(x);
+  float s = 0.f;
+#pragma unroll 4
+  for (uint32_t c = lane; c < K / 16; c += 32) {
+    uint4 v = __ldcs(row + c);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float4 xv = __ldg(xp + 4 * c + j);
+      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] & 0xffffu), __NV_E4M3);
+      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] >> 16), __NV_E4M3);
+      float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+      float2 bb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+      s = fmaf(a.x, xv.x, s);
+      s = fmaf(a.y, xv.y, s);
+      s = fmaf(bb.x, xv.z, s);
+      s = fmaf(bb.y, xv.w, s);
+    }
+  }
+#pragma unroll
+  for (int d = 16; d; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  if (lane == 0) {
+    float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
+    y[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, float *y,
+                  uint16_t *y_bf16, float *scratch, cudaStream_t stream) {
+  Geom g;
+  unsigned type;
+  int rc = geom_of(t, &g, &type);
+  if (rc < 0) return rc;
+  if (!x || !scratch || (!y && !y_bf16)) return -EINVAL;
+  int sms = sm_count();
+  if (sms < 0) return sms;
+  uint32_t blocks = (g.nblocks + 31) / 32;
+  if (blocks > (uint32_t)sms) blocks = (uint32_t)sms;
+  if (type == NWC_ELEM_BF16)
+    matvec_kernel<NWC_ELEM_BF16><<<blocks, 1024, 0, stream>>>(g, t->tab, x, scratch);
+  else
+    matvec_kernel<NWC_ELEM_FP8><<<blocks, 1024, 0, stream>>>(g, t->tab, x, scratch);
+  if ((rc = launch_status()) < 0) return rc;
+  finalize_kernel<<<(g.M + 255) / 256, 256, 0, stream>>>(scratch, g.M, g.CB, t->scale, bias, y, y_bf16);
+  return launch_status();
+}
+
+} /* namespace */
+} /* namespace nwc_k */
+
+extern "C" int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
+                                 uint16_t *y, float *scratch, cudaStream_t stream) {
+  if (!y) return -EINVAL;
+  return nwc_k::launch_matvec(t, x, bias, NULL, y, scratch, stream);
+}
+
+extern "C" int nwc_k_matvec(const nwc_k_tensor *t, const float *x, const float *bias, float *y,
+                            float *scratch, cudaStream_t stream) {
+  if (!y) return -EINVAL;
+  return nwc_k::launch_matvec(t, x, bias, y, NULL, scratch, stream);
+}
+
+extern "C" int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const float *x,
+                             const float *scale, const float *bias, uint16_t *y,
+                             cudaStream_t stream) {
+  if (!q || !x || !y || M == 0 || K == 0 || K % 16) return -EINVAL;
+  if (M >= (UINT64_C(1) << 31) || K >= (UINT64_C(1) << 31)) return -EOVERFLOW;
+  uint64_t blocks = (M + 7) / 8;
+  nwc_k::ref_fp8_kernel<<<(unsigned)blocks, 256, 0, stream>>>(q, (uint32_t)M, (uint32_t)K, x, scale,
+                                                              bias, y);
+  return nwc_k::launch_status();
+}

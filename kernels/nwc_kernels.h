@@ -1,0 +1,88 @@
+/*
+ * nwc_kernels.h - the CUDA kernels for layout 0 (BF16 and fp8): linear/matvec, dequant, gather,
+ * and the plain fp8 matvec they are measured against.  C ABI, usable from C17.
+ *
+ * A tensor lives on the device as an nwc_k_tensor: the arrays of an nwc_tensor (docs/format.md)
+ * copied to device memory plus its 4096-word lookup table.  nwc_k_tensor_upload() makes one from
+ * a validated host tensor; a daemon that loads the arrays itself fills the struct directly (all
+ * pointers device pointers, the table from nwc_build_tab).
+ *
+ * Every function takes a cudaStream_t and only enqueues work on it (no allocation, no
+ * synchronization, so calls can be captured in a CUDA graph), checks shapes and pointers first,
+ * checks cudaGetLastError() after each launch, and returns 0 or a negative errno:
+ *   -EINVAL     a NULL pointer, a shape the tensor does not have, a bad row index
+ *   -ENOTSUP    an element type or layout the kernels lack
+ *   -EOVERFLOW  a tensor too large for the kernels' 32-bit block and row counters
+ *   -EIO        the CUDA runtime reported an error (nwc_k_last_cuda_error() returns its code)
+ * Nothing here exits or prints.
+ *
+ * The kernels trust the tensor's bytes: upload validates them (nwc_tensor_validate); a daemon
+ * filling nwc_k_tensor itself must have validated them too.
+ */
+#ifndef NWC_KERNELS_H
+#define NWC_KERNELS_H
+
+#include "nwc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA runtime's own definition (driver_types.h), repeated so that this header needs no CUDA
+ * include; a repeated identical typedef is valid C11 and C++. */
+typedef struct CUstream_st *cudaStream_t;
+
+typedef struct nwc_k_tensor {
+  unsigned elem;          /* NWC_ELEM(type, 0) */
+  uint64_t rows, cols;    /* M, K */
+  uint64_t nblocks;
+  const uint32_t *tab;    /* 4096 words: nwc_build_tab(psym, elem) */
+  const uint64_t *bases;  /* nblocks + 1 */
+  const uint8_t *hdr;     /* nblocks * 32 */
+  const uint8_t *data;    /* data_bytes, NWC_DATA_SLACK zero bytes at the end */
+  const uint8_t *raw;     /* rows * raw stride */
+  const float *scale;     /* rows floats, or NULL for 1 */
+  void *owned;            /* the one device allocation behind the pointers (upload), or NULL */
+} nwc_k_tensor;
+
+/* Validates t, copies it to one new device allocation and fills *d (synchronously: the host
+ * arrays may be freed after return).  Free with nwc_k_tensor_free.  Returns 0, -EBADMSG for an
+ * invalid tensor, -ENOMEM, -EIO. */
+NWC_EXTERN int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStream_t stream);
+/* Frees what upload allocated and zeroes *d; NULL or a borrowed view frees nothing. */
+NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
+
+/* The cudaError_t of the last -EIO on this thread (0 if none). */
+NWC_EXTERN int nwc_k_last_cuda_error(void);
+
+/*
+ * y = scale * (W x) + bias, rounded to BF16 (nearest even).  x: K16 floats (K16 = K rounded up to
+ * 16), x[K..K16) must be 0.  bias: rows floats or NULL.  scratch: NWC_LAYOUT_SCRATCH floats of
+ * nwc_layout() (partial sums per row and column block; overwritten).  One persistent block of 1024
+ * threads per SM decodes and multiplies; a finalize kernel adds the partial sums.
+ */
+NWC_EXTERN int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
+                                 uint16_t *y, float *scratch, cudaStream_t stream);
+/* The same with fp32 y (the test path; same kernels, finalize writes floats). */
+NWC_EXTERN int nwc_k_matvec(const nwc_k_tensor *t, const float *x, const float *bias, float *y,
+                            float *scratch, cudaStream_t stream);
+/* Row-major BF16 output, row stride K16 (as nwc_dequant; fp8 yields unscaled values). */
+NWC_EXTERN int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t stream);
+/* out[i * K16 ...] = row rows[i] (device array of n indices); -EINVAL is not detected for an
+ * index >= rows on the device: such a row is skipped and its output left as it was. */
+NWC_EXTERN int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n,
+                            uint16_t *out, cudaStream_t stream);
+
+/*
+ * The plain fp8 weight-only matvec: the bandwidth baseline for fp8.  q: M x K fp8 e4m3 bytes,
+ * row-major, K a multiple of 16; y = scale[r] * (q_r . x) + bias[r], rounded to BF16; scale and
+ * bias may be NULL.  One warp per row, 16-byte loads.
+ */
+NWC_EXTERN int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const float *x,
+                             const float *scale, const float *bias, uint16_t *y,
+                             cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NWC_KERNELS_H */

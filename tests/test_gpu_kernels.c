@@ -1,0 +1,313 @@
+/*
+ * test_gpu_kernels.c - the CUDA kernels of kernels/ against the CPU reference decoder and an fp64
+ * matvec, on fresh random tensors each run (seed printed; NWC_SEED replays) and on the sample
+ * model (NWC_SAMPLE).  Skips (77) where no GPU is present.
+ *
+ * Per tensor (BF16 and fp8): dequant and gather bit-exact against nwc_dequant / nwc_gather;
+ * matvec (fp32 y) with ||y - ref|| / ||ref|| <= 1e-5 against fp64 on the original weights; linear
+ * (BF16 y) within one BF16 ulp of the fp64 reference rounded, except where the reference lies
+ * inside fp32 summation noise (|y - ref| <= 2^-20 * sum |scale w x|: cancellation leaves fewer
+ * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
+ * run, so a missing write shows as a mismatch.  Shapes: 1x1, 7x13, 8x512, 9x513, 16x11008,
+ * 151936x64 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
+ * all-equal, and (BF16) an escaped weight on every lane.
+ */
+#include "nwc.h"
+#include "nwc_kernels.h"
+#include "safetensors.h"
+#include "test_util.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <math.h>
+
+#define NAME "test_gpu_kernels"
+
+#define CU(expr)                                                                                 \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    CHECK(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                           \
+  } while (0)
+
+static cudaStream_t stream;
+
+static double normal(void) {
+  double u = test_uniform(), v = test_uniform();
+  return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+enum kind { REAL, EQUAL, ESCAPES };
+static const char *kind_name[] = {"real", "equal", "escapes"};
+
+/* BF16 weights of the given kind. */
+static uint16_t *make_bf16(uint64_t M, uint64_t K, enum kind kind) {
+  uint16_t *w = malloc(M * K * sizeof *w);
+  if (kind == EQUAL) {
+    uint16_t v = nwc_f32_to_bf16((float)(normal() * 0.05));
+    for (uint64_t i = 0; i < M * K; i++) w[i] = v;
+  } else if (kind == REAL) {
+    for (uint64_t r = 0; r < M; r++) {
+      double s = 0.02 * exp(0.5 * normal());
+      for (uint64_t c = 0; c < K; c++) {
+        double v = normal() * s;
+        if (test_below(1000) == 0) v *= 30; /* heavy tail */
+        w[r * K + c] = nwc_f32_to_bf16((float)v);
+      }
+    }
+  } else {
+    /* 15 common high bytes in exact rotation, and on every lane with at least 31 real weights one
+     * of 20 rare bytes at its first weight: each common byte outnumbers every rare one, so the
+     * rare ones have ranks >= 15 and are escaped. */
+    uint64_t n = 0;
+    for (uint64_t r = 0; r < M; r++)
+      for (uint64_t c = 0; c < K; c++) {
+        unsigned lo = (unsigned)test_below(256), sign = (unsigned)test_below(2) << 15;
+        w[r * K + c] = (uint16_t)(sign | (0x3cu - n++ % 15) << 8 | lo);
+      }
+    unsigned j = 0;
+    for (uint64_t r = 0; r < M; r += NWC_BLOCK_ROWS)
+      for (uint64_t c = 0; c < K; c += NWC_LANE_COLS) {
+        uint64_t rows = M - r < 8 ? M - r : 8, cols = K - c < 16 ? K - c : 16;
+        if (rows * cols >= 31) w[r * K + c] = (uint16_t)((0x10u + j++ % 20) << 8 | test_below(256));
+      }
+  }
+  return w;
+}
+
+/* The weights as doubles: BF16 values, or fp8 values times their row scale. */
+static double *weights_f64(const void *w, uint64_t M, uint64_t K, unsigned type, const float *scale) {
+  double *d = malloc(M * K * sizeof *d);
+  for (uint64_t r = 0; r < M; r++)
+    for (uint64_t c = 0; c < K; c++) {
+      uint64_t i = r * K + c;
+      double v = type == NWC_ELEM_BF16 ? nwc_bf16_to_f32(((const uint16_t *)w)[i])
+                                       : nwc_fp8_to_f32(((const uint8_t *)w)[i]);
+      d[i] = v * (scale ? scale[r] : 1.0f);
+    }
+  return d;
+}
+
+static int bf16_key(uint16_t u) { return u & 0x8000 ? -(int)(u & 0x7fff) : (int)u; }
+
+/* Checks a BF16 output against the fp64 reference; returns the number of bad rows. */
+static uint64_t check_bf16(const uint16_t *y, const double *ref, const double *mag, uint64_t M) {
+  uint64_t bad = 0;
+  for (uint64_t r = 0; r < M; r++) {
+    uint16_t want = nwc_f32_to_bf16((float)ref[r]);
+    double got = nwc_bf16_to_f32(y[r]);
+    int ulps = abs(bf16_key(y[r]) - bf16_key(want));
+    if (ulps > 1 && !(fabs(got - ref[r]) <= 0x1p-20 * mag[r] + fabs(ref[r] - nwc_bf16_to_f32(want)))) {
+      if (bad++ < 5)
+        fprintf(stderr, "  row %llu: got 0x%04x (%g), want 0x%04x (%.9g), %d ulps\n",
+                (unsigned long long)r, y[r], got, want, ref[r], ulps);
+    }
+  }
+  return bad;
+}
+
+static void *dalloc(size_t bytes) {
+  void *p = NULL;
+  CU(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
+/* Runs every kernel on one tensor; w: original weights (BF16 or fp8 bytes), scale may be NULL. */
+static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t K, unsigned type,
+                         const float *scale) {
+  nwc_tensor t;
+  nwc_k_tensor d;
+  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type, 0), scale, &t);
+  CHECK_RC(rc);
+  if (rc < 0) return;
+  rc = nwc_k_tensor_upload(&t, &d, stream);
+  CHECK(rc == 0, "%s: upload: %d (cuda %d)", label, rc, nwc_k_last_cuda_error());
+  if (rc < 0) {
+    nwc_tensor_release(&t);
+    return;
+  }
+  uint64_t lay[4];
+  CHECK_RC(nwc_layout(M, K, t.elem, lay));
+  const uint64_t K16 = lay[NWC_LAYOUT_K16], nout = M * K16;
+  int fails_before = test_failures;
+
+  /* dequant */
+  uint16_t *want = malloc(nout * 2), *got = malloc(nout * 2);
+  CHECK_RC(nwc_dequant(&t, want));
+  uint16_t *d_out = dalloc(nout * 2);
+  CU(cudaMemsetAsync(d_out, 0xff, nout * 2, stream));
+  CHECK_RC(nwc_k_dequant(&d, d_out, stream));
+  CU(cudaMemcpyAsync(got, d_out, nout * 2, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  uint64_t diff = 0, first = 0;
+  for (uint64_t i = 0; i < nout; i++)
+    if (got[i] != want[i] && !diff++) first = i;
+  CHECK(diff == 0, "%s: dequant: %llu of %llu differ, first at %llu: 0x%04x vs 0x%04x", label,
+        (unsigned long long)diff, (unsigned long long)nout, (unsigned long long)first, got[first],
+        want[first]);
+  CU(cudaFree(d_out));
+
+  /* gather: the first, the last and random rows, with a repeat */
+  uint64_t n = M < 40 ? M + 1 : 41, *rows = malloc(n * sizeof *rows);
+  for (uint64_t i = 0; i < n; i++) rows[i] = test_below(M);
+  rows[0] = 0;
+  if (n > 1) rows[1] = M - 1;
+  if (n > 2) rows[2] = rows[n - 1];
+  CHECK_RC(nwc_gather(&t, rows, n, want));
+  uint64_t *d_rows = dalloc(n * sizeof *rows);
+  d_out = dalloc(n * K16 * 2);
+  CU(cudaMemcpyAsync(d_rows, rows, n * sizeof *rows, cudaMemcpyHostToDevice, stream));
+  CU(cudaMemsetAsync(d_out, 0xff, n * K16 * 2, stream));
+  CHECK_RC(nwc_k_gather(&d, d_rows, n, d_out, stream));
+  CU(cudaMemcpyAsync(got, d_out, n * K16 * 2, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  diff = 0;
+  for (uint64_t i = 0; i < n * K16; i++)
+    if (got[i] != want[i] && !diff++) first = i;
+  CHECK(diff == 0, "%s: gather: %llu of %llu differ, first at %llu", label, (unsigned long long)diff,
+        (unsigned long long)(n * K16), (unsigned long long)first);
+  CU(cudaFree(d_out));
+  CU(cudaFree(d_rows));
+  free(rows);
+
+  /* matvec (fp32) and linear (BF16) against fp64 */
+  float *x = calloc(K16, sizeof *x), *bias = malloc(M * sizeof *bias), *y = malloc(M * sizeof *y);
+  for (uint64_t c = 0; c < K; c++) x[c] = (float)normal();
+  for (uint64_t r = 0; r < M; r++) bias[r] = (float)(0.1 * normal());
+  double *wd = weights_f64(w, M, K, type, scale), *ref = malloc(M * sizeof *ref),
+         *mag = malloc(M * sizeof *mag);
+  for (uint64_t r = 0; r < M; r++) {
+    double s = bias[r], a = fabs(bias[r]);
+    for (uint64_t c = 0; c < K; c++) s += wd[r * K + c] * x[c], a += fabs(wd[r * K + c] * x[c]);
+    ref[r] = s;
+    mag[r] = a;
+  }
+  float *d_x = dalloc(K16 * 4), *d_bias = dalloc(M * 4), *d_y = dalloc(M * 4),
+        *d_scratch = dalloc(lay[NWC_LAYOUT_SCRATCH] * 4);
+  CU(cudaMemcpyAsync(d_x, x, K16 * 4, cudaMemcpyHostToDevice, stream));
+  CU(cudaMemcpyAsync(d_bias, bias, M * 4, cudaMemcpyHostToDevice, stream));
+  CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
+  CU(cudaMemsetAsync(d_scratch, 0xff, lay[NWC_LAYOUT_SCRATCH] * 4, stream));
+  CHECK_RC(nwc_k_matvec(&d, d_x, d_bias, d_y, d_scratch, stream));
+  CU(cudaMemcpyAsync(y, d_y, M * 4, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  double num = 0, den = 0;
+  for (uint64_t r = 0; r < M; r++) {
+    double e = (double)y[r] - ref[r];
+    num += isfinite(y[r]) ? e * e : INFINITY;
+    den += ref[r] * ref[r];
+  }
+  double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+  CHECK(rel <= 1e-5, "%s: matvec: relative error %.3g", label, rel);
+
+  uint16_t *yb = malloc(M * 2);
+  CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
+  CHECK_RC(nwc_k_linear_bf16(&d, d_x, d_bias, (uint16_t *)d_y, d_scratch, stream));
+  CU(cudaMemcpyAsync(yb, d_y, M * 2, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  uint64_t bad = check_bf16(yb, ref, mag, M);
+  CHECK(bad == 0, "%s: linear_bf16: %llu of %llu rows beyond one ulp", label,
+        (unsigned long long)bad, (unsigned long long)M);
+
+  /* the fp8 baseline, on the same weights and x (no bias) */
+  if (type == NWC_ELEM_FP8 && K % 16 == 0) {
+    uint8_t *d_q = dalloc(M * K);
+    float *d_scale = dalloc(M * 4);
+    CU(cudaMemcpyAsync(d_q, w, M * K, cudaMemcpyHostToDevice, stream));
+    CU(cudaMemcpyAsync(d_scale, scale, M * 4, cudaMemcpyHostToDevice, stream));
+    CU(cudaMemsetAsync(d_y, 0xff, M * 2, stream));
+    CHECK_RC(nwc_k_ref_fp8(d_q, M, K, d_x, d_scale, d_bias, (uint16_t *)d_y, stream));
+    CU(cudaMemcpyAsync(yb, d_y, M * 2, cudaMemcpyDeviceToHost, stream));
+    CU(cudaStreamSynchronize(stream));
+    bad = check_bf16(yb, ref, mag, M);
+    CHECK(bad == 0, "%s: ref_fp8: %llu of %llu rows beyond one ulp", label,
+          (unsigned long long)bad, (unsigned long long)M);
+    CU(cudaFree(d_q));
+    CU(cudaFree(d_scale));
+  }
+  printf("  %-40s %s matvec rel %.2e\n", label, test_failures == fails_before ? "ok  " : "FAIL", rel);
+  CU(cudaFree(d_x));
+  CU(cudaFree(d_bias));
+  CU(cudaFree(d_y));
+  CU(cudaFree(d_scratch));
+  free(want), free(got), free(x), free(bias), free(y), free(yb), free(wd), free(ref), free(mag);
+  nwc_k_tensor_free(&d);
+  nwc_tensor_release(&t);
+}
+
+/* BF16 weights checked as BF16 (with a row scale when with_scale) and quantized to fp8. */
+static void check_both(const char *what, const uint16_t *w, uint64_t M, uint64_t K, int with_scale) {
+  char label[128];
+  float *scale = malloc(M * sizeof *scale);
+  for (uint64_t r = 0; r < M; r++) scale[r] = (float)exp(0.3 * normal());
+  snprintf(label, sizeof label, "%s %llux%llu bf16%s", what, (unsigned long long)M,
+           (unsigned long long)K, with_scale ? "+scale" : "");
+  check_tensor(label, w, M, K, NWC_ELEM_BF16, with_scale ? scale : NULL);
+  uint8_t *q = malloc(M * K);
+  int rc = nwc_quantize_fp8(w, M, K, q, scale);
+  CHECK_RC(rc);
+  if (rc == 0) {
+    snprintf(label, sizeof label, "%s %llux%llu fp8", what, (unsigned long long)M, (unsigned long long)K);
+    check_tensor(label, q, M, K, NWC_ELEM_FP8, scale);
+  }
+  free(q);
+  free(scale);
+}
+
+static void check_api(void) {
+  nwc_k_tensor d = {0};
+  float *p = (float *)&d; /* any non-NULL pointer: nothing is launched */
+  CHECK(nwc_k_matvec(NULL, p, NULL, p, p, stream) == -EINVAL, "matvec(NULL tensor)");
+  CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(empty tensor)");
+  d.elem = NWC_ELEM(NWC_ELEM_BF16, 1);
+  d.tab = (const uint32_t *)p, d.bases = (const uint64_t *)p;
+  d.hdr = d.data = d.raw = (const uint8_t *)p, d.rows = d.cols = 8, d.nblocks = 1;
+  CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -ENOTSUP, "dequant(layout 1)");
+  d.elem = NWC_ELEM(NWC_ELEM_BF16, 0), d.nblocks = 2;
+  CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(wrong block count)");
+  CHECK(nwc_k_ref_fp8((uint8_t *)p, 4, 13, p, NULL, NULL, (uint16_t *)p, stream) == -EINVAL,
+        "ref_fp8(K not a multiple of 16)");
+}
+
+static void check_sample(void) {
+  const char *path = getenv("NWC_SAMPLE");
+  nwc_st_file *f = NULL;
+  if (!path || !*path || nwc_st_open(path, &f) < 0) {
+    printf("  sample model not found (NWC_SAMPLE=%s): skipped that part\n", path ? path : "");
+    return;
+  }
+  for (size_t i = 0; i < f->count; i++) {
+    const nwc_st_tensor *st = &f->tensors[i];
+    if (strcmp(st->dtype, "BF16") || st->numel < 2) continue;
+    uint64_t M = st->ndim >= 2 ? st->shape[0] : 1, K = st->numel / M;
+    uint16_t *w = malloc(st->numel * 2);
+    memcpy(w, nwc_st_data(f, st), st->numel * 2);
+    char what[96];
+    snprintf(what, sizeof what, "sample %.60s", st->name);
+    check_both(what, w, M, K, 0);
+    free(w);
+  }
+  nwc_st_close(f);
+}
+
+int main(void) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("%s: no GPU, skipped\n", NAME);
+    return TEST_SKIP;
+  }
+  test_seed(NAME);
+  CU(cudaStreamCreate(&stream));
+  check_api();
+  static const uint64_t shapes[][2] = {{1, 1},     {7, 13},   {8, 512},   {9, 513},  {16, 11008},
+                                       {151936, 64}, {33, 1000}, {300, 2560}, {40, 4096}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int k = REAL; k <= ESCAPES; k++) {
+      uint64_t M = shapes[s][0], K = shapes[s][1];
+      uint16_t *w = make_bf16(M, K, (enum kind)k);
+      check_both(kind_name[k], w, M, K, (int)(s & 1));
+      free(w);
+    }
+  check_sample();
+  CU(cudaStreamDestroy(stream));
+  return test_exit(NAME);
+}
