@@ -1,0 +1,304 @@
+/*
+ * container.c - container files and tensor blobs: their bytes (docs/store.md, "Container files"),
+ * the chunk checksums, and the read paths (read into memory, mmap, check chunks a loader read
+ * itself, view a blob in memory).  Every read path checks every chunk checksum before a decoder
+ * sees a byte, and cross-checks the blob header against the catalog row.
+ *
+ * Container file:  [0, 4096) header, then blobs back to back (each offset and length a multiple
+ * of 4096).  Header: 0 "NWCSTORE", 8 u32 container version, 12 u32 header bytes (4096), 16 u64
+ * container id, 24 u32 chunk size, 28 u32 alignment, zeros, 4088 u64 XXH3-64 of [0, 4088).
+ *
+ * Blob: 0 "NWCB", 4 u16 codec format version, 6 u8 elem, 7 u8 flags (bit 0: per-row scale),
+ * 8 u64 container id, 16 u64 rows, 24 u64 cols, 32 psym[16], 48 u64 nblocks, 56 u64 data_bytes,
+ * 64 u64 raw_bytes, 72..104 u64 offsets of bases, hdr, data, raw, scale (0: none), 112 u64 zero,
+ * 120 u64 XXH3-64 of [0, 120); the sections from 128 on, each 64-aligned; zeros to the 4096 end.
+ */
+#include "store_internal.h"
+
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+static const char container_magic[8] = {'N', 'W', 'C', 'S', 'T', 'O', 'R', 'E'};
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+int nwc__fail_prefix(int err, const char *fmt, ...) {
+  char prefix[512], old[1024];
+  snprintf(old, sizeof old, "%s", nwc_error_detail());
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  return nwc__fail(err, "%s: %s", prefix, old);
+}
+
+void nwc__container_name(uint64_t cid, int tmp, char buf[32]) {
+  snprintf(buf, 32, "%016llx.%s", (unsigned long long)cid, tmp ? "tmp" : "nwc");
+}
+
+void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]) {
+  memset(hdr, 0, NWC__CONTAINER_HEADER);
+  memcpy(hdr, container_magic, 8);
+  put32(hdr + 8, NWC_CONTAINER_VERSION);
+  put32(hdr + 12, NWC__CONTAINER_HEADER);
+  put64(hdr + 16, cid);
+  put32(hdr + 24, NWC_STORE_CHUNK);
+  put32(hdr + 28, NWC_STORE_ALIGN);
+  put64(hdr + NWC__CONTAINER_HEADER - 8, XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8));
+}
+
+int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *path) {
+  NWC_RETURN_IF(memcmp(hdr, container_magic, 8), -EBADMSG, "%s: not an nwc container", path);
+  NWC_RETURN_IF(get64(hdr + NWC__CONTAINER_HEADER - 8) !=
+                    XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8),
+                -EBADMSG, "%s: container header checksum mismatch (offset 0, 4096 bytes)", path);
+  NWC_RETURN_IF(get32(hdr + 8) != NWC_CONTAINER_VERSION, -EBADMSG,
+                "%s: container version %u, this build reads %u", path, get32(hdr + 8),
+                NWC_CONTAINER_VERSION);
+  NWC_RETURN_IF(get32(hdr + 12) != NWC__CONTAINER_HEADER || get32(hdr + 24) != NWC_STORE_CHUNK ||
+                    get32(hdr + 28) != NWC_STORE_ALIGN,
+                -EBADMSG, "%s: unexpected header, chunk or alignment size", path);
+  NWC_RETURN_IF(get64(hdr + 16) != cid, -EBADMSG, "%s: header says container %llu, expected %llu",
+                path, (unsigned long long)get64(hdr + 16), (unsigned long long)cid);
+  return 0;
+}
+
+/* ---- blobs ---------------------------------------------------------------------------------- */
+
+void nwc__blob_layout_of(const nwc_tensor *t, nwc__blob_layout *L) {
+  uint64_t o = NWC__BLOB_HEADER;
+  L->off_bases = o;
+  o = nwc__round_up(o + (t->nblocks + 1) * 8, NWC__SECTION_ALIGN);
+  L->off_hdr = o;
+  o = nwc__round_up(o + t->nblocks * NWC_LANES, NWC__SECTION_ALIGN);
+  L->off_data = o;
+  o = nwc__round_up(o + t->data_bytes, NWC__SECTION_ALIGN);
+  L->off_raw = o;
+  o += t->raw_bytes;
+  L->off_scale = 0;
+  if (t->scale) {
+    o = nwc__round_up(o, NWC__SECTION_ALIGN);
+    L->off_scale = o;
+    o += t->rows * 4;
+  }
+  L->end = o;
+  L->length = nwc__round_up(o, NWC_STORE_ALIGN);
+}
+
+static void blob_header(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L,
+                        uint8_t h[NWC__BLOB_HEADER]) {
+  memset(h, 0, NWC__BLOB_HEADER);
+  memcpy(h, "NWCB", 4);
+  uint16_t v = NWC_FORMAT_VERSION;
+  memcpy(h + 4, &v, 2);
+  h[6] = (uint8_t)t->elem;
+  h[7] = t->scale ? 1 : 0;
+  put64(h + 8, cid);
+  put64(h + 16, t->rows);
+  put64(h + 24, t->cols);
+  memcpy(h + 32, t->psym, 16);
+  put64(h + 48, t->nblocks);
+  put64(h + 56, t->data_bytes);
+  put64(h + 64, t->raw_bytes);
+  put64(h + 72, L->off_bases);
+  put64(h + 80, L->off_hdr);
+  put64(h + 88, L->off_data);
+  put64(h + 96, L->off_raw);
+  put64(h + 104, L->off_scale);
+  put64(h + 120, XXH3_64bits(h, 120));
+}
+
+void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint8_t *blob) {
+  memset(blob, 0, L->length);
+  blob_header(t, cid, L, blob);
+  memcpy(blob + L->off_bases, t->bases, (t->nblocks + 1) * 8);
+  memcpy(blob + L->off_hdr, t->hdr, t->nblocks * NWC_LANES);
+  memcpy(blob + L->off_data, t->data, t->data_bytes);
+  memcpy(blob + L->off_raw, t->raw, t->raw_bytes);
+  if (t->scale) memcpy(blob + L->off_scale, t->scale, t->rows * 4);
+}
+
+void nwc__blob_checksums(const uint8_t *blob, uint64_t length, uint64_t *sums) {
+  for (uint64_t i = 0, o = 0; o < length; i++, o += NWC_STORE_CHUNK) {
+    uint64_t n = length - o < NWC_STORE_CHUNK ? length - o : NWC_STORE_CHUNK;
+    sums[i] = XXH3_64bits(blob + o, n);
+  }
+}
+
+int nwc__pread_full(int fd, void *buf, uint64_t len, uint64_t off) {
+  uint8_t *p = buf;
+  while (len) {
+    ssize_t n = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) return -EIO;
+    p += n, off += (uint64_t)n, len -= (uint64_t)n;
+  }
+  return 0;
+}
+
+int nwc_store_chunk_check(const nwc_tensor_info *ti, uint64_t i, const void *chunk) {
+  NWC_RETURN_IF(!ti || !chunk || i >= ti->nchunks, -EINVAL, "nwc_store_chunk_check: bad chunk %llu",
+                (unsigned long long)i);
+  uint64_t o = i * ti->chunk_size, n = ti->length - o < ti->chunk_size ? ti->length - o
+                                                                        : ti->chunk_size;
+  NWC_RETURN_IF(XXH3_64bits(chunk, n) != ti->checksums[i], -EBADMSG,
+                "%s: model '%s' tensor '%s': checksum mismatch in chunk %llu, file offset %llu "
+                "(+%llu bytes)",
+                ti->path, ti->model, ti->name, (unsigned long long)i,
+                (unsigned long long)(ti->offset + o), (unsigned long long)n);
+  return 0;
+}
+
+int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *t) {
+  NWC_RETURN_IF(!ti || !blob || !t, -EINVAL, "nwc_store_blob_view: missing argument");
+  memset(t, 0, sizeof *t);
+  const uint8_t *h = blob;
+  uint16_t ver;
+  memcpy(&ver, h + 4, 2);
+  NWC_RETURN_IF(memcmp(h, "NWCB", 4) || get64(h + 120) != XXH3_64bits(h, 120), -EBADMSG,
+                "%s: model '%s' tensor '%s': bad blob header at file offset %llu", ti->path,
+                ti->model, ti->name, (unsigned long long)ti->offset);
+  uint64_t cat[] = {ti->container, ti->rows, ti->cols, ti->nblocks, ti->data_bytes,
+                    ti->raw_plane_bytes, ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw,
+                    ti->off_scale};
+  uint64_t blb[] = {get64(h + 8), get64(h + 16), get64(h + 24), get64(h + 48), get64(h + 56),
+                    get64(h + 64), get64(h + 72), get64(h + 80), get64(h + 88), get64(h + 96),
+                    get64(h + 104)};
+  int same = ver == ti->format_version && h[6] == ti->elem && h[7] == (ti->off_scale ? 1 : 0) &&
+             !memcmp(h + 32, ti->psym, 16) && !memcmp(cat, blb, sizeof cat);
+  NWC_RETURN_IF(!same, -EBADMSG,
+                "%s: model '%s' tensor '%s': blob header at file offset %llu disagrees with the "
+                "catalog",
+                ti->path, ti->model, ti->name, (unsigned long long)ti->offset);
+  /* Sections must lie inside the blob, in order, aligned. */
+  uint64_t nb = ti->nblocks, ends[5] = {ti->off_bases + (nb + 1) * 8, ti->off_hdr + nb * NWC_LANES,
+                                        ti->off_data + ti->data_bytes,
+                                        ti->off_raw + ti->raw_plane_bytes,
+                                        ti->off_scale + (ti->off_scale ? ti->rows * 4 : 0)};
+  uint64_t starts[5] = {ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw, ti->off_scale};
+  for (int i = 0; i < 5; i++) {
+    if (i == 4 && !ti->off_scale) break;
+    NWC_RETURN_IF(nb > ti->length || ti->data_bytes > ti->length || ti->rows > ti->length ||
+                      ti->raw_plane_bytes > ti->length || starts[i] % 8 ||
+                      starts[i] < (i ? ends[i - 1] : NWC__BLOB_HEADER) || ends[i] > ti->length,
+                  -EBADMSG, "%s: model '%s' tensor '%s': blob section %d outside the blob",
+                  ti->path, ti->model, ti->name, i);
+  }
+  t->elem = ti->elem;
+  t->rows = ti->rows;
+  t->cols = ti->cols;
+  memcpy(t->psym, ti->psym, 16);
+  t->nblocks = nb;
+  t->bases = (const uint64_t *)(h + ti->off_bases);
+  t->hdr = h + ti->off_hdr;
+  t->data = h + ti->off_data;
+  t->data_bytes = ti->data_bytes;
+  t->raw = h + ti->off_raw;
+  t->raw_bytes = ti->raw_plane_bytes;
+  t->scale = ti->off_scale ? (const float *)(h + ti->off_scale) : NULL;
+  int rc = nwc_tensor_validate(t);
+  if (rc < 0) {
+    memset(t, 0, sizeof *t);
+    return nwc__fail_prefix(rc, "%s: model '%s' tensor '%s'", ti->path, ti->model, ti->name);
+  }
+  return 0;
+}
+
+static int check_all_chunks(const nwc_tensor_info *ti, const uint8_t *blob) {
+  for (uint64_t i = 0; i < ti->nchunks; i++)
+    NWC_TRY(nwc_store_chunk_check(ti, i, blob + i * ti->chunk_size));
+  return 0;
+}
+
+int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t) {
+  NWC_RETURN_IF(!ti || !t || !ti->length || ti->length % NWC_STORE_ALIGN, -EINVAL,
+                "nwc_store_read: bad tensor info");
+  memset(t, 0, sizeof *t);
+  int fd = open(ti->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return nwc__fail(-errno, "%s: model '%s' tensor '%s': cannot open the container", ti->path,
+                     ti->model, ti->name);
+  void *buf = NULL;
+  int rc = posix_memalign(&buf, NWC_STORE_ALIGN, ti->length) ? -ENOMEM : 0;
+  if (rc == 0) {
+    rc = nwc__pread_full(fd, buf, ti->length, ti->offset);
+    if (rc < 0)
+      rc = nwc__fail(rc, "%s: model '%s' tensor '%s': cannot read %llu bytes at offset %llu",
+                     ti->path, ti->model, ti->name, (unsigned long long)ti->length,
+                     (unsigned long long)ti->offset);
+  }
+  close(fd);
+  if (rc == 0) rc = check_all_chunks(ti, buf);
+  if (rc == 0) rc = nwc_store_blob_view(ti, buf, t);
+  if (rc < 0) {
+    free(buf);
+    return rc;
+  }
+  t->owned = buf;
+  return 0;
+}
+
+int nwc_store_read(nwc_store *s, const char *model, const char *tensor, nwc_tensor *t) {
+  nwc_tensor_info *ti = NULL;
+  NWC_TRY(nwc_store_tensor(s, model, tensor, &ti));
+  int rc = nwc_store_read_info(ti, t);
+  nwc_tensor_info_free(ti, 1);
+  return rc;
+}
+
+struct nwc_store_map {
+  void *base;
+  size_t len;
+};
+
+int nwc_store_map_info(const nwc_tensor_info *ti, nwc_store_map **out, nwc_tensor *view) {
+  NWC_RETURN_IF(!ti || !out || !view || !ti->length, -EINVAL, "nwc_store_map: bad argument");
+  *out = NULL;
+  int fd = open(ti->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return nwc__fail(-errno, "%s: model '%s' tensor '%s': cannot open the container", ti->path,
+                     ti->model, ti->name);
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), skew = ti->offset % page;
+  void *p = mmap(NULL, ti->length + skew, PROT_READ, MAP_SHARED, fd, (off_t)(ti->offset - skew));
+  int rc = p == MAP_FAILED ? -errno : 0;
+  close(fd);
+  if (rc < 0) return nwc__fail(rc, "%s: model '%s' tensor '%s': mmap failed", ti->path, ti->model,
+                               ti->name);
+  nwc_store_map *m = malloc(sizeof *m);
+  const uint8_t *blob = (const uint8_t *)p + skew;
+  rc = m ? check_all_chunks(ti, blob) : -ENOMEM;
+  if (rc == 0) rc = nwc_store_blob_view(ti, blob, view);
+  if (rc < 0) {
+    munmap(p, ti->length + skew);
+    free(m);
+    return rc;
+  }
+  m->base = p;
+  m->len = ti->length + skew;
+  *out = m;
+  return 0;
+}
+
+void nwc_store_unmap(nwc_store_map *m) {
+  if (!m) return;
+  munmap(m->base, m->len);
+  free(m);
+}

@@ -1,0 +1,185 @@
+/*
+ * store.c - the store directory: open (create, lock, migrate, sweep crash leftovers), close,
+ * remove a model, and the name rules.
+ *
+ * Locking: DIR/lock is flock()ed exclusively by a writer and shared by readers (RDONLY), so a
+ * sweep never races an import of another process.  The sweep (writer open only) deletes, in
+ * DIR/containers, every "<16 hex>.tmp" (an import that never finished) and every "<16 hex>.nwc"
+ * no containers row names (an import that died between rename and commit, or a removal that died
+ * between commit and unlink).  Other names are left alone: the store never deletes what it did
+ * not write.
+ */
+#include "store_internal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int nwc_model_name_valid(const char *name) {
+  if (!name) return 0;
+  size_t n = strlen(name);
+  if (n == 0 || n > NWC_MODEL_NAME_MAX) return 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    int alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return 0;
+  }
+  return 1;
+}
+
+int nwc_tensor_name_valid(const char *name) {
+  if (!name || !*name) return 0;
+  const unsigned char *p = (const unsigned char *)name;
+  while (*p) {
+    unsigned c = *p, n, cp;
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return 0;
+      p++;
+      continue;
+    }
+    if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
+    else return 0;
+    for (unsigned i = 1; i <= n; i++) {
+      if ((p[i] & 0xc0) != 0x80) return 0;
+      cp = (cp << 6) | (p[i] & 0x3fu);
+    }
+    if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+      return 0;
+    if (cp >= 0x80 && cp <= 0x9f) return 0; /* C1 controls */
+    p += n + 1;
+  }
+  return 1;
+}
+
+static int is_hex16(const char *s) {
+  for (int i = 0; i < 16; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return 1;
+}
+
+int nwc__store_sync_dir(nwc_store *s) {
+  return fsync(s->cdirfd) < 0 ? nwc__fail(-errno, "%s/containers: fsync", s->dir) : 0;
+}
+
+/* Deletes crash leftovers (see the top of the file). */
+static int sweep(nwc_store *s) {
+  int fd = dup(s->cdirfd);
+  if (fd < 0) return -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return -errno;
+  }
+  rewinddir(d);
+  int rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    const char *n = e->d_name;
+    if (strlen(n) != 20 || n[16] != '.' || !is_hex16(n)) continue;
+    int tmp = !strcmp(n + 17, "tmp"), nwc = !strcmp(n + 17, "nwc");
+    if (!tmp && !nwc) continue;
+    if (nwc) {
+      int live = nwc__catalog_has_container(s->db, strtoull(n, NULL, 16));
+      if (live != 0) {
+        rc = live < 0 ? live : 0;
+        continue;
+      }
+    }
+    if (unlinkat(s->cdirfd, n, 0) < 0 && errno != ENOENT)
+      rc = nwc__fail(-errno, "%s/containers/%s: cannot remove a leftover", s->dir, n);
+    else s->swept++;
+  }
+  closedir(d);
+  if (rc == 0 && s->swept) rc = nwc__store_sync_dir(s);
+  return rc;
+}
+
+void nwc_store_close(nwc_store *s) {
+  if (!s) return;
+  if (s->db) sqlite3_close(s->db);
+  if (s->cdirfd >= 0) close(s->cdirfd);
+  if (s->lockfd >= 0) close(s->lockfd);
+  free(s->dir);
+  free(s);
+}
+
+int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
+  NWC_RETURN_IF(!dir || !*dir || !out || (flags & ~3u), -EINVAL, "nwc_store_open: bad argument");
+  *out = NULL;
+  int rdonly = (flags & NWC_STORE_RDONLY) != 0, create = !rdonly && (flags & NWC_STORE_CREATE);
+  if (create && mkdir(dir, 0750) < 0 && errno != EEXIST)
+    return nwc__fail(-errno, "%s: cannot create the store directory", dir);
+  nwc_store *s = calloc(1, sizeof *s);
+  if (!s) return -ENOMEM;
+  s->lockfd = s->cdirfd = -1;
+  s->flags = flags;
+  s->dir = realpath(dir, NULL);
+  int rc = s->dir ? 0 : nwc__fail(-errno, "%s: no such store directory", dir);
+  char path[PATH_MAX + 32];
+  if (rc == 0) {
+    snprintf(path, sizeof path, "%s/lock", s->dir);
+    s->lockfd = open(path, (rdonly ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0640);
+    if (s->lockfd < 0) rc = nwc__fail(-errno, "%s: cannot open (not a store?)", path);
+  }
+  if (rc == 0 && flock(s->lockfd, (rdonly ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0)
+    rc = nwc__fail(errno == EWOULDBLOCK ? -EBUSY : -errno, "%s: the store is in use by another "
+                   "process", s->dir);
+  if (rc == 0) {
+    snprintf(path, sizeof path, "%s/containers", s->dir);
+    if (create && mkdir(path, 0750) < 0 && errno != EEXIST)
+      rc = nwc__fail(-errno, "%s: cannot create", path);
+    s->cdirfd = rc ? -1 : open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rc == 0 && s->cdirfd < 0) rc = nwc__fail(-errno, "%s: cannot open", path);
+  }
+  if (rc == 0) {
+    snprintf(path, sizeof path, "%s/catalog.sqlite", s->dir);
+    struct stat st;
+    if (!create && stat(path, &st) < 0) rc = nwc__fail(-errno, "%s: no catalog", path);
+    else rc = nwc__catalog_open(path, create, rdonly, &s->db);
+    if (rc < 0 && rc != -ENOENT) rc = nwc__fail_prefix(rc, "%s", s->dir);
+  }
+  if (rc == 0 && !rdonly) rc = sweep(s);
+  if (rc < 0) {
+    nwc_store_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+uint64_t nwc_store_swept(const nwc_store *s) { return s ? s->swept : 0; }
+
+int nwc_store_schema_version(nwc_store *s) {
+  NWC_RETURN_IF(!s, -EINVAL, "nwc_store_schema_version: no store");
+  return nwc__catalog_version(s->db);
+}
+
+int nwc_store_remove(nwc_store *s, const char *model) {
+  NWC_RETURN_IF(!s || !model, -EINVAL, "nwc_store_remove: missing argument");
+  NWC_RETURN_IF(s->flags & NWC_STORE_RDONLY, -EROFS, "%s: store opened read-only", s->dir);
+  int64_t mid;
+  NWC_TRY(nwc__catalog_model_id(s->db, model, &mid));
+  uint64_t *ids, *sizes;
+  size_t n;
+  NWC_TRY(nwc__catalog_containers(s->db, mid, &ids, &sizes, &n));
+  int rc = nwc__catalog_delete_model(s->db, mid);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    char name[32];
+    nwc__container_name(ids[i], 0, name);
+    /* A failure here leaves an unreferenced file that the next open sweeps away. */
+    if (unlinkat(s->cdirfd, name, 0) < 0 && errno != ENOENT)
+      rc = nwc__fail(-errno, "%s/containers/%s: cannot remove", s->dir, name);
+  }
+  if (rc == 0 && n) rc = nwc__store_sync_dir(s);
+  free(ids);
+  free(sizes);
+  return rc;
+}
