@@ -1,0 +1,371 @@
+/*
+ * test_codec_mutation.c - thousands of random mutations of valid encoded tensors and records; the
+ * codec must answer 0 or a negative errno and never touch memory outside the arrays (run it in
+ * the sanitizer build: every array is copied into an exactly sized malloc'ed buffer, so ASan
+ * reports any overread or overwrite).
+ *
+ * Tensor mutations: elem, rows, cols, psym, nblocks, data_bytes, raw_bytes (array sizes change
+ * together with the buffers behind them), bases[] entries, hdr[] stream lengths, data and raw
+ * bytes, scales.  Each mutated tensor goes through nwc_tensor_validate, nwc_dequant,
+ * nwc_dequant_range, nwc_gather and nwc_matvec with exactly sized outputs.  Properties besides
+ * memory safety: validate rejects every change of a field it can check exactly (elem, rows,
+ * nblocks, data_bytes, raw_bytes, bases, the K16 of cols); when dequant succeeds, gather and
+ * matvec succeed too and gather returns the dequantized rows.
+ *
+ * Record mutations: any changed byte, truncation or extension of a record is rejected (checksum,
+ * length); with the checksum recomputed (store/record.c: XXH3-64 of bytes [72, end) seeded with
+ * XXH3-64 of bytes [0, 64)) header fields and array bytes reach the parser's other checks,
+ * and whatever nwc_record_read accepts is decoded as above.
+ */
+#include "codec_util.h"
+
+#include <xxhash.h>
+
+#define RECORD_HEADER 72
+
+/* A tensor whose arrays this test owns, each exactly as large as its size field says. */
+typedef struct mtensor {
+  nwc_tensor t;
+  uint64_t *bases;
+  uint8_t *hdr, *data, *raw;
+  float *scale;
+} mtensor;
+
+/* A new exactly sized copy of n bytes of src (of which `have` exist), the rest random. */
+static void *resized(const void *src, size_t have, size_t n) {
+  uint8_t *p = cu_malloc(n);
+  size_t keep = have < n ? have : n;
+  if (keep) memcpy(p, src, keep);
+  for (size_t i = keep; i < n; i++) p[i] = (uint8_t)test_rand();
+  return p;
+}
+
+static void mt_sync(mtensor *m) {
+  m->t.bases = m->bases, m->t.hdr = m->hdr, m->t.data = m->data, m->t.raw = m->raw;
+  m->t.scale = m->scale;
+  m->t.owned = NULL;
+}
+
+static void mt_copy(mtensor *m, const nwc_tensor *src) {
+  m->t = *src;
+  m->bases = resized(src->bases, (src->nblocks + 1) * 8, (src->nblocks + 1) * 8);
+  m->hdr = resized(src->hdr, src->nblocks * NWC_LANES, src->nblocks * NWC_LANES);
+  m->data = resized(src->data, src->data_bytes, src->data_bytes);
+  m->raw = resized(src->raw, src->raw_bytes, src->raw_bytes);
+  m->scale = src->scale ? resized(src->scale, src->rows * 4, src->rows * 4) : NULL;
+  mt_sync(m);
+}
+
+static void mt_free(mtensor *m) {
+  free(m->bases);
+  free(m->hdr);
+  free(m->data);
+  free(m->raw);
+  free(m->scale);
+}
+
+static void replace(void **p, size_t have, size_t n) {
+  void *q = resized(*p, have, n);
+  free(*p);
+  *p = q;
+}
+
+static int errno_ok(int rc) {
+  return rc == 0 || rc == -EBADMSG || rc == -EINVAL || rc == -ENOTSUP || rc == -ENOMEM;
+}
+
+/* A new value for a 64-bit size or count near v: small steps, block-sized steps, wild values. */
+static uint64_t nearby(uint64_t v) {
+  switch (test_below(6)) {
+  case 0: return v + 1 + test_below(8);
+  case 1: return v > 8 ? v - 1 - test_below(8) : v + 9;
+  case 2: return v + 8 * (1 + test_below(4));
+  case 3: return v / 2;
+  case 4: return test_below(3) ? test_below(2 * v + 2) : 0;
+  default: return test_rand() >> test_below(64);
+  }
+}
+
+static uint64_t mutated_tensors, mutated_records, accepted_records, decoded_ok;
+
+/*
+ * Runs the decoders on t with exactly sized outputs and checks their answers.  Shapes too large to
+ * allocate outputs for are only validated (their block count cannot match the small arrays).
+ */
+static void exercise(const nwc_tensor *t, const char *what) {
+  int v = nwc_tensor_validate(t);
+  CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
+  uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
+  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return;
+  uint16_t *out = cu_malloc(M * K16 * 2);
+  int dq = nwc_dequant(t, out);
+  CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
+  uint64_t rb = (M + 7) / 8, b0 = test_below(rb + 1), b1 = b0 + test_below(rb + 1 - b0);
+  uint64_t part_rows = b1 > b0 ? (8 * b1 < M ? 8 * b1 : M) - 8 * b0 : 0;
+  uint16_t *part = cu_malloc(part_rows * K16 * 2);
+  int dr = b1 > b0 ? nwc_dequant_range(t, b0, b1, part) : 0;
+  CHECK(errno_ok(dr), "%s: dequant_range returned %d", what, dr);
+  free(part);
+
+  uint64_t idx[4], n = 1 + test_below(4);
+  for (uint64_t i = 0; i < n; i++) idx[i] = test_below(8) ? test_below(M) : M + test_below(4);
+  uint16_t *g = cu_malloc(n * K16 * 2);
+  int gr = nwc_gather(t, idx, n, g);
+  CHECK(errno_ok(gr), "%s: gather returned %d", what, gr);
+  int in_range = 1;
+  for (uint64_t i = 0; i < n; i++) in_range &= idx[i] < M;
+  if (dq == 0 && in_range) {
+    CHECK(gr == 0, "%s: dequant succeeds, gather fails (%s)", what, nwc_error_detail());
+    for (uint64_t i = 0; gr == 0 && i < n; i++)
+      if (memcmp(g + i * K16, out + idx[i] * K16, K16 * 2)) {
+        CHECK(0, "%s: gathered row %llu differs from dequant", what, (unsigned long long)idx[i]);
+        break;
+      }
+  }
+  free(g);
+
+  float *x = cu_malloc(K16 * 4), *y = cu_malloc(M * 4), *bias = cu_malloc(M * 4);
+  uint16_t *yb = cu_malloc(M * 2);
+  for (uint64_t c = 0; c < K16; c++) x[c] = c < K ? (float)cu_normal() : 0.0f;
+  for (uint64_t r = 0; r < M; r++) bias[r] = 0.5f;
+  int mv = nwc_matvec(t, x, test_below(2) ? bias : NULL, y, yb);
+  CHECK(errno_ok(mv), "%s: matvec returned %d", what, mv);
+  CHECK(dq != 0 || mv == 0, "%s: dequant succeeds, matvec fails (%s)", what, nwc_error_detail());
+  decoded_ok += dq == 0;
+  free(x);
+  free(y);
+  free(bias);
+  free(yb);
+  free(out);
+}
+
+enum {
+  F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_DATA,
+  F_RAW, F_SCALE, F_COUNT
+};
+static const char *const field_name[F_COUNT] = {"elem",     "rows",  "cols", "psym", "nblocks",
+                                                "data_bytes", "raw_bytes", "bases", "hdr",
+                                                "data",     "raw",   "scale"};
+
+/* Applies one mutation of field f to m; returns 1 if validate must now reject the tensor. */
+static int mutate(mtensor *m, int f) {
+  nwc_tensor *t = &m->t;
+  uint64_t nb = t->nblocks;
+  switch (f) {
+  case F_ELEM: {
+    unsigned e = test_below(2) ? t->elem ^ (1u << test_below(8)) : (unsigned)test_below(256);
+    int changed = e != t->elem;
+    t->elem = e;
+    return changed;
+  }
+  case F_ROWS: {
+    uint64_t r = nearby(t->rows);
+    int changed = r != t->rows;
+    if (m->scale && r < (1u << 20)) {
+      replace((void **)&m->scale, t->rows * 4, r * 4);
+    } else if (m->scale) { /* no buffer that large: drop the scales */
+      free(m->scale);
+      m->scale = NULL;
+    }
+    t->rows = r;
+    return changed;
+  }
+  case F_COLS: {
+    uint64_t c = nearby(t->cols);
+    int changed = cu_k16(c) != cu_k16(t->cols) || c == 0;
+    t->cols = c;
+    return changed;
+  }
+  case F_PSYM: t->psym[test_below(16)] = (uint8_t)test_rand(); return 0;
+  case F_NBLOCKS: {
+    uint64_t n = nb + 1 + test_below(3);
+    if (test_below(2) && nb > 0) n = nb - 1 - test_below(nb < 3 ? nb : 3);
+    replace((void **)&m->bases, (nb + 1) * 8, (n + 1) * 8);
+    replace((void **)&m->hdr, nb * NWC_LANES, n * NWC_LANES);
+    t->nblocks = n;
+    return 1;
+  }
+  case F_DATA_BYTES: {
+    uint64_t n = nearby(t->data_bytes) % (4 * t->data_bytes + 64);
+    if (n == t->data_bytes) n++;
+    replace((void **)&m->data, t->data_bytes, n);
+    t->data_bytes = n;
+    return 1;
+  }
+  case F_RAW_BYTES: {
+    uint64_t n = nearby(t->raw_bytes) % (4 * t->raw_bytes + 64);
+    if (n == t->raw_bytes) n++;
+    replace((void **)&m->raw, t->raw_bytes, n);
+    t->raw_bytes = n;
+    return 1;
+  }
+  case F_BASES: {
+    uint64_t i = test_below(nb + 1), v = nearby(m->bases[i]);
+    if (v == m->bases[i]) v ^= 8;
+    m->bases[i] = v;
+    return 1;
+  }
+  case F_HDR: {
+    /* docs/format.md: an active lane (16 L + 512 cb < K16) of a block with `rows` rows holds
+     * 2 rows .. 24 rows units, an inactive one 0. */
+    if (nb == 0) return 0;
+    uint64_t i = test_below(nb * NWC_LANES), b = i / NWC_LANES, l = i % NWC_LANES;
+    unsigned v = test_below(2) ? (unsigned)test_rand() & 255u : (m->hdr[i] + 1 + (unsigned)test_below(3)) & 255u;
+    uint64_t cbs = (t->cols + 511) / 512, rb = cbs ? b / cbs : 0, cb = cbs ? b % cbs : 0;
+    if (!cbs || t->rows <= 8 * rb) { /* shape already mutated: no expectation */
+      m->hdr[i] = (uint8_t)v;
+      return 0;
+    }
+    uint64_t rows = t->rows - 8 * rb < 8 ? t->rows - 8 * rb : 8;
+    int active = 16 * l + 512 * cb < cu_k16(t->cols);
+    int must = active ? v < 2 * rows || v > 24 * rows : v != 0;
+    m->hdr[i] = (uint8_t)v;
+    return must;
+  }
+  case F_DATA:
+  case F_RAW: {
+    uint8_t *p = f == F_DATA ? m->data : m->raw;
+    uint64_t n = f == F_DATA ? t->data_bytes : t->raw_bytes, k = 1 + test_below(8);
+    for (uint64_t j = 0; j < k && n; j++) p[test_below(n)] ^= (uint8_t)(1u << test_below(8));
+    return 0;
+  }
+  default: {
+    if (!m->scale || t->rows == 0) return 0;
+    static const float bad[] = {NAN, -1.0f, 0.0f, INFINITY};
+    m->scale[test_below(t->rows)] = bad[test_below(4)];
+    return 1;
+  }
+  }
+}
+
+static void tensor_mutations(const nwc_tensor *base, const char *name, int trials) {
+  char what[200];
+  for (int i = 0; i < trials; i++) {
+    mtensor m;
+    mt_copy(&m, base);
+    int nmut = test_below(4) ? 1 : 2 + (int)test_below(3), must = 0, f = 0;
+    for (int j = 0; j < nmut; j++) {
+      f = (int)test_below(F_COUNT);
+      must |= mutate(&m, f);
+    }
+    mt_sync(&m);
+    snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut, field_name[f]);
+    if (nmut == 1 && must)
+      CHECK(nwc_tensor_validate(&m.t) < 0, "%s: validate accepts it", what);
+    exercise(&m.t, what);
+    mt_free(&m);
+    mutated_tensors++;
+  }
+}
+
+static void fix_checksum(uint8_t *rec, size_t len) {
+  if (len < RECORD_HEADER) return;
+  uint64_t h = XXH3_64bits_withSeed(rec + RECORD_HEADER, len - RECORD_HEADER, XXH3_64bits(rec, 64));
+  memcpy(rec + 64, &h, 8);
+}
+
+/* Parses rec (copied into an exactly sized buffer); decodes what the parser accepts. */
+static int read_record(const uint8_t *rec, size_t len, const char *what) {
+  uint8_t *copy = resized(rec, len, len);
+  nwc_tensor t;
+  int rc = nwc_record_read(copy, len, &t);
+  free(copy);
+  CHECK(rc == 0 || rc == -EBADMSG || rc == -ENOTSUP || rc == -ENOMEM, "%s: nwc_record_read returned %d",
+        what, rc);
+  if (rc == 0) {
+    accepted_records++;
+    exercise(&t, what);
+    nwc_tensor_release(&t);
+  }
+  mutated_records++;
+  return rc;
+}
+
+static void record_mutations(const nwc_tensor *base, const char *name, int trials) {
+  uint8_t *rec = NULL;
+  size_t len = 0;
+  CHECK_RC(nwc_record_write(base, &rec, &len));
+  if (!rec) return;
+  char what[200];
+  for (int i = 0; i < trials; i++) {
+    int fix = (int)test_below(2);
+    size_t n = len;
+    switch (test_below(4)) {
+    case 0: n = test_below(len); break;                  /* truncated */
+    case 1: n = len + 1 + test_below(64); break;         /* extended */
+    default: break;
+    }
+    uint8_t *r = resized(rec, len, n);
+    int changed = n != len;
+    unsigned k = 1 + (unsigned)test_below(4);
+    for (unsigned j = 0; j < k && n; j++) {
+      size_t at;
+      switch (test_below(3)) {
+      case 0: at = test_below(n < RECORD_HEADER ? n : RECORD_HEADER); break; /* header */
+      case 1: at = RECORD_HEADER + test_below(n > RECORD_HEADER + 64 ? 64 : 1); break; /* bases */
+      default: at = test_below(n);
+      }
+      if (at >= n) continue;
+      size_t f = at >= 40 ? 40 + 8 * ((at - 40) / 8) : 0;
+      if (at >= 40 && at < 64 && f + 8 <= n && fix && test_below(2)) { /* a count: nearby value */
+        uint64_t v;
+        memcpy(&v, r + f, 8);
+        v = nearby(v);
+        memcpy(r + f, &v, 8);
+      } else {
+        uint8_t b = (uint8_t)(1u << test_below(8));
+        r[at] ^= b;
+        changed = 1;
+      }
+    }
+    if (fix) fix_checksum(r, n);
+    else changed = changed && (n != len || memcmp(r, rec, len));
+    snprintf(what, sizeof what, "%s record, trial %d%s", name, i, fix ? " (checksum fixed)" : "");
+    int rc = read_record(r, n, what);
+    if (!fix && changed) CHECK(rc < 0, "%s: a changed record was accepted", what);
+    free(r);
+  }
+  CHECK(read_record(rec, len, "unchanged record") == 0, "%s: the unchanged record fails", name);
+  free(rec);
+}
+
+int main(void) {
+  test_seed("test_codec_mutation");
+  struct {
+    const char *name;
+    unsigned type;
+    uint64_t M, K;
+    int dist, scaled;
+  } bases_[] = {
+      {"bf16 heavy 11x600", NWC_ELEM_BF16, 11, 600, CU_HEAVY, 0},
+      {"bf16 bits 3x17", NWC_ELEM_BF16, 3, 17, CU_BITS, 1},
+      {"bf16 normal 16x520", NWC_ELEM_BF16, 16, 520, CU_NORMAL, 0},
+      {"fp8 9x40 scaled", NWC_ELEM_FP8, 9, 40, 1, 1},
+      {"fp8 bytes 8x530", NWC_ELEM_FP8, 8, 530, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof bases_ / sizeof bases_[0]; i++) {
+    uint64_t M = bases_[i].M, K = bases_[i].K;
+    void *w = cu_malloc(M * K * 2);
+    if (bases_[i].type == NWC_ELEM_BF16)
+      cu_gen_bf16(w, M, K, bases_[i].dist);
+    else
+      cu_gen_fp8(w, M, K, bases_[i].dist);
+    float *scale = NULL;
+    if (bases_[i].scaled) {
+      scale = cu_malloc(M * 4);
+      for (uint64_t r = 0; r < M; r++) scale[r] = 0.25f + (float)r;
+    }
+    nwc_tensor t;
+    CHECK_RC(nwc_tensor_encode(w, M, K, NWC_ELEM(bases_[i].type, 0), scale, &t));
+    tensor_mutations(&t, bases_[i].name, 3000);
+    record_mutations(&t, bases_[i].name, 2000);
+    nwc_tensor_release(&t);
+    free(scale);
+    free(w);
+  }
+  printf("%llu tensor and %llu record mutations (%llu records accepted after a checksum fix); "
+         "%llu mutated tensors decoded without error\n",
+         (unsigned long long)mutated_tensors, (unsigned long long)mutated_records,
+         (unsigned long long)accepted_records, (unsigned long long)decoded_ok);
+  return test_exit("test_codec_mutation");
+}
