@@ -363,7 +363,8 @@ static int plan(imp *im, const nwc_st_index *x, const char *index_label) {
   int rc = 0;
   for (size_t i = 1; rc == 0 && i < n; i++)
     if (!strcmp(names[i].name, names[i - 1].name))
-      rc = nwc__fail(-EBADMSG, "tensor '%s' is in both %s and %s", names[i].name,
+      rc = nwc__fail(-EBADMSG, "%s%stensor '%s' is in both %s and %s", x ? index_label : "",
+                     x ? ": " : "", names[i].name,
                      im->src[names[i - 1].src].label, im->src[names[i].src].label);
   if (rc == 0 && x) {
     for (size_t i = 0; rc == 0 && i < x->count; i++) {
@@ -557,7 +558,7 @@ int nwc_store_import(nwc_store *s, const char *model, const char *path,
   NWC_RETURN_IF(!path, -EINVAL, "import: no path");
   size_t len = strlen(path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return nwc__fail(-errno, "%s: cannot open", path);
+  if (fd < 0) return nwc__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
   if (len < 5 || strcmp(path + len - 5, ".json")) {
     nwc_import_file f = {path, fd};
     int rc = import_open(s, model, -1, NULL, NULL, &f, 1, opts);

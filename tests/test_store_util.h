@@ -27,7 +27,7 @@ typedef struct st_spec {
 } st_spec;
 
 /* A safetensors file in memory (malloc'ed; caller frees).  pad aligns the data section to 8. */
-static uint8_t *st_build(const st_spec *t, size_t n, size_t *len) {
+static inline uint8_t *st_build(const st_spec *t, size_t n, size_t *len) {
   json_t *root = json_object();
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
@@ -62,7 +62,7 @@ static uint8_t *st_build(const st_spec *t, size_t n, size_t *len) {
   return buf;
 }
 
-static int write_file(const char *path, const void *buf, size_t len) {
+static inline int write_file(const char *path, const void *buf, size_t len) {
   FILE *f = fopen(path, "wb");
   if (!f) return -errno;
   size_t w = len ? fwrite(buf, 1, len, f) : 0;
@@ -70,7 +70,7 @@ static int write_file(const char *path, const void *buf, size_t len) {
   return w == len && rc == 0 ? 0 : -EIO;
 }
 
-static int st_write(const char *path, const st_spec *t, size_t n) {
+static inline int st_write(const char *path, const st_spec *t, size_t n) {
   size_t len;
   uint8_t *buf = st_build(t, n, &len);
   int rc = write_file(path, buf, len);
@@ -79,7 +79,7 @@ static int st_write(const char *path, const st_spec *t, size_t n) {
 }
 
 /* A fresh temporary directory (static buffer per call site: pass your own). */
-static void make_tmpdir(char *buf, size_t n, const char *tag) {
+static inline void make_tmpdir(char *buf, size_t n, const char *tag) {
   const char *base = getenv("TMPDIR");
   snprintf(buf, n, "%s/nwc-%s-XXXXXX", base && *base ? base : "/tmp", tag);
   if (!mkdtemp(buf)) {
@@ -88,14 +88,14 @@ static void make_tmpdir(char *buf, size_t n, const char *tag) {
   }
 }
 
-static void rm_rf(const char *path) {
+static inline void rm_rf(const char *path) {
   DIR *d = opendir(path);
   if (d) {
     struct dirent *e;
     while ((e = readdir(d))) {
       if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
       char p[4096];
-      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+      if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) >= (int)sizeof p) continue;
       rm_rf(p);
     }
     closedir(d);
@@ -106,7 +106,7 @@ static void rm_rf(const char *path) {
 }
 
 /* Number of entries in DIR/containers (excluding . and ..). */
-static int count_containers(const char *store) {
+static inline int count_containers(const char *store) {
   char p[4096];
   snprintf(p, sizeof p, "%s/containers", store);
   DIR *d = opendir(p);
@@ -121,7 +121,7 @@ static int count_containers(const char *store) {
 
 /* Every model: every tensor reads back (checksums), validates, decodes; verify passes; the
  * containers directory holds exactly the referenced files.  Returns the number of models. */
-static int check_store_consistent(nwc_store *s, const char *dir) {
+static inline int check_store_consistent(nwc_store *s, const char *dir) {
   nwc_model_info *m = NULL;
   size_t nm = 0;
   int rc = nwc_store_models(s, &m, &nm);

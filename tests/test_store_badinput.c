@@ -1,0 +1,188 @@
+/*
+ * test_store_badinput.c - every kind of bad input of issue 4 item 5, each in its own case: the
+ * import fails with the expected errno, the detail line names the file and (where there is one)
+ * the tensor, and the store is unchanged: no model, no file in containers/.
+ */
+#include "test_store_util.h"
+
+static char dir[512], src[512];
+static nwc_store *s;
+
+/* A file made of an explicit header text and n data bytes (all 0x11). */
+static void raw_file(const char *path, const char *header, uint64_t hlen_override, size_t n) {
+  size_t hl = strlen(header);
+  uint64_t h64 = hlen_override ? hlen_override : hl;
+  uint8_t *buf = malloc(8 + hl + n + 1);
+  memcpy(buf, &h64, 8);
+  memcpy(buf + 8, header, hl);
+  memset(buf + 8 + hl, 0x11, n);
+  CHECK(write_file(path, buf, 8 + hl + n) == 0, "write %s", path);
+  free(buf);
+}
+
+static void expect(const char *what, const char *path, int want, const char *needle1,
+                   const char *needle2) {
+  int rc = nwc_store_import(s, "m", path, NULL);
+  const char *d = nwc_error_detail();
+  CHECK(rc == want, "%s: import returned %d (%s), want %d", what, rc, d, want);
+  const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+  CHECK(strstr(d, base), "%s: detail does not name the file: %s", what, d);
+  CHECK(!needle1 || strstr(d, needle1), "%s: detail lacks '%s': %s", what, needle1, d);
+  CHECK(!needle2 || strstr(d, needle2), "%s: detail lacks '%s': %s", what, needle2, d);
+  printf("%-34s %4d  %s\n", what, rc, d);
+  nwc_model_info *m = NULL;
+  size_t n = 9;
+  CHECK_RC(nwc_store_models(s, &m, &n));
+  CHECK(n == 0, "%s: a model appeared", what);
+  nwc_model_info_free(m, n);
+  CHECK(count_containers(dir) == 0, "%s: a file was left in containers/", what);
+}
+
+static void expect_header(const char *what, const char *header, size_t n, int want,
+                          const char *n1, const char *n2) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/%s.safetensors", src, what);
+  raw_file(path, header, 0, n);
+  expect(what, path, want, n1, n2);
+}
+
+static void write_index(const char *path, const char *text) {
+  CHECK(write_file(path, text, strlen(text)) == 0, "write index");
+}
+
+int main(void) {
+  test_seed("test_store_badinput");
+  make_tmpdir(dir, sizeof dir, "store");
+  make_tmpdir(src, sizeof src, "src");
+  CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s));
+  if (!s) return 1;
+  char path[700];
+
+  /* A valid two-tensor file, then cut short. */
+  const char *good = "{\"a.weight\":{\"dtype\":\"BF16\",\"shape\":[4,8],\"data_offsets\":[0,64]},"
+                     "\"b\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[64,80]}}";
+  snprintf(path, sizeof path, "%s/truncated.safetensors", src);
+  raw_file(path, good, 0, 40);
+  expect("truncated", path, -EBADMSG, "a.weight", "data_offsets");
+  snprintf(path, sizeof path, "%s/tiny.safetensors", src);
+  write_file(path, "\x10\0\0", 3);
+  expect("shorter than 8 bytes", path, -EBADMSG, "no header", NULL);
+  snprintf(path, sizeof path, "%s/hlen-past-end.safetensors", src);
+  raw_file(path, good, 100000, 80);
+  expect("header length past the end", path, -EBADMSG, "header length", NULL);
+  expect_header("not-json", "{\"a\": [1, 2,", 0, -EBADMSG, "JSON", NULL);
+  expect_header("not-object", "[1, 2, 3]", 0, -EBADMSG, "not an object", NULL);
+  expect_header("empty-header", "", 16, -EBADMSG, "JSON", NULL);
+  expect_header("offsets-out-of-range",
+                "{\"w\":{\"dtype\":\"BF16\",\"shape\":[4,8],\"data_offsets\":[0,64]}}", 32, -EBADMSG,
+                "'w'", "data_offsets");
+  expect_header("offsets-reversed",
+                "{\"w\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[8,0]}}", 32, -EBADMSG,
+                "'w'", NULL);
+  expect_header("overlap",
+                "{\"p\":{\"dtype\":\"BF16\",\"shape\":[16],\"data_offsets\":[0,32]},"
+                "\"q\":{\"dtype\":\"BF16\",\"shape\":[16],\"data_offsets\":[16,48]}}",
+                48, -EBADMSG, "'p'", "'q'");
+  expect_header("size-mismatch",
+                "{\"w\":{\"dtype\":\"F32\",\"shape\":[4,8],\"data_offsets\":[0,64]}}", 64, -EBADMSG,
+                "'w'", "F32");
+  expect_header("unknown-dtype",
+                "{\"w\":{\"dtype\":\"Q4_K\",\"shape\":[4,8],\"data_offsets\":[0,64]}}", 64, -EBADMSG,
+                "'w'", "unknown dtype");
+  expect_header("unsupported-dtype",
+                "{\"pos_ids\":{\"dtype\":\"I64\",\"shape\":[8],\"data_offsets\":[0,64]}}", 64,
+                -ENOTSUP, "pos_ids", "I64");
+  expect_header("duplicate-name",
+                "{\"w\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0,16]},"
+                "\"w\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[16,32]}}",
+                32, -EBADMSG, "duplicate", "w");
+  expect_header("no-tensors", "{\"__metadata__\":{\"format\":\"pt\"}}", 0, -EBADMSG, "no tensors",
+                NULL);
+  expect_header("missing-dtype", "{\"w\":{\"shape\":[8],\"data_offsets\":[0,16]}}", 16, -EBADMSG,
+                "'w'", "dtype");
+  expect_header("negative-shape",
+                "{\"w\":{\"dtype\":\"BF16\",\"shape\":[-8],\"data_offsets\":[0,16]}}", 16, -EBADMSG,
+                "'w'", "shape");
+  expect_header("empty-tensor",
+                "{\"w\":{\"dtype\":\"BF16\",\"shape\":[0,4],\"data_offsets\":[0,0]}}", 0, -ENOTSUP,
+                "'w'", "empty");
+  expect_header("control-char-name",
+                "{\"a\\u0001b\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0,16]}}", 16,
+                -EBADMSG, "control", NULL);
+  /* fp8 NaN: found by the encoder after the plan; the temporary container must be gone. */
+  {
+    char hdr[] = "{\"f8\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,8],\"data_offsets\":[0,16]}}";
+    snprintf(path, sizeof path, "%s/fp8-nan.safetensors", src);
+    size_t hl = strlen(hdr);
+    uint8_t buf[256];
+    uint64_t h64 = hl;
+    memcpy(buf, &h64, 8);
+    memcpy(buf + 8, hdr, hl);
+    memset(buf + 8 + hl, 0x38, 16);
+    buf[8 + hl + 5] = 0x7f;
+    write_file(path, buf, 8 + hl + 16);
+    expect("fp8-nan", path, -EINVAL, "'f8'", "NaN");
+  }
+  /* Oversized header: a sparse file of 101 MiB whose header length says 100 MiB + 1. */
+  {
+    snprintf(path, sizeof path, "%s/oversized.safetensors", src);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    uint64_t h64 = (100u << 20) + 1;
+    CHECK(fd >= 0 && write(fd, &h64, 8) == 8 && ftruncate(fd, 101u << 20) == 0, "sparse file");
+    close(fd);
+    expect("oversized header", path, -EBADMSG, "header length", NULL);
+  }
+  /* Sharded indexes. */
+  {
+    char s1[700], ix[700];
+    snprintf(s1, sizeof s1, "%s/shard1.safetensors", src);
+    raw_file(s1, "{\"x\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0,16]},"
+                 "\"y\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[16,32]}}",
+             0, 32);
+    char s2[700];
+    snprintf(s2, sizeof s2, "%s/shard2.safetensors", src);
+    raw_file(s2, "{\"y\":{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0,16]}}", 0, 16);
+    snprintf(ix, sizeof ix, "%s/missing.index.json", src);
+    write_index(ix, "{\"weight_map\":{\"x\":\"shard1.safetensors\",\"z\":\"shard9.safetensors\"}}");
+    expect("index: missing shard", ix, -ENOENT, "shard9.safetensors", NULL);
+    snprintf(ix, sizeof ix, "%s/escape.index.json", src);
+    write_index(ix, "{\"weight_map\":{\"x\":\"../shard1.safetensors\"}}");
+    expect("index: shard outside its dir", ix, -EBADMSG, "'x'", "plain file name");
+    snprintf(ix, sizeof ix, "%s/notjson.index.json", src);
+    write_index(ix, "{\"weight_map\":");
+    expect("index: not JSON", ix, -EBADMSG, "JSON", NULL);
+    snprintf(ix, sizeof ix, "%s/nomap.index.json", src);
+    write_index(ix, "{\"metadata\":{}}");
+    expect("index: no weight_map", ix, -EBADMSG, "weight_map", NULL);
+    snprintf(ix, sizeof ix, "%s/wrongshard.index.json", src);
+    write_index(ix, "{\"weight_map\":{\"x\":\"shard1.safetensors\",\"y\":\"shard1.safetensors\","
+                    "\"w\":\"shard1.safetensors\"}}");
+    expect("index: tensor not in its shard", ix, -EBADMSG, "'w'", "shard1.safetensors");
+    snprintf(ix, sizeof ix, "%s/unlisted.index.json", src);
+    write_index(ix, "{\"weight_map\":{\"x\":\"shard1.safetensors\"}}");
+    expect("index: shard tensor unlisted", ix, -EBADMSG, "'y'", "not in the index");
+    snprintf(ix, sizeof ix, "%s/dup.index.json", src);
+    write_index(ix, "{\"weight_map\":{\"x\":\"shard1.safetensors\",\"y\":\"shard2.safetensors\"}}");
+    expect("index: tensor in two shards", ix, -EBADMSG, "'y'", "shard2.safetensors");
+  }
+  /* A model name that is taken: the second import fails and changes nothing. */
+  {
+    snprintf(path, sizeof path, "%s/good.safetensors", src);
+    raw_file(path, good, 0, 80);
+    CHECK_RC(nwc_store_import(s, "taken", path, NULL));
+    int n = count_containers(dir);
+    int rc = nwc_store_import(s, "taken", path, NULL);
+    CHECK(rc == -EEXIST && strstr(nwc_error_detail(), "taken"), "taken: %d %s", rc,
+          nwc_error_detail());
+    printf("%-34s %4d  %s\n", "model name taken", rc, nwc_error_detail());
+    CHECK(count_containers(dir) == n, "taken: wrote a file");
+    CHECK_RC(nwc_store_remove(s, "taken"));
+  }
+  /* Not a file at all. */
+  snprintf(path, sizeof path, "%s/does-not-exist.safetensors", src);
+  expect("no such file", path, -ENOENT, NULL, NULL);
+  nwc_store_close(s);
+  rm_rf(dir);
+  rm_rf(src);
+  return test_exit("test_store_badinput");
+}
