@@ -1,0 +1,48 @@
+/*
+ * cpu_features.c - which CPU implementation the decoders use: the best the processor supports
+ * (x86-64: SSSE3 for pshufb, AVX2 with FMA and BMI2 for the 256-bit paths), lowered by the
+ * environment variable NWC_CPU = portable | ssse3 | avx2.  The variable is read on every call so
+ * that tests can run every path in one process; the hardware probe is cached.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int hw_level(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static int cached = -1;
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = NWC__CPU_PORTABLE;
+    if (__builtin_cpu_supports("ssse3")) v = NWC__CPU_SSSE3;
+    if (v == NWC__CPU_SSSE3 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("bmi2"))
+      v = NWC__CPU_AVX2;
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
+#else
+  return NWC__CPU_PORTABLE;
+#endif
+}
+
+int nwc__cpu_level(void) {
+  int hw = hw_level(), want = hw;
+  const char *env = getenv("NWC_CPU");
+  if (env && *env) {
+    if (!strcmp(env, "portable")) want = NWC__CPU_PORTABLE;
+    else if (!strcmp(env, "ssse3")) want = NWC__CPU_SSSE3;
+    else if (!strcmp(env, "avx2")) want = NWC__CPU_AVX2;
+  }
+  return want < hw ? want : hw;
+}
+
+const char *nwc__cpu_level_name(int level) {
+  switch (level) {
+  case NWC__CPU_SSSE3: return "ssse3";
+  case NWC__CPU_AVX2: return "avx2";
+  default: return "portable";
+  }
+}

@@ -1,0 +1,132 @@
+/*
+ * layout1.c - layout 1 (docs/format-layouts.md, "Layout 1"): the layout-0 prefix code and lane
+ * streams, with 16 x 512 blocks whose lane streams follow the mma.m16n8k16 fragment order, and
+ * a raw plane [row group][slot][lane][16 bytes] (fp8: 8 bytes of nibbles).
+ *
+ * Encoder: the code of every input byte comes from the layout-0 encoder (nwc__prefix_codes), so
+ * symbols, ranking and psym are those of layout 0; this file only orders the weights.  Lane L of
+ * a block codes, for each coded super-chunk sc, its 16 weights j = 0..15 at tile row
+ * nwc__frag_row(L, j) and column nwc__frag_col(L, j); a position outside the tensor (row >= M or
+ * column >= K) is a filler (rank 0, sign 0: the 2-bit code "1 0").  Each lane's stream is padded
+ * with zero bits to whole 32-bit words; hdr = words; the lanes follow each other word-aligned.
+ *
+ * Decoder: the layout-0 lane decoder (nwc__pcdec_*) decodes 16 codes per lane and super-chunk;
+ * tiles come out in stream order.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The input key of weight (row, col): BF16 high byte or fp8 byte; -1 outside the tensor. */
+static inline int key_at(const nwc__lx_plan *p, uint64_t row, uint64_t col) {
+  const nwc__geom *g = &p->lg.g;
+  if (row >= g->M || col >= g->K) return -1;
+  uint64_t i = row * g->K + col;
+  return p->w16 ? p->w16[i] >> 8 : p->w8[i];
+}
+
+/* Visits the coded positions of lane L of block b in stream order. */
+#define FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j)                                              \
+  for (unsigned sc = 0, nsc_ = nwc__lx_nsc((lg), (b) % (lg)->g.col_blocks); sc < nsc_; sc++)     \
+    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++)                                               \
+      for (uint64_t row = ((b) / (lg)->g.col_blocks) * NWC__LX_BLOCK_ROWS + nwc__frag_row(L, j),  \
+                    col = (((b) % (lg)->g.col_blocks) * NWC__SC_PER_BLOCK + sc) * NWC__SC_COLS + \
+                          nwc__frag_col(L, j),                                                   \
+                    once_ = 1;                                                                   \
+           once_; once_ = 0)
+
+int nwc__l1_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *bases,
+                 uint8_t *hdr, uint64_t *data_bytes) {
+  const nwc__lgeom *lg = &p->lg;
+  NWC_TRY(nwc__prefix_codes(p->w16 ? (const void *)p->w16 : (const void *)p->w8, lg->g.M, lg->g.K,
+                            lg->g.type, freq, psym, p->bits, p->len));
+  for (unsigned b = 0; b < 256 && lg->g.type == NWC_ELEM_FP8; b++) {
+    unsigned s, nib = 0;
+    if (nwc__fp8_split((uint8_t)b, &s, &nib) == 0) p->fp8_nib[b] = (uint8_t)nib;
+  }
+  uint64_t off = 0;
+  for (uint64_t b = 0; b < lg->g.nblocks; b++) {
+    uint64_t words = 0;
+    bases[b] = off;
+    for (unsigned L = 0; L < NWC_LANES; L++) {
+      uint64_t bits = 0;
+      FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j) {
+        int k = key_at(p, row, col);
+        bits += k < 0 ? 2 : p->len[k];
+      }
+      hdr[b * NWC_LANES + L] = (uint8_t)nwc__ceil_div(bits, 32);
+      words += nwc__ceil_div(bits, 32);
+    }
+    off = nwc__round_up(off + 4 * words, NWC_DATA_ALIGN);
+  }
+  bases[lg->g.nblocks] = off;
+  *data_bytes = off + NWC_DATA_SLACK;
+  return 0;
+}
+
+static inline void put_le32(uint8_t *dst, uint32_t v) {
+  dst[0] = (uint8_t)v;
+  dst[1] = (uint8_t)(v >> 8);
+  dst[2] = (uint8_t)(v >> 16);
+  dst[3] = (uint8_t)(v >> 24);
+}
+
+void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
+  const nwc__lgeom *lg = &p->lg;
+  int bf16 = lg->g.type == NWC_ELEM_BF16;
+  memset(raw, 0, lg->low_bytes);
+  for (uint64_t b = 0; b < lg->g.nblocks; b++) {
+    uint8_t *dst = data + p->bases[b];
+    uint64_t gr = b / lg->g.col_blocks, cb = b % lg->g.col_blocks;
+    for (unsigned L = 0; L < NWC_LANES; L++) {
+      uint64_t acc = 0; /* MSB-first writer: pending bits right-aligned */
+      unsigned n = 0;
+      FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j) {
+        int k = key_at(p, row, col);
+        uint32_t bits = k < 0 ? 2u : p->bits[k], len = k < 0 ? 2u : p->len[k];
+        acc = acc << len | bits;
+        n += len;
+        if (n >= 32) {
+          n -= 32;
+          put_le32(dst, (uint32_t)(acc >> n));
+          dst += 4;
+        }
+        if (k < 0) continue;
+        uint64_t slot = gr * lg->slots + cb * NWC__SC_PER_BLOCK + sc;
+        uint8_t *lane_raw = raw + (slot * NWC_LANES + L) * (bf16 ? 16 : 8);
+        uint64_t i = row * lg->g.K + col;
+        if (bf16)
+          lane_raw[j] = (uint8_t)p->w16[i];
+        else
+          lane_raw[nwc__fp8_nib_byte(j)] |= (uint8_t)(p->fp8_nib[p->w8[i]] << nwc__fp8_nib_shift(j));
+      }
+      if (n) {
+        put_le32(dst, (uint32_t)(acc << (32 - n)));
+        dst += 4;
+      }
+    }
+    memset(dst, 0, (size_t)(data + p->bases[b + 1] - dst)); /* alignment padding */
+  }
+  memset(data + p->bases[lg->g.nblocks], 0, NWC_DATA_SLACK);
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+int nwc__l1_tile(nwc__pcdec *pc, const nwc__lgeom *lg, const uint8_t *raw, uint64_t slot,
+                 uint32_t lanes, uint16_t *dst, size_t stride) {
+  int bf16 = lg->g.type == NWC_ELEM_BF16;
+  for (unsigned L = 0; L < NWC_LANES; L++) {
+    if (!(lanes >> L & 1)) continue;
+    uint8_t h[16];
+    NWC_TRY(nwc__pcdec_16(pc, L, h));
+    const uint8_t *lr = raw + (slot * NWC_LANES + L) * (bf16 ? 16 : 8);
+    uint16_t *o = dst + (L >> 2) * stride + 8 * (L & 3);
+    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++) {
+      unsigned lo = bf16 ? lr[j]
+                         : ((lr[nwc__fp8_nib_byte(j)] >> nwc__fp8_nib_shift(j)) & 15u) << 4;
+      o[8 * ((j >> 1) & 1u) * stride + nwc__frag_col(0, j)] = (uint16_t)(h[j] << 8 | lo);
+    }
+  }
+  return 0;
+}
