@@ -135,6 +135,9 @@ static int block_begin(decoder *d, uint64_t b) {
   const uint8_t *hdr = t->hdr + b * NWC_LANES;
   uint32_t u = 0;
   for (unsigned l = 0; l < NWC_LANES; l++) {
+    /* also bounds the block to BLOCK_MAX_BYTES, the size of the copy in d->pad */
+    NWC_RETURN_IF(hdr[l] > NWC_LANE_MAX_UNITS, -EBADMSG, "block %llu: lane %u claims %u units",
+                  (unsigned long long)b, l, hdr[l]);
     d->lanes[l] = (lane){NWC_UNIT_BITS * u, NWC_UNIT_BITS * (u + hdr[l])};
     u += hdr[l];
   }
