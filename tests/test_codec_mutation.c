@@ -141,11 +141,27 @@ static void exercise(const nwc_tensor *t, const char *what) {
 
 enum {
   F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_DATA,
-  F_RAW, F_SCALE, F_COUNT
+  F_RAW, F_SCALE, F_LANES, F_COUNT
 };
 static const char *const field_name[F_COUNT] = {"elem",     "rows",  "cols", "psym", "nblocks",
                                                 "data_bytes", "raw_bytes", "bases", "hdr",
-                                                "data",     "raw",   "scale"};
+                                                "data",     "raw",   "scale", "lane lengths"};
+
+/* Recomputes bases[] from hdr[] the way the format chains them (docs/format.md: bases[b + 1] =
+ * bases[b] + roundup8(4 ceil(U(b) / 2))) and resizes data to bases[nblocks] + 16, so that only the
+ * lane lengths themselves are wrong. */
+static void rechain(mtensor *m) {
+  nwc_tensor *t = &m->t;
+  m->bases[0] = 0;
+  for (uint64_t b = 0; b < t->nblocks; b++) {
+    uint64_t u = 0;
+    for (unsigned l = 0; l < NWC_LANES; l++) u += m->hdr[b * NWC_LANES + l];
+    m->bases[b + 1] = m->bases[b] + (4 * ((u + 1) / 2) + 7) / 8 * 8;
+  }
+  uint64_t n = m->bases[t->nblocks] + 16;
+  replace((void **)&m->data, t->data_bytes, n);
+  t->data_bytes = n;
+}
 
 /* Applies one mutation of field f to m; returns 1 if validate must now reject the tensor. */
 static int mutate(mtensor *m, int f) {
@@ -228,6 +244,15 @@ static int mutate(mtensor *m, int f) {
     uint64_t n = f == F_DATA ? t->data_bytes : t->raw_bytes, k = 1 + test_below(8);
     for (uint64_t j = 0; j < k && n; j++) p[test_below(n)] ^= (uint8_t)(1u << test_below(8));
     return 0;
+  }
+  case F_LANES: { /* lanes of one block up to 255 units, the chain of offsets kept consistent */
+    if (nb == 0) return 0;
+    uint64_t b = test_below(2) ? nb - 1 : test_below(nb);
+    unsigned lo = test_below(2) ? 193 : 0;
+    for (unsigned l = 0; l < NWC_LANES; l++)
+      if (lo || test_below(4) == 0) m->hdr[b * NWC_LANES + l] = (uint8_t)(lo + test_below(256 - lo));
+    rechain(m);
+    return lo != 0; /* 193 units and more never fit a lane */
   }
   default: {
     if (!m->scale || t->rows == 0) return 0;
