@@ -1,0 +1,158 @@
+/*
+ * bench_import.c - `nwc-bench import FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout N]
+ * [--threads N[,N...]] [--store DIR]`: imports the file into a fresh store (a temporary directory
+ * unless --store is given) once per thread count and prints one JSON line each: source bytes,
+ * seconds (wall, open to publish), GB/s of source bytes, threads, and the split into encoding
+ * (until the last progress report) and publishing (fsync, rename, the SQLite commit).  The
+ * default thread counts are 1 and all online cores, to show the scaling.  The page cache is warm
+ * after the first run (a first pass imports once untimed).
+ */
+#include "nwc_store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int nwc_bench_import(int argc, char **argv);
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct prog {
+  double last_change;
+  uint64_t total;
+} prog;
+
+static int on_progress(void *ctx, uint64_t done, uint64_t total) {
+  prog *p = ctx;
+  p->last_change = now_s();
+  p->total = total;
+  (void)done;
+  return 0;
+}
+
+static void rm_tree(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) {
+    unlink(path);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p) rm_tree(p);
+  }
+  closedir(d);
+  rmdir(path);
+}
+
+static void usage(void) {
+  fputs("usage: nwc-bench import FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout N]\n"
+        "                        [--threads N[,N...]] [--store DIR]\n",
+        stderr);
+}
+
+int nwc_bench_import(int argc, char **argv) {
+  const char *file = NULL, *store_dir = NULL, *threads_arg = NULL;
+  nwc_import_opts o = {0};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--elem") && i + 1 < argc) {
+      const char *e = argv[++i];
+      if (!strcmp(e, "fp8")) o.elem = NWC_ELEM_FP8;
+      else if (strcmp(e, "bf16")) return usage(), 2;
+    } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
+      o.layout = (unsigned)atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads_arg = argv[++i];
+    } else if (!strcmp(argv[i], "--store") && i + 1 < argc) {
+      store_dir = argv[++i];
+    } else if (argv[i][0] != '-' && !file) {
+      file = argv[i];
+    } else {
+      return usage(), 2;
+    }
+  }
+  if (!file) return usage(), 2;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned counts[16], ncounts = 0;
+  if (threads_arg) {
+    for (const char *p = threads_arg; *p && ncounts < 16;) {
+      counts[ncounts++] = (unsigned)strtoul(p, (char **)&p, 10);
+      if (*p == ',') p++;
+      else break;
+    }
+  } else {
+    counts[ncounts++] = 1;
+    if (ncpu > 1) counts[ncounts++] = (unsigned)ncpu;
+  }
+  char tmp[512];
+  if (!store_dir) {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/nwc-bench-import-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmp)) {
+      perror("mkdtemp");
+      return 1;
+    }
+    store_dir = tmp;
+  }
+  nwc_store *s = NULL;
+  int rc = nwc_store_open(store_dir, NWC_STORE_CREATE, &s);
+  if (rc < 0) {
+    fprintf(stderr, "nwc-bench import: %s: %s\n", nwc_strerror(rc), nwc_error_detail());
+    return 1;
+  }
+  /* Warm the page cache so that every timed run reads the source from memory. */
+  rc = nwc_store_import(s, "warmup", file, &o);
+  if (rc == 0) rc = nwc_store_remove(s, "warmup");
+  for (unsigned k = 0; rc == 0 && k < ncounts; k++) {
+    prog p = {0, 0};
+    nwc_import_opts ok = o;
+    ok.threads = counts[k];
+    ok.progress = on_progress;
+    ok.progress_ctx = &p;
+    char name[32];
+    snprintf(name, sizeof name, "bench-%u", k);
+    double t0 = now_s();
+    rc = nwc_store_import(s, name, file, &ok);
+    double t1 = now_s();
+    if (rc < 0) break;
+    nwc_model_info *m = NULL;
+    rc = nwc_store_model(s, name, &m);
+    if (rc < 0) break;
+    nwc_tensor_info *ts = NULL;
+    size_t nt = 0;
+    uint64_t largest = 0;
+    if (nwc_store_tensors(s, name, &ts, &nt) == 0)
+      for (size_t i = 0; i < nt; i++)
+        if (ts[i].source_bytes > largest) largest = ts[i].source_bytes;
+    nwc_tensor_info_free(ts, nt);
+    double secs = t1 - t0;
+    unsigned thr = counts[k] ? counts[k] : (unsigned)ncpu;
+    printf("{\"bench\":\"import\",\"file\":\"%s\",\"elem\":\"%s\",\"layout\":%u,\"threads\":%u,"
+           "\"cores\":%ld,\"tensors\":%llu,\"bytes\":%llu,\"nwc_bytes\":%llu,\"ratio\":%.4f,"
+           "\"seconds\":%.4f,\"gbps\":%.4f,\"gbps_per_thread\":%.4f,\"encode_seconds\":%.4f,"
+           "\"publish_seconds\":%.4f,\"largest_tensor_share\":%.3f}\n",
+           file, o.elem == NWC_ELEM_FP8 ? "fp8" : "bf16", o.layout, thr, ncpu,
+           (unsigned long long)m->tensors, (unsigned long long)m->source_bytes,
+           (unsigned long long)m->nwc_bytes, (double)m->nwc_bytes / (double)m->source_bytes, secs,
+           (double)m->source_bytes / secs * 1e-9, (double)m->source_bytes / secs * 1e-9 / thr,
+           p.last_change - t0, t1 - p.last_change,
+           (double)largest / (double)m->source_bytes);
+    fflush(stdout);
+    nwc_model_info_free(m, 1);
+    rc = nwc_store_remove(s, name);
+  }
+  if (rc < 0) fprintf(stderr, "nwc-bench import: %s: %s\n", nwc_strerror(rc), nwc_error_detail());
+  nwc_store_close(s);
+  if (store_dir == tmp) rm_tree(tmp);
+  return rc < 0 ? 1 : 0;
+}
