@@ -22,8 +22,21 @@
  * byte, byte 2 = weight 2k+1's, byte 3 = 0.  A weight's fp32 pattern is then one prmt of the pair
  * word with the low bytes: [high][low][0][0], bytes 1..0 taken from the pair word's zero byte 3.
  *
- * Reading bounds: a lane reads at most two words past its own stream (the two words loaded ahead),
- * which lie in the next lane's stream or, for the last lane of the tensor, in the 16 slack bytes.
+ * Streams (docs/format.md): a block's lane streams are concatenated at the bit level in whole
+ * 16-bit units (hdr[] counts them), so a lane starts at bit 16 * (prefix sum of units), which is
+ * at a word boundary or halfway into a word; in the second case the window starts with 48 valid
+ * bits (fm = 2^16) and every later word insert is word-aligned again.  Rows at or beyond M are not
+ * coded; lanes whose columns start at or beyond K16 have empty streams: they decode lane 0's
+ * stream instead (so they stay in bounds) and their results are discarded.
+ *
+ * Staging: before decoding, the warp copies its block's stream bytes and the raw bytes of its
+ * rows into its own slice of shared memory with cp.async (8 and 16 bytes per lane and
+ * instruction, coalesced), so that the decode loop's refill loads and raw loads are shared-memory
+ * loads (about 30 cycles) instead of global loads whose latency the next step would wait for.  A
+ * block whose stream is larger than the slice (only with very flat symbol statistics) is decoded
+ * from global memory instead.  While a block is decoded the next block's lines are prefetched into
+ * L2.  Reading bounds: a lane reads at most two words past its own stream, inside the next lane's
+ * stream, the block's padding or the 16 slack bytes; staging copies [base, end + 8).
  *
  * decode_block() walks the rows of one block and hands each row's 8 pair words and 4 low-byte
  * words to a sink (the dot product, or the store of dequant and gather).
@@ -55,16 +68,30 @@ __device__ __forceinline__ void load_table(uint32_t *s_tab, const uint32_t *tab)
   __syncthreads();
 }
 
+/* Shared memory per warp for staging (the table's 16 KB come first): 32 warps fit in 227 KB. */
+constexpr unsigned kWarpBuf = 6656;
+constexpr unsigned kTabBytes = NWC_TAB_ENTRIES * 4;
+
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 struct Lane {
   uint32_t hi, lo, fm, w;
   const uint32_t *p; /* word after w */
 
-  __device__ __forceinline__ void start(const uint32_t *s) {
-    hi = __ldg(s);
-    lo = __ldg(s + 1);
-    w = __ldg(s + 2);
+  /* s: the word holding the lane's first bit; unit: its start in 16-bit units (odd: mid-word). */
+  __device__ __forceinline__ void start(const uint32_t *s, uint32_t unit) {
+    uint32_t w0 = s[0], w1 = s[1], sh = (unit & 1u) * 16u;
+    hi = __funnelshift_l(w1, w0, sh);
+    lo = w1 << sh;
+    fm = 1u << sh; /* nb = 64 - sh valid bits */
+    w = s[2];
     p = s + 3;
-    fm = 1; /* nb = 64 */
   }
 
   /* Consumes (c mod 32) bits, c <= 24; refills from w when the fill level wraps. */
@@ -77,7 +104,7 @@ struct Lane {
     hi = (uint32_t)(v >> 32);
     lo = (uint32_t)v;
     fm = nfm;
-    if (wrap) w = __ldg(p++);
+    if (wrap) w = *p++;
   }
 
   /* One code by counting leading zeros; returns its byte (sign << 7 | exp_of_rank). */
@@ -117,21 +144,24 @@ struct Lane {
 
 /* Low bytes of one lane's 16 weights in one row, as 4 words (weights 4j..4j+3 in word j, weight
  * order within a word = byte order).  BF16: the raw bytes; fp8: nibble << 4 (docs/format.md: word
- * 0's low nibbles are weights 0..3, its high nibbles 4..7, word 1 likewise 8..15). */
+ * 0's low nibbles are weights 0..3, its high nibbles 4..7, word 1 likewise 8..15).  p: the lane's
+ * bytes of the row in the staging buffer. */
 template <int TYPE> struct Low;
 
 template <> struct Low<NWC_ELEM_BF16> {
   static constexpr unsigned lane_bytes = 16;
-  static __device__ __forceinline__ void load(const uint8_t *row, uint32_t c0, bool ok, uint32_t m[4]) {
-    uint4 v = ok ? __ldg(reinterpret_cast<const uint4 *>(row + c0)) : make_uint4(0, 0, 0, 0);
+  static __device__ __forceinline__ void stage(void *s, const void *g) { cp_async16(s, g); }
+  static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
+    uint4 v = ok ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
     m[0] = v.x, m[1] = v.y, m[2] = v.z, m[3] = v.w;
   }
 };
 
 template <> struct Low<NWC_ELEM_FP8> {
   static constexpr unsigned lane_bytes = 8;
-  static __device__ __forceinline__ void load(const uint8_t *row, uint32_t c0, bool ok, uint32_t m[4]) {
-    uint2 v = ok ? __ldg(reinterpret_cast<const uint2 *>(row + c0 / 2)) : make_uint2(0, 0);
+  static __device__ __forceinline__ void stage(void *s, const void *g) { cp_async8(s, g); }
+  static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
+    uint2 v = ok ? *reinterpret_cast<const uint2 *>(p) : make_uint2(0, 0);
     m[0] = (v.x << 4) & 0xf0f0f0f0u, m[1] = v.x & 0xf0f0f0f0u;
     m[2] = (v.y << 4) & 0xf0f0f0f0u, m[3] = v.y & 0xf0f0f0f0u;
   }
@@ -162,49 +192,73 @@ __device__ __forceinline__ uint32_t warp_exclusive_sum(uint32_t v) {
   return s - v;
 }
 
+template <int TYPE, class Sink>
+__device__ __forceinline__ void decode_rows(const uint32_t *s, uint32_t unit, const uint8_t *raw,
+                                            const uint32_t *tab, uint64_t row0, uint32_t nrows,
+                                            bool active, Sink &sink) {
+  Lane st;
+  st.start(s, unit);
+#pragma unroll 1
+  for (uint32_t i = 0; i < nrows; i++) {
+    uint32_t m[4];
+    Low<TYPE>::load(raw + i * (Low<TYPE>::lane_bytes * NWC_LANES), active, m);
+    uint32_t e[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) e[k] = st.pair(tab);
+    sink.row(i, row0 + i, active, e, m);
+  }
+}
+
 /*
- * Decodes rows [0, nrows) of block b (the whole warp calls it) and calls
- * sink.row(i, row, active_and_in_range, e[8], m[4]) for each.  Before the rows: sink.begin(c0,
- * active), with c0 the lane's first column and active = c0 < K16 (lanes beyond K16 own only filler
- * weights: they decode them but load no raw bytes).
+ * Decodes the coded rows [0, nrows) of block b (the whole warp calls it; nrows <= the rows below
+ * M) and calls sink.row(i, row, active, e[8], m[4]) for each; sink.begin(c0, active) comes first,
+ * with c0 the lane's first column and active = c0 < K16.  wbuf: the warp's kWarpBuf bytes of
+ * shared memory.  next: the block this warp decodes next (its lines are prefetched into L2), or
+ * >= nblocks for none.
  */
 template <int TYPE, class Sink>
-__device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab, uint32_t b,
-                                             uint32_t nrows, Sink &sink) {
+__device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab, uint8_t *wbuf,
+                                             uint32_t b, uint32_t nrows, uint32_t next, Sink &sink) {
+  constexpr unsigned lane_bytes = Low<TYPE>::lane_bytes, row_bytes = lane_bytes * NWC_LANES;
+  constexpr unsigned stream_cap = kWarpBuf - NWC_BLOCK_ROWS * row_bytes;
   const unsigned lane = threadIdx.x & 31u;
   const uint32_t rb = b / g.CB, cb = b - rb * g.CB;
   const uint32_t c0 = cb * NWC_BLOCK_COLS + lane * NWC_LANE_COLS;
   const bool active = c0 < g.K16;
-  const uint64_t base = g.bases[b];
-  const uint32_t len = g.hdr[(uint64_t)b * NWC_LANES + lane];
-  const uint32_t *s = reinterpret_cast<const uint32_t *>(g.data + base) + warp_exclusive_sum(len);
+  const uint64_t base = g.bases[b], end = g.bases[b + 1], row0 = (uint64_t)rb * NWC_BLOCK_ROWS;
+  const uint32_t unit = warp_exclusive_sum(g.hdr[(uint64_t)b * NWC_LANES + lane]);
+  const uint64_t nbase = next < g.nblocks ? g.bases[next] : 0, nend = next < g.nblocks ? g.bases[next + 1] : 0;
 
-  /* Prefetch the block's streams (one 128-byte line per lane) and its raw rows into L1. */
-  const uint64_t end = g.bases[b + 1];
-  if (base + 128u * lane < end) asm volatile("prefetch.global.L1 [%0];" ::"l"(g.data + base + 128u * lane));
-  {
-    constexpr unsigned lines = Low<TYPE>::lane_bytes * NWC_LANES / 128; /* per row: 4 or 2 */
-    uint32_t r = lane / lines, seg = lane % lines;
-    uint64_t row = (uint64_t)rb * NWC_BLOCK_ROWS + r;
-    uint64_t off = (uint64_t)cb * (Low<TYPE>::lane_bytes * NWC_LANES) + 128u * seg;
-    if (r < nrows && row < g.M && off < g.raw_stride)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(g.raw + row * g.raw_stride + off));
-  }
+  __syncwarp(); /* the previous block's readers are done with wbuf */
+  uint8_t *sraw = wbuf + lane * lane_bytes, *sstream = wbuf + NWC_BLOCK_ROWS * row_bytes;
+  const uint8_t *graw = g.raw + row0 * g.raw_stride + (uint64_t)c0 * lane_bytes / NWC_LANE_COLS;
+  if (active)
+    for (uint32_t i = 0; i < nrows; i++) Low<TYPE>::stage(sraw + i * row_bytes, graw + i * g.raw_stride);
+  const uint32_t stream_bytes = (uint32_t)(end - base) + 8;
+  const bool staged = stream_bytes <= stream_cap;
+  if (staged)
+    for (uint32_t o = 8 * lane; o < stream_bytes; o += 8 * NWC_LANES) cp_async8(sstream + o, g.data + base + o);
   sink.begin(c0, active);
+  cp_async_wait_all();
+  __syncwarp();
 
-  Lane st;
-  st.start(s);
-#pragma unroll 1
-  for (uint32_t i = 0; i < nrows; i++) {
-    const uint64_t row = (uint64_t)rb * NWC_BLOCK_ROWS + i;
-    const bool ok = active && row < g.M;
-    uint32_t m[4];
-    Low<TYPE>::load(g.raw + row * g.raw_stride, c0, ok, m);
-    uint32_t e[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) e[k] = st.pair(tab);
-    sink.row(i, row, ok, e, m);
+  if (next < g.nblocks) { /* the next block's stream and raw rows, into L2 */
+    uint32_t nrb = next / g.CB, ncb = next - nrb * g.CB;
+    if (nbase + 128u * lane < nend) asm volatile("prefetch.global.L2 [%0];" ::"l"(g.data + nbase + 128u * lane));
+    constexpr unsigned lines = row_bytes / 128;
+    uint64_t row = (uint64_t)nrb * NWC_BLOCK_ROWS + lane / lines;
+    uint64_t off = (uint64_t)ncb * row_bytes + 128u * (lane % lines);
+    if (lane / lines < NWC_BLOCK_ROWS && row < g.M && off < g.raw_stride)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(g.raw + row * g.raw_stride + off));
   }
+
+  const uint32_t u = active ? unit : 0; /* empty lanes re-decode lane 0's stream */
+  if (staged)
+    decode_rows<TYPE>(reinterpret_cast<const uint32_t *>(sstream) + (u >> 1), u, sraw, tab, row0,
+                      nrows, active, sink);
+  else
+    decode_rows<TYPE>(reinterpret_cast<const uint32_t *>(g.data + base) + (u >> 1), u, sraw, tab,
+                      row0, nrows, active, sink);
 }
 
 } /* namespace nwc_k */

@@ -37,26 +37,33 @@ struct Store {
   }
 };
 
+constexpr unsigned kThreads = 1024, kSmem = kTabBytes + kThreads / 32 * kWarpBuf;
+constexpr unsigned kGatherThreads = 256, kGatherSmem = kTabBytes + kGatherThreads / 32 * kWarpBuf;
+
+/* The table, then each warp's staging buffer. */
+__device__ __forceinline__ uint32_t *smem_tab(uint4 *smem) { return reinterpret_cast<uint32_t *>(smem); }
+__device__ __forceinline__ uint8_t *smem_warp(uint4 *smem) {
+  return reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * kWarpBuf;
+}
+
 template <int TYPE>
-__global__ void __launch_bounds__(1024, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
-  __shared__ uint32_t s_tab[NWC_TAB_ENTRIES];
-  load_table(s_tab, tab);
+__global__ void __launch_bounds__(kThreads, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
+  extern __shared__ uint4 smem[];
+  load_table(smem_tab(smem), tab);
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
   for (uint32_t b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < g.nblocks; b += nwarps) {
     uint32_t row0 = b / g.CB * NWC_BLOCK_ROWS;
     uint32_t nrows = g.M - row0 < NWC_BLOCK_ROWS ? g.M - row0 : NWC_BLOCK_ROWS;
     Store s{out, g.K16, -1, 0};
-    decode_block<TYPE>(g, s_tab, b, nrows, s);
+    decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), b, nrows, b + nwarps, s);
   }
 }
-
-constexpr unsigned kGatherThreads = 256;
 
 template <int TYPE>
 __global__ void __launch_bounds__(kGatherThreads)
 gather_kernel(Geom g, const uint32_t *tab, const uint64_t *rows, uint32_t n, uint16_t *out) {
-  __shared__ uint32_t s_tab[NWC_TAB_ENTRIES];
-  load_table(s_tab, tab);
+  extern __shared__ uint4 smem[];
+  load_table(smem_tab(smem), tab);
   const uint32_t w = blockIdx.x * (kGatherThreads / 32) + (threadIdx.x >> 5);
   const uint32_t k = w / g.CB, cb = w - k * g.CB;
   if (k >= n) return;
@@ -64,7 +71,8 @@ gather_kernel(Geom g, const uint32_t *tab, const uint64_t *rows, uint32_t n, uin
   if (r >= g.M) return;
   const uint32_t i = (uint32_t)(r % NWC_BLOCK_ROWS);
   Store s{out + (uint64_t)k * g.K16, g.K16, (int)i, 0};
-  decode_block<TYPE>(g, s_tab, (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb, i + 1, s);
+  decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb,
+                     i + 1, g.nblocks, s);
 }
 
 } /* namespace */
@@ -80,10 +88,11 @@ extern "C" int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t 
   if (sms < 0) return sms;
   uint32_t blocks = (g.nblocks + 31) / 32;
   if (blocks > (uint32_t)sms) blocks = (uint32_t)sms;
-  if (type == NWC_ELEM_BF16)
-    nwc_k::dequant_kernel<NWC_ELEM_BF16><<<blocks, 1024, 0, stream>>>(g, t->tab, out);
-  else
-    nwc_k::dequant_kernel<NWC_ELEM_FP8><<<blocks, 1024, 0, stream>>>(g, t->tab, out);
+  auto kernel = type == NWC_ELEM_BF16 ? nwc_k::dequant_kernel<NWC_ELEM_BF16> : nwc_k::dequant_kernel<NWC_ELEM_FP8>;
+  if ((rc = nwc_k::cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    nwc_k::kSmem))) < 0)
+    return rc;
+  kernel<<<blocks, nwc_k::kThreads, nwc_k::kSmem, stream>>>(g, t->tab, out);
   return nwc_k::launch_status();
 }
 
@@ -98,9 +107,10 @@ extern "C" int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_
   if (n * g.CB >= (UINT64_C(1) << 31)) return -EOVERFLOW;
   const unsigned per_block = nwc_k::kGatherThreads / 32;
   unsigned blocks = (unsigned)((n * g.CB + per_block - 1) / per_block);
-  if (type == NWC_ELEM_BF16)
-    nwc_k::gather_kernel<NWC_ELEM_BF16><<<blocks, nwc_k::kGatherThreads, 0, stream>>>(g, t->tab, rows, (uint32_t)n, out);
-  else
-    nwc_k::gather_kernel<NWC_ELEM_FP8><<<blocks, nwc_k::kGatherThreads, 0, stream>>>(g, t->tab, rows, (uint32_t)n, out);
+  auto kernel = type == NWC_ELEM_BF16 ? nwc_k::gather_kernel<NWC_ELEM_BF16> : nwc_k::gather_kernel<NWC_ELEM_FP8>;
+  if ((rc = nwc_k::cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    nwc_k::kGatherSmem))) < 0)
+    return rc;
+  kernel<<<blocks, nwc_k::kGatherThreads, nwc_k::kGatherSmem, stream>>>(g, t->tab, rows, (uint32_t)n, out);
   return nwc_k::launch_status();
 }

@@ -25,6 +25,8 @@ int sm_count(void);
 /* Checks t and fills g; *type receives the element type. */
 static inline int geom_of(const nwc_k_tensor *t, Geom *g, unsigned *type) {
   if (!t || !t->tab || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
+  /* staging copies 16 raw bytes (8 for fp8) and 8 stream bytes at a time; the table goes by uint4 */
+  if ((uintptr_t)t->raw % 16 || (uintptr_t)t->data % 8 || (uintptr_t)t->tab % 16) return -EINVAL;
   unsigned ty = NWC_ELEM_TYPE(t->elem);
   if (NWC_ELEM_LAYOUT(t->elem) != 0 || t->elem > 255 || (ty != NWC_ELEM_BF16 && ty != NWC_ELEM_FP8))
     return -ENOTSUP;

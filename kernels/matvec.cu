@@ -36,20 +36,28 @@ struct Dot {
     }
   }
 
-  __device__ __forceinline__ void row(uint32_t, uint64_t, bool, const uint32_t e[8], const uint32_t m[4]) {
+  __device__ __forceinline__ void push(float v) {
+#pragma unroll
+    for (int r = 0; r < 7; r++) acc[r] = acc[r + 1];
+    acc[7] = v;
+  }
+
+  __device__ __forceinline__ void row(uint32_t, uint64_t, bool active, const uint32_t e[8], const uint32_t m[4]) {
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
       s0 = fmaf(__uint_as_float(weight_bits(2 * k, e[k], m)), xv[2 * k], s0);
       s1 = fmaf(__uint_as_float(weight_bits(2 * k + 1, e[k], m)), xv[2 * k + 1], s1);
     }
-#pragma unroll
-    for (int r = 0; r < 7; r++) acc[r] = acc[r + 1];
-    acc[7] = s0 + s1;
+    push(active ? s0 + s1 : 0.f); /* an empty lane's weights are lane 0's: not ours to add */
   }
 
-  /* Sum over the 32 lanes of each row's sums; row r ends in lane 4r, which stores it. */
-  __device__ __forceinline__ void end(float *scratch, uint32_t b, uint32_t CB) {
+  /* Sum over the 32 lanes of each row's sums (rows from nrows on, not coded, count 0); row r
+   * ends in lane 4r, which stores it. */
+  __device__ __forceinline__ void end(float *scratch, uint32_t b, uint32_t CB, uint32_t nrows) {
+#pragma unroll
+    for (uint32_t r = 1; r < NWC_BLOCK_ROWS; r++)
+      if (r >= nrows) push(0.f);
     const unsigned lane = threadIdx.x & 31u;
     const bool b4 = lane & 16u, b3 = lane & 8u, b2 = lane & 4u;
     float v[4], u[2];
@@ -74,17 +82,23 @@ struct Dot {
   }
 };
 
+constexpr unsigned kThreads = 1024, kSmem = kTabBytes + kThreads / 32 * kWarpBuf;
+
 template <int TYPE>
-__global__ void __launch_bounds__(1024, 1)
+__global__ void __launch_bounds__(kThreads, 1)
 matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
-  __shared__ uint32_t s_tab[NWC_TAB_ENTRIES];
+  extern __shared__ uint4 smem[];
+  uint32_t *s_tab = reinterpret_cast<uint32_t *>(smem);
+  uint8_t *wbuf = reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * kWarpBuf;
   load_table(s_tab, tab);
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
   for (uint32_t b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < g.nblocks; b += nwarps) {
+    uint32_t row0 = b / g.CB * NWC_BLOCK_ROWS;
+    uint32_t nrows = g.M - row0 < NWC_BLOCK_ROWS ? g.M - row0 : NWC_BLOCK_ROWS;
     Dot d;
     d.x = x;
-    decode_block<TYPE>(g, s_tab, b, NWC_BLOCK_ROWS, d);
-    d.end(scratch, b, g.CB);
+    decode_block<TYPE>(g, s_tab, wbuf, b, nrows, b + nwarps, d);
+    d.end(scratch, b, g.CB, nrows);
   }
 }
 
@@ -100,7 +114,8 @@ __global__ void finalize_kernel(const float *scratch, uint32_t M, uint32_t CB, c
   if (y_bf16) y_bf16[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-/* One warp per row, 16 fp8 weights per lane and load, converted through half2. */
+/* One warp per row, 16 fp8 weights per lane and load, four loads in flight per lane, converted
+ * through half2. */
 __global__ void __launch_bounds__(256)
 ref_fp8_kernel(const uint8_t *q, uint32_t M, uint32_t K, const float *x, const float *scale,
                const float *bias, uint16_t *y) {
@@ -108,22 +123,28 @@ ref_fp8_kernel(const uint8_t *q, uint32_t M, uint32_t K, const float *x, const f
   if (r >= M) return;
   const uint4 *row = reinterpret_cast<const uint4 *>(q + (uint64_t)r * K);
   const float4 *xp = reinterpret_cast<const float4 *>(x);
+  const uint32_t n = K / 16;
   float s = 0.f;
-#pragma unroll 4
-  for (uint32_t c = lane; c < K / 16; c += 32) {
-    uint4 v = __ldcs(row + c);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  for (uint32_t c = lane; c < n; c += 4 * 32) {
+    uint4 v[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      float4 xv = __ldg(xp + 4 * c + j);
-      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] & 0xffffu), __NV_E4M3);
-      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] >> 16), __NV_E4M3);
-      float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-      float2 bb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-      s = fmaf(a.x, xv.x, s);
-      s = fmaf(a.y, xv.y, s);
-      s = fmaf(bb.x, xv.z, s);
-      s = fmaf(bb.y, xv.w, s);
+    for (int u = 0; u < 4; u++) v[u] = c + 32 * u < n ? __ldcs(row + c + 32 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (c + 32 * u >= n) break;
+      const uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float4 xv = __ldg(xp + 4 * (c + 32 * u) + j);
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] & 0xffffu), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] >> 16), __NV_E4M3);
+        float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+        float2 bb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+        s = fmaf(a.x, xv.x, s);
+        s = fmaf(a.y, xv.y, s);
+        s = fmaf(bb.x, xv.z, s);
+        s = fmaf(bb.y, xv.w, s);
+      }
     }
   }
 #pragma unroll
@@ -145,10 +166,10 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
   if (sms < 0) return sms;
   uint32_t blocks = (g.nblocks + 31) / 32;
   if (blocks > (uint32_t)sms) blocks = (uint32_t)sms;
-  if (type == NWC_ELEM_BF16)
-    matvec_kernel<NWC_ELEM_BF16><<<blocks, 1024, 0, stream>>>(g, t->tab, x, scratch);
-  else
-    matvec_kernel<NWC_ELEM_FP8><<<blocks, 1024, 0, stream>>>(g, t->tab, x, scratch);
+  auto kernel = type == NWC_ELEM_BF16 ? matvec_kernel<NWC_ELEM_BF16> : matvec_kernel<NWC_ELEM_FP8>;
+  if ((rc = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem))) < 0)
+    return rc;
+  kernel<<<blocks, kThreads, kSmem, stream>>>(g, t->tab, x, scratch);
   if ((rc = launch_status()) < 0) return rc;
   finalize_kernel<<<(g.M + 255) / 256, 256, 0, stream>>>(scratch, g.M, g.CB, t->scale, bias, y, y_bf16);
   return launch_status();

@@ -132,7 +132,9 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   int fails_before = test_failures;
 
   /* dequant */
-  uint16_t *want = malloc(nout * 2), *got = malloc(nout * 2);
+  uint64_t n = M < 40 ? M + 1 : 41; /* gather rows, below */
+  size_t outbuf = (n > M ? n : M) * K16 * 2;
+  uint16_t *want = malloc(outbuf), *got = malloc(outbuf);
   CHECK_RC(nwc_dequant(&t, want));
   uint16_t *d_out = dalloc(nout * 2);
   CU(cudaMemsetAsync(d_out, 0xff, nout * 2, stream));
@@ -148,7 +150,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CU(cudaFree(d_out));
 
   /* gather: the first, the last and random rows, with a repeat */
-  uint64_t n = M < 40 ? M + 1 : 41, *rows = malloc(n * sizeof *rows);
+  uint64_t *rows = malloc(n * sizeof *rows);
   for (uint64_t i = 0; i < n; i++) rows[i] = test_below(M);
   rows[0] = 0;
   if (n > 1) rows[1] = M - 1;
