@@ -190,7 +190,7 @@ static int verify_model(nwc_store *s, vctx *v, const char *model) {
     }
   }
   v->st.models++;
-  if (rc == 0 && v->st.problems == before)
+  if (rc == 0 && v->st.problems == before && !(s->flags & NWC_STORE_RDONLY))
     rc = nwc__catalog_set_verified(s->db, mid, (int64_t)time(NULL));
   free(sel);
   free(ids);

@@ -271,12 +271,21 @@ int main(void) {
   nwc_model_info_free(mi, nm2);
   CHECK(nwc_store_remove(s, "all") == -ENOENT, "remove twice");
   CHECK(count_containers(dir) == 0, "containers left after removing everything");
+  CHECK_RC(nwc_store_import(s, "keep", path, NULL));
   nwc_store_close(s);
   /* Read-only opens share the lock. */
   nwc_store *r1 = NULL, *r2 = NULL;
   CHECK_RC(nwc_store_open(dir, NWC_STORE_RDONLY, &r1));
   CHECK_RC(nwc_store_open(dir, NWC_STORE_RDONLY, &r2));
   CHECK(r1 && nwc_store_import(r1, "x", path, NULL) == -EROFS, "read-only import");
+  nwc_store *w = NULL;
+  CHECK(nwc_store_open(dir, 0, &w) == -EBUSY, "writer while readers hold the store");
+  nwc_verify_stats vs;
+  CHECK_RC(nwc_store_verify(r1, NULL, NULL, NULL, &vs));
+  CHECK(vs.models == 1 && vs.tensors == 8, "read-only verify");
+  nwc_tensor t;
+  CHECK_RC(nwc_store_read(r2, "keep", "t3", &t));
+  nwc_tensor_release(&t);
   nwc_store_close(r1);
   nwc_store_close(r2);
   nwc_store_close(NULL);
