@@ -188,19 +188,21 @@ int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor 
                 "%s: model '%s' tensor '%s': blob header at file offset %llu disagrees with the "
                 "catalog",
                 ti->path, ti->model, ti->name, (unsigned long long)ti->offset);
-  /* Sections must lie inside the blob, in order, aligned. */
-  uint64_t nb = ti->nblocks, ends[5] = {ti->off_bases + (nb + 1) * 8, ti->off_hdr + nb * NWC_LANES,
-                                        ti->off_data + ti->data_bytes,
-                                        ti->off_raw + ti->raw_plane_bytes,
-                                        ti->off_scale + (ti->off_scale ? ti->rows * 4 : 0)};
+  /* Sections must lie inside the blob, in order, 8-aligned (sizes first, so nothing wraps). */
+  uint64_t nb = ti->nblocks, L = ti->length;
+  NWC_RETURN_IF(nb > L || ti->data_bytes > L || ti->rows > L || ti->raw_plane_bytes > L, -EBADMSG,
+                "%s: model '%s' tensor '%s': sizes larger than the %llu-byte blob", ti->path,
+                ti->model, ti->name, (unsigned long long)L);
   uint64_t starts[5] = {ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw, ti->off_scale};
-  for (int i = 0; i < 5; i++) {
-    if (i == 4 && !ti->off_scale) break;
-    NWC_RETURN_IF(nb > ti->length || ti->data_bytes > ti->length || ti->rows > ti->length ||
-                      ti->raw_plane_bytes > ti->length || starts[i] % 8 ||
-                      starts[i] < (i ? ends[i - 1] : NWC__BLOB_HEADER) || ends[i] > ti->length,
+  uint64_t sizes[5] = {(nb + 1) * 8, nb * NWC_LANES, ti->data_bytes, ti->raw_plane_bytes,
+                       ti->rows * 4};
+  uint64_t prev_end = NWC__BLOB_HEADER;
+  for (int i = 0; i < (ti->off_scale ? 5 : 4); i++) {
+    NWC_RETURN_IF(starts[i] % 8 || starts[i] < prev_end || starts[i] > L ||
+                      sizes[i] > L - starts[i],
                   -EBADMSG, "%s: model '%s' tensor '%s': blob section %d outside the blob",
                   ti->path, ti->model, ti->name, i);
+    prev_end = starts[i] + sizes[i];
   }
   t->elem = ti->elem;
   t->rows = ti->rows;
