@@ -20,6 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* GCC/Clang vector types: plain C that compiles to SIMD where the target has it. */
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+
 /* A lane's position in its block's bit sequence (bit 0 = bit 31 of the block's first word). */
 typedef struct lane {
   uint32_t pos; /* next bit to decode */
@@ -30,7 +37,7 @@ typedef struct lane {
  * checks: a lane reads at most 384 bits (one row of 24-bit codes) past its end before the row
  * check catches it, plus the second word of a window. */
 #define BLOCK_MAX_BYTES (NWC_LANES * NWC_LANE_MAX_UNITS * 2)
-#define WINDOW_MARGIN 64
+#define WINDOW_MARGIN 128
 
 typedef struct decoder {
   nwc__geom g;
@@ -48,10 +55,18 @@ static inline uint32_t load_le32(const uint8_t *p) {
   return v;
 }
 
-/* 64 bits of the block's bit sequence from bit pos on, left-aligned; at least 33 are valid. */
+/* Two consecutive stream words as one 64-bit value, the first in the high half. */
+static inline uint64_t load_pair(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v << 32 | v >> 32;
+}
+
+/* 64 bits of the block's bit sequence from bit pos on, left-aligned (read from three words). */
 static inline uint64_t window(const uint8_t *blk, uint32_t pos) {
   const uint8_t *p = blk + 4 * (pos >> 5);
-  return ((uint64_t)load_le32(p) << 32 | load_le32(p + 4)) << (pos & 31);
+  unsigned sh = pos & 31;
+  return load_pair(p) << sh | (uint64_t)load_le32(p + 8) >> (32 - sh);
 }
 
 /* exp_of_rank[r] as the table stores it. */
@@ -60,62 +75,63 @@ static inline unsigned rank_byte(const uint32_t *tab, unsigned r) {
   return (tab[(r - 11) >> 1] >> (8 + 8 * ((r - 11) & 1))) & 0xffu;
 }
 
-/* One code at *pos, by counting leading zeros. */
-static int slow_code(const decoder *d, uint32_t *pos, unsigned *byte) {
-  uint64_t w = window(d->blk, *pos);
+/* One code at pos, by counting leading zeros: the new position, or a negative errno. */
+static int64_t slow_code(const decoder *d, uint32_t pos, uint8_t *byte) {
+  uint64_t w = window(d->blk, pos);
   unsigned z = w ? (unsigned)__builtin_clzll(w) : 64;
   if (z < NWC_BF16_CODED_RANKS && (d->g.type == NWC_ELEM_BF16 || z < NWC_FP8_SYMBOLS)) {
-    *byte = (unsigned)((w >> (62 - z)) & 1u) << 7 | rank_byte(d->tab, z);
-    *pos += z + 2;
-    return 0;
+    *byte = (uint8_t)((unsigned)((w >> (62 - z)) & 1u) << 7 | rank_byte(d->tab, z));
+    return pos + z + 2;
   }
   NWC_RETURN_IF(z != NWC_BF16_CODED_RANKS || d->g.type != NWC_ELEM_BF16, -EBADMSG,
                 "invalid code: %u leading zeros in a %s stream", z,
                 d->g.type == NWC_ELEM_BF16 ? "bf16" : "fp8");
-  *byte = (unsigned)(w >> 40) & 0xffu;
-  *pos += 24;
-  return 0;
+  *byte = (uint8_t)(w >> 40);
+  return pos + 24;
 }
 
-/* One pair at *pos through the table, finishing a slow entry code by code. */
-static int slow_pair(const decoder *d, uint32_t *pos, uint8_t *h) {
-  uint32_t e = d->tab[window(d->blk, *pos) >> 52];
-  unsigned b0 = 0, b1 = 0;
-  if (!(e & NWC_TAB_SLOW)) {
-    h[0] = (uint8_t)(e >> 8);
-    h[1] = (uint8_t)(e >> 16);
-    *pos += e & 0xffu;
-    return 0;
+/* n pairs at pos through the table, finishing slow entries code by code; e[k] receives the pair
+ * as a fast entry would hold it (bytes 1 and 2).  Returns the new position or a negative errno. */
+static int64_t slow_pairs(const decoder *d, int64_t pos, uint32_t *e, unsigned n) {
+  for (unsigned k = 0; k < n && pos >= 0; k++) {
+    uint32_t t = d->tab[window(d->blk, (uint32_t)pos) >> 52];
+    uint8_t b0 = (uint8_t)(t >> 8), b1 = 0;
+    if (!(t & NWC_TAB_SLOW)) {
+      e[k] = t;
+      pos += t & 0xffu;
+      continue;
+    }
+    if (t & 0xffu) /* the entry holds a complete first code */
+      pos += t & 0xffu;
+    else
+      pos = slow_code(d, (uint32_t)pos, &b0);
+    if (pos >= 0) pos = slow_code(d, (uint32_t)pos, &b1);
+    e[k] = (uint32_t)b0 << 8 | (uint32_t)b1 << 16;
   }
-  if (e & 0xffu) { /* the entry holds a complete first code */
-    b0 = (e >> 8) & 0xffu;
-    *pos += e & 0xffu;
-  } else {
-    NWC_TRY(slow_code(d, pos, &b0));
-  }
-  NWC_TRY(slow_code(d, pos, &b1));
-  h[0] = (uint8_t)b0;
-  h[1] = (uint8_t)b1;
-  return 0;
+  return pos;
 }
 
-/* The 16 bytes (sign << 7 | exponent) of one lane's weights in the current row.  One window
- * serves two table lookups (two fast pairs use at most 24 of its >= 33 bits). */
-static inline int decode_lane_row(const decoder *d, lane *s, uint8_t h[16]) {
+/* The 8 pairs of one lane's weights in the current row, as table entries (byte 1: weight 2k,
+ * byte 2: weight 2k + 1).  One 64-bit window serves four lookups (four fast pairs use at most
+ * 48 bits). */
+static inline int decode_lane_row(const decoder *d, lane *s, uint32_t e[8]) {
   uint32_t pos = s->pos;
-  for (unsigned k = 0; k < NWC_LANE_COLS; k += 4) {
+  for (unsigned k = 0; k < 8; k += 4) {
     uint64_t w = window(d->blk, pos);
+    /* a fast entry's bit count is at most 12, so & 63 is & 0xff (and free on x86) */
     uint32_t e0 = d->tab[w >> 52];
-    uint32_t e1 = d->tab[(w << (e0 & 0xffu)) >> 52];
-    if (NWC__LIKELY(!((e0 | e1) & NWC_TAB_SLOW))) {
-      h[k] = (uint8_t)(e0 >> 8);
-      h[k + 1] = (uint8_t)(e0 >> 16);
-      h[k + 2] = (uint8_t)(e1 >> 8);
-      h[k + 3] = (uint8_t)(e1 >> 16);
-      pos += (e0 & 0xffu) + (e1 & 0xffu);
+    uint64_t w1 = w << (e0 & 63u);
+    uint32_t e1 = d->tab[w1 >> 52];
+    uint64_t w2 = w1 << (e1 & 63u);
+    uint32_t e2 = d->tab[w2 >> 52];
+    uint32_t e3 = d->tab[(w2 << (e2 & 63u)) >> 52];
+    if (NWC__LIKELY(!((e0 | e1 | e2 | e3) & NWC_TAB_SLOW))) {
+      e[k] = e0, e[k + 1] = e1, e[k + 2] = e2, e[k + 3] = e3;
+      pos += (e0 + e1 + e2 + e3) & 0xffu; /* the four bit counts sum to at most 48 */
     } else {
-      NWC_TRY(slow_pair(d, &pos, h + k));
-      NWC_TRY(slow_pair(d, &pos, h + k + 2));
+      int64_t p = slow_pairs(d, pos, e + k, 4);
+      if (p < 0) return (int)p;
+      pos = (uint32_t)p;
     }
   }
   NWC_RETURN_IF(pos > s->end, -EBADMSG, "lane stream overrun: codes need bit %u of %u", pos,
@@ -178,16 +194,30 @@ static decoder *decoder_new(const nwc_tensor *t, int *rc) {
   return d;
 }
 
-/* The low bytes of one lane's 16 weights in row r: BF16 mantissa bytes, fp8 nibble << 4. */
-static inline void lane_low(const decoder *d, uint64_t r, uint64_t c0, uint8_t lo[16]) {
+/* One lane's 16 weights in row r as BF16: the decoded high bytes from the pair entries, the low
+ * bytes from the raw plane (BF16: mantissa bytes; fp8: nibble << 4). */
+static inline void lane_bf16(const decoder *d, const uint32_t e[8], uint64_t r, uint64_t c0,
+                             uint16_t out[16]) {
+  uint8_t lo[16];
   const uint8_t *row = d->t->raw + r * d->g.raw_stride;
   if (d->g.type == NWC_ELEM_BF16) {
     memcpy(lo, row + c0, 16);
-  } else {
-    const uint8_t *q = row + c0 / 2;
-    for (unsigned j = 0; j < 16; j++)
-      lo[j] = (uint8_t)(((q[nwc__fp8_nib_byte(j)] >> nwc__fp8_nib_shift(j)) & 15u) << 4);
+  } else { /* word 0: weights 0..3 in the low nibbles, 4..7 in the high ones; word 1: 8..15 */
+    uint32_t q[2], v[4];
+    memcpy(q, row + c0 / 2, 8);
+    v[0] = (q[0] & 0x0f0f0f0fu) << 4, v[1] = q[0] & 0xf0f0f0f0u;
+    v[2] = (q[1] & 0x0f0f0f0fu) << 4, v[3] = q[1] & 0xf0f0f0f0u;
+    memcpy(lo, v, 16);
   }
+  /* As 32-bit pairs: weight 2k = e[k] byte 1 : lo[2k], weight 2k + 1 = e[k] byte 2 : lo[2k + 1]. */
+  v8u32 ev, l32, o;
+  v16u8 lv;
+  memcpy(&ev, e, sizeof ev);
+  memcpy(&lv, lo, sizeof lv);
+  v16u16 l16 = __builtin_convertvector(lv, v16u16);
+  memcpy(&l32, &l16, sizeof l32);
+  o = (ev & 0xff00u) | ((ev << 8) & 0xff000000u) | l32;
+  memcpy(out, &o, sizeof o);
 }
 
 /* Decodes rows [0, nrows) of block b; row `keep` (or every row if keep < 0) goes to
@@ -200,19 +230,18 @@ static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint1
     uint64_t r = rb * NWC_BLOCK_ROWS + i;
     int want = keep < 0 || (unsigned)keep == i;
     for (unsigned l = 0; l < d->active; l++) {
-      uint8_t h[16], lo[16];
-      NWC_TRY(decode_lane_row(d, &d->lanes[l], h));
+      uint32_t e[8];
+      NWC_TRY(decode_lane_row(d, &d->lanes[l], e));
       if (!want) continue;
       uint64_t c0 = c_base + (uint64_t)l * NWC_LANE_COLS;
-      lane_low(d, r, c0, lo);
-      uint16_t *o = out + (r - first_out_row) * d->g.K16 + c0;
-      for (unsigned j = 0; j < 16; j++) o[j] = (uint16_t)(h[j] << 8 | lo[j]);
+      lane_bf16(d, e, r, c0, out + (r - first_out_row) * d->g.K16 + c0);
     }
   }
   return 0;
 }
 
 int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, uint16_t *out) {
+  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_dequant_range(t, rb_begin, rb_end, out);
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;
@@ -229,10 +258,13 @@ int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, u
 }
 
 int nwc_dequant(const nwc_tensor *t, uint16_t *out) {
+  if (t && NWC_ELEM_LAYOUT(t->elem))
+    return nwc__lx_dequant_range(t, 0, nwc__ceil_div(t->rows, NWC__LX_BLOCK_ROWS), out);
   return nwc_dequant_range(t, 0, t ? nwc__ceil_div(t->rows, NWC_BLOCK_ROWS) : 0, out);
 }
 
 int nwc_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out) {
+  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_gather(t, rows, n, out);
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;
@@ -253,23 +285,25 @@ int nwc_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *
   return rc;
 }
 
-static inline float bits_to_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* Sum of one lane's 16 products, in a fixed pairwise order. */
-static inline float lane_dot(const uint8_t h[16], const uint8_t lo[16], const float *x) {
-  float p[16];
-  for (unsigned j = 0; j < 16; j++) p[j] = bits_to_f32((uint32_t)h[j] << 24 | (uint32_t)lo[j] << 16) * x[j];
-  for (unsigned w = 8; w; w >>= 1)
-    for (unsigned j = 0; j < w; j++) p[j] += p[j + w];
-  return p[0];
+static inline float lane_dot(const uint16_t w[16], const float *x) {
+  v16u16 wv;
+  v16f xv, p;
+  memcpy(&wv, w, sizeof wv);
+  memcpy(&xv, x, sizeof xv);
+  v16u32 bits = __builtin_convertvector(wv, v16u32) << 16;
+  memcpy(&p, &bits, sizeof p);
+  p *= xv;
+  float s[16];
+  memcpy(s, &p, sizeof s);
+  for (unsigned half = 8; half; half >>= 1)
+    for (unsigned j = 0; j < half; j++) s[j] += s[j + half];
+  return s[0];
 }
 
 int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
                uint16_t *y_bf16) {
+  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_matvec(t, x, bias, y, y_bf16);
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;
@@ -284,11 +318,12 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
         uint64_t r = rb * NWC_BLOCK_ROWS + i;
         float row = 0;
         for (unsigned l = 0; l < d->active; l++) {
-          uint8_t h[16], lo[16];
-          if ((rc = decode_lane_row(d, &d->lanes[l], h)) < 0) break;
+          uint32_t e[8];
+          uint16_t wv[16];
+          if ((rc = decode_lane_row(d, &d->lanes[l], e)) < 0) break;
           uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
-          lane_low(d, r, c0, lo);
-          row += lane_dot(h, lo, x + c0);
+          lane_bf16(d, e, r, c0, wv);
+          row += lane_dot(wv, x + c0);
         }
         acc[i] += row;
       }
@@ -302,4 +337,73 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
   }
   free(d);
   return rc;
+}
+
+/* ---- hooks: this lane decoder for layout 1 and the batched matvec (store/layouts.h) -------- */
+
+struct nwc__pcdec {
+  decoder d;
+  uint8_t pad1[NWC_LANES * NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC * 4 + WINDOW_MARGIN];
+};
+
+nwc__pcdec *nwc__pcdec_new(const nwc_tensor *t, int *rc) {
+  nwc__pcdec *pc = malloc(sizeof *pc);
+  *rc = pc ? decoder_init(&pc->d, t) : -ENOMEM;
+  if (*rc < 0) {
+    free(pc);
+    return NULL;
+  }
+  return pc;
+}
+
+void nwc__pcdec_free(nwc__pcdec *pc) { free(pc); }
+
+int nwc__pcdec_l0_begin(nwc__pcdec *pc, uint64_t b, unsigned *active) {
+  NWC_TRY(block_begin(&pc->d, b));
+  *active = pc->d.active;
+  return 0;
+}
+
+int nwc__pcdec_l0_row(nwc__pcdec *pc, unsigned l, uint64_t r, uint64_t c0, uint16_t w[16]) {
+  uint32_t e[8];
+  NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));
+  lane_bf16(&pc->d, e, r, c0, w);
+  return 0;
+}
+
+/* Layout 1: the lanes' streams are whole words, one after the other (hdr = words). */
+int nwc__pcdec_l1_begin(nwc__pcdec *pc, uint64_t b) {
+  decoder *d = &pc->d;
+  const nwc_tensor *t = d->t;
+  uint64_t base = t->bases[b], end = t->bases[b + 1];
+  NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
+                "block %llu: offsets %llu..%llu outside %llu data bytes or misaligned",
+                (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
+                (unsigned long long)t->data_bytes);
+  const uint8_t *hdr = t->hdr + b * NWC_LANES;
+  uint32_t w = 0;
+  for (unsigned l = 0; l < NWC_LANES; l++) {
+    d->lanes[l] = (lane){32 * w, 32 * (w + hdr[l])};
+    w += hdr[l];
+  }
+  NWC_RETURN_IF(4 * (uint64_t)w > end - base, -EBADMSG,
+                "block %llu: lane streams (%u words) overrun the block's %llu bytes",
+                (unsigned long long)b, w, (unsigned long long)(end - base));
+  d->blk = t->data + base;
+  if (t->data_bytes - base - 4 * w < WINDOW_MARGIN) {
+    memcpy(pc->pad1, d->blk, 4 * w);
+    memset(pc->pad1 + 4 * w, 0, sizeof pc->pad1 - 4 * w);
+    d->blk = pc->pad1;
+  }
+  return 0;
+}
+
+int nwc__pcdec_16(nwc__pcdec *pc, unsigned l, uint8_t h[16]) {
+  uint32_t e[8];
+  NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));
+  for (unsigned k = 0; k < 8; k++) {
+    h[2 * k] = (uint8_t)(e[k] >> 8);
+    h[2 * k + 1] = (uint8_t)(e[k] >> 16);
+  }
+  return 0;
 }

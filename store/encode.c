@@ -22,15 +22,10 @@ typedef struct plan {
   const uint8_t *w8;   /* fp8 input */
   const uint16_t *w16; /* BF16 input */
   code codes[256];     /* by input byte (BF16: high byte) */
+  uint8_t len[256];    /* codes[].len */
   uint8_t nib[256];    /* fp8: raw nibble by input byte */
   uint64_t data_bytes;
 } plan;
-
-/* The coded byte of weight (row, col): BF16 high byte or fp8 byte. */
-static inline unsigned in_byte(const plan *p, uint64_t row, uint64_t col) {
-  uint64_t i = row * p->g.K + col;
-  return p->w16 ? (unsigned)(p->w16[i] >> 8) : p->w8[i];
-}
 
 /* Ranks symbols by descending count, ties by ascending symbol; writes order[0..nsym). */
 static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
@@ -52,7 +47,13 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
   uint64_t n = g->M * g->K;
   memset(psym, 0, NWC_RANKS);
   if (p->w16) {
-    for (uint64_t i = 0; i < n; i++) freq[(p->w16[i] >> 8) & 0x7f]++;
+    uint64_t f4[4][128] = {{0}}; /* four tables: runs of one exponent do not serialize */
+    const uint16_t *w = p->w16;
+    uint64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+      for (unsigned k = 0; k < 4; k++) f4[k][(w[i + k] >> 8) & 0x7f]++;
+    for (; i < n; i++) f4[0][(w[i] >> 8) & 0x7f]++;
+    for (unsigned s = 0; s < 128; s++) freq[s] = f4[0][s] + f4[1][s] + f4[2][s] + f4[3][s];
     rank_symbols(freq, 128, order);
     for (unsigned r = 0; r < 128; r++) rank_of[order[r]] = r;
     for (unsigned r = 0; r < NWC_BF16_CODED_RANKS; r++) psym[r] = (uint8_t)order[r];
@@ -95,6 +96,7 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
 /* Sums code lengths per lane, fills hdr[] and bases[], sets p->data_bytes. */
 static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
   const nwc__geom *g = &p->g;
+  for (unsigned b = 0; b < 256; b++) p->len[b] = (uint8_t)p->codes[b].len;
   uint64_t lanes_per_band = g->col_blocks * NWC_LANES;
   uint64_t *bits = calloc(lanes_per_band, sizeof *bits);
   if (!bits) return -ENOMEM;
@@ -102,8 +104,15 @@ static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
   for (uint64_t rb = 0; rb < g->row_blocks; rb++) {
     memset(bits, 0, lanes_per_band * sizeof *bits);
     uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < g->M ? r0 + NWC_BLOCK_ROWS : g->M;
-    for (uint64_t r = r0; r < r1; r++)
-      for (uint64_t c = 0; c < g->K; c++) bits[c / NWC_LANE_COLS] += p->codes[in_byte(p, r, c)].len;
+    for (uint64_t r = r0; r < r1; r++) /* per lane: a sum in a register, one store */
+      for (uint64_t c0 = 0; c0 < g->K; c0 += NWC_LANE_COLS) {
+        unsigned n = g->K - c0 < NWC_LANE_COLS ? (unsigned)(g->K - c0) : NWC_LANE_COLS, sum = 0;
+        if (p->w16)
+          for (unsigned j = 0; j < n; j++) sum += p->len[p->w16[r * g->K + c0 + j] >> 8];
+        else
+          for (unsigned j = 0; j < n; j++) sum += p->len[p->w8[r * g->K + c0 + j]];
+        bits[c0 / NWC_LANE_COLS] += sum;
+      }
     for (uint64_t l = 0; l < lanes_per_band; l++) {
       uint64_t c0 = l * NWC_LANE_COLS;
       if (c0 >= g->K16) continue; /* an inactive lane: empty stream */
@@ -157,23 +166,35 @@ static inline void bitw_pad(bitw *w, unsigned align) {
   if (r) bitw_put(w, 0, align - r);
 }
 
+/* Codes of one lane's 16 weights of a row: n real ones from src (stride 1), then fillers. */
+static inline void put_lane_row(bitw *w, const code *codes, const uint16_t *w16, const uint8_t *w8,
+                                unsigned n) {
+  for (unsigned j = 0; j < n; j++) {
+    code c = codes[w16 ? (unsigned)(w16[j] >> 8) : w8[j]];
+    bitw_put(w, c.bits, c.len);
+  }
+  for (unsigned j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
+}
+
 static void write_streams(const plan *p, const uint64_t *bases, uint8_t *data) {
   const nwc__geom *g = &p->g;
-  for (uint64_t b = 0; b < g->nblocks; b++) {
-    uint64_t rb = b / g->col_blocks, cb = b % g->col_blocks;
-    uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < g->M ? r0 + NWC_BLOCK_ROWS : g->M;
+  /* Locals, not p->...: the byte stores below may alias anything behind a pointer. */
+  const uint64_t K = g->K, K16 = g->K16, M = g->M, cbs = g->col_blocks, nblocks = g->nblocks;
+  const uint16_t *w16 = p->w16;
+  const uint8_t *w8 = p->w8;
+  const code *codes = p->codes;
+  for (uint64_t b = 0; b < nblocks; b++) {
+    uint64_t rb = b / cbs, cb = b % cbs;
+    uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < M ? r0 + NWC_BLOCK_ROWS : M;
     bitw w = {data + bases[b], 0, 0};
     for (unsigned l = 0; l < NWC_LANES; l++) {
       uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
-      for (uint64_t r = r0; r < r1 && c0 < g->K16; r++) {
-        for (unsigned j = 0; j < NWC_LANE_COLS; j++) {
-          if (c0 + j < g->K) {
-            code c = p->codes[in_byte(p, r, c0 + j)];
-            bitw_put(&w, c.bits, c.len);
-          } else {
-            bitw_put(&w, 2u, 2); /* filler column below K16 */
-          }
-        }
+      unsigned n = c0 >= K ? 0 : K - c0 < NWC_LANE_COLS ? (unsigned)(K - c0) : NWC_LANE_COLS;
+      for (uint64_t r = r0; r < r1 && c0 < K16; r++) {
+        if (w16)
+          put_lane_row(&w, codes, w16 + r * K + c0, NULL, n);
+        else
+          put_lane_row(&w, codes, NULL, w8 + r * K + c0, n);
       }
       bitw_pad(&w, NWC_UNIT_BITS);
     }
@@ -185,12 +206,13 @@ static void write_streams(const plan *p, const uint64_t *bases, uint8_t *data) {
 
 static void write_raw(const plan *p, uint8_t *raw) {
   const nwc__geom *g = &p->g;
+  const uint64_t K = g->K;
   memset(raw, 0, g->M * g->raw_stride);
   for (uint64_t r = 0; r < g->M; r++) {
     uint8_t *row = raw + r * g->raw_stride;
-    if (p->w16) {
-      const uint16_t *src = p->w16 + r * g->K;
-      for (uint64_t c = 0; c < g->K; c++) row[c] = (uint8_t)src[c];
+    if (p->w16) { /* K in a local: byte stores may alias *g */
+      const uint16_t *src = p->w16 + r * K;
+      for (uint64_t c = 0; c < K; c++) row[c] = (uint8_t)src[c];
     } else {
       const uint8_t *src = p->w8 + r * g->K;
       for (uint64_t c = 0; c < g->K; c++) {
@@ -221,6 +243,8 @@ static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned el
 int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
                    uint8_t psym[16], uint64_t *bases, uint8_t *hdr, uint8_t *data, uint64_t cap,
                    uint8_t *raw) {
+  if (NWC_ELEM_LAYOUT(elem) != 0) /* layouts 1 and 2: store/layout_common.c */
+    return nwc__lx_encode(w, n, K, elem, freq, psym, bases, hdr, data, cap, raw);
   NWC_RETURN_IF(!psym || !bases || !hdr, -EINVAL, "nwc_encode: missing output array");
   plan *p = malloc(sizeof *p);
   if (!p) return -ENOMEM;
@@ -241,6 +265,7 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
 
 int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem,
                       const float *scale, nwc_tensor *t) {
+  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_tensor_encode(w, rows, cols, elem, scale, t);
   NWC_RETURN_IF(!t, -EINVAL, "nwc_tensor_encode: no output");
   memset(t, 0, sizeof *t);
   uint64_t lay[4];
@@ -290,4 +315,31 @@ void nwc_tensor_release(nwc_tensor *t) {
   if (!t) return;
   free(t->owned);
   memset(t, 0, sizeof *t);
+}
+
+/* ---- hooks for layouts 1 and 2 (store/layouts.h) ------------------------------------------ */
+
+void nwc__rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
+  rank_symbols(freq, nsym, order);
+}
+
+int nwc__prefix_codes(const void *w, uint64_t M, uint64_t K, unsigned elem, uint64_t *freq,
+                      uint8_t psym[16], uint32_t bits[256], uint8_t len[256]) {
+  plan *p = malloc(sizeof *p);
+  if (!p) return -ENOMEM;
+  memset(p, 0, sizeof *p);
+  int rc = nwc__geom_init(&p->g, M, K, elem);
+  if (rc == 0) {
+    if (p->g.type == NWC_ELEM_BF16)
+      p->w16 = w;
+    else
+      p->w8 = w;
+    rc = plan_symbols(p, freq, psym);
+  }
+  for (unsigned b = 0; rc == 0 && b < 256; b++) {
+    bits[b] = p->codes[b].bits;
+    len[b] = (uint8_t)p->codes[b].len;
+  }
+  free(p);
+  return rc;
 }

@@ -26,7 +26,11 @@ int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem) {
   unsigned type = NWC_ELEM_TYPE(elem), layout = NWC_ELEM_LAYOUT(elem);
   NWC_RETURN_IF(elem > 255 || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8), -EINVAL,
                 "elem 0x%x: unknown element type", elem);
-  NWC_RETURN_IF(layout != 0, -ENOTSUP, "elem 0x%x: layout %u is not implemented", elem, layout);
+  NWC_RETURN_IF(layout > 2, -ENOTSUP, "elem 0x%x: layout %u is not implemented", elem, layout);
+  if (layout != 0) { /* layouts 1 and 2: store/layout_common.c */
+    nwc__lx_geom_fill(g, M, K, type);
+    return 0;
+  }
   memset(g, 0, sizeof *g);
   g->M = M;
   g->K = K;
@@ -42,6 +46,7 @@ int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem) {
 int nwc_layout(uint64_t M, uint64_t K, unsigned elem, uint64_t out[4]) {
   nwc__geom g = {0};
   NWC_TRY(nwc__geom_init(&g, M, K, elem));
+  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_layout(M, K, elem, out);
   out[NWC_LAYOUT_BLOCKS] = g.nblocks;
   out[NWC_LAYOUT_RAW_BYTES] = g.M * g.raw_stride;
   out[NWC_LAYOUT_SCRATCH] = g.row_blocks * NWC_BLOCK_ROWS * g.col_blocks;
@@ -52,6 +57,7 @@ int nwc_layout(uint64_t M, uint64_t K, unsigned elem, uint64_t out[4]) {
 int64_t nwc_encode_bound(uint64_t M, uint64_t K, unsigned elem) {
   nwc__geom g = {0};
   NWC_TRY(nwc__geom_init(&g, M, K, elem));
+  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_encode_bound(M, K, elem);
   /* 32 lanes of 192 units is 12288 bytes, already a multiple of the 8-byte alignment. */
   return (int64_t)(g.nblocks * NWC_LANES * NWC_LANE_MAX_UNITS * 2 + NWC_DATA_SLACK);
 }

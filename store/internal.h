@@ -81,4 +81,8 @@ extern const uint8_t nwc__fp8_sym_byte[NWC_FP8_SYMBOLS];
 static inline unsigned nwc__fp8_nib_byte(unsigned j) { return (j & 3u) + 4u * (j >> 3); }
 static inline unsigned nwc__fp8_nib_shift(unsigned j) { return (j & 4u) ? 4u : 0u; }
 
+/* Layouts 1 and 2, CPU feature dispatch, batched matvec: the interface the files above dispatch
+ * to (store/layouts.h). */
+#include "layouts.h"
+
 #endif /* NWC_INTERNAL_H */

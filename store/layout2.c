@@ -166,11 +166,11 @@ void nwc__l2_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
 /* ---- portable tile decoder --------------------------------------------------------------- */
 
 void nwc__l2_tile_portable(const nwc__lgeom *lg, const uint8_t *raw, const uint8_t lut[16],
-                           uint64_t gr, uint64_t s, uint16_t *dst, size_t stride) {
+                           uint64_t gr, uint64_t s, unsigned nlanes, uint16_t *dst, size_t stride) {
   int bf16 = lg->g.type == NWC_ELEM_BF16;
   const uint8_t *low = raw + lg->nib_bytes;
   const uint8_t *pair = low + (gr * nwc__ceil_div(lg->slots, 2) + (s >> 1)) * 3 * NWC_LANES * 4;
-  for (unsigned L = 0; L < NWC_LANES; L++) {
+  for (unsigned L = 0; L < nlanes; L++) {
     uint64_t ls = (gr * lg->slots + s) * NWC_LANES + L;
     const uint8_t *nb = raw + ls * 8;
     uint64_t f = bf16 ? 0 : nwc__l2_fp8_fields48(pair, L, (unsigned)(s & 1));

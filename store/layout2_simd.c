@@ -38,7 +38,8 @@ __attribute__((target("ssse3"))) static inline __m128i sse_nibbles(const uint8_t
 
 __attribute__((target("ssse3"))) static void tile_ssse3(const nwc__lgeom *lg, const uint8_t *raw,
                                                          const uint8_t lut[16], uint64_t gr,
-                                                         uint64_t s, uint16_t *dst, size_t stride) {
+                                                         uint64_t s, unsigned nlanes, uint16_t *dst,
+                                                         size_t stride) {
   const int bf16 = lg->g.type == NWC_ELEM_BF16;
   const __m128i lutv = _mm_loadu_si128((const __m128i *)lut), lut_b7 = _mm_srli_si128(lutv, 8);
   const __m128i perm = _mm_setr_epi8(PERM_BYTES), m07 = _mm_set1_epi8(7),
@@ -47,7 +48,7 @@ __attribute__((target("ssse3"))) static void tile_ssse3(const nwc__lgeom *lg, co
   const uint8_t *nb = raw + ls0 * 8, *low = raw + lg->nib_bytes + ls0 * 16;
   const uint8_t *pair = raw + lg->nib_bytes +
                         (gr * nwc__ceil_div(lg->slots, 2) + (s >> 1)) * 3 * NWC_LANES * 4;
-  for (unsigned L = 0; L < NWC_LANES; L++) {
+  for (unsigned L = 0; L < nlanes; L++) {
     __m128i nk = sse_nibbles(nb + 8 * L), r = _mm_and_si128(nk, m07);
     __m128i hi = _mm_or_si128(_mm_shuffle_epi8(lutv, r), _mm_and_si128(_mm_slli_epi16(nk, 4), m80));
     __m128i lo;
@@ -68,8 +69,8 @@ __attribute__((target("ssse3"))) static void tile_ssse3(const nwc__lgeom *lg, co
 
 __attribute__((target("avx2,bmi2"))) static void tile_avx2(const nwc__lgeom *lg, const uint8_t *raw,
                                                             const uint8_t lut[16], uint64_t gr,
-                                                            uint64_t s, uint16_t *dst,
-                                                            size_t stride) {
+                                                            uint64_t s, unsigned nlanes,
+                                                            uint16_t *dst, size_t stride) {
   const int bf16 = lg->g.type == NWC_ELEM_BF16;
   const __m128i lut128 = _mm_loadu_si128((const __m128i *)lut);
   const __m256i lutv = _mm256_broadcastsi128_si256(lut128),
@@ -81,7 +82,7 @@ __attribute__((target("avx2,bmi2"))) static void tile_avx2(const nwc__lgeom *lg,
   const uint8_t *nb = raw + ls0 * 8, *low = raw + lg->nib_bytes + ls0 * 16;
   const uint8_t *pair = raw + lg->nib_bytes +
                         (gr * nwc__ceil_div(lg->slots, 2) + (s >> 1)) * 3 * NWC_LANES * 4;
-  for (unsigned L = 0; L < NWC_LANES; L += 2) { /* lanes L, L + 1: adjacent columns, same rows */
+  for (unsigned L = 0; L < nlanes; L += 2) { /* lanes L, L + 1: adjacent columns, same rows */
     __m256i v = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(nb + 8 * L)));
     v = _mm256_permute4x64_epi64(v, 0x50); /* lane L's 8 bytes low, lane L + 1's high */
     __m256i nlo = _mm256_and_si256(v, m0f), nhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
@@ -117,36 +118,59 @@ nwc__l2_tile_fn nwc__l2_tile_simd(unsigned type, int level) {
 
 /* ---- matvec kernel ----------------------------------------------------------------------- */
 
+/* One row of w against NC columns: NC * A accumulators stay in registers over the whole row (A
+ * interleaved sets for small NC, so that the FMA latency is covered); n is a multiple of 8 A. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-fma_rows(const uint16_t *w, size_t wstride, unsigned nrows, const unsigned n, const float *x,
-         size_t ldx, unsigned ncols, float *part) {
-  for (unsigned i = 0; i < nrows; i++) {
-    __m256 wv[4];
-    for (unsigned k = 0; k < n / 8; k++) {
-      __m128i h = _mm_loadu_si128((const __m128i *)(w + i * wstride + 8 * k));
-      wv[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+fma_row(const uint16_t *w, unsigned n, const float *x, size_t ldx, const unsigned NC,
+        const unsigned A, float *part) {
+  __m256 acc[8];
+  for (unsigned a = 0; a < NC * A; a++) acc[a] = _mm256_setzero_ps();
+  for (unsigned k = 0; k < n; k += 8 * A)
+    for (unsigned a = 0; a < A; a++) {
+      __m128i h = _mm_loadu_si128((const __m128i *)(w + k + 8 * a));
+      __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      for (unsigned c = 0; c < NC; c++)
+        acc[a * NC + c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + c * ldx + k + 8 * a), acc[a * NC + c]);
     }
-    for (unsigned c = 0; c < ncols; c++) {
-      float *p = part + (i * 8 + c) * 8;
-      const float *xc = x + c * ldx;
-      __m256 acc = _mm256_loadu_ps(p);
-      for (unsigned k = 0; k < n / 8; k++) acc = _mm256_fmadd_ps(wv[k], _mm256_loadu_ps(xc + 8 * k), acc);
-      _mm256_storeu_ps(p, acc);
-    }
+  for (unsigned c = 0; c < NC; c++) {
+    __m256 sum = acc[c];
+    for (unsigned a = 1; a < A; a++) sum = _mm256_add_ps(sum, acc[a * NC + c]);
+    float *p = part + c * 8;
+    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), sum));
   }
 }
+
+#define FMA_NC(NC, A)                                                                           \
+  for (unsigned i = 0; i < nrows; i++) fma_row(w + i * wstride, n, x, ldx, NC, A, part + i * 64); \
+  break
 
 __attribute__((target("avx2,fma"))) static void fma_avx2(const uint16_t *w, size_t wstride,
                                                           unsigned nrows, unsigned n,
                                                           const float *x, size_t ldx,
                                                           unsigned ncols, float *part) {
-  if (n == 32)
-    fma_rows(w, wstride, nrows, 32, x, ldx, ncols, part);
-  else if (n == 16)
-    fma_rows(w, wstride, nrows, 16, x, ldx, ncols, part);
-  else
-    for (unsigned k = 0; k < n; k += 32)
-      fma_rows(w + k, wstride, nrows, n - k < 32 ? n - k : 32, x + k, ldx, ncols, part);
+  if (n % 32) { /* a layout-0 row of an odd number of lanes: two sets at most */
+    switch (ncols) {
+    case 1: FMA_NC(1, 2);
+    case 2: FMA_NC(2, 2);
+    case 3: FMA_NC(3, 2);
+    case 4: FMA_NC(4, 2);
+    case 5: FMA_NC(5, 1);
+    case 6: FMA_NC(6, 1);
+    case 7: FMA_NC(7, 1);
+    default: FMA_NC(8, 1);
+    }
+    return;
+  }
+  switch (ncols) {
+  case 1: FMA_NC(1, 4);
+  case 2: FMA_NC(2, 4);
+  case 3: FMA_NC(3, 2);
+  case 4: FMA_NC(4, 2);
+  case 5: FMA_NC(5, 1);
+  case 6: FMA_NC(6, 1);
+  case 7: FMA_NC(7, 1);
+  default: FMA_NC(8, 1);
+  }
 }
 
 nwc__fma_fn nwc__fma_simd(int level) { return level >= NWC__CPU_AVX2 ? fma_avx2 : NULL; }

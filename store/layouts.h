@@ -125,12 +125,14 @@ const char *nwc__cpu_level_name(int level);
 
 /* ---- tile decoders (store/lx_decode.c, store/layout2_simd.c) -------------------------------- */
 
-/* Layout-2 tile decoders: slot s of row group gr, into dst (row stride `stride` elements), all
- * 32 lanes, exceptions not applied (they read as +-0).  lut = psym. */
+/* Layout-2 tile decoders: slot s of row group gr, into dst (row stride `stride` elements), lanes
+ * 0 .. nlanes - 1 (a multiple of 4: the lanes of tile rows < nlanes / 4 and their rows + 8),
+ * exceptions not applied (they read as +-0).  lut = psym. */
 typedef void (*nwc__l2_tile_fn)(const nwc__lgeom *lg, const uint8_t *raw, const uint8_t lut[16],
-                                uint64_t gr, uint64_t s, uint16_t *dst, size_t stride);
+                                uint64_t gr, uint64_t s, unsigned nlanes, uint16_t *dst,
+                                size_t stride);
 void nwc__l2_tile_portable(const nwc__lgeom *lg, const uint8_t *raw, const uint8_t lut[16],
-                           uint64_t gr, uint64_t s, uint16_t *dst, size_t stride);
+                           uint64_t gr, uint64_t s, unsigned nlanes, uint16_t *dst, size_t stride);
 /* The fastest tile decoder for the element type at the given CPU level. */
 nwc__l2_tile_fn nwc__l2_tile_simd(unsigned type, int level);
 
@@ -169,7 +171,8 @@ typedef struct nwc__lxdec {
   nwc__l2_tile_fn tile2; /* layout 2 */
   uint64_t b, gr, cb;    /* current block, its row group and column block */
   unsigned nsc;          /* its super-chunks */
-  uint32_t lanes;        /* lanes decoded (layout 1; layout 2 decodes all) */
+  uint32_t lanes;        /* lanes decoded (layout 1; layout 2 decodes the first nlanes) */
+  unsigned nlanes;       /* lanes holding a row below M: 32, or 4 * rows in a short group */
   const uint8_t *exc[NWC_LANES]; /* layout 2: next exception entry of each lane */
   unsigned exc_left[NWC_LANES];
 } nwc__lxdec;

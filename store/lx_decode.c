@@ -53,7 +53,10 @@ int nwc__lxdec_begin(nwc__lxdec *d, uint64_t b, uint32_t lanes) {
   d->gr = b / d->lg.g.col_blocks;
   d->cb = b % d->lg.g.col_blocks;
   d->nsc = nwc__lx_nsc(&d->lg, d->cb);
+  uint64_t rows_left = d->lg.g.M - d->gr * NWC__LX_BLOCK_ROWS; /* lanes of rows >= M: none */
+  d->nlanes = rows_left < 8 ? 4 * (unsigned)rows_left : NWC_LANES;
   d->lanes = d->lg.layout == 1 ? lanes : UINT32_MAX;
+  if (d->nlanes < NWC_LANES) d->lanes &= (UINT32_C(1) << d->nlanes) - 1;
   if (d->lg.layout == 1) return nwc__pcdec_l1_begin(d->pc, b);
   uint64_t base = t->bases[b], end = t->bases[b + 1], n = 0;
   NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
@@ -93,7 +96,7 @@ int nwc__lxdec_tile(nwc__lxdec *d, unsigned sc, uint16_t *dst, size_t stride) {
   uint64_t slot = d->cb * NWC__SC_PER_BLOCK + sc;
   if (d->lg.layout == 1)
     return nwc__l1_tile(d->pc, &d->lg, d->t->raw, d->gr * d->lg.slots + slot, d->lanes, dst, stride);
-  d->tile2(&d->lg, d->t->raw, d->t->psym, d->gr, slot, dst, stride);
+  d->tile2(&d->lg, d->t->raw, d->t->psym, d->gr, slot, d->nlanes, dst, stride);
   for (unsigned L = 0; L < NWC_LANES; L++)
     if (d->exc_left[L]) NWC_TRY(apply_exceptions(d, L, sc, dst, stride));
   return 0;

@@ -29,16 +29,18 @@ static inline float bf16_f32(uint16_t h) {
 
 void nwc__fma_portable(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
                        const float *x, size_t ldx, unsigned ncols, float *part) {
-  for (unsigned i = 0; i < nrows; i++) {
-    float wf[NWC__SC_COLS];
-    for (unsigned k = 0; k < n; k++) wf[k] = bf16_f32(w[i * wstride + k]);
-    for (unsigned c = 0; c < ncols; c++) {
-      float *p = part + (i * 8 + c) * 8;
-      const float *xc = x + c * ldx;
-      for (unsigned k = 0; k < n; k += 8)
-        for (unsigned e = 0; e < 8; e++) p[e] += wf[k + e] * xc[k + e];
+  for (unsigned i = 0; i < nrows; i++)
+    for (unsigned k0 = 0; k0 < n; k0 += NWC__SC_COLS) {
+      float wf[NWC__SC_COLS];
+      unsigned m = n - k0 < NWC__SC_COLS ? n - k0 : NWC__SC_COLS;
+      for (unsigned k = 0; k < m; k++) wf[k] = bf16_f32(w[i * wstride + k0 + k]);
+      for (unsigned c = 0; c < ncols; c++) {
+        float *p = part + (i * 8 + c) * 8;
+        const float *xc = x + c * ldx + k0;
+        for (unsigned k = 0; k < m; k += 8)
+          for (unsigned e = 0; e < 8; e++) p[e] += wf[k + e] * xc[k + e];
+      }
     }
-  }
 }
 
 /* What one call needs: the padded X, the kernel, the row accumulators. */
@@ -76,27 +78,28 @@ static void store_rows(const batch *B, uint64_t r0, unsigned nrows, const float 
   }
 }
 
+/* Layout 0: a block row (the active lanes' 16 weights each) is decoded into row[], then
+ * multiplied with all columns at once. */
 static int batch_l0(batch *B, const float *bias, float *Y, size_t ldy, uint16_t *Y_bf16) {
   int rc;
   nwc__pcdec *pc = nwc__pcdec_new(B->t, &rc);
   if (!pc) return rc;
   nwc__geom g;
+  uint16_t row[NWC_BLOCK_COLS];
   rc = nwc__geom_init(&g, B->t->rows, B->t->cols, B->t->elem);
   for (uint64_t rb = 0; rc == 0 && rb < g.row_blocks; rb++) {
     unsigned nrows = nwc__block_rows(&g, rb), active = 0;
     memset(B->acc, 0, sizeof B->acc);
     for (uint64_t cb = 0; rc == 0 && cb < g.col_blocks; cb++) {
-      uint64_t b = rb * g.col_blocks + cb;
+      uint64_t b = rb * g.col_blocks + cb, c_base = cb * NWC_BLOCK_COLS;
       if ((rc = nwc__pcdec_l0_begin(pc, b, &active)) < 0) break;
       for (unsigned i = 0; rc == 0 && i < nrows; i++) {
-        for (unsigned l = 0; l < active; l++) {
-          uint16_t w[16];
-          uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
-          if ((rc = nwc__pcdec_l0_row(pc, l, rb * NWC_BLOCK_ROWS + i, c0, w)) < 0) break;
-          for (unsigned j = 0; c0 + 16 > g.K && j < 16; j++)
-            if (c0 + j >= g.K) w[j] = 0; /* fillers */
-          B->fma(w, 16, 1, 16, B->xp + c0, B->Kp, B->ncols, B->part + i * 64);
-        }
+        for (unsigned l = 0; rc == 0 && l < active; l++)
+          rc = nwc__pcdec_l0_row(pc, l, rb * NWC_BLOCK_ROWS + i, c_base + 16 * l, row + 16 * l);
+        if (c_base + 16 * active > g.K) /* fillers */
+          memset(row + (g.K - c_base), 0, (c_base + 16 * active - g.K) * 2);
+        if (rc == 0)
+          B->fma(row, 0, 1, 16 * active, B->xp + c_base, B->Kp, B->ncols, B->part + i * 64);
       }
       flush_part(B, nrows);
     }
@@ -106,30 +109,35 @@ static int batch_l0(batch *B, const float *bias, float *Y, size_t ldy, uint16_t 
   return rc;
 }
 
+/* Layouts 1 and 2: a block (its nsc super-chunks) is decoded into blk[16][512], then multiplied
+ * with all columns row by row. */
 static int batch_lx(batch *B, const float *bias, float *Y, size_t ldy, uint16_t *Y_bf16) {
   nwc__lxdec d;
   int rc = nwc__lxdec_init(&d, B->t);
   const nwc__geom *g = &d.lg.g;
-  uint16_t tile[NWC__LX_BLOCK_ROWS * NWC__SC_COLS];
+  uint16_t *blk = malloc(NWC__LX_BLOCK_ROWS * NWC_BLOCK_COLS * 2);
+  if (rc == 0 && !blk) rc = -ENOMEM;
   for (uint64_t gr = 0; rc == 0 && gr < g->row_blocks; gr++) {
     uint64_t left = g->M - gr * NWC__LX_BLOCK_ROWS;
     unsigned nrows = left < NWC__LX_BLOCK_ROWS ? (unsigned)left : NWC__LX_BLOCK_ROWS;
     memset(B->acc, 0, sizeof B->acc);
     for (uint64_t cb = 0; rc == 0 && cb < g->col_blocks; cb++) {
+      uint64_t c_base = cb * NWC_BLOCK_COLS;
       if ((rc = nwc__lxdec_begin(&d, gr * g->col_blocks + cb, UINT32_MAX)) < 0) break;
-      for (unsigned sc = 0; sc < d.nsc; sc++) {
-        uint64_t c0 = (cb * NWC__SC_PER_BLOCK + sc) * NWC__SC_COLS;
-        if ((rc = nwc__lxdec_tile(&d, sc, tile, NWC__SC_COLS)) < 0) break;
-        if (c0 + NWC__SC_COLS > g->K) /* the right edge: clear the fillers */
-          for (unsigned i = 0; i < NWC__LX_BLOCK_ROWS; i++)
-            memset(tile + i * NWC__SC_COLS + (g->K - c0), 0, (c0 + NWC__SC_COLS - g->K) * 2);
-        B->fma(tile, NWC__SC_COLS, nrows, NWC__SC_COLS, B->xp + c0, B->Kp, B->ncols, B->part);
-      }
+      for (unsigned sc = 0; rc == 0 && sc < d.nsc; sc++)
+        rc = nwc__lxdec_tile(&d, sc, blk + sc * NWC__SC_COLS, NWC_BLOCK_COLS);
       if (rc == 0) rc = nwc__lxdec_end(&d);
+      if (rc < 0) break;
+      unsigned n = d.nsc * NWC__SC_COLS;
+      if (c_base + n > g->K) /* the right edge: clear the fillers */
+        for (unsigned i = 0; i < nrows; i++)
+          memset(blk + i * NWC_BLOCK_COLS + (g->K - c_base), 0, (c_base + n - g->K) * 2);
+      B->fma(blk, NWC_BLOCK_COLS, nrows, n, B->xp + c_base, B->Kp, B->ncols, B->part);
       flush_part(B, nrows);
     }
     if (rc == 0) store_rows(B, gr * NWC__LX_BLOCK_ROWS, nrows, bias, Y, ldy, Y_bf16);
   }
+  free(blk);
   nwc__lxdec_fini(&d);
   return rc;
 }

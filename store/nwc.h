@@ -58,6 +58,9 @@ enum nwc_elem_type { NWC_ELEM_BF16 = 0, NWC_ELEM_FP8 = 1 };
 #define NWC_ELEM(type, layout) ((unsigned)(type) | ((unsigned)(layout) << 4))
 #define NWC_ELEM_TYPE(elem) ((unsigned)(elem) & 15u)
 #define NWC_ELEM_LAYOUT(elem) (((unsigned)(elem) >> 4) & 15u)
+/* Rows of a block (and of nwc_dequant_range's row blocks): 8 for layout 0, 16 for layouts 1, 2
+ * (docs/format-layouts.md). */
+#define NWC_LAYOUT_BLOCK_ROWS(elem) (NWC_ELEM_LAYOUT(elem) ? 16u : 8u)
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
@@ -153,7 +156,8 @@ NWC_EXTERN int nwc_tensor_validate(const nwc_tensor *t);
 /* Row-major BF16 output, row stride K16 (columns K..K16-1 hold the decoded filler value).  fp8
  * tensors yield the unscaled fp8 values as BF16, exactly.  out holds rows x K16 uint16_t. */
 NWC_EXTERN int nwc_dequant(const nwc_tensor *t, uint16_t *out);
-/* The same for the row blocks [rb_begin, rb_end) (8 rows each); out points at row 8 * rb_begin. */
+/* The same for the row blocks [rb_begin, rb_end) (8 rows each); out points at row 8 * rb_begin.
+ * Layouts 1 and 2: row blocks of NWC_LAYOUT_BLOCK_ROWS(elem) = 16 rows. */
 NWC_EXTERN int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end,
                                  uint16_t *out);
 
@@ -161,6 +165,15 @@ NWC_EXTERN int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_
  * be NULL; y (fp32) and y_bf16 (round to nearest even) may each be NULL. */
 NWC_EXTERN int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
                           uint16_t *y_bf16);
+
+/*
+ * Y = scale * (W X) + bias for ncols (1..8) columns of X in one pass over the compressed weights,
+ * any layout.  Column c of X is X + c * ldx (K valid floats; padding columns are not read), of
+ * Y and Y_bf16 Y + c * ldy and Y_bf16 + c * ldy (rows each).  bias (rows floats), Y and Y_bf16
+ * may be NULL.  Returns 0, -EINVAL for bad arguments, -EBADMSG for a corrupt tensor.
+ */
+NWC_EXTERN int nwc_matvec_batch(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx,
+                                const float *bias, float *Y, size_t ldy, uint16_t *Y_bf16);
 
 /* Rows by index: out[i * K16 ...] = row rows[i] of the dequantized tensor.  -EINVAL for an index
  * out of range (nothing is guaranteed about out then). */

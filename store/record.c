@@ -50,6 +50,14 @@ static int validate_psym(const nwc_tensor *t, unsigned type) {
   return 0;
 }
 
+static int validate_scale(const nwc_tensor *t, uint64_t M) {
+  for (uint64_t r = 0; t->scale && r < M; r++)
+    NWC_RETURN_IF(!isfinite(t->scale[r]) || t->scale[r] <= 0, -EBADMSG,
+                  "scale[%llu] = %g is not a positive finite number", (unsigned long long)r,
+                  (double)t->scale[r]);
+  return 0;
+}
+
 int nwc_tensor_validate(const nwc_tensor *t) {
   nwc__geom g = {0};
   NWC_RETURN_IF(!t || !t->bases || !t->hdr || !t->data || !t->raw, -EINVAL,
@@ -57,6 +65,11 @@ int nwc_tensor_validate(const nwc_tensor *t) {
   int rc = nwc__geom_init(&g, t->rows, t->cols, t->elem);
   NWC_RETURN_IF(rc == -ENOTSUP, rc, "%s", nwc_error_detail());
   NWC_RETURN_IF(rc < 0, -EBADMSG, "%s", nwc_error_detail());
+  if (NWC_ELEM_LAYOUT(t->elem) != 0) { /* layouts 1 and 2: store/layout_common.c */
+    if (NWC_ELEM_LAYOUT(t->elem) == 1) NWC_TRY(validate_psym(t, g.type));
+    NWC_TRY(nwc__lx_validate(t));
+    return validate_scale(t, g.M);
+  }
   NWC_RETURN_IF(t->nblocks != g.nblocks, -EBADMSG, "%llu blocks, shape needs %llu",
                 (unsigned long long)t->nblocks, (unsigned long long)g.nblocks);
   NWC_RETURN_IF(t->raw_bytes != g.M * g.raw_stride, -EBADMSG, "raw plane %llu bytes, needs %llu",
@@ -84,11 +97,7 @@ int nwc_tensor_validate(const nwc_tensor *t) {
                 "data is %llu bytes, blocks end at %llu (+%d slack)",
                 (unsigned long long)t->data_bytes, (unsigned long long)t->bases[g.nblocks],
                 NWC_DATA_SLACK);
-  for (uint64_t r = 0; t->scale && r < g.M; r++)
-    NWC_RETURN_IF(!isfinite(t->scale[r]) || t->scale[r] <= 0, -EBADMSG,
-                  "scale[%llu] = %g is not a positive finite number", (unsigned long long)r,
-                  (double)t->scale[r]);
-  return 0;
+  return validate_scale(t, g.M);
 }
 
 static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
