@@ -23,7 +23,7 @@ static uint64_t rand_dim(uint64_t big) {
 int main(void) {
   test_seed("test_codec_roundtrip");
   char what[160];
-  for (int it = 0; it < 60; it++) {
+  for (int it = 0; it < 200; it++) {
     uint64_t M = rand_dim(NWC_BLOCK_ROWS * 2), K = rand_dim(NWC_BLOCK_COLS);
     int dist = (int)test_below(CU_NDIST);
     uint16_t *w = cu_malloc(M * K * 2);
@@ -39,7 +39,7 @@ int main(void) {
     free(w);
     free(scale);
   }
-  for (int it = 0; it < 40; it++) {
+  for (int it = 0; it < 120; it++) {
     uint64_t M = rand_dim(NWC_BLOCK_ROWS * 2), K = rand_dim(NWC_BLOCK_COLS);
     int realistic = (int)test_below(2);
     uint8_t *q = cu_malloc(M * K);
