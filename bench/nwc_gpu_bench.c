@@ -2,7 +2,9 @@
  * nwc_gpu_bench.c - the layout-0 CUDA kernels against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
- *   nwc_gpu_bench [--quick] [--sample FILE.safetensors]
+ *   nwc_gpu_bench [--quick] [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
+ *
+ * --shape (repeatable) replaces the nine shapes and leaves out the sample model (for profiling).
  *
  * Method (../shared/DEVICE.md): each side's weights are copied several times so that the copies
  * together are at least four times the L2, and consecutive calls rotate over them; the per-call
@@ -479,11 +481,19 @@ static void bench_sample(const char *path) {
 
 int main(int argc, char **argv) {
   const char *sample = getenv("NWC_SAMPLE");
+  static uint64_t shapes[16][2] = {{6144, 2560},  {2560, 4096},   {19456, 2560},
+                                   {2560, 9728},  {151936, 2560}, {4096, 4096},
+                                   {11008, 4096}, {4096, 11008},  {28672, 4096}};
+  int nshapes = 9, given = 0;
   for (int i = 1; i < argc; i++) {
+    unsigned long long m, k;
     if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc && given < 16 &&
+             sscanf(argv[++i], "%llux%llu", &m, &k) == 2 && m && k)
+      shapes[given][0] = m, shapes[given][1] = k, nshapes = ++given, sample = NULL;
     else if (!strcmp(argv[i], "--sample") && i + 1 < argc) sample = argv[++i];
     else if (!strcmp(argv[i], "--floor-tbps") && i + 1 < argc) floor_bps = atof(argv[++i]) * 1e12;
-    else DIE("usage: nwc_gpu_bench [--quick] [--sample FILE] [--floor-tbps T]");
+    else DIE("usage: nwc_gpu_bench [--quick] [--sample FILE] [--floor-tbps T] [--shape MxK]...");
   }
   int dev = 0, l2 = 0, clk = 0, drv = 0;
   CU(cudaGetDevice(&dev));
@@ -505,12 +515,8 @@ int main(int argc, char **argv) {
   CB(cublasSetWorkspace(blas, workspace, 32u << 20));
   init_normal();
 
-  static const uint64_t shapes[][2] = {{6144, 2560},  {2560, 4096},   {19456, 2560},
-                                       {2560, 9728},  {151936, 2560}, {4096, 4096},
-                                       {11008, 4096}, {4096, 11008},  {28672, 4096}};
-  int nshapes = sizeof shapes / sizeof shapes[0];
   for (int s = 0; s < nshapes; s++) bench_shape(shapes[s][0], shapes[s][1]);
-  bench_sample(sample);
+  if (sample) bench_sample(sample);
 
   double lg = 0, lg8 = 0;
   int n8 = 0;

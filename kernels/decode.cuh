@@ -36,7 +36,8 @@
  * block whose stream is larger than the slice (only with very flat symbol statistics) is decoded
  * from global memory instead.  While a block is decoded the next block's lines are prefetched into
  * L2.  Reading bounds: a lane reads at most two words past its own stream, inside the next lane's
- * stream, the block's padding or the 16 slack bytes; staging copies [base, end + 8).
+ * stream, the block's padding or the 16 slack bytes; staging copies [base, end + 8) in 16-byte
+ * pieces (see decode_block for why the last block is not staged).
  *
  * decode_block() walks the rows of one block and hands each row's 8 pair words and 4 low-byte
  * words to a sink (the dot product, or the store of dequant and gather).
@@ -107,14 +108,16 @@ struct Lane {
     if (wrap) w = *p++;
   }
 
-  /* One code by counting leading zeros; returns its byte (sign << 7 | exp_of_rank). */
+  /* One code by counting leading zeros; returns its byte (sign << 7 | exp_of_rank).  Ranks up to
+   * 10 read exp_of_rank from entry 1 << (11 - r); ranks 11..14 and escapes are rarer still. */
   __device__ __forceinline__ uint32_t code(const uint32_t *tab) {
     uint32_t z = __clz(hi), byte;
-    if (z < NWC_BF16_CODED_RANKS) {
+    if (__builtin_expect(z <= 10, 1)) {
+      byte = ((hi >> (30 - z)) & 1u) << 7 | ((tab[0x800u >> z] >> 8) & 0x7fu);
+      advance(z + 2);
+    } else if (z < NWC_BF16_CODED_RANKS) {
       uint32_t sign = (hi >> (30 - z)) & 1u;
-      uint32_t rb = z <= 10 ? (tab[0x800u >> z] >> 8) & 0x7fu
-                            : (tab[(z - 11) >> 1] >> (8 + 8 * ((z - 11) & 1))) & 0xffu;
-      byte = sign << 7 | rb;
+      byte = sign << 7 | ((tab[(z - 11) >> 1] >> (8 + 8 * ((z - 11) & 1))) & 0xffu);
       advance(z + 2);
     } else { /* escape (15 zeros, a one, the byte); longer zero runs never occur in valid data */
       byte = (hi >> 8) & 0xffu;
@@ -232,12 +235,19 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
   __syncwarp(); /* the previous block's readers are done with wbuf */
   uint8_t *sraw = wbuf + lane * lane_bytes, *sstream = wbuf + NWC_BLOCK_ROWS * row_bytes;
   const uint8_t *graw = g.raw + row0 * g.raw_stride + (uint64_t)c0 * lane_bytes / NWC_LANE_COLS;
-  if (active)
-    for (uint32_t i = 0; i < nrows; i++) Low<TYPE>::stage(sraw + i * row_bytes, graw + i * g.raw_stride);
-  const uint32_t stream_bytes = (uint32_t)(end - base) + 8;
-  const bool staged = stream_bytes <= stream_cap;
+  if (active) {
+#pragma unroll
+    for (uint32_t i = 0; i < NWC_BLOCK_ROWS; i++)
+      if (i < nrows) Low<TYPE>::stage(sraw + i * row_bytes, graw + i * g.raw_stride);
+  }
+  /* The stream in 16-byte pieces from base rounded down to 16 through end + 8 rounded up: at most
+   * 15 bytes past end + 8, inside the next block or the slack, except for the tensor's last block,
+   * which is decoded from global memory. */
+  const uint64_t s16 = base & ~UINT64_C(15);
+  const uint32_t copy = ((uint32_t)(end + 8 - s16) + 15u) & ~15u, head = (uint32_t)(base - s16);
+  const bool staged = copy <= stream_cap && b + 1 < g.nblocks;
   if (staged)
-    for (uint32_t o = 8 * lane; o < stream_bytes; o += 8 * NWC_LANES) cp_async8(sstream + o, g.data + base + o);
+    for (uint32_t o = 16 * lane; o < copy; o += 16 * NWC_LANES) cp_async16(sstream + o, g.data + s16 + o);
   sink.begin(c0, active);
   cp_async_wait_all();
   __syncwarp();
@@ -254,7 +264,7 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
 
   const uint32_t u = active ? unit : 0; /* empty lanes re-decode lane 0's stream */
   if (staged)
-    decode_rows<TYPE>(reinterpret_cast<const uint32_t *>(sstream) + (u >> 1), u, sraw, tab, row0,
+    decode_rows<TYPE>(reinterpret_cast<const uint32_t *>(sstream + head) + (u >> 1), u, sraw, tab, row0,
                       nrows, active, sink);
   else
     decode_rows<TYPE>(reinterpret_cast<const uint32_t *>(g.data + base) + (u >> 1), u, sraw, tab,

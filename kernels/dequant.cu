@@ -37,7 +37,6 @@ struct Store {
   }
 };
 
-constexpr unsigned kThreads = 1024, kSmem = kTabBytes + kThreads / 32 * kWarpBuf;
 constexpr unsigned kGatherThreads = 256, kGatherSmem = kTabBytes + kGatherThreads / 32 * kWarpBuf;
 
 /* The table, then each warp's staging buffer. */
@@ -47,7 +46,7 @@ __device__ __forceinline__ uint8_t *smem_warp(uint4 *smem) {
 }
 
 template <int TYPE>
-__global__ void __launch_bounds__(kThreads, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
+__global__ void __launch_bounds__(kMaxThreads, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
   extern __shared__ uint4 smem[];
   load_table(smem_tab(smem), tab);
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
@@ -84,15 +83,13 @@ extern "C" int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t 
   int rc = nwc_k::geom_of(t, &g, &type);
   if (rc < 0) return rc;
   if (!out) return -EINVAL;
-  int sms = nwc_k::sm_count();
-  if (sms < 0) return sms;
-  uint32_t blocks = (g.nblocks + 31) / 32;
-  if (blocks > (uint32_t)sms) blocks = (uint32_t)sms;
+  nwc_k::Grid gr;
+  if ((rc = nwc_k::persistent_grid(g.nblocks, &gr)) < 0) return rc;
   auto kernel = type == NWC_ELEM_BF16 ? nwc_k::dequant_kernel<NWC_ELEM_BF16> : nwc_k::dequant_kernel<NWC_ELEM_FP8>;
   if ((rc = nwc_k::cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    nwc_k::kSmem))) < 0)
+                                                    nwc_k::kMaxSmem))) < 0)
     return rc;
-  kernel<<<blocks, nwc_k::kThreads, nwc_k::kSmem, stream>>>(g, t->tab, out);
+  kernel<<<gr.ctas, gr.threads, gr.smem, stream>>>(g, t->tab, out);
   return nwc_k::launch_status();
 }
 

@@ -22,6 +22,23 @@ static inline int launch_status(void) { return cuda_status(cudaGetLastError()); 
 /* Multiprocessors of the current device, or a negative status. */
 int sm_count(void);
 
+/* A persistent launch: at most one CTA per SM, each with as many warps (up to 32) as the blocks
+ * need, so that small tensors spread over every SM instead of filling a few. */
+struct Grid {
+  unsigned ctas, threads, smem;
+};
+static inline int persistent_grid(uint32_t nblocks, Grid *gr) {
+  int sms = sm_count();
+  if (sms < 0) return sms;
+  uint32_t warps = (nblocks + (uint32_t)sms - 1) / (uint32_t)sms;
+  if (warps > 32) warps = 32;
+  gr->ctas = (nblocks + warps - 1) / warps;
+  gr->threads = 32 * warps;
+  gr->smem = kTabBytes + warps * kWarpBuf;
+  return 0;
+}
+constexpr unsigned kMaxThreads = 1024, kMaxSmem = kTabBytes + kMaxThreads / 32 * kWarpBuf;
+
 /* Checks t and fills g; *type receives the element type. */
 static inline int geom_of(const nwc_k_tensor *t, Geom *g, unsigned *type) {
   if (!t || !t->tab || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;

@@ -82,10 +82,8 @@ struct Dot {
   }
 };
 
-constexpr unsigned kThreads = 1024, kSmem = kTabBytes + kThreads / 32 * kWarpBuf;
-
 template <int TYPE>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kMaxThreads, 1)
 matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
   extern __shared__ uint4 smem[];
   uint32_t *s_tab = reinterpret_cast<uint32_t *>(smem);
@@ -162,14 +160,12 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
   int rc = geom_of(t, &g, &type);
   if (rc < 0) return rc;
   if (!x || !scratch || (!y && !y_bf16)) return -EINVAL;
-  int sms = sm_count();
-  if (sms < 0) return sms;
-  uint32_t blocks = (g.nblocks + 31) / 32;
-  if (blocks > (uint32_t)sms) blocks = (uint32_t)sms;
+  Grid gr;
+  if ((rc = persistent_grid(g.nblocks, &gr)) < 0) return rc;
   auto kernel = type == NWC_ELEM_BF16 ? matvec_kernel<NWC_ELEM_BF16> : matvec_kernel<NWC_ELEM_FP8>;
-  if ((rc = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem))) < 0)
+  if ((rc = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem))) < 0)
     return rc;
-  kernel<<<blocks, kThreads, kSmem, stream>>>(g, t->tab, x, scratch);
+  kernel<<<gr.ctas, gr.threads, gr.smem, stream>>>(g, t->tab, x, scratch);
   if ((rc = launch_status()) < 0) return rc;
   finalize_kernel<<<(g.M + 255) / 256, 256, 0, stream>>>(scratch, g.M, g.CB, t->scale, bias, y, y_bf16);
   return launch_status();
