@@ -212,25 +212,43 @@ __device__ __forceinline__ void decode_rows(const uint32_t *s, uint32_t unit, co
   }
 }
 
+/* Where a block's streams are and the lane's stream length, loaded one block ahead so that a
+ * block's staging starts without waiting for them. */
+struct Head {
+  uint64_t base;
+  uint32_t span; /* bases[b + 1] - bases[b] */
+  uint32_t len;  /* this lane's hdr entry */
+};
+
+__device__ __forceinline__ Head load_head(const Geom &g, uint32_t b) {
+  Head h{0, 0, 0};
+  if (b < g.nblocks) {
+    h.base = g.bases[b];
+    h.span = (uint32_t)(g.bases[b + 1] - h.base);
+    h.len = g.hdr[(uint64_t)b * NWC_LANES + (threadIdx.x & 31u)];
+  }
+  return h;
+}
+
 /*
  * Decodes the coded rows [0, nrows) of block b (the whole warp calls it; nrows <= the rows below
  * M) and calls sink.row(i, row, active, e[8], m[4]) for each; sink.begin(c0, active) comes first,
  * with c0 the lane's first column and active = c0 < K16.  wbuf: the warp's kWarpBuf bytes of
- * shared memory.  next: the block this warp decodes next (its lines are prefetched into L2), or
- * >= nblocks for none.
+ * shared memory.  h: block b's head on entry, block next's on return (next >= nblocks: none); the
+ * next block's lines are prefetched into L2 while b is decoded.
  */
 template <int TYPE, class Sink>
 __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab, uint8_t *wbuf,
-                                             uint32_t b, uint32_t nrows, uint32_t next, Sink &sink) {
+                                             uint32_t b, uint32_t nrows, uint32_t next, Head &h,
+                                             Sink &sink) {
   constexpr unsigned lane_bytes = Low<TYPE>::lane_bytes, row_bytes = lane_bytes * NWC_LANES;
   constexpr unsigned stream_cap = kWarpBuf - NWC_BLOCK_ROWS * row_bytes;
   const unsigned lane = threadIdx.x & 31u;
   const uint32_t rb = b / g.CB, cb = b - rb * g.CB;
   const uint32_t c0 = cb * NWC_BLOCK_COLS + lane * NWC_LANE_COLS;
   const bool active = c0 < g.K16;
-  const uint64_t base = g.bases[b], end = g.bases[b + 1], row0 = (uint64_t)rb * NWC_BLOCK_ROWS;
-  const uint32_t unit = warp_exclusive_sum(g.hdr[(uint64_t)b * NWC_LANES + lane]);
-  const uint64_t nbase = next < g.nblocks ? g.bases[next] : 0, nend = next < g.nblocks ? g.bases[next + 1] : 0;
+  const uint64_t base = h.base, end = h.base + h.span, row0 = (uint64_t)rb * NWC_BLOCK_ROWS;
+  const uint32_t unit = warp_exclusive_sum(h.len);
 
   __syncwarp(); /* the previous block's readers are done with wbuf */
   uint8_t *sraw = wbuf + lane * lane_bytes, *sstream = wbuf + NWC_BLOCK_ROWS * row_bytes;
@@ -249,12 +267,13 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
   if (staged)
     for (uint32_t o = 16 * lane; o < copy; o += 16 * NWC_LANES) cp_async16(sstream + o, g.data + s16 + o);
   sink.begin(c0, active);
+  h = load_head(g, next);
   cp_async_wait_all();
   __syncwarp();
 
   if (next < g.nblocks) { /* the next block's stream and raw rows, into L2 */
     uint32_t nrb = next / g.CB, ncb = next - nrb * g.CB;
-    if (nbase + 128u * lane < nend) asm volatile("prefetch.global.L2 [%0];" ::"l"(g.data + nbase + 128u * lane));
+    if (128u * lane < h.span) asm volatile("prefetch.global.L2 [%0];" ::"l"(g.data + h.base + 128u * lane));
     constexpr unsigned lines = row_bytes / 128;
     uint64_t row = (uint64_t)nrb * NWC_BLOCK_ROWS + lane / lines;
     uint64_t off = (uint64_t)ncb * row_bytes + 128u * (lane % lines);

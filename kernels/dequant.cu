@@ -49,12 +49,13 @@ template <int TYPE>
 __global__ void __launch_bounds__(kMaxThreads, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
   extern __shared__ uint4 smem[];
   load_table(smem_tab(smem), tab);
-  const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
-  for (uint32_t b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < g.nblocks; b += nwarps) {
+  const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5, first = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  Head h = load_head(g, first);
+  for (uint32_t b = first; b < g.nblocks; b += nwarps) {
     uint32_t row0 = b / g.CB * NWC_BLOCK_ROWS;
     uint32_t nrows = g.M - row0 < NWC_BLOCK_ROWS ? g.M - row0 : NWC_BLOCK_ROWS;
     Store s{out, g.K16, -1, 0};
-    decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), b, nrows, b + nwarps, s);
+    decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), b, nrows, b + nwarps, h, s);
   }
 }
 
@@ -70,8 +71,9 @@ gather_kernel(Geom g, const uint32_t *tab, const uint64_t *rows, uint32_t n, uin
   if (r >= g.M) return;
   const uint32_t i = (uint32_t)(r % NWC_BLOCK_ROWS);
   Store s{out + (uint64_t)k * g.K16, g.K16, (int)i, 0};
-  decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb,
-                     i + 1, g.nblocks, s);
+  const uint32_t b = (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb;
+  Head h = load_head(g, b);
+  decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), b, i + 1, g.nblocks, h, s);
 }
 
 } /* namespace */

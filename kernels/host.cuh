@@ -33,6 +33,7 @@ static inline int persistent_grid(uint32_t nblocks, Grid *gr) {
   uint32_t warps = (nblocks + (uint32_t)sms - 1) / (uint32_t)sms;
   if (warps > 32) warps = 32;
   gr->ctas = (nblocks + warps - 1) / warps;
+  if (gr->ctas > (unsigned)sms) gr->ctas = (unsigned)sms;
   gr->threads = 32 * warps;
   gr->smem = kTabBytes + warps * kWarpBuf;
   return 0;
