@@ -409,13 +409,19 @@ static int models_query(nwc_store *s, const char *model, nwc_model_info **out, s
 
 int nwc_store_models(nwc_store *s, nwc_model_info **out, size_t *n) {
   NWC_RETURN_IF(!s || !out || !n, -EINVAL, "nwc_store_models: missing argument");
-  return models_query(s, NULL, out, n);
+  nwc__lock(s);
+  int rc = models_query(s, NULL, out, n);
+  nwc__unlock(s);
+  return rc;
 }
 
 int nwc_store_model(nwc_store *s, const char *model, nwc_model_info **out) {
   NWC_RETURN_IF(!s || !model || !out, -EINVAL, "nwc_store_model: missing argument");
   size_t n;
-  NWC_TRY(models_query(s, model, out, &n));
+  nwc__lock(s);
+  int rc = models_query(s, model, out, &n);
+  nwc__unlock(s);
+  NWC_TRY(rc);
   NWC_RETURN_IF(n == 0, -ENOENT, "model '%s' does not exist", model);
   return 0;
 }
@@ -528,11 +534,17 @@ int nwc__catalog_tensors(nwc_store *s, const char *model, const char *tensor,
 
 int nwc_store_tensors(nwc_store *s, const char *model, nwc_tensor_info **out, size_t *n) {
   NWC_RETURN_IF(!s || !model || !out || !n, -EINVAL, "nwc_store_tensors: missing argument");
-  return nwc__catalog_tensors(s, model, NULL, out, n);
+  nwc__lock(s);
+  int rc = nwc__catalog_tensors(s, model, NULL, out, n);
+  nwc__unlock(s);
+  return rc;
 }
 
 int nwc_store_tensor(nwc_store *s, const char *model, const char *tensor, nwc_tensor_info **out) {
   NWC_RETURN_IF(!s || !model || !tensor || !out, -EINVAL, "nwc_store_tensor: missing argument");
   size_t n;
-  return nwc__catalog_tensors(s, model, tensor, out, &n);
+  nwc__lock(s);
+  int rc = nwc__catalog_tensors(s, model, tensor, out, &n);
+  nwc__unlock(s);
+  return rc;
 }

@@ -420,14 +420,21 @@ static int publish(imp *im) {
   nwc__container_header(im->cid, hdr);
   nwc__pub_model m = {im->model, im->o.elem, im->o.layout, ps, im->nsrc, pt, im->njobs,
                       im->cid, im->file_end, XXH3_64bits(hdr, sizeof hdr)};
-  if (rc == 0) rc = nwc__catalog_publish(im->s->db, &m);
+  if (rc == 0) {
+    nwc__lock(im->s);
+    rc = nwc__catalog_publish(im->s->db, &m);
+    nwc__unlock(im->s);
+  }
   free(ps);
   free(pt);
   return rc;
 }
 
 static int run(imp *im) {
-  NWC_TRY(nwc__catalog_next_container(im->s->db, &im->cid));
+  nwc__lock(im->s);
+  int rc = nwc__catalog_next_container(im->s->db, &im->cid);
+  nwc__unlock(im->s);
+  NWC_TRY(rc);
   char tmp[32], fin[32];
   nwc__container_name(im->cid, 1, tmp);
   nwc__container_name(im->cid, 0, fin);
@@ -435,7 +442,7 @@ static int run(imp *im) {
   if (im->fd < 0) return nwc__fail(-errno, "%s/containers/%s: cannot create", im->s->dir, tmp);
   uint8_t hdr[NWC__CONTAINER_HEADER];
   nwc__container_header(im->cid, hdr);
-  int rc = pwrite_full(im->fd, hdr, sizeof hdr, 0);
+  rc = pwrite_full(im->fd, hdr, sizeof hdr, 0);
   im->file_end = NWC__CONTAINER_HEADER;
   if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write", im->s->dir, tmp);
   if (rc == 0) rc = encode_all(im);
@@ -484,7 +491,9 @@ static int check_common(nwc_store *s, const char *model, const nwc_import_opts *
                 "import: elem %u is neither bf16 nor fp8", o->elem);
   NWC_RETURN_IF(o && o->layout > 15, -EINVAL, "import: layout %u out of range", o->layout);
   int64_t id;
+  nwc__lock(s);
   int rc = nwc__catalog_model_id(s->db, model, &id);
+  nwc__unlock(s);
   NWC_RETURN_IF(rc == 0, -EEXIST, "model '%s' already exists", model);
   return rc == -ENOENT ? 0 : rc;
 }

@@ -19,8 +19,9 @@
  * left behind: *.tmp files and containers no catalog row references.
  *
  * Conventions as in nwc.h: 0 or a negative errno, nwc_error_detail() names the file, the tensor
- * and what was wrong.  A store handle is not thread-safe: use it from one thread at a time
- * (import uses its own worker threads internally).
+ * and what was wrong.  A store handle may be used from several threads: catalog access is
+ * serialized by a lock that is not held while an import encodes or while tensors are read or
+ * verified, so listing, reading and verifying go on while an import runs (nwcd's case).
  */
 #ifndef NWC_STORE_H
 #define NWC_STORE_H

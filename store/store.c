@@ -107,6 +107,7 @@ void nwc_store_close(nwc_store *s) {
   if (s->db) sqlite3_close(s->db);
   if (s->cdirfd >= 0) close(s->cdirfd);
   if (s->lockfd >= 0) close(s->lockfd);
+  pthread_mutex_destroy(&s->mu);
   free(s->dir);
   free(s);
 }
@@ -121,6 +122,11 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   if (!s) return -ENOMEM;
   s->lockfd = s->cdirfd = -1;
   s->flags = flags;
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&s->mu, &ma);
+  pthread_mutexattr_destroy(&ma);
   s->dir = realpath(dir, NULL);
   int rc = s->dir ? 0 : nwc__fail(-errno, "%s: no such store directory", dir);
   char path[PATH_MAX + 32];
@@ -159,18 +165,22 @@ uint64_t nwc_store_swept(const nwc_store *s) { return s ? s->swept : 0; }
 
 int nwc_store_schema_version(nwc_store *s) {
   NWC_RETURN_IF(!s, -EINVAL, "nwc_store_schema_version: no store");
-  return nwc__catalog_version(s->db);
+  nwc__lock(s);
+  int v = nwc__catalog_version(s->db);
+  nwc__unlock(s);
+  return v;
 }
 
 int nwc_store_remove(nwc_store *s, const char *model) {
   NWC_RETURN_IF(!s || !model, -EINVAL, "nwc_store_remove: missing argument");
   NWC_RETURN_IF(s->flags & NWC_STORE_RDONLY, -EROFS, "%s: store opened read-only", s->dir);
   int64_t mid;
-  NWC_TRY(nwc__catalog_model_id(s->db, model, &mid));
-  uint64_t *ids, *sizes;
-  size_t n;
-  NWC_TRY(nwc__catalog_containers(s->db, mid, &ids, &sizes, &n));
-  int rc = nwc__catalog_delete_model(s->db, mid);
+  uint64_t *ids = NULL, *sizes = NULL;
+  size_t n = 0;
+  nwc__lock(s);
+  int rc = nwc__catalog_model_id(s->db, model, &mid);
+  if (rc == 0) rc = nwc__catalog_containers(s->db, mid, &ids, &sizes, &n);
+  if (rc == 0) rc = nwc__catalog_delete_model(s->db, mid);
   for (size_t i = 0; rc == 0 && i < n; i++) {
     char name[32];
     nwc__container_name(ids[i], 0, name);
@@ -179,6 +189,7 @@ int nwc_store_remove(nwc_store *s, const char *model) {
       rc = nwc__fail(-errno, "%s/containers/%s: cannot remove", s->dir, name);
   }
   if (rc == 0 && n) rc = nwc__store_sync_dir(s);
+  nwc__unlock(s);
   free(ids);
   free(sizes);
   return rc;

@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "nwc_store.h"
 
+#include <pthread.h>
 #include <sqlite3.h>
 
 #define NWC__CONTAINER_HEADER 4096u /* bytes before the first blob */
@@ -22,7 +23,12 @@ struct nwc_store {
   sqlite3 *db;
   unsigned flags;
   uint64_t swept;
+  pthread_mutex_t mu; /* recursive; held around every use of db, never while encoding or reading
+                         container files, so catalog calls run while an import encodes */
 };
+
+static inline void nwc__lock(nwc_store *s) { pthread_mutex_lock(&s->mu); }
+static inline void nwc__unlock(nwc_store *s) { pthread_mutex_unlock(&s->mu); }
 
 /* Where each array of a tensor lies inside its blob (offsets from the blob start). */
 typedef struct nwc__blob_layout {

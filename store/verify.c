@@ -157,13 +157,20 @@ static int verify_container(vctx *v, const char *model, const char *path, uint64
 
 static int verify_model(nwc_store *s, vctx *v, const char *model) {
   int64_t mid;
-  NWC_TRY(nwc__catalog_model_id(s->db, model, &mid));
+  nwc__lock(s);
+  int rc0 = nwc__catalog_model_id(s->db, model, &mid);
+  nwc__unlock(s);
+  NWC_TRY(rc0);
   nwc_tensor_info *ts = NULL;
   size_t nts = 0, ncont = 0;
   uint64_t *ids = NULL, *sizes = NULL;
   uint64_t before = v->st.problems;
   int rc = nwc_store_tensors(s, model, &ts, &nts);
-  if (rc == 0) rc = nwc__catalog_containers(s->db, mid, &ids, &sizes, &ncont);
+  if (rc == 0) {
+    nwc__lock(s);
+    rc = nwc__catalog_containers(s->db, mid, &ids, &sizes, &ncont);
+    nwc__unlock(s);
+  }
   nwc_tensor_info **sel = rc ? NULL : malloc((nts ? nts : 1) * sizeof *sel);
   if (rc == 0 && !sel) rc = -ENOMEM;
   for (size_t c = 0; rc == 0 && c < ncont; c++) {
@@ -191,7 +198,11 @@ static int verify_model(nwc_store *s, vctx *v, const char *model) {
   }
   v->st.models++;
   if (rc == 0 && v->st.problems == before && !(s->flags & NWC_STORE_RDONLY))
+  {
+    nwc__lock(s);
     rc = nwc__catalog_set_verified(s->db, mid, (int64_t)time(NULL));
+    nwc__unlock(s);
+  }
   free(sel);
   free(ids);
   free(sizes);

@@ -7,6 +7,7 @@
 #include "test_store_util.h"
 
 #include <math.h>
+#include <pthread.h>
 
 static uint16_t rand_bf16(void) {
   double g = (test_uniform() + test_uniform() + test_uniform() - 1.5) * 0.05;
@@ -73,6 +74,28 @@ static void check_tensor(nwc_store *s, const char *model, const char *name, cons
   nwc_tensor_info_free(ti, 1);
 }
 
+/* A second thread using the same handle while an import runs on the first. */
+typedef struct reader_arg {
+  nwc_store *s;
+  volatile int stop;
+  int rounds, errors;
+} reader_arg;
+
+static void *reader(void *p) {
+  reader_arg *a = p;
+  while (!a->stop) {
+    nwc_model_info *m = NULL;
+    size_t n = 0;
+    if (nwc_store_models(a->s, &m, &n) < 0) a->errors++;
+    nwc_model_info_free(m, n);
+    nwc_tensor t;
+    if (nwc_store_read(a->s, "all", "t3", &t) < 0) a->errors++;
+    else nwc_tensor_release(&t);
+    a->rounds++;
+  }
+  return NULL;
+}
+
 static void test_sample(nwc_store *s, const char *dir) {
   const char *path = getenv("NWC_SAMPLE");
   if (!path || access(path, R_OK)) {
@@ -81,7 +104,15 @@ static void test_sample(nwc_store *s, const char *dir) {
   }
   prog p = {0};
   nwc_import_opts o = {.threads = 2, .progress = on_progress, .progress_ctx = &p};
+  reader_arg ra = {s, 0, 0, 0};
+  pthread_t tid;
+  pthread_create(&tid, NULL, reader, &ra);
   CHECK_RC(nwc_store_import(s, "use-lite", path, &o));
+  ra.stop = 1;
+  pthread_join(tid, NULL);
+  CHECK(ra.errors == 0 && ra.rounds > 0, "concurrent reader: %d errors in %d rounds", ra.errors,
+        ra.rounds);
+  printf("concurrent reader: %d rounds during the import\n", ra.rounds);
   CHECK(p.calls >= 2 && !p.bad && p.last == p.total && p.total > 0, "progress %d calls %d bad",
         p.calls, p.bad);
   nwc_st_file *f;
