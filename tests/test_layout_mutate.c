@@ -1,0 +1,365 @@
+/*
+ * test_layout_mutate.c - random mutations of valid layout-1 and layout-2 tensors (BF16 and fp8)
+ * and of their records; the codec must answer 0 or a negative errno and never touch memory
+ * outside the arrays.  Run it in the sanitizer build (-DNWC_SANITIZE=ON): every array is copied
+ * into an exactly sized malloc'ed buffer, so ASan reports any overread or overwrite.
+ *
+ * Tensor mutations: elem, rows, cols, psym (the layout-2 lut), nblocks, data_bytes, raw_bytes (the
+ * buffers change size with them), bases[] entries, hdr[] (layout 1: stream words; layout 2:
+ * exception counts, with bases re-chained so that only the counts are wrong), exception entries
+ * (index and value bytes), data and raw bytes, scales.  Every mutated tensor goes through
+ * nwc_tensor_validate, nwc_dequant, nwc_dequant_range, nwc_gather, nwc_matvec and
+ * nwc_matvec_batch at every CPU level, with exactly sized outputs.  Properties besides memory
+ * safety: validate rejects every single change of a field it checks exactly (elem, rows,
+ * nblocks, data_bytes, raw_bytes, bases, the lut's fixed bytes); for layout 2, whatever validate
+ * accepts decodes without error, and gather agrees with dequant when both succeed.
+ *
+ * Record mutations: header counts changed with the checksum recomputed (XXH3-64 of bytes
+ * [72, end) seeded with XXH3-64 of bytes [0, 64), store/record.c) reach the parser's checks;
+ * whatever nwc_record_read accepts is decoded as above.
+ */
+#include "layout_util.h"
+
+#include <xxhash.h>
+
+#define RECORD_HEADER 72
+
+typedef struct mtensor {
+  nwc_tensor t;
+  uint64_t *bases;
+  uint8_t *hdr, *data, *raw;
+  float *scale;
+} mtensor;
+
+/* A new exactly sized copy of n bytes of src (of which `have` exist), the rest random. */
+static void *resized(const void *src, size_t have, size_t n) {
+  uint8_t *p = cu_malloc(n);
+  size_t keep = have < n ? have : n;
+  if (keep) memcpy(p, src, keep);
+  for (size_t i = keep; i < n; i++) p[i] = (uint8_t)test_rand();
+  return p;
+}
+
+static void replace(void **p, size_t have, size_t n) {
+  void *q = resized(*p, have, n);
+  free(*p);
+  *p = q;
+}
+
+static void mt_sync(mtensor *m) {
+  m->t.bases = m->bases, m->t.hdr = m->hdr, m->t.data = m->data, m->t.raw = m->raw;
+  m->t.scale = m->scale;
+  m->t.owned = NULL;
+}
+
+static void mt_copy(mtensor *m, const nwc_tensor *src) {
+  m->t = *src;
+  m->bases = resized(src->bases, (src->nblocks + 1) * 8, (src->nblocks + 1) * 8);
+  m->hdr = resized(src->hdr, src->nblocks * NWC_LANES, src->nblocks * NWC_LANES);
+  m->data = resized(src->data, src->data_bytes, src->data_bytes);
+  m->raw = resized(src->raw, src->raw_bytes, src->raw_bytes);
+  m->scale = src->scale ? resized(src->scale, src->rows * 4, src->rows * 4) : NULL;
+  mt_sync(m);
+}
+
+static void mt_free(mtensor *m) {
+  free(m->bases);
+  free(m->hdr);
+  free(m->data);
+  free(m->raw);
+  free(m->scale);
+}
+
+static int errno_ok(int rc) {
+  return rc == 0 || rc == -EBADMSG || rc == -EINVAL || rc == -ENOTSUP || rc == -ENOMEM;
+}
+
+static uint64_t nearby(uint64_t v) {
+  switch (test_below(6)) {
+  case 0: return v + 1 + test_below(8);
+  case 1: return v > 8 ? v - 1 - test_below(8) : v + 9;
+  case 2: return v + 8 * (1 + test_below(4));
+  case 3: return v / 2;
+  case 4: return test_below(3) ? test_below(2 * v + 2) : 0;
+  default: return test_rand() >> test_below(64);
+  }
+}
+
+static uint64_t n_tensors, n_records, n_accepted, n_decoded;
+
+/* The decoders at every CPU level, exactly sized outputs; returns dequant's answer (last level). */
+static int exercise(const nwc_tensor *t, const char *what) {
+  int v = nwc_tensor_validate(t);
+  CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
+  uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
+  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return v;
+  uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem), nrb = (M + br - 1) / br;
+  uint16_t *out = cu_malloc(M * K16 * 2);
+  float *X = cu_malloc(3 * K * 4), *Y = cu_malloc(3 * M * 4);
+  uint16_t *Yb = cu_malloc(3 * M * 2);
+  for (uint64_t i = 0; i < 3 * K; i++) X[i] = (float)cu_normal();
+  int dq = 0;
+  for (int level = 0; level < lu_levels(); level++) {
+    lu_set_level(level);
+    dq = nwc_dequant(t, out);
+    CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
+    CHECK(v != 0 || NWC_ELEM_LAYOUT(t->elem) != 2 || dq == 0,
+          "%s: a valid layout-2 tensor fails to dequant (%s)", what, nwc_error_detail());
+    uint64_t b0 = test_below(nrb + 1), b1 = b0 + test_below(nrb + 1 - b0);
+    uint64_t rows = b1 > b0 ? (br * b1 < M ? br * b1 : M) - br * b0 : 0;
+    uint16_t *part = cu_malloc(rows * K16 * 2);
+    int dr = b1 > b0 ? nwc_dequant_range(t, b0, b1, part) : 0;
+    CHECK(errno_ok(dr), "%s: dequant_range returned %d", what, dr);
+    free(part);
+    uint64_t idx[3] = {test_below(M), M - 1, test_below(16) ? 0 : M};
+    unsigned n = 2 + (unsigned)test_below(2);
+    uint16_t *g = cu_malloc(n * K16 * 2);
+    int gr = nwc_gather(t, idx, n, g);
+    CHECK(errno_ok(gr), "%s: gather returned %d", what, gr);
+    if (dq == 0 && n == 2) {
+      CHECK(gr == 0, "%s: dequant succeeds, gather fails (%s)", what, nwc_error_detail());
+      for (unsigned i = 0; gr == 0 && i < n; i++)
+        CHECK(!memcmp(g + i * K16, out + idx[i] * K16, K16 * 2), "%s: gathered row differs", what);
+    }
+    free(g);
+    float *x = cu_malloc(K16 * 4);
+    for (uint64_t c = 0; c < K16; c++) x[c] = c < K ? X[c] : 0.0f;
+    int mv = nwc_matvec(t, x, NULL, Y, Yb);
+    CHECK(errno_ok(mv), "%s: matvec returned %d", what, mv);
+    int mb = nwc_matvec_batch(t, X, 3, K, NULL, Y, M, Yb);
+    CHECK(errno_ok(mb), "%s: matvec_batch returned %d", what, mb);
+    CHECK(dq != 0 || (mv == 0 && mb == 0), "%s: dequant succeeds, matvec fails (%s)", what,
+          nwc_error_detail());
+    free(x);
+  }
+  n_decoded += dq == 0;
+  free(out);
+  free(X);
+  free(Y);
+  free(Yb);
+  return v;
+}
+
+enum {
+  F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_ENTRY,
+  F_DATA, F_RAW, F_SCALE, F_COUNT
+};
+static const char *const field_name[F_COUNT] = {
+    "elem",  "rows", "cols",          "psym", "nblocks", "data_bytes", "raw_bytes",
+    "bases", "hdr",  "exception entry", "data", "raw",     "scale"};
+
+/* Re-chains bases[] from hdr[] (layout 1: 4-byte words; layout 2: entries) and resizes data. */
+static void rechain(mtensor *m) {
+  nwc_tensor *t = &m->t;
+  unsigned unit = NWC_ELEM_LAYOUT(t->elem) == 1 ? 4 : NWC_ELEM_TYPE(t->elem) == NWC_ELEM_BF16 ? 3 : 2;
+  m->bases[0] = 0;
+  for (uint64_t b = 0; b < t->nblocks; b++) {
+    uint64_t u = 0;
+    for (unsigned l = 0; l < NWC_LANES; l++) u += m->hdr[b * NWC_LANES + l];
+    m->bases[b + 1] = m->bases[b] + (unit * u + 7) / 8 * 8;
+  }
+  uint64_t n = m->bases[t->nblocks] + 16;
+  replace((void **)&m->data, t->data_bytes, n);
+  t->data_bytes = n;
+}
+
+/* One mutation of field f; returns 1 if validate must reject the tensor now. */
+static int mutate(mtensor *m, int f) {
+  nwc_tensor *t = &m->t;
+  uint64_t nb = t->nblocks;
+  unsigned layout = NWC_ELEM_LAYOUT(t->elem);
+  switch (f) {
+  case F_ELEM: {
+    unsigned e = test_below(2) ? t->elem ^ (1u << test_below(8)) : (unsigned)test_below(256);
+    int changed = e != t->elem;
+    t->elem = e;
+    return changed;
+  }
+  case F_ROWS: {
+    uint64_t r = nearby(t->rows);
+    int changed = (r + 15) / 16 != (t->rows + 15) / 16 || r == 0; /* nblocks and raw size move */
+    if (m->scale && r < (1u << 20)) {
+      replace((void **)&m->scale, t->rows * 4, r * 4);
+    } else if (m->scale) {
+      free(m->scale);
+      m->scale = NULL;
+    }
+    t->rows = r;
+    return changed;
+  }
+  case F_COLS: t->cols = nearby(t->cols); return 0; /* may keep every size */
+  case F_PSYM: {
+    unsigned i = (unsigned)test_below(16);
+    uint8_t v = (uint8_t)test_rand();
+    int fixed = layout == 2 && (i == 7 || i == 15) && v != 0;
+    t->psym[i] = v;
+    return fixed;
+  }
+  case F_NBLOCKS: {
+    uint64_t n = nb + 1 + test_below(3);
+    if (test_below(2) && nb > 0) n = nb - 1 - test_below(nb < 3 ? nb : 3);
+    replace((void **)&m->bases, (nb + 1) * 8, (n + 1) * 8);
+    replace((void **)&m->hdr, nb * NWC_LANES, n * NWC_LANES);
+    t->nblocks = n;
+    return 1;
+  }
+  case F_DATA_BYTES: {
+    uint64_t n = nearby(t->data_bytes) % (4 * t->data_bytes + 64);
+    if (n == t->data_bytes) n++;
+    replace((void **)&m->data, t->data_bytes, n);
+    t->data_bytes = n;
+    return 1;
+  }
+  case F_RAW_BYTES: {
+    uint64_t n = nearby(t->raw_bytes) % (4 * t->raw_bytes + 64);
+    if (n == t->raw_bytes) n++;
+    replace((void **)&m->raw, t->raw_bytes, n);
+    t->raw_bytes = n;
+    return 1;
+  }
+  case F_BASES: {
+    uint64_t i = test_below(nb + 1), v = nearby(m->bases[i]);
+    if (v == m->bases[i]) v ^= 8;
+    m->bases[i] = v;
+    return 1;
+  }
+  case F_HDR: {
+    uint64_t i = test_below(nb * NWC_LANES);
+    m->hdr[i] = (uint8_t)(test_below(2) ? test_rand() : m->hdr[i] + 1 + test_below(3));
+    rechain(m);
+    return 0;
+  }
+  case F_ENTRY: { /* layout 2: an index or value byte of an exception entry */
+    if (layout != 2 || t->data_bytes <= 16) return 0;
+    uint64_t i = test_below(t->data_bytes - 16);
+    m->data[i] = test_below(2) ? (uint8_t)test_rand() : (uint8_t)(m->data[i] + 1);
+    return 0;
+  }
+  case F_DATA:
+  case F_RAW: {
+    uint8_t *p = f == F_DATA ? m->data : m->raw;
+    uint64_t n = f == F_DATA ? t->data_bytes : t->raw_bytes, k = 1 + test_below(8);
+    for (uint64_t j = 0; j < k && n; j++) p[test_below(n)] ^= (uint8_t)(1u << test_below(8));
+    return 0;
+  }
+  default: {
+    if (!m->scale || t->rows == 0) return 0;
+    static const float bad[] = {NAN, -1.0f, 0.0f, INFINITY};
+    m->scale[test_below(t->rows)] = bad[test_below(4)];
+    return 1;
+  }
+  }
+}
+
+static void tensor_mutations(const nwc_tensor *base, const char *name, int trials) {
+  char what[200];
+  for (int i = 0; i < trials; i++) {
+    mtensor m;
+    mt_copy(&m, base);
+    int nmut = test_below(4) ? 1 : 2 + (int)test_below(3), must = 0, f = 0;
+    for (int j = 0; j < nmut; j++) {
+      f = (int)test_below(F_COUNT);
+      must |= mutate(&m, f);
+    }
+    mt_sync(&m);
+    snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut,
+             field_name[f]);
+    int v = exercise(&m.t, what);
+    if (nmut == 1 && must) CHECK(v < 0, "%s: validate accepts it", what);
+    mt_free(&m);
+    n_tensors++;
+  }
+}
+
+static void fix_checksum(uint8_t *rec, size_t len) {
+  uint64_t h = XXH3_64bits_withSeed(rec + RECORD_HEADER, len - RECORD_HEADER, XXH3_64bits(rec, 64));
+  memcpy(rec + 64, &h, 8);
+}
+
+static void record_mutations(const nwc_tensor *base, const char *name, int trials) {
+  uint8_t *rec = NULL;
+  size_t len = 0;
+  CHECK_RC(nwc_record_write(base, &rec, &len));
+  if (!rec) return;
+  char what[200];
+  for (int i = 0; i < trials; i++) {
+    uint8_t *r = resized(rec, len, len);
+    unsigned k = 1 + (unsigned)test_below(3);
+    for (unsigned j = 0; j < k; j++) {
+      size_t at = test_below(3) ? test_below(RECORD_HEADER - 8) : test_below(len); /* not the hash */
+      if (at >= 64 && at < 72) continue;
+      if (at >= 40 && at < 64 && test_below(2)) { /* a count: a nearby value */
+        uint64_t v;
+        size_t fa = 40 + 8 * ((at - 40) / 8);
+        memcpy(&v, r + fa, 8);
+        v = nearby(v);
+        memcpy(r + fa, &v, 8);
+      } else {
+        r[at] ^= (uint8_t)(1u << test_below(8));
+      }
+    }
+    fix_checksum(r, len);
+    snprintf(what, sizeof what, "%s record, trial %d", name, i);
+    nwc_tensor t;
+    int rc = nwc_record_read(r, len, &t);
+    CHECK(rc == 0 || rc == -EBADMSG || rc == -ENOTSUP || rc == -ENOMEM,
+          "%s: nwc_record_read returned %d", what, rc);
+    if (rc == 0) {
+      n_accepted++;
+      exercise(&t, what);
+      nwc_tensor_release(&t);
+    }
+    n_records++;
+    free(r);
+  }
+  free(rec);
+}
+
+int main(void) {
+  test_seed("test_layout_mutate");
+  int trials = getenv("NWC_MUTATE_TRIALS") ? atoi(getenv("NWC_MUTATE_TRIALS")) : 400;
+  struct {
+    const char *name;
+    unsigned type;
+    uint64_t M, K;
+    int dist, scaled;
+  } cases[] = {
+      {"bf16 heavy 17x600", NWC_ELEM_BF16, 17, 600, CU_HEAVY, 0},
+      {"bf16 heavy 3x40 scaled", NWC_ELEM_BF16, 3, 40, CU_HEAVY, 1},
+      {"bf16 normal 16x1040", NWC_ELEM_BF16, 16, 1040, CU_NORMAL, 0},
+      {"fp8 9x40 scaled", NWC_ELEM_FP8, 9, 40, 1, 1},
+      {"fp8 bytes 20x530", NWC_ELEM_FP8, 20, 530, 0, 0},
+  };
+  for (unsigned layout = 1; layout <= 2; layout++)
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      uint64_t M = cases[i].M, K = cases[i].K;
+      void *w = cu_malloc(M * K * 2);
+      if (cases[i].type == NWC_ELEM_BF16)
+        cu_gen_bf16(w, M, K, cases[i].dist);
+      else
+        cu_gen_fp8(w, M, K, cases[i].dist);
+      float *scale = NULL;
+      if (cases[i].scaled) {
+        scale = cu_malloc(M * 4);
+        for (uint64_t r = 0; r < M; r++) scale[r] = 0.25f + (float)r;
+      }
+      nwc_tensor t;
+      char name[96];
+      snprintf(name, sizeof name, "layout %u %s", layout, cases[i].name);
+      int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(cases[i].type, layout), scale, &t);
+      CHECK(rc == 0, "%s: encode returned %d (%s)", name, rc, nwc_error_detail());
+      if (rc == 0) {
+        CHECK(exercise(&t, name) == 0, "%s: the unchanged tensor is invalid", name);
+        tensor_mutations(&t, name, trials);
+        record_mutations(&t, name, trials / 2);
+        nwc_tensor_release(&t);
+      }
+      free(scale);
+      free(w);
+    }
+  printf("%llu tensor and %llu record mutations (%llu records accepted); %llu decoded without "
+         "error\n",
+         (unsigned long long)n_tensors, (unsigned long long)n_records,
+         (unsigned long long)n_accepted, (unsigned long long)n_decoded);
+  return test_exit("test_layout_mutate");
+}
