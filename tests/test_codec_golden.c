@@ -54,7 +54,8 @@ static void report_diff(const char *name, const uint8_t *got, size_t glen, const
         field, glen, wlen);
 }
 
-static void golden_case(const char *dir, const char *name, const char *type, uint64_t M, uint64_t K) {
+static void golden_case(const char *dir, const char *name, const char *type, uint64_t M, uint64_t K,
+                        unsigned layout) {
   int fp8_in = !strcmp(type, "fp8"), quant = !strcmp(type, "fp8q");
   CHECK(fp8_in || quant || !strcmp(type, "bf16"), "%s: unknown type %s", name, type);
   uint64_t K16 = cu_k16(K), n = M * K;
@@ -76,7 +77,7 @@ static void golden_case(const char *dir, const char *name, const char *type, uin
   nwc_tensor t;
   uint8_t *mine = NULL;
   size_t mine_len = 0;
-  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type_id, 0), scale, &t);
+  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type_id, layout), scale, &t);
   CHECK_RC(rc);
   if (rc == 0) {
     CHECK_RC(nwc_record_write(&t, &mine, &mine_len));
@@ -89,6 +90,8 @@ static void golden_case(const char *dir, const char *name, const char *type, uin
   /* The golden output follows from the input: padding columns hold the filler of psym[0]. */
   uint8_t psym0 = rec_len >= 72 ? rec[24] : 0;
   uint16_t *expect = cu_expected(w, M, K, type_id, psym0);
+  for (uint64_t i = 0; layout == 2 && rec_len >= 72 && i < M * K16; i++) /* psym[8] (layout 2) */
+    if (i % K16 >= K) expect[i] |= rec[24 + 8];
   cu_same16(out, expect, M * K16, K16, "golden .out vs .in");
   free(expect);
 
@@ -96,7 +99,8 @@ static void golden_case(const char *dir, const char *name, const char *type, uin
   rc = nwc_record_read(rec, rec_len, &t);
   CHECK(rc == 0, "%s: nwc_record_read: %s", name, nwc_error_detail());
   if (rc == 0) {
-    CHECK(t.rows == M && t.cols == K && NWC_ELEM_TYPE(t.elem) == type_id && !t.scale == !quant,
+    CHECK(t.rows == M && t.cols == K && NWC_ELEM_TYPE(t.elem) == type_id &&
+              NWC_ELEM_LAYOUT(t.elem) == layout && !t.scale == !quant,
           "%s: record header does not match golden.txt", name);
     CHECK(!quant || !memcmp(t.scale, scale, M * sizeof *scale), "%s: scales differ", name);
     char what[300];
@@ -134,13 +138,14 @@ int main(void) {
   while (fgets(line, sizeof line, f)) {
     char name[256], type[16];
     unsigned long long M, K;
+    unsigned layout = 0; /* optional fifth field */
     if (line[0] == '#' || line[0] == '\n') continue;
-    if (sscanf(line, "%255s %15s %llu %llu", name, type, &M, &K) != 4) {
+    if (sscanf(line, "%255s %15s %llu %llu %u", name, type, &M, &K, &layout) < 4 || layout > 2) {
       CHECK(0, "golden.txt: bad line: %s", line);
       continue;
     }
     int before = test_failures;
-    golden_case(dir, name, type, M, K);
+    golden_case(dir, name, type, M, K, layout);
     printf("%-22s %s\n", name, test_failures == before ? "ok" : "FAILED");
     cases++;
   }

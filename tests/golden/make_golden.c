@@ -8,7 +8,9 @@
  *   NAME.out   what nwc_dequant must return: rows x K16 BF16 little-endian, derived from the input
  *              and not from the decoder (BF16: the input, padding columns psym[0] << 8; fp8: the
  *              exact fp8 values computed with ldexp)
- * and golden.txt, one line "NAME TYPE ROWS COLS" per case (TYPE bf16, fp8 or fp8q).
+ * and golden.txt, one line "NAME TYPE ROWS COLS" per case (TYPE bf16, fp8 or fp8q), followed by
+ * the block layout when it is not 0 (layouts 1 and 2, docs/format-layouts.md; their padding
+ * columns hold psym[0] << 8 | psym[8] for layout 2).
  *
  * Inputs come from a fixed seed and integer arithmetic only (no libm), so they are the same on
  * every machine.  Run it only to change the format on purpose; test_codec_golden checks the files.
@@ -21,21 +23,36 @@ typedef struct golden_case {
   const char *name, *type;
   uint64_t rows, cols;
   int gen; /* how the input is made, see make_input() */
+  unsigned layout;
 } golden_case;
 
 enum { G_TYPICAL, G_ESCAPES, G_EQUAL, G_FP8_ALL, G_FP8_TYPICAL };
 
 static const golden_case cases[] = {
-    {"bf16_1x1", "bf16", 1, 1, G_TYPICAL},
-    {"bf16_9x513", "bf16", 9, 513, G_TYPICAL},
-    {"bf16_16x1040", "bf16", 16, 1040, G_TYPICAL},
-    {"bf16_escapes_24x100", "bf16", 24, 100, G_ESCAPES},
-    {"bf16_equal_5x37", "bf16", 5, 37, G_EQUAL},
-    {"bf16_k5_11x5", "bf16", 11, 5, G_TYPICAL},
-    {"fp8_all_3x300", "fp8", 3, 300, G_FP8_ALL},
-    {"fp8_9x513", "fp8", 9, 513, G_FP8_TYPICAL},
-    {"fp8_k13_7x13", "fp8", 7, 13, G_FP8_TYPICAL},
-    {"fp8q_10x40", "fp8q", 10, 40, G_TYPICAL},
+    {"bf16_1x1", "bf16", 1, 1, G_TYPICAL, 0},
+    {"bf16_9x513", "bf16", 9, 513, G_TYPICAL, 0},
+    {"bf16_16x1040", "bf16", 16, 1040, G_TYPICAL, 0},
+    {"bf16_escapes_24x100", "bf16", 24, 100, G_ESCAPES, 0},
+    {"bf16_equal_5x37", "bf16", 5, 37, G_EQUAL, 0},
+    {"bf16_k5_11x5", "bf16", 11, 5, G_TYPICAL, 0},
+    {"fp8_all_3x300", "fp8", 3, 300, G_FP8_ALL, 0},
+    {"fp8_9x513", "fp8", 9, 513, G_FP8_TYPICAL, 0},
+    {"fp8_k13_7x13", "fp8", 7, 13, G_FP8_TYPICAL, 0},
+    {"fp8q_10x40", "fp8q", 10, 40, G_TYPICAL, 0},
+    /* layouts 1 and 2 (issue 3): appended, so the inputs above stay as they are */
+    {"l1_bf16_1x1", "bf16", 1, 1, G_TYPICAL, 1},
+    {"l1_bf16_17x1040", "bf16", 17, 1040, G_TYPICAL, 1},
+    {"l1_bf16_escapes_24x100", "bf16", 24, 100, G_ESCAPES, 1},
+    {"l1_fp8_all_3x300", "fp8", 3, 300, G_FP8_ALL, 1},
+    {"l1_fp8_9x513", "fp8", 9, 513, G_FP8_TYPICAL, 1},
+    {"l1_fp8q_10x40", "fp8q", 10, 40, G_TYPICAL, 1},
+    {"l2_bf16_1x1", "bf16", 1, 1, G_TYPICAL, 2},
+    {"l2_bf16_17x1040", "bf16", 17, 1040, G_TYPICAL, 2},
+    {"l2_bf16_escapes_24x100", "bf16", 24, 100, G_ESCAPES, 2},
+    {"l2_bf16_equal_5x37", "bf16", 5, 37, G_EQUAL, 2},
+    {"l2_fp8_all_3x300", "fp8", 3, 300, G_FP8_ALL, 2},
+    {"l2_fp8_9x513", "fp8", 9, 513, G_FP8_TYPICAL, 2},
+    {"l2_fp8q_10x40", "fp8q", 10, 40, G_TYPICAL, 2},
 };
 
 /* Leading zeros of a random 32-bit number: 0 with probability 1/2, 1 with 1/4, ... */
@@ -99,8 +116,8 @@ static int make_case(const char *dir, const golden_case *c, FILE *manifest) {
   int rc = quant ? nwc_quantize_fp8(in, M, K, q, scale) : 0;
   unsigned type = fp8_in || quant ? NWC_ELEM_FP8 : NWC_ELEM_BF16;
   nwc_tensor t;
-  if (rc == 0) rc = nwc_tensor_encode(type == NWC_ELEM_FP8 ? (void *)q : in, M, K, NWC_ELEM(type, 0),
-                                      scale, &t);
+  if (rc == 0) rc = nwc_tensor_encode(type == NWC_ELEM_FP8 ? (void *)q : in, M, K,
+                                      NWC_ELEM(type, c->layout), scale, &t);
   uint8_t *rec = NULL;
   size_t len = 0;
   if (rc == 0) rc = nwc_record_write(&t, &rec, &len);
@@ -109,11 +126,17 @@ static int make_case(const char *dir, const golden_case *c, FILE *manifest) {
     return -1;
   }
   uint16_t *out = cu_expected(type == NWC_ELEM_FP8 ? (void *)q : in, M, K, type, t.psym[0]);
+  for (uint64_t i = 0; c->layout == 2 && i < M * K16; i++) /* layout 2's filler: psym[8] too */
+    if (i % K16 >= K) out[i] |= t.psym[8];
   rc = write_file(dir, c->name, ".in", in, fp8_in ? n : n * 2);
   if (rc == 0) rc = write_file(dir, c->name, ".nwct", rec, len);
   if (rc == 0) rc = write_file(dir, c->name, ".out", out, M * K16 * 2);
-  fprintf(manifest, "%s %s %llu %llu\n", c->name, c->type, (unsigned long long)M,
-          (unsigned long long)K);
+  if (c->layout)
+    fprintf(manifest, "%s %s %llu %llu %u\n", c->name, c->type, (unsigned long long)M,
+            (unsigned long long)K, c->layout);
+  else
+    fprintf(manifest, "%s %s %llu %llu\n", c->name, c->type, (unsigned long long)M,
+            (unsigned long long)K);
   printf("%-22s %-4s %3llu x %-5llu record %zu bytes\n", c->name, c->type, (unsigned long long)M,
          (unsigned long long)K, len);
   free(out);
