@@ -194,13 +194,12 @@ static decoder *decoder_new(const nwc_tensor *t, int *rc) {
   return d;
 }
 
-/* One lane's 16 weights in row r as BF16: the decoded high bytes from the pair entries, the low
- * bytes from the raw plane (BF16: mantissa bytes; fp8: nibble << 4). */
-static inline void lane_bf16(const decoder *d, const uint32_t e[8], uint64_t r, uint64_t c0,
+/* One lane's 16 weights at column c0 of a row as BF16: the decoded high bytes from the pair
+ * entries, the low bytes from the row's raw plane (BF16: mantissa bytes; fp8: nibble << 4). */
+static inline void lane_bf16(const uint32_t e[8], const uint8_t *row, uint64_t c0, unsigned type,
                              uint16_t out[16]) {
   uint8_t lo[16];
-  const uint8_t *row = d->t->raw + r * d->g.raw_stride;
-  if (d->g.type == NWC_ELEM_BF16) {
+  if (type == NWC_ELEM_BF16) {
     memcpy(lo, row + c0, 16);
   } else { /* word 0: weights 0..3 in the low nibbles, 4..7 in the high ones; word 1: 8..15 */
     uint32_t q[2], v[4];
@@ -225,16 +224,20 @@ static inline void lane_bf16(const decoder *d, const uint32_t e[8], uint64_t r, 
 static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint16_t *out,
                          uint64_t first_out_row) {
   NWC_TRY(block_begin(d, b));
-  uint64_t rb = b / d->g.col_blocks, c_base = (b % d->g.col_blocks) * NWC_BLOCK_COLS;
+  /* Locals, not d->...: the output stores may alias anything behind a pointer. */
+  const unsigned type = d->g.type, active = d->active;
+  const uint64_t rb = b / d->g.col_blocks, c_base = (b % d->g.col_blocks) * NWC_BLOCK_COLS;
   for (unsigned i = 0; i < nrows; i++) {
     uint64_t r = rb * NWC_BLOCK_ROWS + i;
     int want = keep < 0 || (unsigned)keep == i;
-    for (unsigned l = 0; l < d->active; l++) {
+    const uint8_t *raw_row = d->t->raw + r * d->g.raw_stride;
+    uint16_t *out_row = out + (r - first_out_row) * d->g.K16;
+    for (unsigned l = 0; l < active; l++) {
       uint32_t e[8];
       NWC_TRY(decode_lane_row(d, &d->lanes[l], e));
       if (!want) continue;
       uint64_t c0 = c_base + (uint64_t)l * NWC_LANE_COLS;
-      lane_bf16(d, e, r, c0, out + (r - first_out_row) * d->g.K16 + c0);
+      lane_bf16(e, raw_row, c0, type, out_row + c0);
     }
   }
   return 0;
@@ -285,17 +288,21 @@ int nwc_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *
   return rc;
 }
 
-/* Sum of one lane's 16 products, in a fixed pairwise order. */
-static inline float lane_dot(const uint16_t w[16], const float *x) {
+/* acc += w * x for one lane's 16 weights (BF16 bits) and activations. */
+static inline void lane_fma(v16f *acc, const uint16_t w[16], const float *x) {
   v16u16 wv;
-  v16f xv, p;
+  v16f xv, wf;
   memcpy(&wv, w, sizeof wv);
   memcpy(&xv, x, sizeof xv);
   v16u32 bits = __builtin_convertvector(wv, v16u32) << 16;
-  memcpy(&p, &bits, sizeof p);
-  p *= xv;
+  memcpy(&wf, &bits, sizeof wf);
+  *acc += wf * xv;
+}
+
+/* The 16 partial sums of a row, added in a fixed pairwise order. */
+static inline float hsum16(v16f acc) {
   float s[16];
-  memcpy(s, &p, sizeof s);
+  memcpy(s, &acc, sizeof s);
   for (unsigned half = 8; half; half >>= 1)
     for (unsigned j = 0; j < half; j++) s[j] += s[j + half];
   return s[0];
@@ -316,16 +323,17 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
       if ((rc = block_begin(d, b)) < 0) break;
       for (unsigned i = 0; rc == 0 && i < nrows; i++) {
         uint64_t r = rb * NWC_BLOCK_ROWS + i;
-        float row = 0;
+        const uint8_t *raw_row = t->raw + r * d->g.raw_stride;
+        v16f row = {0};
         for (unsigned l = 0; l < d->active; l++) {
           uint32_t e[8];
           uint16_t wv[16];
           if ((rc = decode_lane_row(d, &d->lanes[l], e)) < 0) break;
           uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
-          lane_bf16(d, e, r, c0, wv);
-          row += lane_dot(wv, x + c0);
+          lane_bf16(e, raw_row, c0, d->g.type, wv);
+          lane_fma(&row, wv, x + c0);
         }
-        acc[i] += row;
+        acc[i] += hsum16(row);
       }
     }
     for (unsigned i = 0; rc == 0 && i < nrows; i++) {
@@ -367,7 +375,7 @@ int nwc__pcdec_l0_begin(nwc__pcdec *pc, uint64_t b, unsigned *active) {
 int nwc__pcdec_l0_row(nwc__pcdec *pc, unsigned l, uint64_t r, uint64_t c0, uint16_t w[16]) {
   uint32_t e[8];
   NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));
-  lane_bf16(&pc->d, e, r, c0, w);
+  lane_bf16(e, pc->d.t->raw + r * pc->d.g.raw_stride, c0, pc->d.g.type, w);
   return 0;
 }
 
