@@ -245,10 +245,20 @@ int main(void) {
     free(qw);
   }
   /* Layouts 1/2: passed through; either stored or refused by the codec with -ENOTSUP. */
-  nwc_import_opts l1 = {.layout = 1};
-  int rc = nwc_store_import(s, "all-l1", path, &l1);
-  CHECK(rc == 0 || rc == -ENOTSUP, "layout 1: %d %s", rc, nwc_error_detail());
-  printf("layout 1 import: %s\n", rc == 0 ? "stored" : "not supported by the codec yet");
+  int rc = 0;
+  for (unsigned l = 1; l <= 2; l++) {
+    nwc_import_opts lo = {.layout = l, .elem = l == 2 ? NWC_ELEM_FP8 : NWC_ELEM_BF16};
+    char mname[32];
+    snprintf(mname, sizeof mname, "all-l%u", l);
+    rc = nwc_store_import(s, mname, path, &lo);
+    CHECK(rc == 0 || rc == -ENOTSUP, "layout %u: %d %s", l, rc, nwc_error_detail());
+    printf("layout %u import: %s\n", l, rc == 0 ? "stored" : "not supported by the codec yet");
+    if (rc) continue;
+    if (l == 1) check_tensor(s, mname, "h", h_want, NULL, NWC_ELEM_BF16, "f16->bf16");
+    else check_tensor(s, mname, "bias", bias_want, NULL, NWC_ELEM_BF16, "none");
+    check_tensor(s, mname, "f8.weight", f8_want, f8s, NWC_ELEM_FP8, "folded");
+    if (l == 1) check_tensor(s, mname, odd, wb, NULL, NWC_ELEM_BF16, "none");
+  }
 
   /* Sharded: two shards and an index. */
   {
