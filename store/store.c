@@ -130,6 +130,11 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   s->dir = realpath(dir, NULL);
   int rc = s->dir ? 0 : nwc__fail(-errno, "%s: no such store directory", dir);
   char path[PATH_MAX + 32];
+  struct stat st;
+  if (rc == 0 && !create) { /* never litter a directory that is not a store */
+    snprintf(path, sizeof path, "%s/catalog.sqlite", s->dir);
+    if (stat(path, &st) < 0) rc = nwc__fail(-errno, "%s: not a store (no catalog.sqlite)", s->dir);
+  }
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/lock", s->dir);
     s->lockfd = open(path, (rdonly ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0640);
@@ -147,9 +152,7 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   }
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/catalog.sqlite", s->dir);
-    struct stat st;
-    if (!create && stat(path, &st) < 0) rc = nwc__fail(-errno, "%s: no catalog", path);
-    else rc = nwc__catalog_open(path, create, rdonly, &s->db);
+    rc = nwc__catalog_open(path, create, rdonly, &s->db);
     if (rc < 0 && rc != -ENOENT) rc = nwc__fail_prefix(rc, "%s", s->dir);
   }
   if (rc == 0 && !rdonly) rc = sweep(s);

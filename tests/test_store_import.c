@@ -183,6 +183,12 @@ int main(void) {
   if (!s) return 1;
   CHECK(nwc_store_schema_version(s) == NWC_STORE_SCHEMA_VERSION, "schema version");
   nwc_store *s2 = NULL;
+  CHECK(nwc_store_open(src, 0, &s2) == -ENOENT && access(src, F_OK) == 0, "not a store");
+  {
+    char lk[700];
+    snprintf(lk, sizeof lk, "%s/lock", src);
+    CHECK(access(lk, F_OK) != 0, "opening a non-store created files in it");
+  }
   CHECK(nwc_store_open(dir, 0, &s2) == -EBUSY, "second writer must get -EBUSY");
 
   prog p = {0};
