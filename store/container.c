@@ -126,13 +126,20 @@ static void blob_header(const nwc_tensor *t, uint64_t cid, const nwc__blob_layou
 }
 
 void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint8_t *blob) {
-  memset(blob, 0, L->length);
+  /* Sections, and zeros in every gap between them and up to the 4096 end (blob may be reused). */
+  const void *src[5] = {t->bases, t->hdr, t->data, t->raw, t->scale};
+  uint64_t off[5] = {L->off_bases, L->off_hdr, L->off_data, L->off_raw, L->off_scale};
+  uint64_t len[5] = {(t->nblocks + 1) * 8, t->nblocks * NWC_LANES, t->data_bytes, t->raw_bytes,
+                     t->scale ? t->rows * 4 : 0};
   blob_header(t, cid, L, blob);
-  memcpy(blob + L->off_bases, t->bases, (t->nblocks + 1) * 8);
-  memcpy(blob + L->off_hdr, t->hdr, t->nblocks * NWC_LANES);
-  memcpy(blob + L->off_data, t->data, t->data_bytes);
-  memcpy(blob + L->off_raw, t->raw, t->raw_bytes);
-  if (t->scale) memcpy(blob + L->off_scale, t->scale, t->rows * 4);
+  uint64_t at = NWC__BLOB_HEADER;
+  for (int i = 0; i < 5; i++) {
+    if (!len[i] && i == 4) break;
+    memset(blob + at, 0, off[i] - at);
+    memcpy(blob + off[i], src[i], len[i]);
+    at = off[i] + len[i];
+  }
+  memset(blob + at, 0, L->length - at);
 }
 
 void nwc__blob_checksums(const uint8_t *blob, uint64_t length, uint64_t *sums) {

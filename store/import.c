@@ -117,8 +117,14 @@ static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off) {
   return 0;
 }
 
-/* Encodes job j into a blob; returns it (posix_memalign'ed, caller frees) in *blob. */
-static int encode_job(imp *im, job *j, uint8_t **blob) {
+/* A worker's blob buffer, reused from tensor to tensor (no page faults on every tensor). */
+typedef struct wbuf {
+  uint8_t *p;
+  uint64_t cap;
+} wbuf;
+
+/* Encodes job j into the worker's blob buffer *wb. */
+static int encode_job(imp *im, job *j, wbuf *wb) {
   const src_file *sf = &im->src[j->source];
   const nwc_st_tensor *st = j->st;
   const uint8_t *p = nwc_st_data(sf->f, st);
@@ -156,38 +162,42 @@ static int encode_job(imp *im, job *j, uint8_t **blob) {
   if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
   nwc__pub_tensor *pt = &j->pub;
   nwc__blob_layout_of(&t, &pt->L);
-  void *b = NULL;
   pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
-  if (!pt->checksums || posix_memalign(&b, NWC_STORE_ALIGN, pt->L.length)) {
+  if (pt->checksums && pt->L.length > wb->cap) {
+    void *b = NULL;
+    free(wb->p);
+    wb->p = NULL, wb->cap = 0;
+    if (posix_memalign(&b, NWC_STORE_ALIGN, pt->L.length) == 0) wb->p = b, wb->cap = pt->L.length;
+  }
+  if (!pt->checksums || !wb->p) {
     nwc_tensor_release(&t);
     return -ENOMEM;
   }
-  nwc__blob_write(&t, im->cid, &pt->L, b);
-  nwc__blob_checksums(b, pt->L.length, pt->checksums);
+  nwc__blob_write(&t, im->cid, &pt->L, wb->p);
+  nwc__blob_checksums(wb->p, pt->L.length, pt->checksums);
   memcpy(pt->psym, t.psym, 16);
   pt->nblocks = t.nblocks;
   pt->data_bytes = t.data_bytes;
   pt->raw_plane_bytes = t.raw_bytes;
   pt->length = pt->L.length;
   nwc_tensor_release(&t);
-  *blob = b;
   return 0;
 }
 
 static void *worker(void *arg) {
   imp *im = arg;
+  wbuf wb = {NULL, 0};
   pthread_mutex_lock(&im->mu);
   while (!im->err && !im->cancel && im->next < im->njobs) {
     job *j = &im->jobs[im->order[im->next++]];
     pthread_mutex_unlock(&im->mu);
-    uint8_t *blob = NULL;
-    int rc = encode_job(im, j, &blob);
+    int rc = encode_job(im, j, &wb);
     pthread_mutex_lock(&im->mu);
     if (rc == 0) {
       j->pub.offset = im->file_end;
       im->file_end += j->pub.length;
       pthread_mutex_unlock(&im->mu);
-      rc = pwrite_full(im->fd, blob, j->pub.length, j->pub.offset);
+      rc = pwrite_full(im->fd, wb.p, j->pub.length, j->pub.offset);
       if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
       /* Start writeback now, so that the fsync before publishing has little left to do. */
       if (rc == 0)
@@ -195,7 +205,6 @@ static void *worker(void *arg) {
                               SYNC_FILE_RANGE_WRITE);
       pthread_mutex_lock(&im->mu);
     }
-    free(blob);
     if (rc < 0 && !im->err) {
       im->err = rc;
       snprintf(im->errmsg, sizeof im->errmsg, "%s", nwc_error_detail());
@@ -206,6 +215,7 @@ static void *worker(void *arg) {
   im->running--;
   pthread_cond_broadcast(&im->cv);
   pthread_mutex_unlock(&im->mu);
+  free(wb.p);
   return NULL;
 }
 
