@@ -73,11 +73,12 @@ __device__ __forceinline__ void load_table(uint32_t *s_tab, const uint32_t *tab)
 constexpr unsigned kWarpBuf = 6656;
 constexpr unsigned kTabBytes = NWC_TAB_ENTRIES * 4;
 
-__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+/* cp.async into a shared-memory address (the 32-bit shared window offset). */
+__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(saddr), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
@@ -153,7 +154,7 @@ template <int TYPE> struct Low;
 
 template <> struct Low<NWC_ELEM_BF16> {
   static constexpr unsigned lane_bytes = 16;
-  static __device__ __forceinline__ void stage(void *s, const void *g) { cp_async16(s, g); }
+  static __device__ __forceinline__ void stage(uint32_t s, const void *g) { cp_async16(s, g); }
   static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
     uint4 v = ok ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
     m[0] = v.x, m[1] = v.y, m[2] = v.z, m[3] = v.w;
@@ -162,7 +163,7 @@ template <> struct Low<NWC_ELEM_BF16> {
 
 template <> struct Low<NWC_ELEM_FP8> {
   static constexpr unsigned lane_bytes = 8;
-  static __device__ __forceinline__ void stage(void *s, const void *g) { cp_async8(s, g); }
+  static __device__ __forceinline__ void stage(uint32_t s, const void *g) { cp_async8(s, g); }
   static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
     uint2 v = ok ? *reinterpret_cast<const uint2 *>(p) : make_uint2(0, 0);
     m[0] = (v.x << 4) & 0xf0f0f0f0u, m[1] = v.x & 0xf0f0f0f0u;
@@ -252,11 +253,15 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
 
   __syncwarp(); /* the previous block's readers are done with wbuf */
   uint8_t *sraw = wbuf + lane * lane_bytes, *sstream = wbuf + NWC_BLOCK_ROWS * row_bytes;
+  /* Staging addresses advance by additions only (ptxas would otherwise redo the 64-bit products
+   * and the shared window base for every row). */
   const uint8_t *graw = g.raw + row0 * g.raw_stride + (uint64_t)c0 * lane_bytes / NWC_LANE_COLS;
-  if (active) {
+  uint32_t sdst = (uint32_t)__cvta_generic_to_shared(sraw);
 #pragma unroll
-    for (uint32_t i = 0; i < NWC_BLOCK_ROWS; i++)
-      if (i < nrows) Low<TYPE>::stage(sraw + i * row_bytes, graw + i * g.raw_stride);
+  for (uint32_t i = 0; i < NWC_BLOCK_ROWS; i++) {
+    if (active && i < nrows) Low<TYPE>::stage(sdst, graw);
+    sdst += row_bytes;
+    graw += g.raw_stride;
   }
   /* The stream in 16-byte pieces from base rounded down to 16 through end + 8 rounded up: at most
    * 15 bytes past end + 8, inside the next block or the slack, except for the tensor's last block,
@@ -264,8 +269,12 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
   const uint64_t s16 = base & ~UINT64_C(15);
   const uint32_t copy = ((uint32_t)(end + 8 - s16) + 15u) & ~15u, head = (uint32_t)(base - s16);
   const bool staged = copy <= stream_cap && b + 1 < g.nblocks;
-  if (staged)
-    for (uint32_t o = 16 * lane; o < copy; o += 16 * NWC_LANES) cp_async16(sstream + o, g.data + s16 + o);
+  if (staged) {
+    const uint8_t *gs = g.data + s16 + 16 * lane;
+    uint32_t sd = (uint32_t)__cvta_generic_to_shared(sstream) + 16 * lane;
+    for (uint32_t o = 16 * lane; o < copy; o += 16 * NWC_LANES, gs += 16 * NWC_LANES, sd += 16 * NWC_LANES)
+      cp_async16(sd, gs);
+  }
   sink.begin(c0, active);
   h = load_head(g, next);
   cp_async_wait_all();

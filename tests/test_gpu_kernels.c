@@ -4,7 +4,8 @@
  * model (NWC_SAMPLE).  Skips (77) where no GPU is present.
  *
  * Per tensor (BF16 and fp8): dequant and gather bit-exact against nwc_dequant / nwc_gather;
- * matvec (fp32 y) with ||y - ref|| / ||ref|| <= 1e-5 against fp64 on the original weights; linear
+ * matvec (fp32 y) with ||y - ref|| / ||ref|| <= 1e-5 against fp64 on the original weights (or,
+ * where y cancels to below fp32 summation noise, ||y - ref|| <= 2^-20 ||sum |w x|||); linear
  * (BF16 y) within one BF16 ulp of the fp64 reference rounded, except where the reference lies
  * inside fp32 summation noise (|y - ref| <= 2^-20 * sum |scale w x|: cancellation leaves fewer
  * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
@@ -193,14 +194,18 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CHECK_RC(nwc_k_matvec(&d, d_x, d_bias, d_y, d_scratch, stream));
   CU(cudaMemcpyAsync(y, d_y, M * 4, cudaMemcpyDeviceToHost, stream));
   CU(cudaStreamSynchronize(stream));
-  double num = 0, den = 0;
+  double num = 0, den = 0, noise = 0;
   for (uint64_t r = 0; r < M; r++) {
     double e = (double)y[r] - ref[r];
     num += isfinite(y[r]) ? e * e : INFINITY;
     den += ref[r] * ref[r];
+    noise += mag[r] * mag[r];
   }
   double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-  CHECK(rel <= 1e-5, "%s: matvec: relative error %.3g", label, rel);
+  /* A vector of a few rows can cancel to far below its terms (the sample's 1 x N tensors): then
+   * the fp32 sum's own rounding, not the decoder, sets the error, and 2^-20 of the terms' norm is
+   * the bound it is held to instead. */
+  CHECK(rel <= 1e-5 || sqrt(num) <= 0x1p-20 * sqrt(noise), "%s: matvec: relative error %.3g", label, rel);
 
   uint16_t *yb = malloc(M * 2);
   CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
