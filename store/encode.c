@@ -2,10 +2,11 @@
  * encode.c - the host encoder (layout 0): symbol histogram, exp_of_rank, per-lane code lengths,
  * block offsets, then the lane bit streams and the raw plane.
  *
- * Two passes over the weights: the first counts symbols and sums each lane's code lengths, which
- * fixes hdr[], bases[] and the exact data size before a byte is written; the second writes.  The
- * code of every input byte is looked up in a 256-entry table (BF16: the high byte; fp8: the whole
- * byte), so the encoder never branches on the element type inside its loops.
+ * Two passes over the weights: the first counts symbols, which fixes exp_of_rank, the codes and
+ * (from the counts) an upper bound of the data size; the second writes the lane streams block by
+ * block, recording each lane's length and each block's offset as it goes.  Only a caller that asks
+ * nwc_encode for the exact size first pays a third pass (plan_lengths).  The code of every input
+ * byte is looked up in a 256-entry table (BF16: the high byte; fp8: the whole byte).
  */
 #include "internal.h"
 
@@ -24,7 +25,8 @@ typedef struct plan {
   code codes[256];     /* by input byte (BF16: high byte) */
   uint8_t len[256];    /* codes[].len */
   uint8_t nib[256];    /* fp8: raw nibble by input byte */
-  uint64_t data_bytes;
+  uint64_t code_bits;  /* all codes of the tensor, fillers included */
+  uint64_t data_bytes; /* set by plan_lengths */
 } plan;
 
 /* Ranks symbols by descending count, ties by ascending symbol; writes order[0..nsym). */
@@ -64,6 +66,8 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
       else
         p->codes[b] = (code){0x100u | b, 24}; /* 15 zeros, a one, the byte */
     }
+    for (unsigned sym = 0; sym < 128; sym++) p->code_bits += freq[sym] * p->codes[sym].len;
+    p->code_bits += 2 * g->M * (g->K16 - g->K); /* fillers */
     if (freq_out) memcpy(freq_out, freq, 128 * sizeof *freq);
     return 0;
   }
@@ -89,11 +93,20 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
     unsigned r = sym_of[b] < NWC_FP8_SYMBOLS ? rank_of[sym_of[b]] : 0; /* NaNs never reach here */
     p->codes[b] = (code){2u | (b >> 7), r + 2};
   }
+  for (unsigned sym = 0; sym < NWC_FP8_SYMBOLS; sym++) p->code_bits += freq[sym] * (rank_of[sym] + 2);
+  p->code_bits += 2 * g->M * (g->K16 - g->K); /* fillers */
   if (freq_out) memcpy(freq_out, freq, NWC_FP8_SYMBOLS * sizeof *freq);
   return 0;
 }
 
-/* Sums code lengths per lane, fills hdr[] and bases[], sets p->data_bytes. */
+/* Upper bound of data_bytes: the codes, plus at most 15 bits of padding per lane, 16 per block
+ * to a whole word and 7 bytes of alignment per block, plus the slack. */
+static uint64_t plan_bound(const plan *p) {
+  return nwc__ceil_div(p->code_bits, 8) + p->g.nblocks * (NWC_LANES * 2 + 2 + 7) + NWC_DATA_SLACK;
+}
+
+/* The exact sizes without writing: sums code lengths per lane, fills hdr[] and bases[], sets
+ * p->data_bytes (for nwc_encode's size query). */
 static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
   const nwc__geom *g = &p->g;
   for (unsigned b = 0; b < 256; b++) p->len[b] = (uint8_t)p->codes[b].len;
@@ -176,18 +189,24 @@ static inline void put_lane_row(bitw *w, const code *codes, const uint16_t *w16,
   for (unsigned j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
 }
 
-static void write_streams(const plan *p, const uint64_t *bases, uint8_t *data) {
+/* Writes every block's lane streams one after the other, filling hdr[] and bases[]; returns
+ * data_bytes.  data must hold plan_bound(p) bytes. */
+static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
   const nwc__geom *g = &p->g;
   /* Locals, not p->...: the byte stores below may alias anything behind a pointer. */
   const uint64_t K = g->K, K16 = g->K16, M = g->M, cbs = g->col_blocks, nblocks = g->nblocks;
   const uint16_t *w16 = p->w16;
   const uint8_t *w8 = p->w8;
   const code *codes = p->codes;
+  uint64_t off = 0;
   for (uint64_t b = 0; b < nblocks; b++) {
     uint64_t rb = b / cbs, cb = b % cbs;
     uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < M ? r0 + NWC_BLOCK_ROWS : M;
-    bitw w = {data + bases[b], 0, 0};
+    uint8_t *blk = data + off;
+    bitw w = {blk, 0, 0};
+    bases[b] = off;
     for (unsigned l = 0; l < NWC_LANES; l++) {
+      uint64_t start = (uint64_t)(w.dst - blk) * 8 + w.n;
       uint64_t c0 = cb * NWC_BLOCK_COLS + (uint64_t)l * NWC_LANE_COLS;
       unsigned n = c0 >= K ? 0 : K - c0 < NWC_LANE_COLS ? (unsigned)(K - c0) : NWC_LANE_COLS;
       for (uint64_t r = r0; r < r1 && c0 < K16; r++) {
@@ -197,11 +216,16 @@ static void write_streams(const plan *p, const uint64_t *bases, uint8_t *data) {
           put_lane_row(&w, codes, NULL, w8 + r * K + c0, n);
       }
       bitw_pad(&w, NWC_UNIT_BITS);
+      hdr[b * NWC_LANES + l] = (uint8_t)(((uint64_t)(w.dst - blk) * 8 + w.n - start) / NWC_UNIT_BITS);
     }
     bitw_pad(&w, 32);
-    memset(w.dst, 0, (size_t)(data + bases[b + 1] - w.dst)); /* alignment padding */
+    uint64_t end = off + nwc__round_up((uint64_t)(w.dst - blk), NWC_DATA_ALIGN);
+    memset(w.dst, 0, (size_t)(data + end - w.dst)); /* alignment padding */
+    off = end;
   }
-  memset(data + bases[g->nblocks], 0, NWC_DATA_SLACK);
+  bases[nblocks] = off;
+  memset(data + off, 0, NWC_DATA_SLACK);
+  return off + NWC_DATA_SLACK;
 }
 
 static void write_raw(const plan *p, uint8_t *raw) {
@@ -225,7 +249,7 @@ static void write_raw(const plan *p, uint8_t *raw) {
 }
 
 static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
-                     uint8_t psym[16], uint64_t *bases, uint8_t *hdr) {
+                     uint8_t psym[16]) {
   NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");
   NWC_RETURN_IF(K == 0 || n == 0 || n % K != 0, -EINVAL,
                 "nwc_encode: %llu weights are not whole rows of %llu", (unsigned long long)n,
@@ -236,8 +260,7 @@ static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned el
     p->w16 = w;
   else
     p->w8 = w;
-  NWC_TRY(plan_symbols(p, freq, psym));
-  return plan_lengths(p, bases, hdr);
+  return plan_symbols(p, freq, psym);
 }
 
 int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
@@ -248,16 +271,19 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
   NWC_RETURN_IF(!psym || !bases || !hdr, -EINVAL, "nwc_encode: missing output array");
   plan *p = malloc(sizeof *p);
   if (!p) return -ENOMEM;
-  int64_t rc = plan_init(p, w, n, K, elem, freq, psym, bases, hdr);
-  if (rc == 0) rc = (int64_t)p->data_bytes;
-  if (rc > 0 && data) {
-    if (cap < p->data_bytes || !raw) {
+  int64_t rc = plan_init(p, w, n, K, elem, freq, psym);
+  /* The exact size costs a pass of its own: only for a size query or a tight buffer. */
+  if (rc == 0 && (!data || cap < plan_bound(p))) {
+    rc = plan_lengths(p, bases, hdr);
+    if (rc == 0 && data && (cap < p->data_bytes || !raw))
       rc = nwc__fail(-ENOSPC, "nwc_encode: needs %llu data bytes, got %llu",
                      (unsigned long long)p->data_bytes, (unsigned long long)cap);
-    } else {
-      write_streams(p, bases, data);
-      write_raw(p, raw);
-    }
+    if (rc == 0 && !data) rc = (int64_t)p->data_bytes;
+  }
+  if (rc == 0 && data) {
+    NWC_RETURN_IF(!raw, -EINVAL, "nwc_encode: no raw plane");
+    rc = (int64_t)write_streams(p, bases, hdr, data);
+    write_raw(p, raw);
   }
   free(p);
   return rc;
@@ -272,24 +298,23 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
   NWC_TRY(nwc_layout(rows, cols, elem, lay));
   uint64_t nb = lay[NWC_LAYOUT_BLOCKS], raw_bytes = lay[NWC_LAYOUT_RAW_BYTES];
   size_t meta = (size_t)((nb + 1) * 8 + nb * NWC_LANES);
-  uint8_t *head = malloc(nwc__round_up(meta, 8));
   plan *p = malloc(sizeof *p);
-  int rc = head && p ? 0 : -ENOMEM;
-  uint64_t *bases = (uint64_t *)head;
-  uint8_t *hdr = head + (nb + 1) * 8;
-  if (rc == 0) rc = plan_init(p, w, rows * cols, cols, elem, NULL, t->psym, bases, hdr);
+  int rc = p ? 0 : -ENOMEM;
+  if (rc == 0) rc = plan_init(p, w, rows * cols, cols, elem, NULL, t->psym);
   uint8_t *all = NULL;
   if (rc == 0) {
+    /* One allocation; the data area is the bound, about 1 % above what the streams take. */
     size_t scale_bytes = scale ? (size_t)rows * sizeof(float) : 0;
-    size_t meta8 = nwc__round_up(meta, 8), data8 = nwc__round_up(p->data_bytes, 8);
+    size_t meta8 = nwc__round_up(meta, 8), data8 = nwc__round_up(plan_bound(p), 8);
     all = malloc(meta8 + data8 + nwc__round_up(raw_bytes, 8) + scale_bytes);
     if (!all) rc = -ENOMEM;
     if (all) {
-      memcpy(all, head, meta);
       uint8_t *data = all + meta8, *raw = data + data8;
-      t->bases = (const uint64_t *)all;
-      t->hdr = all + (nb + 1) * 8;
-      write_streams(p, t->bases, data);
+      uint64_t *bases = (uint64_t *)all;
+      uint8_t *hdr = all + (nb + 1) * 8;
+      t->bases = bases;
+      t->hdr = hdr;
+      p->data_bytes = write_streams(p, bases, hdr, data);
       write_raw(p, raw);
       if (scale) {
         memcpy(raw + nwc__round_up(raw_bytes, 8), scale, scale_bytes);
@@ -306,7 +331,6 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
       t->owned = all;
     }
   }
-  free(head);
   free(p);
   return rc;
 }
