@@ -33,7 +33,8 @@
 
 typedef struct src_file {
   const char *label; /* path or name used in messages and recorded in the catalog */
-  nwc_st_file *f;
+  int fd;            /* tensor bytes are pread from it (never mapped: no SIGBUS if it shrinks) */
+  nwc_st_file *f;    /* its header (nwc_st_read_fd) */
   uint64_t size;
   int64_t mtime_ns;
   uint64_t header_xxh3;
@@ -117,29 +118,64 @@ static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off) {
   return 0;
 }
 
-/* A worker's blob buffer, reused from tensor to tensor (no page faults on every tensor). */
+/* A worker's buffer, reused from tensor to tensor (no page faults on every tensor). */
 typedef struct wbuf {
   uint8_t *p;
   uint64_t cap;
 } wbuf;
 
-/* Encodes job j into the worker's blob buffer *wb. */
-static int encode_job(imp *im, job *j, wbuf *wb) {
+static int wbuf_reserve(wbuf *b, uint64_t n, uint64_t align) {
+  if (n <= b->cap && b->p) return 0;
+  void *p = NULL;
+  free(b->p);
+  b->p = NULL, b->cap = 0;
+  if (posix_memalign(&p, align, n ? n : 1)) return -ENOMEM;
+  b->p = p, b->cap = n;
+  return 0;
+}
+
+/* Reads a tensor's bytes from its source file into dst. */
+static int read_tensor(const src_file *sf, const nwc_st_tensor *st, void *dst) {
+  int rc = nwc__pread_full(sf->fd, dst, st->end - st->begin, sf->f->data_offset + st->begin);
+  if (rc < 0)
+    return nwc__fail(rc == -EIO ? -EBADMSG : rc,
+                     "%s: tensor '%s': cannot read its %llu bytes (did the file shrink?)",
+                     sf->label, st->name, (unsigned long long)(st->end - st->begin));
+  return 0;
+}
+
+/* The per-row companion scale of an F8_E4M3 tensor as floats (malloc'ed into *out). */
+static int read_scale(const imp *im, const job *j, float **out) {
+  const nwc_st_tensor *c = j->scale;
+  uint8_t *raw = malloc(c->end - c->begin + 1);
+  float *v = malloc(c->numel * sizeof *v + 1);
+  int rc = raw && v ? read_tensor(&im->src[j->scale_source], c, raw) : -ENOMEM;
+  for (uint64_t r = 0; rc == 0 && r < c->numel; r++) v[r] = load_float(c->dtype, raw, r);
+  free(raw);
+  if (rc < 0) free(v), v = NULL;
+  *out = v;
+  return rc;
+}
+
+typedef struct wbufs {
+  wbuf blob, src, conv;
+} wbufs;
+
+/* Encodes job j into the worker's blob buffer. */
+static int encode_job(imp *im, job *j, wbufs *wb) {
   const src_file *sf = &im->src[j->source];
   const nwc_st_tensor *st = j->st;
-  const uint8_t *p = nwc_st_data(sf->f, st);
   uint64_t rows = j->pub.rows, cols = j->pub.cols, n = st->numel;
-  uint16_t *bf = NULL;
   uint8_t *q = NULL;
   float *scale = NULL;
-  const void *w = p;
+  NWC_TRY(wbuf_reserve(&wb->src, st->end - st->begin, 64));
+  NWC_TRY(read_tensor(sf, st, wb->src.p));
+  const void *w = wb->src.p;
   int rc = 0;
-  if (j->conv != CONV_NONE || (!strcmp(st->dtype, "BF16") && ((uintptr_t)p & 1))) {
-    bf = malloc(n * 2);
-    if (!bf) return -ENOMEM;
-    if (j->conv == CONV_NONE) memcpy(bf, p, n * 2);
-    else
-      for (uint64_t i = 0; i < n; i++) bf[i] = nwc_f32_to_bf16(load_float(st->dtype, p, i));
+  if (j->conv != CONV_NONE) {
+    NWC_TRY(wbuf_reserve(&wb->conv, n * 2, 64));
+    uint16_t *bf = (uint16_t *)wb->conv.p;
+    for (uint64_t i = 0; i < n; i++) bf[i] = nwc_f32_to_bf16(load_float(st->dtype, wb->src.p, i));
     w = bf;
   }
   if (j->quantize) {
@@ -148,33 +184,22 @@ static int encode_job(imp *im, job *j, wbuf *wb) {
     rc = q && scale ? nwc_quantize_fp8(w, rows, cols, q, scale) : -ENOMEM;
     w = q;
   } else if (j->fold) {
-    const src_file *cf = &im->src[j->scale_source];
-    const uint8_t *sp = nwc_st_data(cf->f, j->scale);
-    scale = malloc(rows * sizeof *scale);
-    if (!scale) rc = -ENOMEM;
-    for (uint64_t r = 0; rc == 0 && r < rows; r++) scale[r] = load_float(j->scale->dtype, sp, r);
+    rc = read_scale(im, j, &scale);
   }
   nwc_tensor t = {0};
   if (rc == 0) rc = nwc_tensor_encode(w, rows, cols, j->pub.elem, scale, &t);
-  free(bf);
   free(q);
   free(scale);
   if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
   nwc__pub_tensor *pt = &j->pub;
   nwc__blob_layout_of(&t, &pt->L);
   pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
-  if (pt->checksums && pt->L.length > wb->cap) {
-    void *b = NULL;
-    free(wb->p);
-    wb->p = NULL, wb->cap = 0;
-    if (posix_memalign(&b, NWC_STORE_ALIGN, pt->L.length) == 0) wb->p = b, wb->cap = pt->L.length;
-  }
-  if (!pt->checksums || !wb->p) {
+  if (!pt->checksums || wbuf_reserve(&wb->blob, pt->L.length, NWC_STORE_ALIGN) < 0) {
     nwc_tensor_release(&t);
     return -ENOMEM;
   }
-  nwc__blob_write(&t, im->cid, &pt->L, wb->p);
-  nwc__blob_checksums(wb->p, pt->L.length, pt->checksums);
+  nwc__blob_write(&t, im->cid, &pt->L, wb->blob.p);
+  nwc__blob_checksums(wb->blob.p, pt->L.length, pt->checksums);
   memcpy(pt->psym, t.psym, 16);
   pt->nblocks = t.nblocks;
   pt->data_bytes = t.data_bytes;
@@ -186,7 +211,7 @@ static int encode_job(imp *im, job *j, wbuf *wb) {
 
 static void *worker(void *arg) {
   imp *im = arg;
-  wbuf wb = {NULL, 0};
+  wbufs wb = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
   pthread_mutex_lock(&im->mu);
   while (!im->err && !im->cancel && im->next < im->njobs) {
     job *j = &im->jobs[im->order[im->next++]];
@@ -197,7 +222,7 @@ static void *worker(void *arg) {
       j->pub.offset = im->file_end;
       im->file_end += j->pub.length;
       pthread_mutex_unlock(&im->mu);
-      rc = pwrite_full(im->fd, wb.p, j->pub.length, j->pub.offset);
+      rc = pwrite_full(im->fd, wb.blob.p, j->pub.length, j->pub.offset);
       if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
       /* Start writeback now, so that the fsync before publishing has little left to do. */
       if (rc == 0)
@@ -215,7 +240,9 @@ static void *worker(void *arg) {
   im->running--;
   pthread_cond_broadcast(&im->cv);
   pthread_mutex_unlock(&im->mu);
-  free(wb.p);
+  free(wb.blob.p);
+  free(wb.src.p);
+  free(wb.conv.p);
   return NULL;
 }
 
@@ -346,11 +373,14 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
       const char *d = j->scale->dtype;
       int fl = !strcmp(d, "F32") || !strcmp(d, "F16") || !strcmp(d, "BF16");
       j->fold = fl && j->scale->numel == pt->rows;
-      const uint8_t *sp = nwc_st_data(im->src[j->scale_source].f, j->scale);
-      for (uint64_t r = 0; j->fold && r < pt->rows; r++) {
-        float v = load_float(d, sp, r);
-        if (!isfinite(v) || v <= 0) j->fold = 0;
+      float *v = NULL;
+      if (j->fold) {
+        rc = read_scale(im, j, &v);
+        if (rc < 0) return rc;
       }
+      for (uint64_t r = 0; j->fold && r < pt->rows; r++)
+        if (!isfinite(v[r]) || v[r] <= 0) j->fold = 0;
+      free(v);
       snprintf(j->conversion, sizeof j->conversion, "fp8 e4m3, %s",
                j->fold ? "per-row scale folded from the companion" : "companion scale kept apart");
     }
@@ -512,9 +542,10 @@ static int open_src(int fd, const char *label, src_file *sf) {
   struct stat st;
   if (fstat(fd, &st) < 0) return nwc__fail(-errno, "%s: fstat", label);
   NWC_RETURN_IF(!S_ISREG(st.st_mode), -EINVAL, "%s: not a regular file", label);
-  int rc = nwc_st_open_fd(fd, &sf->f);
+  int rc = nwc_st_read_fd(fd, &sf->f);
   if (rc < 0) return nwc__fail_prefix(rc, "%s", label);
   sf->label = label;
+  sf->fd = fd;
   sf->size = (uint64_t)st.st_size;
   sf->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
   sf->header_xxh3 = XXH3_64bits(sf->f->map + 8, sf->f->data_offset - 8);

@@ -28,6 +28,7 @@
 typedef struct owned_map {
   nwc_st_file f;
   int mapped;
+  uint8_t *head; /* nwc_st_read_fd: the header bytes, malloc'ed */
 } owned_map;
 
 static unsigned dtype_size(const char *d) {
@@ -183,12 +184,55 @@ int nwc_st_open_fd(int fd, nwc_st_file **out) {
   return 0;
 }
 
+static int pread_all(int fd, uint8_t *p, size_t n, off_t off) {
+  while (n) {
+    ssize_t r = pread(fd, p, n, off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return r < 0 ? -errno : -EIO;
+    p += r, n -= (size_t)r, off += r;
+  }
+  return 0;
+}
+
+int nwc_st_read_fd(int fd, nwc_st_file **out) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return nwc__fail(-errno, "safetensors: fstat failed");
+  owned_map *m = calloc(1, sizeof *m);
+  if (!m) return -ENOMEM;
+  uint64_t size = (uint64_t)st.st_size, hlen = 0, want = size < 8 ? size : 8;
+  int rc = 0;
+  if (size >= 8) {
+    uint8_t b8[8];
+    rc = pread_all(fd, b8, 8, 0);
+    memcpy(&hlen, b8, 8);
+    /* Read the header only when it can fit; otherwise parse() reports the bad length. */
+    if (rc == 0 && hlen <= MAX_HEADER && hlen <= size - 8) want = 8 + hlen;
+  }
+  m->head = rc ? NULL : malloc(want ? want : 1);
+  if (rc == 0 && !m->head) rc = -ENOMEM;
+  if (rc == 0 && want) rc = pread_all(fd, m->head, want, 0);
+  if (rc < 0) {
+    nwc_st_close(&m->f);
+    return nwc__fail(rc, "safetensors: cannot read the header");
+  }
+  m->f.map = m->head;
+  m->f.size = (size_t)size;
+  rc = parse(m); /* reads map[0, 8) and, only when the length fits, map[8, 8 + hlen) */
+  if (rc < 0) {
+    nwc_st_close(&m->f);
+    return rc;
+  }
+  *out = &m->f;
+  return 0;
+}
+
 void nwc_st_close(nwc_st_file *f) {
   if (!f) return;
   owned_map *m = (owned_map *)f;
   for (size_t i = 0; i < f->count; i++) free(f->tensors[i].name);
   free(f->tensors);
   if (m->mapped) munmap((void *)f->map, f->size);
+  free(m->head);
   free(m);
 }
 

@@ -36,6 +36,11 @@ typedef struct nwc_st_file {
 NWC_EXTERN int nwc_st_open(const char *path, nwc_st_file **out);
 /* The same for an open file descriptor (not closed; the mapping outlives it). */
 NWC_EXTERN int nwc_st_open_fd(int fd, nwc_st_file **out);
+/* Reads only the header of fd with pread (nothing is mapped, so a file truncated later cannot
+ * raise SIGBUS): map then holds the first data_offset bytes, size is the file's size, and
+ * nwc_st_data must not be used; read tensor bytes from fd at data_offset + begin.  Same checks
+ * and errors as nwc_st_open.  Free with nwc_st_close. */
+NWC_EXTERN int nwc_st_read_fd(int fd, nwc_st_file **out);
 /* Parses an in-memory file (not copied: buf must outlive the result). */
 NWC_EXTERN int nwc_st_parse(const uint8_t *buf, size_t size, nwc_st_file **out);
 NWC_EXTERN void nwc_st_close(nwc_st_file *f);

@@ -50,6 +50,14 @@ static void write_index(const char *path, const char *text) {
   CHECK(write_file(path, text, strlen(text)) == 0, "write index");
 }
 
+/* Truncates the file named by ctx on the first progress report (the workers are running). */
+static int truncate_on_progress(void *ctx, uint64_t done, uint64_t total) {
+  static int once;
+  (void)done, (void)total;
+  if (!once++) CHECK(truncate((const char *)ctx, 200) == 0, "truncate during import");
+  return 0;
+}
+
 int main(void) {
   test_seed("test_store_badinput");
   make_tmpdir(dir, sizeof dir, "store");
@@ -177,6 +185,28 @@ int main(void) {
     printf("%-34s %4d  %s\n", "model name taken", rc, nwc_error_detail());
     CHECK(count_containers(dir) == n, "taken: wrote a file");
     CHECK_RC(nwc_store_remove(s, "taken"));
+  }
+  /* A file that shrinks while it is imported: an error naming it, never SIGBUS. */
+  {
+    enum { NT = 16, R = 64, C = 2048 };
+    st_spec sp[NT];
+    char nm[NT][16];
+    uint16_t *big = calloc(R * C, 2);
+    for (int i = 0; i < R * C; i++) big[i] = (uint16_t)(0x3c00 + test_below(0x800));
+    for (int i = 0; i < NT; i++) {
+      snprintf(nm[i], sizeof nm[i], "t%d", i);
+      sp[i] = (st_spec){nm[i], "BF16", 2, {R, C}, big, R * C * 2};
+    }
+    snprintf(path, sizeof path, "%s/shrinks.safetensors", src);
+    CHECK_RC(st_write(path, sp, NT));
+    nwc_import_opts o = {.threads = 2, .progress = truncate_on_progress, .progress_ctx = path};
+    int rc = nwc_store_import(s, "m", path, &o);
+    CHECK(rc == 0 || (rc == -EBADMSG && strstr(nwc_error_detail(), "shrink")), "shrink: %d %s", rc,
+          nwc_error_detail());
+    printf("%-34s %4d  %s\n", "file shrinks during the import", rc, rc ? nwc_error_detail() : "(all read first)");
+    if (rc == 0) CHECK_RC(nwc_store_remove(s, "m"));
+    CHECK(count_containers(dir) == 0, "shrink: a file was left in containers/");
+    free(big);
   }
   /* Not a file at all. */
   snprintf(path, sizeof path, "%s/does-not-exist.safetensors", src);
