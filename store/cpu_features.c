@@ -1,7 +1,8 @@
 /*
  * cpu_features.c - which CPU implementation the decoders use: the best the processor supports
- * (x86-64: SSSE3 for pshufb, AVX2 with FMA and BMI2 for the 256-bit paths), lowered by the
- * environment variable NWC_CPU = portable | ssse3 | avx2.  The variable is read on every call so
+ * (x86-64: SSSE3 for pshufb, AVX2 with FMA and BMI2 for the 256-bit paths, AVX-512 F for
+ * the matvec multiply), lowered by the environment variable NWC_CPU = portable | ssse3 | avx2 |
+ * avx512.  The variable is read on every call so
  * that tests can run every path in one process; the hardware probe is cached.
  */
 #include "internal.h"
@@ -20,6 +21,8 @@ static int hw_level(void) {
     if (v == NWC__CPU_SSSE3 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2"))
       v = NWC__CPU_AVX2;
+    if (v == NWC__CPU_AVX2 && __builtin_cpu_supports("avx512f"))
+      v = NWC__CPU_AVX512;
     __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
   }
   return v;
@@ -35,6 +38,7 @@ int nwc__cpu_level(void) {
     if (!strcmp(env, "portable")) want = NWC__CPU_PORTABLE;
     else if (!strcmp(env, "ssse3")) want = NWC__CPU_SSSE3;
     else if (!strcmp(env, "avx2")) want = NWC__CPU_AVX2;
+    else if (!strcmp(env, "avx512")) want = NWC__CPU_AVX512;
   }
   return want < hw ? want : hw;
 }
@@ -43,6 +47,7 @@ const char *nwc__cpu_level_name(int level) {
   switch (level) {
   case NWC__CPU_SSSE3: return "ssse3";
   case NWC__CPU_AVX2: return "avx2";
+  case NWC__CPU_AVX512: return "avx512";
   default: return "portable";
   }
 }

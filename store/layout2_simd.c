@@ -140,40 +140,148 @@ fma_row(const uint16_t *w, unsigned n, const float *x, size_t ldx, const unsigne
   }
 }
 
-#define FMA_NC(NC, A)                                                                           \
-  for (unsigned i = 0; i < nrows; i++) fma_row(w + i * wstride, n, x, ldx, NC, A, part + i * 64); \
-  break
+/* Two rows of w against NC <= 4 columns: each x load serves both rows (2 NC A accumulators). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+fma_row2(const uint16_t *w, size_t wstride, unsigned n, const float *x, size_t ldx,
+         const unsigned NC, const unsigned A, float *part) {
+  __m256 acc0[8], acc1[8];
+  for (unsigned a = 0; a < NC * A; a++) acc0[a] = acc1[a] = _mm256_setzero_ps();
+  for (unsigned k = 0; k < n; k += 8 * A)
+    for (unsigned a = 0; a < A; a++) {
+      __m128i h0 = _mm_loadu_si128((const __m128i *)(w + k + 8 * a));
+      __m128i h1 = _mm_loadu_si128((const __m128i *)(w + wstride + k + 8 * a));
+      __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+      __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+      for (unsigned c = 0; c < NC; c++) {
+        __m256 xv = _mm256_loadu_ps(x + c * ldx + k + 8 * a);
+        acc0[a * NC + c] = _mm256_fmadd_ps(w0, xv, acc0[a * NC + c]);
+        acc1[a * NC + c] = _mm256_fmadd_ps(w1, xv, acc1[a * NC + c]);
+      }
+    }
+  for (unsigned c = 0; c < NC; c++) {
+    __m256 s0 = acc0[c], s1 = acc1[c];
+    for (unsigned a = 1; a < A; a++) {
+      s0 = _mm256_add_ps(s0, acc0[a * NC + c]);
+      s1 = _mm256_add_ps(s1, acc1[a * NC + c]);
+    }
+    float *p0 = part + c * 8, *p1 = part + 64 + c * 8;
+    _mm256_storeu_ps(p0, _mm256_add_ps(_mm256_loadu_ps(p0), s0));
+    _mm256_storeu_ps(p1, _mm256_add_ps(_mm256_loadu_ps(p1), s1));
+  }
+}
+
+/* Rows in pairs (the last one alone), columns in passes of at most 4; A sets as n allows. */
+#define FMA_PASS(NC, A2, A1, c0)                                                                \
+  do {                                                                                          \
+    unsigned i = 0;                                                                             \
+    for (; i + 1 < nrows; i += 2)                                                               \
+      fma_row2(w + i * wstride, wstride, n, x + (c0) * ldx, ldx, NC, A2, part + i * 64 + (c0) * 8); \
+    if (i < nrows) fma_row(w + i * wstride, n, x + (c0) * ldx, ldx, NC, A1, part + i * 64 + (c0) * 8); \
+  } while (0)
 
 __attribute__((target("avx2,fma"))) static void fma_avx2(const uint16_t *w, size_t wstride,
                                                           unsigned nrows, unsigned n,
                                                           const float *x, size_t ldx,
                                                           unsigned ncols, float *part) {
-  if (n % 32) { /* a layout-0 row of an odd number of lanes: two sets at most */
+  if (n % 32) { /* a layout-0 row of an odd number of lanes: n / 8 is even */
     switch (ncols) {
-    case 1: FMA_NC(1, 2);
-    case 2: FMA_NC(2, 2);
-    case 3: FMA_NC(3, 2);
-    case 4: FMA_NC(4, 2);
-    case 5: FMA_NC(5, 1);
-    case 6: FMA_NC(6, 1);
-    case 7: FMA_NC(7, 1);
-    default: FMA_NC(8, 1);
+    case 1: FMA_PASS(1, 2, 2, 0); break;
+    case 2: FMA_PASS(2, 2, 2, 0); break;
+    case 3: FMA_PASS(3, 1, 2, 0); break;
+    case 4: FMA_PASS(4, 1, 2, 0); break;
+    default:
+      FMA_PASS(4, 1, 2, 0);
+      switch (ncols) {
+      case 5: FMA_PASS(1, 2, 2, 4); break;
+      case 6: FMA_PASS(2, 2, 2, 4); break;
+      case 7: FMA_PASS(3, 1, 2, 4); break;
+      default: FMA_PASS(4, 1, 2, 4);
+      }
     }
     return;
   }
   switch (ncols) {
-  case 1: FMA_NC(1, 4);
-  case 2: FMA_NC(2, 4);
-  case 3: FMA_NC(3, 2);
-  case 4: FMA_NC(4, 2);
-  case 5: FMA_NC(5, 1);
-  case 6: FMA_NC(6, 1);
-  case 7: FMA_NC(7, 1);
-  default: FMA_NC(8, 1);
+  case 1: FMA_PASS(1, 4, 4, 0); break;
+  case 2: FMA_PASS(2, 2, 4, 0); break;
+  case 3: FMA_PASS(3, 1, 2, 0); break;
+  case 4: FMA_PASS(4, 1, 2, 0); break;
+  default:
+    FMA_PASS(4, 1, 2, 0);
+    switch (ncols) {
+    case 5: FMA_PASS(1, 4, 4, 4); break;
+    case 6: FMA_PASS(2, 2, 4, 4); break;
+    case 7: FMA_PASS(3, 1, 2, 4); break;
+    default: FMA_PASS(4, 1, 2, 4);
+    }
   }
 }
 
-nwc__fma_fn nwc__fma_simd(int level) { return level >= NWC__CPU_AVX2 ? fma_avx2 : NULL; }
+/* AVX-512: R (1 or 2) rows of w against NC <= 8 columns, 16 weights per FMA; R NC A <= 16
+ * accumulators in the 32 zmm registers, n a multiple of 16 A. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+fma512_rows(const uint16_t *w, size_t wstride, unsigned n, const float *x, size_t ldx,
+            const unsigned R, const unsigned NC, const unsigned A, float *part) {
+  __m512 acc[2][16];
+  for (unsigned r = 0; r < R; r++)
+    for (unsigned a = 0; a < NC * A; a++) acc[r][a] = _mm512_setzero_ps();
+  for (unsigned k = 0; k < n; k += 16 * A)
+    for (unsigned a = 0; a < A; a++) {
+      __m512 wv[2];
+      for (unsigned r = 0; r < R; r++) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(w + r * wstride + k + 16 * a));
+        wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+      for (unsigned c = 0; c < NC; c++) {
+        __m512 xv = _mm512_loadu_ps(x + c * ldx + k + 16 * a);
+        for (unsigned r = 0; r < R; r++)
+          acc[r][a * NC + c] = _mm512_fmadd_ps(wv[r], xv, acc[r][a * NC + c]);
+      }
+    }
+  for (unsigned r = 0; r < R; r++)
+    for (unsigned c = 0; c < NC; c++) {
+      __m512 sum = acc[r][c];
+      for (unsigned a = 1; a < A; a++) sum = _mm512_add_ps(sum, acc[r][a * NC + c]);
+      /* fold 16 lanes to the 8 partial sums of the interface: lane e + lane e + 8 */
+      __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
+      float *p = part + r * 64 + c * 8;
+      _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), s8));
+    }
+}
+
+#define FMA512(NC, A)                                                                           \
+  do {                                                                                          \
+    unsigned i = 0;                                                                             \
+    for (; i + 1 < nrows; i += 2) fma512_rows(w + i * wstride, wstride, n, x, ldx, 2, NC, A, part + i * 64); \
+    if (i < nrows) fma512_rows(w + i * wstride, wstride, n, x, ldx, 1, NC, A, part + i * 64);   \
+  } while (0)
+
+__attribute__((target("avx512f"))) static void fma_avx512(const uint16_t *w,
+                                                                    size_t wstride, unsigned nrows,
+                                                                    unsigned n, const float *x,
+                                                                    size_t ldx, unsigned ncols,
+                                                                    float *part) {
+  int wide = n % 64 == 0; /* room for interleaved sets (tiles); layout-0 rows: n % 16 only */
+  switch (ncols) {
+  case 1:
+    if (wide) FMA512(1, 4);
+    else FMA512(1, 1);
+    break;
+  case 2:
+    if (wide) FMA512(2, 4);
+    else FMA512(2, 1);
+    break;
+  case 3: FMA512(3, 1); break;
+  case 4: FMA512(4, 1); break;
+  case 5: FMA512(5, 1); break;
+  case 6: FMA512(6, 1); break;
+  case 7: FMA512(7, 1); break;
+  default: FMA512(8, 1);
+  }
+}
+
+nwc__fma_fn nwc__fma_simd(int level) {
+  return level >= NWC__CPU_AVX512 ? fma_avx512 : level >= NWC__CPU_AVX2 ? fma_avx2 : NULL;
+}
 
 #else /* no x86-64 SIMD */
 

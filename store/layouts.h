@@ -117,9 +117,10 @@ int nwc__pcdec_16(nwc__pcdec *pc, unsigned l, uint8_t h[16]);
 
 /* ---- CPU features (store/cpu_features.c) --------------------------------------------------- */
 
-enum { NWC__CPU_PORTABLE = 0, NWC__CPU_SSSE3 = 1, NWC__CPU_AVX2 = 2 };
-/* The implementation level to use now: the best the CPU supports (AVX2 needs AVX2, FMA, BMI2),
- * lowered by the environment variable NWC_CPU=portable|ssse3|avx2 (read on every call). */
+enum { NWC__CPU_PORTABLE = 0, NWC__CPU_SSSE3 = 1, NWC__CPU_AVX2 = 2, NWC__CPU_AVX512 = 3 };
+/* The implementation level to use now: the best the CPU supports (AVX2 needs AVX2, FMA, BMI2;
+ * AVX512 that and AVX-512 F, used for the matvec multiply only), lowered by the environment
+ * variable NWC_CPU=portable|ssse3|avx2|avx512 (read on every call). */
 int nwc__cpu_level(void);
 const char *nwc__cpu_level_name(int level);
 
@@ -152,7 +153,7 @@ typedef void (*nwc__fma_fn)(const uint16_t *w, size_t wstride, unsigned nrows, u
                             const float *x, size_t ldx, unsigned ncols, float *part);
 void nwc__fma_portable(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
                        const float *x, size_t ldx, unsigned ncols, float *part);
-/* The AVX2+FMA kernel, or NULL below that level (layout2_simd.c). */
+/* The AVX-512 or AVX2+FMA kernel, or NULL below AVX2 (layout2_simd.c). */
 nwc__fma_fn nwc__fma_simd(int level);
 
 /* ---- decoders of layouts 1 and 2 (store/layout1.c, store/lx_decode.c) ------------------- */
@@ -175,6 +176,7 @@ typedef struct nwc__lxdec {
   unsigned nlanes;       /* lanes holding a row below M: 32, or 4 * rows in a short group */
   const uint8_t *exc[NWC_LANES]; /* layout 2: next exception entry of each lane */
   unsigned exc_left[NWC_LANES];
+  uint32_t exc_lanes;    /* lanes with entries left */
 } nwc__lxdec;
 int nwc__lxdec_init(nwc__lxdec *d, const nwc_tensor *t);
 void nwc__lxdec_fini(nwc__lxdec *d);

@@ -59,6 +59,7 @@ int nwc__lxdec_begin(nwc__lxdec *d, uint64_t b, uint32_t lanes) {
   if (d->nlanes < NWC_LANES) d->lanes &= (UINT32_C(1) << d->nlanes) - 1;
   if (d->lg.layout == 1) return nwc__pcdec_l1_begin(d->pc, b);
   uint64_t base = t->bases[b], end = t->bases[b + 1], n = 0;
+  d->exc_lanes = 0;
   NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
                 "block %llu: offsets %llu..%llu outside %llu data bytes or misaligned",
                 (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
@@ -67,6 +68,7 @@ int nwc__lxdec_begin(nwc__lxdec *d, uint64_t b, uint32_t lanes) {
     d->exc[L] = t->data + base + n * d->lg.exc_bytes;
     d->exc_left[L] = t->hdr[b * NWC_LANES + L];
     n += d->exc_left[L];
+    if (d->exc_left[L]) d->exc_lanes |= UINT32_C(1) << L;
   }
   NWC_RETURN_IF(n * d->lg.exc_bytes > end - base, -EBADMSG,
                 "block %llu: %llu exception entries overrun the block's %llu bytes",
@@ -89,6 +91,7 @@ static int apply_exceptions(nwc__lxdec *d, unsigned L, unsigned sc, uint16_t *ds
     d->exc[L] += d->lg.exc_bytes;
     d->exc_left[L]--;
   }
+  d->exc_lanes &= ~(UINT32_C(1) << L);
   return 0;
 }
 
@@ -97,8 +100,8 @@ int nwc__lxdec_tile(nwc__lxdec *d, unsigned sc, uint16_t *dst, size_t stride) {
   if (d->lg.layout == 1)
     return nwc__l1_tile(d->pc, &d->lg, d->t->raw, d->gr * d->lg.slots + slot, d->lanes, dst, stride);
   d->tile2(&d->lg, d->t->raw, d->t->psym, d->gr, slot, d->nlanes, dst, stride);
-  for (unsigned L = 0; L < NWC_LANES; L++)
-    if (d->exc_left[L]) NWC_TRY(apply_exceptions(d, L, sc, dst, stride));
+  for (uint32_t m = d->exc_lanes; m; m &= m - 1)
+    NWC_TRY(apply_exceptions(d, (unsigned)__builtin_ctz(m), sc, dst, stride));
   return 0;
 }
 

@@ -5,8 +5,8 @@
  * The weights are decoded once: layout 0 lane row by lane row through the layout-0 decoder's
  * hooks (decode.c), layouts 1 and 2 tile by tile (lx_decode.c).  Each decoded piece is multiplied
  * with all columns while it is in registers or L1 (nwc__fma_fn: 8 partial sums per row and
- * column in fp32).  At the end of a block the partial sums are added in a fixed order into fp64
- * row accumulators; scale, bias and the BF16 rounding are applied at the end of the row block.
+ * column in fp32).  Every 4 column blocks (and at the end of a row) the partial sums are added
+ * in a fixed order into fp64 row accumulators; scale, bias and the BF16 rounding are applied at the end of the row block.
  *
  * X is copied once into a zero-padded buffer of K rounded up to 512 per column, so the kernels
  * read whole super-chunks and lane rows without bounds checks and X needs only K valid floats per
@@ -61,8 +61,15 @@ static void flush_part(batch *B, unsigned nrows) {
       float *p = B->part + (i * 8 + c) * 8;
       float s = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
       B->acc[i][c] += s;
+      memset(p, 0, 8 * sizeof *p);
     }
-  memset(B->part, 0, sizeof B->part);
+}
+
+/* The fp32 partial sums cover at most FLUSH_BLOCKS column blocks (2048 columns: 256 products per
+ * partial lane) before they go into the fp64 row accumulators. */
+#define FLUSH_BLOCKS 4
+static inline int flush_now(uint64_t cb, uint64_t col_blocks) {
+  return cb % FLUSH_BLOCKS == FLUSH_BLOCKS - 1 || cb + 1 == col_blocks;
 }
 
 static void store_rows(const batch *B, uint64_t r0, unsigned nrows, const float *bias, float *Y,
@@ -101,7 +108,7 @@ static int batch_l0(batch *B, const float *bias, float *Y, size_t ldy, uint16_t 
         if (rc == 0)
           B->fma(row, 0, 1, 16 * active, B->xp + c_base, B->Kp, B->ncols, B->part + i * 64);
       }
-      flush_part(B, nrows);
+      if (flush_now(cb, g.col_blocks)) flush_part(B, nrows);
     }
     if (rc == 0) store_rows(B, rb * NWC_BLOCK_ROWS, nrows, bias, Y, ldy, Y_bf16);
   }
@@ -133,7 +140,7 @@ static int batch_lx(batch *B, const float *bias, float *Y, size_t ldy, uint16_t 
         for (unsigned i = 0; i < nrows; i++)
           memset(blk + i * NWC_BLOCK_COLS + (g->K - c_base), 0, (c_base + n - g->K) * 2);
       B->fma(blk, NWC_BLOCK_COLS, nrows, n, B->xp + c_base, B->Kp, B->ncols, B->part);
-      flush_part(B, nrows);
+      if (flush_now(cb, g->col_blocks)) flush_part(B, nrows);
     }
     if (rc == 0) store_rows(B, gr * NWC__LX_BLOCK_ROWS, nrows, bias, Y, ldy, Y_bf16);
   }

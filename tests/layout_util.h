@@ -2,7 +2,7 @@
  * layout_util.h - what the layout-1/2 tests (test_layout_*.c) share on top of codec_util.h: the
  * expected dequant output of a layout-1/2 tensor, the encode-API check for layout 2, the batched
  * matvec check against an fp64 reference, and the loop over the CPU implementation levels
- * (NWC_CPU=portable|ssse3|avx2, as far as the machine has them).
+ * (NWC_CPU=portable|ssse3|avx2|avx512, as far as the machine has them).
  */
 #ifndef NWC_LAYOUT_UTIL_H
 #define NWC_LAYOUT_UTIL_H
@@ -10,7 +10,7 @@
 #include "codec_util.h"
 #include "internal.h" /* nwc__cpu_level: which levels this machine can run */
 
-static const char *const lu_level_env[3] = {"portable", "ssse3", "avx2"};
+static const char *const lu_level_env[4] = {"portable", "ssse3", "avx2", "avx512"};
 
 /* The levels this machine supports (0 .. n - 1). */
 static inline int lu_levels(void) {
