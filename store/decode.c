@@ -101,7 +101,9 @@ static int64_t slow_pairs(const decoder *d, int64_t pos, uint32_t *e, unsigned n
       pos += t & 0xffu;
       continue;
     }
-    if (t & 0xffu) /* the entry holds a complete first code */
+    /* the entry holds a complete first code; fp8 ranks >= 10 (length 12) go to slow_code, which
+     * rejects them like any other invalid code */
+    if ((t & 0xffu) && (d->g.type == NWC_ELEM_BF16 || (t & 0xffu) <= NWC_FP8_SYMBOLS + 1))
       pos += t & 0xffu;
     else
       pos = slow_code(d, (uint32_t)pos, &b0);
