@@ -51,6 +51,13 @@ static const char *const migrations[NWC_STORE_SCHEMA_VERSION] = {
     /* 1 -> 2: when a model last verified clean; tensors by container (verify walks them). */
     "ALTER TABLE models ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;"
     "CREATE INDEX tensors_by_container ON tensors(container_id, offset);",
+    /* 2 -> 3: the bias of each NAMEweight tensor (NAMEbias, 1 x rows), filled in for old rows. */
+    "ALTER TABLE tensors ADD COLUMN bias_tensor TEXT;"
+    "UPDATE tensors SET bias_tensor = (SELECT b.name FROM tensors b"
+    " WHERE b.model_id = tensors.model_id"
+    " AND b.name = substr(tensors.name, 1, length(tensors.name) - 6) || 'bias'"
+    " AND b.rows = 1 AND b.cols = tensors.rows)"
+    " WHERE tensors.name GLOB '*weight';",
 };
 
 int nwc__sql_fail(sqlite3 *db, const char *what) {
@@ -276,6 +283,8 @@ static int publish_tensor(sqlite3 *db, sqlite3_stmt *st, int64_t model_id, size_
                   t->L.off_hdr, t->L.off_data, t->L.off_raw, t->L.off_scale};
   for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
     sqlite3_bind_int64(st, k++, (sqlite3_int64)w[i]);
+  if (t->bias_tensor) sqlite3_bind_text(st, k++, t->bias_tensor, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(st, k++);
   int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : nwc__sql_fail(db, t->name);
   free(shape);
   return rc;
@@ -335,8 +344,9 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
                       " conversion, scale_tensor, elem, layout, rows, cols, source_bytes,"
                       " raw_bytes, nwc_bytes, container_id, offset, length, chunk_size,"
                       " checksums, format_version, psym, tab_bits, nblocks, data_bytes,"
-                      " raw_plane_bytes, off_bases, off_hdr, off_data, off_raw, off_scale)"
-                      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      " raw_plane_bytes, off_bases, off_hdr, off_data, off_raw, off_scale,"
+                      " bias_tensor)"
+                      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                   &st));
   for (size_t i = 0; rc == 0 && i < m->ntensors; i++)
     rc = publish_tensor(db, st, model_id, i, m->container, &m->tensors[i]);
@@ -433,6 +443,7 @@ void nwc_tensor_info_free(nwc_tensor_info *t, size_t n) {
     free(t[i].name);
     free(t[i].conversion);
     free(t[i].scale_tensor);
+    free(t[i].bias_tensor);
     free(t[i].path);
     free(t[i].checksums);
   }
@@ -444,7 +455,7 @@ void nwc_tensor_info_free(nwc_tensor_info *t, size_t n) {
   "t.id, m.name, t.name, t.shape, t.source_dtype, t.conversion, t.scale_tensor, t.source_idx, "  \
   "t.elem, t.rows, t.cols, t.source_bytes, t.raw_bytes, t.container_id, t.offset, t.length, "    \
   "t.chunk_size, t.checksums, t.format_version, t.psym, t.tab_bits, t.nblocks, t.data_bytes, "   \
-  "t.raw_plane_bytes, t.off_bases, t.off_hdr, t.off_data, t.off_raw, t.off_scale"
+  "t.raw_plane_bytes, t.off_bases, t.off_hdr, t.off_data, t.off_raw, t.off_scale, t.bias_tensor"
 
 static int fill_tensor(nwc_store *s, sqlite3_stmt *st, nwc_tensor_info *t) {
   memset(t, 0, sizeof *t);
@@ -476,6 +487,7 @@ static int fill_tensor(nwc_store *s, sqlite3_stmt *st, nwc_tensor_info *t) {
   uint64_t *w[] = {&t->nblocks, &t->data_bytes, &t->raw_plane_bytes, &t->off_bases, &t->off_hdr,
                    &t->off_data, &t->off_raw, &t->off_scale};
   for (int i = 0; i < 8; i++) *w[i] = (uint64_t)sqlite3_column_int64(st, 21 + i);
+  t->bias_tensor = col_strdup(st, 29);
   char name[32];
   nwc__container_name(t->container, 0, name);
   size_t plen = strlen(s->dir) + strlen(name) + 16;

@@ -442,6 +442,25 @@ static int plan(imp *im, const nwc_st_index *x, const char *index_label) {
     rc = plan_tensor(im, &im->jobs[i], names, n);
     im->total += im->jobs[i].st->end - im->jobs[i].st->begin;
   }
+  /* Bias links: PREFIXweight -> PREFIXbias when that is 1 x rows (the rule of migration 2->3). */
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    job *j = &im->jobs[i];
+    size_t len = strlen(j->st->name);
+    if (len < 6 || strcmp(j->st->name + len - 6, "weight")) continue;
+    char *bn = malloc(len + 1);
+    if (!bn) {
+      rc = -ENOMEM;
+      break;
+    }
+    memcpy(bn, j->st->name, len - 6);
+    strcpy(bn + len - 6, "bias");
+    const name_ref *r = find_name(names, n, bn);
+    free(bn);
+    if (!r) continue;
+    const nwc_st_tensor *b = &im->src[r->src].f->tensors[r->idx];
+    uint64_t brows = b->ndim >= 2 ? b->shape[0] : 1;
+    if (brows == 1 && b->numel == j->pub.rows) j->pub.bias_tensor = b->name;
+  }
   free(names);
   return rc;
 }

@@ -37,7 +37,7 @@ extern "C" {
 
 #define NWC_STORE_ALIGN 4096u          /* blob offset and length alignment (O_DIRECT) */
 #define NWC_STORE_CHUNK (1u << 20)     /* checksum chunk size */
-#define NWC_STORE_SCHEMA_VERSION 2     /* catalog schema this build writes */
+#define NWC_STORE_SCHEMA_VERSION 3     /* catalog schema this build writes */
 #define NWC_CONTAINER_VERSION 1        /* container file format this build writes */
 #define NWC_MODEL_NAME_MAX 128
 
@@ -134,6 +134,8 @@ typedef struct nwc_tensor_info {
   char dtype[12];                /* source dtype: BF16, F16, F32, F8_E4M3 */
   char *conversion;              /* what was done, e.g. "none", "f32->bf16 rne", "bf16->fp8 row" */
   char *scale_tensor;            /* F8_E4M3 source: companion scale tensor's name, or NULL */
+  char *bias_tensor;             /* "P.bias" for a tensor "P.weight" (any P, "weight" at the end)
+                                    when that is 1 x rows; NULL otherwise */
   unsigned source;               /* index of the source file (shard) in the model */
   unsigned elem;                 /* NWC_ELEM(type, layout) */
   uint64_t rows, cols;           /* as encoded: 1-D is 1 x N, more dims (d0, rest) */

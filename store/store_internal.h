@@ -94,7 +94,7 @@ typedef struct nwc__pub_tensor {
   const char *name;
   unsigned ndim;
   uint64_t shape[8];
-  const char *dtype, *conversion, *scale_tensor;
+  const char *dtype, *conversion, *scale_tensor, *bias_tensor;
   unsigned source;
   unsigned elem;
   uint64_t rows, cols, source_bytes, raw_bytes;

@@ -52,6 +52,17 @@ static void downgrade(const char *dir, int v) {
   unlink(old);
 }
 
+static void check_bias(nwc_store *s, const char *model) {
+  nwc_tensor_info *a = NULL, *c = NULL;
+  CHECK_RC(nwc_store_tensor(s, model, "a.weight", &a));
+  CHECK_RC(nwc_store_tensor(s, model, "c.weight", &c));
+  CHECK(a && a->bias_tensor && !strcmp(a->bias_tensor, "a.bias"), "a.weight bias: %s",
+        a && a->bias_tensor ? a->bias_tensor : "(none)");
+  CHECK(c && !c->bias_tensor, "c.weight has a bias of the wrong length linked");
+  nwc_tensor_info_free(a, 1);
+  nwc_tensor_info_free(c, 1);
+}
+
 int main(void) {
   test_seed("test_store_migrate");
   char src[512], path[700];
@@ -59,9 +70,11 @@ int main(void) {
   uint16_t w[64 * 600];
   for (size_t i = 0; i < sizeof w / 2; i++) w[i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5));
   st_spec spec[] = {{"a.weight", "BF16", 2, {64, 600}, w, sizeof w},
-                    {"b", "BF16", 1, {600}, w, 1200}};
+                    {"a.bias", "BF16", 1, {64}, w, 128},
+                    {"c.weight", "BF16", 2, {8, 600}, w, 8 * 1200},
+                    {"c.bias", "BF16", 1, {9}, w, 18}}; /* wrong length: no link */
   snprintf(path, sizeof path, "%s/m.safetensors", src);
-  CHECK_RC(st_write(path, spec, 2));
+  CHECK_RC(st_write(path, spec, 4));
 
   for (int v = 1; v < NWC_STORE_SCHEMA_VERSION; v++) {
     char dir[512];
@@ -69,6 +82,7 @@ int main(void) {
     nwc_store *s;
     CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s));
     CHECK_RC(nwc_store_import(s, "m", path, NULL));
+    check_bias(s, "m");
     nwc_store_close(s);
     downgrade(dir, v);
     CHECK(nwc_store_open(dir, NWC_STORE_RDONLY, &s) == -EROFS, "read-only open of version %d", v);
@@ -78,12 +92,14 @@ int main(void) {
           nwc_store_schema_version(s));
     nwc_model_info *mi = NULL;
     CHECK_RC(nwc_store_model(s, "m", &mi));
-    CHECK(mi && mi->tensors == 2 && mi->verified == 0, "model after migration");
+    CHECK(mi && mi->tensors == 4 && mi->verified == 0, "model after migration");
+    check_bias(s, "m"); /* migration 2 -> 3 fills in what import sets */
     nwc_model_info_free(mi, 1);
     CHECK(check_store_consistent(s, dir) == 1, "one model");
     /* A migrated store takes new imports. */
     CHECK_RC(nwc_store_import(s, "m2", path, NULL));
     CHECK(check_store_consistent(s, dir) == 2, "two models");
+    check_bias(s, "m2");
     nwc_store_close(s);
     printf("schema %d -> %d: ok\n", v, NWC_STORE_SCHEMA_VERSION);
     rm_rf(dir);
