@@ -11,6 +11,8 @@
  *    does (the format: every code valid -- fp8 ranks <= 9, at most 15 leading zeros -- and no lane
  *    using more than 16 hdr bits), with the same weights; nwc_gather of each row likewise, where
  *    only the rows up to the requested one count.
+ * 3. Hand-built fp8 streams around the rank limit (rank 9 valid, rank 10 an error wherever it
+ *    sits in the table window).
  */
 #include "codec_util.h"
 
@@ -339,8 +341,54 @@ static void decoder_matches(int trials) {
   }
 }
 
+/*
+ * A 1 x 16 fp8 tensor whose single lane stream is `code` followed by fillers up to 16 codes (the
+ * caller says how many codes `code` holds).  Returns what nwc_dequant says; *first gets weight 0.
+ */
+static int hand_fp8(const char *code, unsigned ncodes, uint16_t *first) {
+  static const uint8_t psym[16] = {60, 61, 62, 63, 64, 65, 66, 67, 0, 59};
+  bitvec v = {0};
+  for (const char *c = code; *c; c++) put_bits(&v, (uint32_t)(*c - '0'), 1);
+  for (unsigned k = ncodes; k < 16; k++) put_bits(&v, 2, 2);
+  while (v.n % 16) put_bits(&v, 0, 1);
+  uint8_t hdr[32] = {0}, data[64] = {0}, raw[8] = {0};
+  hdr[0] = (uint8_t)(v.n / 16);
+  uint64_t bases[2] = {0, (4 * ((hdr[0] + 1u) / 2) + 7) / 8 * 8};
+  for (size_t k = 0; k < v.n; k++)
+    data[4 * (k / 32) + (31 - k % 32) / 8] |= (uint8_t)(v.b[k] << ((31 - k % 32) % 8));
+  free(v.b);
+  nwc_tensor t = {0};
+  t.elem = NWC_ELEM(NWC_ELEM_FP8, 0), t.rows = 1, t.cols = 16, t.nblocks = 1;
+  memcpy(t.psym, psym, 16);
+  t.bases = bases, t.hdr = hdr, t.data = data, t.data_bytes = bases[1] + 16, t.raw = raw;
+  t.raw_bytes = 8;
+  CHECK(nwc_tensor_validate(&t) == 0, "hand-built fp8 stream %s: validate: %s", code, nwc_error_detail());
+  uint16_t out[16] = {0};
+  int rc = nwc_dequant(&t, out);
+  uint64_t row = 0;
+  uint16_t g[16];
+  float x[16] = {1}, y;
+  CHECK(nwc_gather(&t, &row, 1, g) == rc && nwc_matvec(&t, x, NULL, &y, NULL) == rc,
+        "hand-built fp8 stream %s: gather or matvec disagree with dequant (%d)", code, rc);
+  *first = out[0];
+  return rc;
+}
+
+/* fp8 ranks 9 and 10 at the start of a table window and one code later (docs/format.md 4: a rank
+ * >= 10 in an fp8 stream is -EBADMSG, wherever it sits). */
+static void fp8_rank_limit(void) {
+  uint16_t w = 0;
+  CHECK(hand_fp8("00000000010", 1, &w) == 0 && w == 59u << 8, "fp8 rank 9 first: weight 0x%04x", w);
+  CHECK(hand_fp8("1000000000010", 2, &w) == 0, "fp8 rank 9 second fails");
+  CHECK(hand_fp8("000000000010", 1, &w) == -EBADMSG, "fp8 rank 10 at a window start accepted");
+  CHECK(hand_fp8("10000000000010", 2, &w) == -EBADMSG, "fp8 rank 10 after a filler accepted");
+  CHECK(hand_fp8("0000000000010", 1, &w) == -EBADMSG, "fp8 rank 11 accepted");
+  CHECK(hand_fp8("00000000000000000", 1, &w) == -EBADMSG, "fp8 16 zeros accepted");
+}
+
 int main(void) {
   test_seed("test_codec_reference");
+  fp8_rank_limit();
   encoder_matches(80);
   decoder_matches(600);
   printf("mutated streams: %llu decodable, %llu rejected (by the reference)\n",
