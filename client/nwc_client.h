@@ -1,0 +1,171 @@
+/*
+ * nwc_client.h - libnwc-client: talk to nwcd, the nwc store daemon, over its Unix socket.
+ *
+ *   nwc_client *c;
+ *   if (nwc_client_connect(NULL, &c) < 0) fprintf(stderr, "%s\n", nwc_client_last_error());
+ *   nwc_client_matvec(c, "use-lite", "W", NULL, 1.0f, x, K, 1, 0, y, M * sizeof(float), NULL);
+ *   nwc_client_free(c);
+ *
+ * Conventions: every fallible call returns 0 (or a count) or a negative errno; the daemon's
+ * one-line message (or the library's own) is then in nwc_client_last_error(), which is
+ * thread-local.  Calls on one nwc_client are synchronous and serialized by a mutex, so a client
+ * may be shared by threads (they take turns); for parallel requests open one client per thread.
+ * Arrays returned through **out are malloc'ed and freed by the caller with free().  Bulk data
+ * above 1 MiB travels through a shared memory region (a sealed memfd passed to the daemon once,
+ * on first need); smaller data goes inline.  Tensors are named by model and tensor name.
+ */
+#ifndef NWC_CLIENT_H
+#define NWC_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define NWC_CLIENT_API __attribute__((visibility("default")))
+#else
+#define NWC_CLIENT_API
+#endif
+
+#define NWC_CLIENT_PROTOCOL 1 /* protocol version this library speaks */
+
+typedef struct nwc_client nwc_client;
+
+/* Connects to path (NULL: nwc_client_default_socket()) and says hello.  Free with
+ * nwc_client_free.  -ENOENT/-ECONNREFUSED when no daemon listens, -EPROTONOSUPPORT when the
+ * daemon speaks another protocol version. */
+NWC_CLIENT_API int nwc_client_connect(const char *path, nwc_client **out);
+/* Closes the connection (NULL is a no-op). */
+NWC_CLIENT_API void nwc_client_free(nwc_client *c);
+/* What went wrong in this thread's last failing call ("" if none; thread-local storage). */
+NWC_CLIENT_API const char *nwc_client_last_error(void);
+/* $NWC_SOCKET, else $XDG_RUNTIME_DIR/nwc/nwcd.sock, else /run/nwc/nwcd.sock as root (else
+ * /tmp/nwc-UID/nwcd.sock).  Thread-local storage, valid until the next call on the thread. */
+NWC_CLIENT_API const char *nwc_client_default_socket(void);
+/* The daemon's compute backend ("cpu") and version string, from the handshake. */
+NWC_CLIENT_API const char *nwc_client_backend(const nwc_client *c);
+NWC_CLIENT_API const char *nwc_client_daemon_version(const nwc_client *c);
+
+/* Progress of import and load: done of total bytes.  Return non-zero to stop waiting (the
+ * request still completes in the daemon; the call returns -ECANCELED). */
+typedef int (*nwc_client_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+typedef struct nwc_client_model {
+  char name[1024];
+  uint64_t tensors, raw_bytes, nwc_bytes, resident_bytes;
+  int64_t created, verified; /* unix seconds; verified 0 if never */
+} nwc_client_model;
+
+enum { NWC_CLIENT_ABSENT = 0, NWC_CLIENT_LOADING = 1, NWC_CLIENT_RESIDENT = 2 };
+
+typedef struct nwc_client_tensor {
+  char name[1024];
+  unsigned ndim;
+  uint64_t shape[8];
+  char dtype[12];      /* source dtype */
+  unsigned elem;       /* NWC_ELEM(type, layout): type bits 0..3 (0 bf16, 1 fp8), layout 4..7 */
+  uint64_t rows, cols; /* as stored (1-D: 1 x N) */
+  uint64_t raw_bytes, nwc_bytes;
+  int state;           /* NWC_CLIENT_ABSENT, _LOADING, _RESIDENT */
+  int pinned;
+  unsigned refs;
+  int64_t last_used_ms; /* ms since last use, -1 never */
+} nwc_client_tensor;
+
+typedef struct nwc_client_tensor_info {
+  nwc_client_tensor t;
+  char conversion[64];
+  char path[1024]; /* container file */
+  uint64_t offset, length, nchunks, nblocks, data_bytes;
+  unsigned format_version;
+} nwc_client_tensor_info;
+
+typedef struct nwc_client_resident {
+  char model[1024], tensor[1024];
+  uint64_t bytes;
+  int pinned, locked, direct; /* locked: mlock'ed; direct: read with O_DIRECT */
+  unsigned refs;
+  int64_t last_used_ms;
+} nwc_client_resident;
+
+typedef struct nwc_client_result {
+  uint64_t tensors, bytes, skipped, micros;
+  uint64_t direct, buffered; /* load: tensors read with O_DIRECT / buffered */
+  uint64_t raw_bytes;        /* import: stored element bytes (nwc bytes are in bytes) */
+  uint64_t chunks, problems; /* verify (skipped holds the models checked) */
+} nwc_client_result;
+
+typedef struct nwc_client_counters {
+  uint64_t uptime_ms, connections, conn_total, requests, errors;
+  uint64_t budget, resident_bytes, pinned_bytes, resident_tensors;
+  uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
+  uint64_t mlock_ok, mlock_failed, mapped_computes, batched_passes, batched_columns;
+  uint64_t threads;
+  char backend[16];
+} nwc_client_counters;
+
+NWC_CLIENT_API int nwc_client_models(nwc_client *c, nwc_client_model **out, size_t *n);
+NWC_CLIENT_API int nwc_client_tensors(nwc_client *c, const char *model, nwc_client_tensor **out,
+                                      size_t *n);
+NWC_CLIENT_API int nwc_client_info(nwc_client *c, const char *model, const char *tensor,
+                                   nwc_client_tensor_info *out);
+NWC_CLIENT_API int nwc_client_ps(nwc_client *c, nwc_client_resident **out, size_t *n);
+NWC_CLIENT_API int nwc_client_stats(nwc_client *c, nwc_client_counters *out);
+
+typedef struct nwc_client_import_opts {
+  unsigned elem;   /* 0 bf16 (keep), 1 fp8 */
+  unsigned layout; /* 0, 1, 2 */
+  nwc_client_progress_fn progress;
+  void *ctx;
+} nwc_client_import_opts;
+
+/* Imports path (a .safetensors file or a sharded model's *.json index, whose shards are opened
+ * from its directory) as model: the files are opened here and their descriptors passed to the
+ * daemon, which reads only those.  opts may be NULL.  res (may be NULL) gets the counts. */
+NWC_CLIENT_API int nwc_client_import(nwc_client *c, const char *model, const char *path,
+                                     const nwc_client_import_opts *opts, nwc_client_result *res);
+NWC_CLIENT_API int nwc_client_remove(nwc_client *c, const char *model);
+/* tensor NULL or "": every tensor of the model.  progress may be NULL; res may be NULL. */
+NWC_CLIENT_API int nwc_client_load(nwc_client *c, const char *model, const char *tensor,
+                                   nwc_client_progress_fn progress, void *ctx,
+                                   nwc_client_result *res);
+NWC_CLIENT_API int nwc_client_evict(nwc_client *c, const char *model, const char *tensor,
+                                    nwc_client_result *res);
+NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *tensor,
+                                  nwc_client_result *res);
+NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
+                                    nwc_client_result *res);
+/* verify: each problem line goes to cb (may be NULL); res->problems counts them. */
+NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
+                                     void (*cb)(void *ctx, const char *line), void *ctx,
+                                     nwc_client_result *res);
+
+#define NWC_CLIENT_BF16 1u   /* output BF16 bits (uint16_t) instead of float */
+#define NWC_CLIENT_MAPPED 1u /* *rflags: computed on the mmap'ed container, not resident */
+#define NWC_CLIENT_BATCHED 2u /* *rflags: shared a decoder pass with other requests */
+
+/* Dequantizes the whole tensor into out (cap bytes): rows x cols dense, float or (flags
+ * NWC_CLIENT_BF16) BF16.  fp8 tensors give their unscaled fp8 values.  *rows, *cols, *rflags may
+ * be NULL.  -ENOSPC if cap is too small (the message says what is needed). */
+NWC_CLIENT_API int nwc_client_dequant(nwc_client *c, const char *model, const char *tensor,
+                                      unsigned flags, void *out, size_t cap, uint64_t *rows,
+                                      uint64_t *cols, unsigned *rflags);
+/* Rows by index (an embedding lookup): n rows x cols into out. */
+NWC_CLIENT_API int nwc_client_gather(nwc_client *c, const char *model, const char *tensor,
+                                     const uint64_t *rows, size_t n, unsigned flags, void *out,
+                                     size_t cap, uint64_t *cols, unsigned *rflags);
+/* y = scale * (W x) + bias for ncols columns of K floats at x (column c at x + c * K); y gets
+ * ncols columns of M (float, or BF16 with NWC_CLIENT_BF16), cap bytes available.  bias (NULL or
+ * "": none) names a tensor of M values in the same model. */
+NWC_CLIENT_API int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor,
+                                     const char *bias, float scale, const float *x, uint64_t K,
+                                     unsigned ncols, unsigned flags, void *y, size_t cap,
+                                     unsigned *rflags);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,264 @@
+/*
+ * nwc_proto.h - the nwcd wire protocol (docs/protocol.md): frame header, opcodes, and the
+ * encoders/decoders of every payload, shared by nwcd (daemon/) and libnwc-client (client/).
+ *
+ * Design: a frame is a fixed 24-byte little-endian header followed by `length` payload bytes.
+ * Payloads are sequences of little-endian integers, IEEE floats and length-prefixed strings (u16
+ * length, no NUL).  Writing goes through nwc_pw (a growable buffer); reading through nwc_pr (a
+ * bounded cursor that fails with -EBADMSG on the first overrun and remembers it), and every
+ * decoder ends with nwc_pr_end(), which demands that the payload was consumed exactly.  Requests
+ * decode into one flat struct (nwc_proto_req) whatever the opcode, so the daemon's dispatch and
+ * the fuzz target see one shape.  Nothing here allocates except nwc_pw and the import file list
+ * (nwc_proto_req_clear frees it).  Not installed; include from C only.
+ */
+#ifndef NWC_PROTO_H
+#define NWC_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NWC_PROTO_MAGIC 0x3143574eu /* "NWC1" little-endian */
+#define NWC_PROTO_VERSION 1
+#define NWC_PROTO_HEADER 24
+#define NWC_PROTO_MAX_PAYLOAD (16u << 20) /* larger data goes through the shared region */
+#define NWC_PROTO_MAX_MSG 1024            /* error message bytes */
+#define NWC_PROTO_MAX_FILES 256           /* files of one import */
+#define NWC_PROTO_MAX_COLS 64             /* columns of one matvec request */
+#define NWC_PROTO_NAME_MAX 1024           /* tensor name bytes */
+
+/* Header flags. */
+#define NWC_PF_EVENT 1u /* a progress event, not the final reply (replies only) */
+#define NWC_PF_FDS 2u   /* file descriptors travel with this frame (SCM_RIGHTS, requests only) */
+#define NWC_PF_KNOWN 3u
+
+/* Capabilities (hello). */
+#define NWC_CAP_SHM 1u      /* shared-memory region for bulk data */
+#define NWC_CAP_FDIMPORT 2u /* import from passed descriptors */
+#define NWC_CAP_BATCH 4u    /* matvec of several columns */
+#define NWC_CAP_MAPPED 8u   /* compute on non-resident (mmap'ed) data */
+
+enum nwc_op {
+  NWC_OP_HELLO = 1,
+  NWC_OP_SHM = 2,
+  NWC_OP_MODELS = 3,
+  NWC_OP_TENSORS = 4,
+  NWC_OP_INFO = 5,
+  NWC_OP_IMPORT = 6,
+  NWC_OP_REMOVE = 7,
+  NWC_OP_LOAD = 8,
+  NWC_OP_EVICT = 9,
+  NWC_OP_PIN = 10,
+  NWC_OP_UNPIN = 11,
+  NWC_OP_DEQUANT = 12,
+  NWC_OP_GATHER = 13,
+  NWC_OP_MATVEC = 14,
+  NWC_OP_VERIFY = 15,
+  NWC_OP_STATS = 16,
+  NWC_OP_PS = 17,
+  NWC_OP_COUNT
+};
+/* Name of an opcode ("matvec"), or NULL for an unknown one. */
+const char *nwc_proto_op_name(unsigned op);
+
+/* Output element type and placement of bulk data. */
+enum { NWC_OUT_F32 = 0, NWC_OUT_BF16 = 1 };
+enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1 };
+/* Reply flags of compute replies. */
+#define NWC_RF_MAPPED 1u  /* computed on the mmap'ed container, not a resident copy */
+#define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
+
+typedef struct nwc_proto_hdr {
+  uint32_t magic;
+  uint32_t length; /* payload bytes after the header */
+  uint16_t op;
+  uint16_t flags;
+  int32_t status; /* replies: 0 or a negative errno; requests: 0 */
+  uint64_t id;    /* chosen by the client, echoed by the daemon */
+} nwc_proto_hdr;
+
+void nwc_proto_hdr_encode(const nwc_proto_hdr *h, uint8_t out[NWC_PROTO_HEADER]);
+/* Decodes and checks a header (magic, flags, length <= NWC_PROTO_MAX_PAYLOAD).  Returns 0 or
+ * -EBADMSG / -EMSGSIZE (nwc_error_detail says why). */
+int nwc_proto_hdr_decode(const uint8_t in[NWC_PROTO_HEADER], nwc_proto_hdr *h);
+
+/* ---- payload writer and reader ------------------------------------------------------------ */
+
+typedef struct nwc_pw {
+  uint8_t *buf; /* malloc'ed; the first NWC_PROTO_HEADER bytes are room for the header */
+  size_t len, cap;
+  int err; /* -ENOMEM once an allocation failed (everything after is dropped) */
+} nwc_pw;
+
+/* Starts a frame: reserves the header.  nwc_pw_finish() writes the header with the final length
+ * and returns the whole frame size (or a negative errno); the caller owns w->buf (free()). */
+void nwc_pw_init(nwc_pw *w);
+int64_t nwc_pw_finish(nwc_pw *w, uint16_t op, uint16_t flags, int32_t status, uint64_t id);
+void nwc_pw_free(nwc_pw *w);
+void nwc_pw_u8(nwc_pw *w, uint8_t v);
+void nwc_pw_u16(nwc_pw *w, uint16_t v);
+void nwc_pw_u32(nwc_pw *w, uint32_t v);
+void nwc_pw_u64(nwc_pw *w, uint64_t v);
+void nwc_pw_i64(nwc_pw *w, int64_t v);
+void nwc_pw_f32(nwc_pw *w, float v);
+void nwc_pw_str(nwc_pw *w, const char *s); /* u16 length + bytes (truncated to 65535) */
+void nwc_pw_bytes(nwc_pw *w, const void *p, size_t n);
+/* Reserves n bytes and returns where they go (NULL after an allocation failure). */
+void *nwc_pw_reserve(nwc_pw *w, size_t n);
+
+typedef struct nwc_pr {
+  const uint8_t *p;
+  size_t left;
+  int err; /* -EBADMSG after the first overrun */
+} nwc_pr;
+
+static inline void nwc_pr_init(nwc_pr *r, const void *p, size_t n) {
+  r->p = (const uint8_t *)p, r->left = n, r->err = 0;
+}
+uint8_t nwc_pr_u8(nwc_pr *r);
+uint16_t nwc_pr_u16(nwc_pr *r);
+uint32_t nwc_pr_u32(nwc_pr *r);
+uint64_t nwc_pr_u64(nwc_pr *r);
+int64_t nwc_pr_i64(nwc_pr *r);
+float nwc_pr_f32(nwc_pr *r);
+/* Copies a string into out[cap] NUL-terminated; -EBADMSG if it does not fit, holds a NUL byte,
+ * or overruns the payload. */
+int nwc_pr_str(nwc_pr *r, char *out, size_t cap);
+/* A pointer to the next n bytes (not aligned), or NULL on overrun. */
+const void *nwc_pr_bytes(nwc_pr *r, size_t n);
+/* 0 if no error and nothing is left, else -EBADMSG ("N trailing bytes" / "truncated"). */
+int nwc_pr_end(nwc_pr *r, const char *what);
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+typedef struct nwc_proto_req {
+  uint16_t op, flags;
+  uint64_t id;
+  /* hello */
+  uint32_t ver_min, ver_max;
+  uint64_t caps;
+  char client[64];
+  /* shm */
+  uint64_t shm_size;
+  /* names: models, tensors, info, import, remove, load, evict, pin, unpin, compute, verify */
+  char model[NWC_PROTO_NAME_MAX];
+  char tensor[NWC_PROTO_NAME_MAX];
+  char bias[NWC_PROTO_NAME_MAX]; /* matvec: bias tensor of the same model, "" for none */
+  /* import */
+  uint8_t elem, layout, has_index;
+  uint32_t nfiles;
+  char **files; /* nfiles labels, malloc'ed (nwc_proto_req_clear) */
+  /* dequant, gather, matvec */
+  uint8_t out, where;
+  uint64_t in_off, out_off; /* shm offsets (where == SHM) */
+  uint64_t out_cap;         /* shm bytes available at out_off */
+  uint32_t nrows;           /* gather */
+  const uint8_t *rows;      /* gather: nrows u64 little-endian, inside the payload */
+  float scale;              /* matvec */
+  uint32_t ncols;           /* matvec */
+  const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
+  uint64_t x_bytes;
+} nwc_proto_req;
+
+/* Encodes r as a complete frame into w (nwc_pw_init first).  Returns the frame size or <0. */
+int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w);
+/* Decodes the payload of a request frame with header h into r (zeroed first).  Pointers in r
+ * (rows, x) point into payload.  Returns 0, -EBADMSG for a malformed payload (exact length,
+ * strings, counts), -EOPNOTSUPP for an unknown opcode (detail says which). */
+int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_proto_req *r);
+void nwc_proto_req_clear(nwc_proto_req *r);
+
+/* ---- replies ------------------------------------------------------------------------------ */
+
+typedef struct nwc_proto_hello {
+  uint32_t version;
+  uint64_t caps;
+  uint32_t max_payload;
+  char daemon[64];
+  char backend[16];
+} nwc_proto_hello;
+void nwc_proto_put_hello(nwc_pw *w, const nwc_proto_hello *h);
+int nwc_proto_get_hello(nwc_pr *r, nwc_proto_hello *h);
+
+typedef struct nwc_proto_model {
+  char name[NWC_PROTO_NAME_MAX];
+  uint64_t tensors, raw_bytes, nwc_bytes, resident_bytes;
+  int64_t created, verified;
+} nwc_proto_model;
+void nwc_proto_put_model(nwc_pw *w, const nwc_proto_model *m);
+int nwc_proto_get_model(nwc_pr *r, nwc_proto_model *m);
+
+/* Residency states reported for a tensor. */
+enum { NWC_RES_ABSENT = 0, NWC_RES_LOADING = 1, NWC_RES_RESIDENT = 2 };
+
+typedef struct nwc_proto_tensor {
+  char name[NWC_PROTO_NAME_MAX];
+  uint8_t ndim;
+  uint64_t shape[8];
+  char dtype[12];
+  uint32_t elem;
+  uint64_t rows, cols, raw_bytes, nwc_bytes;
+  uint8_t state, pinned;
+  uint32_t refs;
+  int64_t last_used_ms; /* ms since last use, -1 never */
+} nwc_proto_tensor;
+void nwc_proto_put_tensor(nwc_pw *w, const nwc_proto_tensor *t);
+int nwc_proto_get_tensor(nwc_pr *r, nwc_proto_tensor *t);
+
+/* Info: a tensor entry followed by these. */
+typedef struct nwc_proto_info {
+  char conversion[64];
+  char path[1024];
+  uint64_t offset, length, nchunks, nblocks, data_bytes;
+  uint32_t format_version;
+} nwc_proto_info;
+void nwc_proto_put_info(nwc_pw *w, const nwc_proto_info *i);
+int nwc_proto_get_info(nwc_pr *r, nwc_proto_info *i);
+
+/* PS: one resident tensor. */
+typedef struct nwc_proto_ps {
+  char model[NWC_PROTO_NAME_MAX];
+  char tensor[NWC_PROTO_NAME_MAX];
+  uint64_t bytes;
+  uint8_t pinned, locked, direct;
+  uint32_t refs;
+  int64_t last_used_ms;
+} nwc_proto_ps;
+void nwc_proto_put_ps(nwc_pw *w, const nwc_proto_ps *p);
+int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p);
+
+/* Counts of load, evict, pin, unpin, import, remove, verify (fields unused by an op are 0). */
+typedef struct nwc_proto_result {
+  uint64_t tensors, bytes, skipped, micros;
+  uint64_t direct, buffered; /* load: tensors read with O_DIRECT / buffered */
+  uint64_t raw_bytes;        /* import */
+  uint64_t chunks, problems; /* verify */
+} nwc_proto_result;
+void nwc_proto_put_result(nwc_pw *w, const nwc_proto_result *r);
+int nwc_proto_get_result(nwc_pr *r, nwc_proto_result *o);
+
+/* Progress events: done of total. */
+void nwc_proto_put_progress(nwc_pw *w, uint64_t done, uint64_t total);
+int nwc_proto_get_progress(nwc_pr *r, uint64_t *done, uint64_t *total);
+
+/* Compute replies (dequant, gather, matvec) start with this; inline data follows. */
+typedef struct nwc_proto_compute {
+  uint64_t rows, cols; /* output shape: dequant M x K, gather n x K, matvec ncols x M */
+  uint8_t out, where;
+  uint16_t rflags; /* NWC_RF_* */
+  uint64_t bytes;  /* output bytes (inline after this header, or at out_off in the region) */
+} nwc_proto_compute;
+void nwc_proto_put_compute(nwc_pw *w, const nwc_proto_compute *c);
+int nwc_proto_get_compute(nwc_pr *r, nwc_proto_compute *c);
+
+typedef struct nwc_proto_stats {
+  uint64_t uptime_ms, connections, conn_total, requests, errors;
+  uint64_t budget, resident_bytes, pinned_bytes, resident_tensors;
+  uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
+  uint64_t mlock_ok, mlock_failed, mapped_computes, batched_passes, batched_columns;
+  uint64_t threads;
+  char backend[16];
+} nwc_proto_stats;
+void nwc_proto_put_stats(nwc_pw *w, const nwc_proto_stats *s);
+int nwc_proto_get_stats(nwc_pr *r, nwc_proto_stats *s);
+
+#endif

@@ -1,0 +1,512 @@
+/*
+ * nwcctl.c - the command line of nwcd, on libnwc-client: one subcommand per operation, human
+ * output in aligned columns with human sizes, --json objects through jansson, a progress bar on
+ * a TTY for import and load, .npy files for matvec/gather/dequant data (so numpy can check
+ * them), and on failure a one-line error with the daemon's message and a non-zero exit status.
+ * A tensor is named MODEL/TENSOR, split at the first '/' (tensor names may hold more).
+ */
+#include "nwc_client.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *prog = "nwcctl";
+static const char *cmd = "";
+static bool json;
+
+static int die(int rc) {
+  fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_client_last_error());
+  return rc == -ENOENT ? 3 : 1;
+}
+
+static const char *human(uint64_t b, char *buf) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int i = 0;
+  while (v >= 1024 && i < 4) v /= 1024, i++;
+  if (i == 0) sprintf(buf, "%llu B", (unsigned long long)b);
+  else sprintf(buf, "%.1f %s", v, u[i]);
+  return buf;
+}
+
+static void json_out(json_t *j) {
+  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (s) puts(s);
+  free(s);
+  json_decref(j);
+}
+
+static int split(const char *arg, char *model, size_t mcap, const char **tensor) {
+  const char *slash = strchr(arg, '/');
+  size_t n = slash ? (size_t)(slash - arg) : strlen(arg);
+  if (n == 0 || n >= mcap) {
+    fprintf(stderr, "%s: %s: '%s' is not MODEL or MODEL/TENSOR\n", prog, cmd, arg);
+    return -1;
+  }
+  memcpy(model, arg, n);
+  model[n] = 0;
+  *tensor = slash ? slash + 1 : NULL;
+  return 0;
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
+
+static const char *elem_name(unsigned elem) { return (elem & 15) == 1 ? "fp8" : "bf16"; }
+
+static const char *state_name(int s) {
+  return s == NWC_CLIENT_RESIDENT ? "resident" : s == NWC_CLIENT_LOADING ? "loading" : "-";
+}
+
+static int progress_bar(void *ctx, uint64_t done, uint64_t total) {
+  const char *what = ctx;
+  if (!isatty(2) || json) return 0;
+  int w = 30, k = total ? (int)((double)done / (double)total * w) : w;
+  char bar[64];
+  for (int i = 0; i < w; i++) bar[i] = i < k ? '#' : '.';
+  bar[w] = 0;
+  fprintf(stderr, "\r%s [%s] %3.0f%%", what, bar, total ? 100.0 * (double)done / (double)total : 100.0);
+  if (done >= total) fputc('\n', stderr);
+  return 0;
+}
+
+/* ---- .npy --------------------------------------------------------------------------------- */
+
+static int npy_write(const char *path, const char *descr, uint64_t d0, uint64_t d1, int ndim,
+                     const void *data, size_t bytes) {
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    fprintf(stderr, "%s: %s: cannot write %s: %s\n", prog, cmd, path, strerror(errno));
+    return -1;
+  }
+  char hdr[256];
+  int n = ndim == 1 ? snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
+                               descr, (unsigned long long)d0)
+                    : snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
+                               descr, (unsigned long long)d0, (unsigned long long)d1);
+  int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+  unsigned hl = (unsigned)(n + pad + 1);
+  fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  fputc((int)(hl & 255), f), fputc((int)(hl >> 8), f);
+  fwrite(hdr, 1, (size_t)n, f);
+  for (int i = 0; i < pad; i++) fputc(' ', f);
+  fputc('\n', f);
+  fwrite(data, 1, bytes, f);
+  if (fclose(f) != 0) return -1;
+  return 0;
+}
+
+/* Reads a little-endian float32 .npy of shape (K,) or (n, K). */
+static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "%s: %s: cannot open %s: %s\n", prog, cmd, path, strerror(errno));
+    return NULL;
+  }
+  unsigned char m[10];
+  char hdr[4096];
+  float *x = NULL;
+  if (fread(m, 1, 10, f) != 10 || memcmp(m, "\x93NUMPY", 6) || m[6] != 1) goto bad;
+  unsigned hl = m[8] | (unsigned)m[9] << 8;
+  if (hl >= sizeof hdr || fread(hdr, 1, hl, f) != hl) goto bad;
+  hdr[hl] = 0;
+  if (!strstr(hdr, "'<f4'") || strstr(hdr, "'fortran_order': True")) {
+    fprintf(stderr, "%s: %s: %s must be float32 ('<f4'), C order\n", prog, cmd, path);
+    fclose(f);
+    return NULL;
+  }
+  const char *s = strstr(hdr, "'shape': (");
+  if (!s) goto bad;
+  unsigned long long a = 0, b = 0;
+  int k = sscanf(s, "'shape': (%llu, %llu)", &a, &b);
+  if (k == 2) *n = a, *K = b;
+  else if (k == 1) *n = 1, *K = a;
+  else goto bad;
+  if (!*n || !*K || *n > 64 || *K > (1u << 28)) goto bad;
+  x = malloc(*n * *K * 4);
+  if (!x || fread(x, 4, *n * *K, f) != *n * *K) goto bad;
+  fclose(f);
+  return x;
+bad:
+  fprintf(stderr, "%s: %s: %s is not a float32 .npy of shape [K] or [n<=64, K]\n", prog, cmd, path);
+  free(x);
+  fclose(f);
+  return NULL;
+}
+
+/* ---- commands ----------------------------------------------------------------------------- */
+
+static int cmd_ls(nwc_client *c, int argc, char **argv) {
+  char buf[4][32];
+  if (argc >= 1) {
+    nwc_client_tensor *t;
+    size_t n;
+    int rc = nwc_client_tensors(c, argv[0], &t, &n);
+    if (rc < 0) return die(rc);
+    json_t *arr = json ? json_array() : NULL;
+    if (!json) printf("%-44s %-14s %-5s %-6s %10s %10s %s\n", "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
+    for (size_t i = 0; i < n; i++) {
+      char shape[64] = "";
+      for (unsigned d = 0; d < t[i].ndim; d++)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%llu", d ? "x" : "",
+                 (unsigned long long)t[i].shape[d]);
+      if (json) {
+        json_t *sh = json_array();
+        for (unsigned d = 0; d < t[i].ndim; d++) json_array_append_new(sh, json_integer((json_int_t)t[i].shape[d]));
+        json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b}", "name", t[i].name,
+                                             "shape", sh, "dtype", t[i].dtype, "elem", elem_name(t[i].elem),
+                                             "layout", (int)((t[i].elem >> 4) & 15),
+                                             "raw_bytes", (json_int_t)t[i].raw_bytes,
+                                             "nwc_bytes", (json_int_t)t[i].nwc_bytes,
+                                             "resident", t[i].state == NWC_CLIENT_RESIDENT));
+      } else {
+        printf("%-44s %-14s %-5s %-4s/%u %10s %10s %s%s\n", t[i].name, shape, t[i].dtype,
+               elem_name(t[i].elem), (t[i].elem >> 4) & 15, human(t[i].raw_bytes, buf[0]),
+               human(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
+      }
+    }
+    free(t);
+    if (json) json_out(arr);
+    return 0;
+  }
+  nwc_client_model *m;
+  size_t n;
+  int rc = nwc_client_models(c, &m, &n);
+  if (rc < 0) return die(rc);
+  json_t *arr = json ? json_array() : NULL;
+  if (!json) printf("%-32s %8s %10s %10s %6s %10s\n", "MODEL", "TENSORS", "RAW", "NWC", "RATIO", "RESIDENT");
+  for (size_t i = 0; i < n; i++) {
+    if (json)
+      json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:f,s:I}", "name", m[i].name, "tensors",
+                                           (json_int_t)m[i].tensors, "raw_bytes", (json_int_t)m[i].raw_bytes,
+                                           "nwc_bytes", (json_int_t)m[i].nwc_bytes, "ratio",
+                                           ratio(m[i].nwc_bytes, m[i].raw_bytes), "resident_bytes",
+                                           (json_int_t)m[i].resident_bytes));
+    else
+      printf("%-32s %8llu %10s %10s %6.3f %10s\n", m[i].name, (unsigned long long)m[i].tensors,
+             human(m[i].raw_bytes, buf[0]), human(m[i].nwc_bytes, buf[1]),
+             ratio(m[i].nwc_bytes, m[i].raw_bytes), human(m[i].resident_bytes, buf[2]));
+  }
+  free(m);
+  if (json) json_out(arr);
+  return 0;
+}
+
+static int cmd_ps(nwc_client *c) {
+  nwc_client_resident *p;
+  size_t n;
+  int rc = nwc_client_ps(c, &p, &n);
+  if (rc < 0) return die(rc);
+  char buf[32];
+  json_t *arr = json ? json_array() : NULL;
+  if (!json) printf("%-20s %-40s %10s %6s %6s %5s %s\n", "MODEL", "TENSOR", "BYTES", "PINNED", "LOCKED", "REFS", "LAST USED");
+  for (size_t i = 0; i < n; i++) {
+    if (json) {
+      json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:I}", "model", p[i].model,
+                                           "tensor", p[i].tensor, "bytes", (json_int_t)p[i].bytes,
+                                           "pinned", p[i].pinned, "locked", p[i].locked, "direct",
+                                           p[i].direct, "refs", (int)p[i].refs, "last_used_ms",
+                                           (json_int_t)p[i].last_used_ms));
+    } else {
+      char ago[32];
+      if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
+      else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
+      printf("%-20s %-40s %10s %6s %6s %5u %s\n", p[i].model, p[i].tensor, human(p[i].bytes, buf),
+             p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, ago);
+    }
+  }
+  free(p);
+  if (json) json_out(arr);
+  return 0;
+}
+
+static int cmd_info(nwc_client *c, const char *arg) {
+  char model[1024];
+  const char *tensor;
+  if (split(arg, model, sizeof model, &tensor) < 0 || !tensor) {
+    if (!tensor) fprintf(stderr, "%s: info: expected MODEL/TENSOR\n", prog);
+    return 2;
+  }
+  nwc_client_tensor_info i;
+  int rc = nwc_client_info(c, model, tensor, &i);
+  if (rc < 0) return die(rc);
+  json_t *sh = json_array();
+  char shape[64] = "";
+  for (unsigned d = 0; d < i.t.ndim; d++) {
+    json_array_append_new(sh, json_integer((json_int_t)i.t.shape[d]));
+    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%llu", d ? "x" : "",
+             (unsigned long long)i.t.shape[d]);
+  }
+  if (json) {
+    json_out(json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b,s:I,s:I,s:s,s:s,s:I,s:I,s:I,s:b}", "name",
+                       i.t.name, "shape", sh, "dtype", i.t.dtype, "elem", elem_name(i.t.elem),
+                       "layout", (int)((i.t.elem >> 4) & 15), "raw_bytes", (json_int_t)i.t.raw_bytes,
+                       "nwc_bytes", (json_int_t)i.t.nwc_bytes, "resident",
+                       i.t.state == NWC_CLIENT_RESIDENT, "rows", (json_int_t)i.t.rows, "cols",
+                       (json_int_t)i.t.cols, "conversion", i.conversion, "path", i.path, "offset",
+                       (json_int_t)i.offset, "chunks", (json_int_t)i.nchunks, "blocks",
+                       (json_int_t)i.nblocks, "pinned", i.t.pinned));
+    return 0;
+  }
+  json_decref(sh);
+  char b0[32], b1[32];
+  printf("name        %s/%s\nshape       %s (%s)\nstored as   %llu x %llu %s layout %u\n"
+         "conversion  %s\nsize        %s raw, %s nwc (%.3f)\nblocks      %llu, %llu chunks\n"
+         "container   %s @ %llu\nresidency   %s%s\n",
+         model, i.t.name, shape, i.t.dtype, (unsigned long long)i.t.rows,
+         (unsigned long long)i.t.cols, elem_name(i.t.elem), (i.t.elem >> 4) & 15, i.conversion,
+         human(i.t.raw_bytes, b0), human(i.t.nwc_bytes, b1), ratio(i.t.nwc_bytes, i.t.raw_bytes),
+         (unsigned long long)i.nblocks, (unsigned long long)i.nchunks, i.path,
+         (unsigned long long)i.offset, state_name(i.t.state), i.t.pinned ? ", pinned" : "");
+  return 0;
+}
+
+static int cmd_residency(nwc_client *c, const char *arg) {
+  char model[1024];
+  const char *tensor;
+  if (split(arg, model, sizeof model, &tensor) < 0) return 2;
+  nwc_client_result r;
+  int rc;
+  if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
+  else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
+  else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
+  else rc = nwc_client_unpin(c, model, tensor, &r);
+  if (rc < 0) return die(rc);
+  char b[32];
+  if (json)
+    json_out(json_pack("{s:I,s:I,s:I,s:f,s:I,s:I}", "tensors", (json_int_t)r.tensors, "bytes",
+                       (json_int_t)r.bytes, "skipped", (json_int_t)r.skipped, "seconds", r.micros / 1e6,
+                       "direct", (json_int_t)r.direct, "buffered", (json_int_t)r.buffered));
+  else if (!strcmp(cmd, "load"))
+    printf("loaded %s: %llu tensors, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
+           (unsigned long long)r.tensors, human(r.bytes, b), r.micros / 1e6,
+           r.micros ? r.bytes / (double)r.micros : 0.0, (unsigned long long)r.direct,
+           (unsigned long long)r.buffered);
+  else
+    printf("%s %s: %llu tensors, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
+           arg, (unsigned long long)r.tensors, human(r.bytes, b),
+           r.skipped ? " (some in use or pinned were kept)" : "");
+  return 0;
+}
+
+static int cmd_import(nwc_client *c, int argc, char **argv) {
+  nwc_client_import_opts o = {0, 0, progress_bar, "import"};
+  const char *model = NULL, *path = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--elem") && i + 1 < argc) {
+      i++;
+      if (!strcmp(argv[i], "fp8")) o.elem = 1;
+      else if (strcmp(argv[i], "bf16")) return fprintf(stderr, "%s: import: --elem bf16|fp8\n", prog), 2;
+    } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
+      o.layout = (unsigned)atoi(argv[++i]);
+    } else if (!model) {
+      model = argv[i];
+    } else if (!path) {
+      path = argv[i];
+    } else {
+      return fprintf(stderr, "%s: import: unexpected '%s'\n", prog, argv[i]), 2;
+    }
+  }
+  if (!path) return fprintf(stderr, "usage: %s import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]\n", prog), 2;
+  nwc_client_result r;
+  int rc = nwc_client_import(c, model, path, &o, &r);
+  if (rc < 0) return die(rc);
+  char b0[32], b1[32];
+  if (json)
+    json_out(json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "name", model, "tensors", (json_int_t)r.tensors,
+                       "raw_bytes", (json_int_t)r.raw_bytes, "nwc_bytes", (json_int_t)r.bytes,
+                       "ratio", ratio(r.bytes, r.raw_bytes), "seconds", r.micros / 1e6));
+  else
+    printf("imported %s: %llu tensors, %s -> %s (ratio %.3f) in %.2f s\n", model,
+           (unsigned long long)r.tensors, human(r.raw_bytes, b0), human(r.bytes, b1),
+           ratio(r.bytes, r.raw_bytes), r.micros / 1e6);
+  return 0;
+}
+
+static void print_line(void *ctx, const char *line) {
+  (void)ctx;
+  printf("  %s\n", line);
+}
+
+static int cmd_verify(nwc_client *c, const char *model) {
+  nwc_client_result r;
+  int rc = nwc_client_verify(c, model, json ? NULL : print_line, NULL, &r);
+  if (rc < 0) return die(rc);
+  char b[32];
+  if (json)
+    json_out(json_pack("{s:I,s:I,s:I,s:I,s:I}", "models", (json_int_t)r.skipped, "tensors",
+                       (json_int_t)r.tensors, "chunks", (json_int_t)r.chunks, "bytes",
+                       (json_int_t)r.bytes, "problems", (json_int_t)r.problems));
+  else
+    printf("verified %llu models, %llu tensors, %llu chunks, %s: %llu problems\n",
+           (unsigned long long)r.skipped, (unsigned long long)r.tensors, (unsigned long long)r.chunks,
+           human(r.bytes, b), (unsigned long long)r.problems);
+  return r.problems ? 1 : 0;
+}
+
+static int cmd_stats(nwc_client *c) {
+  nwc_client_counters s;
+  int rc = nwc_client_stats(c, &s);
+  if (rc < 0) return die(rc);
+  const uint64_t *v = &s.uptime_ms;
+  static const char *names[] = {"uptime_ms", "connections", "conn_total", "requests", "errors",
+                                "budget", "resident_bytes", "pinned_bytes", "resident_tensors",
+                                "loads", "load_bytes", "load_us", "direct_loads", "buffered_loads",
+                                "evictions", "mlock_ok", "mlock_failed", "mapped_computes",
+                                "batched_passes", "batched_columns", "threads"};
+  json_t *o = json_object();
+  json_object_set_new(o, "backend", json_string(s.backend));
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    json ? (void)json_object_set_new(o, names[i], json_integer((json_int_t)v[i]))
+         : (void)printf("%-18s %llu\n", names[i], (unsigned long long)v[i]);
+  if (json) json_out(o);
+  else printf("%-18s %s\n", "backend", s.backend), json_decref(o);
+  return 0;
+}
+
+static int cmd_compute(nwc_client *c, int argc, char **argv) {
+  const char *out = NULL, *target = NULL, *xpath = NULL, *bias = NULL;
+  unsigned flags = 0;
+  float scale = 1;
+  uint64_t rows[4096];
+  size_t nrows = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+    else if (!strcmp(argv[i], "--bf16")) flags |= NWC_CLIENT_BF16;
+    else if (!strcmp(argv[i], "--bias") && i + 1 < argc) bias = argv[++i];
+    else if (!strcmp(argv[i], "--scale") && i + 1 < argc) scale = strtof(argv[++i], NULL);
+    else if (!target) target = argv[i];
+    else if (!strcmp(cmd, "matvec") && !xpath) xpath = argv[i];
+    else if (!strcmp(cmd, "gather") && nrows < 4096) rows[nrows++] = strtoull(argv[i], NULL, 0);
+    else return fprintf(stderr, "%s: %s: unexpected '%s'\n", prog, cmd, argv[i]), 2;
+  }
+  char model[1024];
+  const char *tensor;
+  if (!target || split(target, model, sizeof model, &tensor) < 0 || !tensor || !out ||
+      (!strcmp(cmd, "matvec") && !xpath) || (!strcmp(cmd, "gather") && !nrows)) {
+    fprintf(stderr, "usage: %s matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]\n"
+                    "       %s gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]\n"
+                    "       %s dequant MODEL/TENSOR -o OUT.npy [--bf16]\n", prog, prog, prog);
+    return 2;
+  }
+  nwc_client_tensor_info info;
+  int rc = nwc_client_info(c, model, tensor, &info);
+  if (rc < 0) return die(rc);
+  uint64_t M = info.t.rows, K = info.t.cols;
+  unsigned rflags = 0;
+  const char *descr = flags & NWC_CLIENT_BF16 ? "<u2" : "<f4";
+  size_t esz = flags & NWC_CLIENT_BF16 ? 2 : 4;
+  double t0 = (double)clock() / CLOCKS_PER_SEC;
+  (void)t0;
+  if (!strcmp(cmd, "matvec")) {
+    uint64_t n, xk;
+    float *x = npy_read_f32(xpath, &n, &xk);
+    if (!x) return 1;
+    if (xk != K) {
+      fprintf(stderr, "%s: matvec: x has %llu columns, %s takes %llu\n", prog,
+              (unsigned long long)xk, target, (unsigned long long)K);
+      free(x);
+      return 1;
+    }
+    size_t cap = n * M * 4;
+    float *y = malloc(cap);
+    rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)n, 0, y, cap, &rflags) : -ENOMEM;
+    if (rc == 0) rc = npy_write(out, "<f4", n, M, n == 1 && info.t.ndim == 1 ? 1 : 2, y, cap) < 0 ? -EIO : 0;
+    if (rc == 0 && !json)
+      printf("matvec %s: %llu x %llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
+             (unsigned long long)K, (unsigned long long)n, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
+    free(x), free(y);
+  } else {
+    uint64_t n = !strcmp(cmd, "gather") ? nrows : M;
+    size_t cap = n * K * esz;
+    void *buf = malloc(cap ? cap : 1);
+    if (!buf) rc = -ENOMEM;
+    else if (!strcmp(cmd, "gather")) rc = nwc_client_gather(c, model, tensor, rows, nrows, flags, buf, cap, NULL, &rflags);
+    else rc = nwc_client_dequant(c, model, tensor, flags, buf, cap, NULL, NULL, &rflags);
+    if (rc == 0)
+      rc = npy_write(out, descr, n, K, !strcmp(cmd, "dequant") && info.t.ndim == 1 ? 1 : 2,
+                     buf, cap) < 0 ? -EIO : 0;
+    if (rc == 0 && !json)
+      printf("%s %s: %llu x %llu %s -> %s%s\n", cmd, target, (unsigned long long)n,
+             (unsigned long long)K, esz == 2 ? "bf16" : "float32", out,
+             rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
+    free(buf);
+  }
+  if (rc < 0) return die(rc);
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: %s [--socket PATH] COMMAND [ARGS] [--json]\n"
+          "  ls [MODEL]                 models, or the tensors of MODEL\n"
+          "  ps                         resident tensors\n"
+          "  info MODEL/TENSOR          one tensor\n"
+          "  load MODEL[/TENSOR]        read into memory (progress on a TTY)\n"
+          "  evict MODEL[/TENSOR]       drop from memory\n"
+          "  pin | unpin MODEL[/TENSOR] keep resident (loads first) / release\n"
+          "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]\n"
+          "  rm MODEL                   remove a model from the store\n"
+          "  verify [MODEL]             re-read and check every chunk and tensor\n"
+          "  stats                      daemon counters\n"
+          "  matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]\n"
+          "  gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]\n"
+          "  dequant MODEL/TENSOR -o OUT.npy [--bf16]\n"
+          "The socket defaults to %s (NWC_SOCKET overrides). COMMAND --help for one command.\n",
+          prog, nwc_client_default_socket());
+}
+
+int main(int argc, char **argv) {
+  const char *sock = NULL;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; i++) {
+    if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
+    else if (!strcmp(argv[i], "--json")) json = true;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+    else return fprintf(stderr, "%s: unknown option '%s'\n", prog, argv[i]), usage(stderr), 2;
+  }
+  if (i >= argc) return usage(stderr), 2;
+  cmd = argv[i++];
+  /* Options after the command: --json, --socket, --help anywhere. */
+  char *args[512];
+  int nargs = 0;
+  for (; i < argc && nargs < 512; i++) {
+    if (!strcmp(argv[i], "--json")) json = true;
+    else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+    else args[nargs++] = argv[i];
+  }
+  static const char *known[] = {"ls", "ps", "info", "load", "evict", "pin", "unpin", "import", "rm",
+                                "verify", "stats", "matvec", "gather", "dequant"};
+  bool ok = false;
+  for (size_t k = 0; k < sizeof known / sizeof *known; k++) ok |= !strcmp(cmd, known[k]);
+  if (!ok) return fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd), usage(stderr), 2;
+  bool one = !strcmp(cmd, "info") || !strcmp(cmd, "load") || !strcmp(cmd, "evict") ||
+             !strcmp(cmd, "pin") || !strcmp(cmd, "unpin") || !strcmp(cmd, "rm");
+  if (one && nargs != 1) {
+    fprintf(stderr, "usage: %s %s %s\n", prog, cmd, !strcmp(cmd, "rm") ? "MODEL" : !strcmp(cmd, "info") ? "MODEL/TENSOR" : "MODEL[/TENSOR]");
+    return 2;
+  }
+  nwc_client *c;
+  int rc = nwc_client_connect(sock, &c);
+  if (rc < 0) return die(rc);
+  int ret;
+  if (!strcmp(cmd, "ls")) ret = cmd_ls(c, nargs, args);
+  else if (!strcmp(cmd, "ps")) ret = cmd_ps(c);
+  else if (!strcmp(cmd, "info")) ret = cmd_info(c, args[0]);
+  else if (!strcmp(cmd, "import")) ret = cmd_import(c, nargs, args);
+  else if (!strcmp(cmd, "rm")) {
+    rc = nwc_client_remove(c, args[0]);
+    ret = rc < 0 ? die(rc) : (json ? (json_out(json_pack("{s:s}", "removed", args[0])), 0) : (printf("removed %s\n", args[0]), 0));
+  } else if (!strcmp(cmd, "verify")) ret = cmd_verify(c, nargs ? args[0] : NULL);
+  else if (!strcmp(cmd, "stats")) ret = cmd_stats(c);
+  else if (!strcmp(cmd, "matvec") || !strcmp(cmd, "gather") || !strcmp(cmd, "dequant")) ret = cmd_compute(c, nargs, args);
+  else ret = cmd_residency(c, args[0]);
+  nwc_client_free(c);
+  return ret;
+}

@@ -1,0 +1,182 @@
+/*
+ * main.c - nwcd: flags into an nwcd_config, then the startup order that makes failures clean:
+ * backend (refuses what this build lacks), store (its lock makes a second daemon on the same
+ * store fail with EBUSY before it touches any socket), residency, workers, and finally the
+ * socket and the loop (server.c).  SIGINT/SIGTERM stop accepting, finish what is in flight,
+ * release everything and exit 0.  Runs in the foreground, logging to stderr.
+ */
+#include "nwcd.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int nwcd_log_level = NWCD_LOG_INFO;
+
+uint64_t nwcd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void nwcd_log(int level, const char *fmt, ...) {
+  if (level > nwcd_log_level) return;
+  static const char *names[] = {"error", "warning", "info", "debug"};
+  char buf[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "nwcd: %s: %s\n", names[level], buf);
+}
+
+const char *nwcd_default_socket(char *buf, size_t n) {
+  const char *env = getenv("NWC_SOCKET");
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (env && *env) snprintf(buf, n, "%s", env);
+  else if (geteuid() == 0) snprintf(buf, n, "/run/nwc/nwcd.sock");
+  else if (xdg && *xdg) snprintf(buf, n, "%s/nwc/nwcd.sock", xdg);
+  else snprintf(buf, n, "/tmp/nwc-%u/nwcd.sock", (unsigned)geteuid());
+  return buf;
+}
+
+int nwcd_parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  NWC_RETURN_IF(errno || end == s || !(v >= 0) || !isfinite(v), -EINVAL, "bad size '%s'", s);
+  double mult = 1;
+  switch (*end) {
+    case 'k': case 'K': mult = 1024.0, end++; break;
+    case 'm': case 'M': mult = 1048576.0, end++; break;
+    case 'g': case 'G': mult = 1073741824.0, end++; break;
+    case 't': case 'T': mult = 1099511627776.0, end++; break;
+    default: break;
+  }
+  if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'b' || *end == 'B') end++;
+  NWC_RETURN_IF(*end, -EINVAL, "bad size '%s' (e.g. 512M, 2G, 1.5GiB)", s);
+  NWC_RETURN_IF(v * mult > 1.8e19, -EINVAL, "size '%s' is too large", s);
+  *out = (uint64_t)(v * mult);
+  return 0;
+}
+
+static void usage(FILE *f) {
+  char def[256];
+  fprintf(f,
+          "usage: nwcd --store DIR [--socket PATH] [--backend auto|cpu|cuda] [--budget SIZE]\n"
+          "            [--threads N] [--max-conn-per-uid N] [--verbose] [--quiet]\n"
+          "Serves the nwc store in DIR on a Unix socket, in the foreground.\n"
+          "  --store DIR       the store (created if missing); one daemon per store\n"
+          "  --socket PATH     listening socket (default %s;\n"
+          "                    NWC_SOCKET overrides the default for daemon and clients)\n"
+          "  --backend B       compute backend: auto (cpu in this build), cpu, cuda\n"
+          "  --budget SIZE     bytes of resident tensors (e.g. 512M, 4G; default half of RAM)\n"
+          "  --threads N       worker threads (default: online cores)\n"
+          "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
+          nwcd_default_socket(def, sizeof def));
+}
+
+int main(int argc, char **argv) {
+  nwcd d;
+  memset(&d, 0, sizeof d);
+  d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,
+                        .max_outq = 64u << 20, .socket_mode = 0660};
+  static const struct option opts[] = {
+      {"store", required_argument, 0, 's'},   {"socket", required_argument, 0, 'S'},
+      {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},
+      {"threads", required_argument, 0, 't'}, {"max-conn-per-uid", required_argument, 0, 'c'},
+      {"verbose", no_argument, 0, 'v'},       {"quiet", no_argument, 0, 'q'},
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+  int o;
+  while ((o = getopt_long(argc, argv, "s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
+    switch (o) {
+      case 's': d.cfg.store_dir = optarg; break;
+      case 'S': d.cfg.socket_path = optarg; break;
+      case 'b': d.cfg.backend = optarg; break;
+      case 'B':
+        if (nwcd_parse_size(optarg, &d.cfg.budget) < 0 || !d.cfg.budget) {
+          fprintf(stderr, "nwcd: --budget: bad size '%s' (e.g. 512M, 2G)\n", optarg);
+          return 2;
+        }
+        break;
+      case 't': {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (*end || v < 1 || v > 1024) {
+          fprintf(stderr, "nwcd: --threads: expected 1..1024, got '%s'\n", optarg);
+          return 2;
+        }
+        d.cfg.threads = (unsigned)v;
+        break;
+      }
+      case 'c': {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (*end || v < 1 || v > 100000) {
+          fprintf(stderr, "nwcd: --max-conn-per-uid: expected a positive count\n");
+          return 2;
+        }
+        d.cfg.max_conn_per_uid = (unsigned)v;
+        break;
+      }
+      case 'v': d.cfg.verbose = 1, nwcd_log_level = NWCD_LOG_DEBUG; break;
+      case 'q': nwcd_log_level = NWCD_LOG_WARN; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc || !d.cfg.store_dir) {
+    if (optind < argc) fprintf(stderr, "nwcd: unexpected argument '%s'\n", argv[optind]);
+    else fprintf(stderr, "nwcd: --store DIR is required\n");
+    usage(stderr);
+    return 2;
+  }
+  int rc = nwcd_backend_get(d.cfg.backend, &d.backend);
+  if (rc < 0) {
+    fprintf(stderr, "nwcd: --backend %s: %s\n", d.cfg.backend, nwc_error_detail());
+    return 1;
+  }
+  if (!d.cfg.threads) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    d.cfg.threads = n > 0 ? (unsigned)n : 1;
+  }
+  if (!d.cfg.budget) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    d.cfg.budget = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : (1ull << 30);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  d.start_ns = nwcd_now_ns();
+  rc = nwc_store_open(d.cfg.store_dir, NWC_STORE_CREATE, &d.store);
+  if (rc < 0) {
+    if (rc == -EBUSY)
+      fprintf(stderr, "nwcd: store %s is in use by another daemon (its lock is held)\n",
+              d.cfg.store_dir);
+    else
+      fprintf(stderr, "nwcd: store %s: %s (%s)\n", d.cfg.store_dir, nwc_strerror(rc),
+              nwc_error_detail());
+    return 1;
+  }
+  pthread_mutex_init(&d.store_lock, NULL);
+  rc = nwcd_res_create(&d, d.cfg.budget, &d.res);
+  if (rc == 0) rc = nwcd_pool_create(d.cfg.threads, nwcd_ops_run, &d.pool);
+  if (rc == 0) {
+    rc = nwcd_server_run(&d);
+    if (rc < 0) fprintf(stderr, "nwcd: %s\n", nwc_error_detail());
+  }
+  nwcd_pool_free(d.pool);
+  nwcd_res_free(d.res);
+  nwc_store_close(d.store);
+  pthread_mutex_destroy(&d.store_lock);
+  if (rc == 0) nwcd_log(NWCD_LOG_INFO, "stopped");
+  return rc < 0 ? 1 : 0;
+}

@@ -1,0 +1,192 @@
+/*
+ * nwcd.h - what the daemon's modules share (not installed).
+ *
+ *   main.c       flags -> nwcd_config, signals, startup and shutdown order
+ *   server.c     libuv loop: listening socket, connections, framing, back-pressure, outbox
+ *   ops.c        request handlers (run on worker threads), reply encoding, matvec batching
+ *   pool.c       worker threads and their job queue (coalescing hook for batched matvec)
+ *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
+ *   loader.c     io_uring reads of blobs with checksum checks as chunks land
+ *   backend_cpu.c  the compute backend interface's CPU implementation
+ *
+ * Threads: the loop thread owns connections and sockets; worker threads run jobs; the store
+ * handle is used under nwcd.store_lock (one caller at a time), residency under its own mutex.
+ * Lock order: store_lock before the residency mutex, never the other way round.
+ */
+#ifndef NWCD_H
+#define NWCD_H
+
+#include "nwc.h"
+#include "nwc_proto.h"
+#include "nwc_store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define NWCD_VERSION "nwcd 0.1.0"
+
+/* ---- configuration (flags fill it; #6 adds a config file on top) ------------------------- */
+
+typedef struct nwcd_config {
+  const char *store_dir;
+  const char *socket_path; /* NULL: nwcd_default_socket() */
+  const char *backend;     /* "auto", "cpu", "cuda" */
+  uint64_t budget;         /* bytes of resident tensors; 0: half of physical memory */
+  unsigned threads;        /* worker threads; 0: online cores */
+  unsigned max_conn_per_uid;
+  unsigned max_inflight;   /* requests in flight per connection before reading pauses */
+  uint64_t max_outq;       /* queued reply bytes per connection before reading pauses */
+  unsigned socket_mode;    /* 0660 */
+  int verbose;
+} nwcd_config;
+
+/* Default socket path: $NWC_SOCKET, else $XDG_RUNTIME_DIR/nwc/nwcd.sock, else /run/nwc/nwcd.sock
+ * as root (or /tmp/nwc-UID/nwcd.sock).  Writes into buf[n]; returns buf. */
+const char *nwcd_default_socket(char *buf, size_t n);
+/* Parses "512M", "2G", "1.5GiB", "1048576": 0 and *out, or -EINVAL. */
+int nwcd_parse_size(const char *s, uint64_t *out);
+
+void nwcd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+enum { NWCD_LOG_ERR = 0, NWCD_LOG_WARN = 1, NWCD_LOG_INFO = 2, NWCD_LOG_DEBUG = 3 };
+extern int nwcd_log_level;
+
+/* ---- compute backend ------------------------------------------------------------------- */
+
+/* What a compute backend provides; #8 adds a CUDA one next to cpu.  Every function returns 0 or
+ * a negative errno and may be called from any worker thread at once. */
+typedef struct nwcd_backend {
+  const char *name;
+  /* Host memory for resident copies: aligned to 4096, *locked set when it is pinned (mlock).
+   * Free with host_free(p, n, locked). */
+  void *(*host_alloc)(size_t n, bool *locked);
+  void (*host_free)(void *p, size_t n, bool locked);
+  /* BF16 rows of row blocks [rb0, rb1), row stride K16, out at row rb0 * block rows. */
+  int (*dequant)(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out);
+  int (*gather)(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out);
+  /* Y[c * ldy ..] = scale * W X[c * ldx ..] + bias for ncols <= 8. */
+  int (*matvec)(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx, const float *bias,
+                float *Y, size_t ldy);
+} nwcd_backend;
+
+/* The backend called name ("auto", "cpu", "cuda"): 0 and *out, -ENOTSUP with a detail for one
+ * this build lacks, -EINVAL for an unknown name. */
+int nwcd_backend_get(const char *name, const nwcd_backend **out);
+
+/* ---- loader ------------------------------------------------------------------------------ */
+
+typedef struct nwcd_load_info {
+  bool direct;      /* read with O_DIRECT */
+  uint64_t bytes;
+  uint64_t micros;
+} nwcd_load_info;
+
+/* Reads ti's blob into buf (ti->length bytes, 4096-aligned) with io_uring, several reads in
+ * flight, O_DIRECT where the file system allows (buffered otherwise), checking each chunk's
+ * checksum as it lands.  progress (may be NULL) gets bytes done of ti->length. */
+int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
+                   void (*progress)(void *ctx, uint64_t done, uint64_t total), void *ctx);
+
+/* ---- residency --------------------------------------------------------------------------- */
+
+typedef struct nwcd_res nwcd_res;
+typedef struct nwcd_entry nwcd_entry;
+
+/* A reference to a tensor usable for compute: view valid until nwcd_res_release. */
+typedef struct nwcd_ref {
+  nwcd_entry *e;          /* resident entry (refs held), or NULL when mapped */
+  nwc_store_map *map;     /* mapped container (non-resident compute), or NULL */
+  nwc_tensor view;
+  const nwc_tensor_info *ti;
+  bool loaded;            /* this acquire loaded it */
+} nwcd_ref;
+
+enum {
+  NWCD_ACQ_MAP_OK = 1, /* may fall back to mapping the container when it cannot fit */
+  NWCD_ACQ_PIN = 2,    /* pin it (and keep no reference) */
+  NWCD_ACQ_NOREF = 4,  /* load only (and keep no reference) */
+};
+
+struct nwcd;
+int nwcd_res_create(struct nwcd *d, uint64_t budget, nwcd_res **out);
+void nwcd_res_free(nwcd_res *r);
+/* Finds (loading if needed) model/tensor.  Returns 0 and *ref, -ENOENT, -ENOSPC when it cannot
+ * fit (and mapping is not allowed), or a load error. */
+int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
+                     nwcd_ref *ref, nwcd_load_info *li);
+void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
+/* Evicts one tensor: 0, -EBUSY (in use or pinned: detail says which), -ENOENT when absent.
+ * *bytes gets what was freed. */
+int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);
+int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor);
+/* Drops every entry of model (before removing it): -EBUSY if one is in use or loading. */
+int nwcd_res_forget_model(nwcd_res *r, const char *model);
+/* Residency of one tensor for listings. */
+void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_proto_tensor *out);
+uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
+/* Resident tensors for ps: *out malloc'ed array of *n (free()). */
+int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);
+void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s);
+void nwcd_res_count_mapped(nwcd_res *r);
+
+/* ---- the daemon -------------------------------------------------------------------------- */
+
+typedef struct nwcd_stats {
+  atomic_uint_fast64_t requests, errors, conn_total, batched_passes, batched_columns;
+  atomic_uint_fast64_t connections;
+} nwcd_stats;
+
+typedef struct nwcd {
+  nwcd_config cfg;
+  const nwcd_backend *backend;
+  nwc_store *store;
+  pthread_mutex_t store_lock;
+  nwcd_res *res;
+  struct nwcd_pool *pool;
+  struct nwcd_server *server;
+  nwcd_stats stats;
+  uint64_t start_ns;
+} nwcd;
+
+uint64_t nwcd_now_ns(void);
+
+/* ---- jobs and the worker pool ------------------------------------------------------------ */
+
+struct nwcd_conn;
+typedef struct nwcd_job {
+  struct nwcd_job *next;
+  struct nwcd_job *batch;    /* further matvec jobs sharing this one's pass */
+  nwcd *d;
+  struct nwcd_conn *conn;    /* held by the loop thread for the job's life */
+  uint8_t *shm;              /* the connection's shared region (or NULL), size shm_size */
+  uint64_t shm_size;
+  nwc_proto_req req;         /* rows, x point into payload */
+  uint8_t *payload;          /* owned */
+  int fds[NWC_PROTO_MAX_FILES + 1];
+  unsigned nfds;             /* owned descriptors (closed by nwcd_job_free) */
+  uint64_t started_ns;
+} nwcd_job;
+
+typedef struct nwcd_pool nwcd_pool;
+int nwcd_pool_create(unsigned threads, void (*run)(nwcd_job *), nwcd_pool **out);
+/* Queues a job (any thread). */
+void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j);
+/* Stops the workers after the queue is empty, joins them, frees the pool. */
+void nwcd_pool_free(nwcd_pool *p);
+
+/* ops.c: runs one job (or a batch) on a worker; replies go through nwcd_server_send. */
+void nwcd_ops_run(nwcd_job *j);
+/* True when b can share a + its batch's matvec pass. */
+bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b);
+void nwcd_job_free(nwcd_job *j);
+
+/* server.c: hands a finished frame (buf malloc'ed, ownership passes) for job j's connection;
+ * final marks the job's last frame (the job is freed on the loop thread after it). */
+void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
+int nwcd_server_run(nwcd *d);
+void nwcd_server_get_stats(nwcd *d, nwc_proto_stats *s);
+
+#endif

@@ -1,0 +1,602 @@
+/*
+ * ops.c - the request handlers: each runs on a worker thread with a decoded request (job->req)
+ * and sends progress events and one final reply through nwcd_server_send().
+ *
+ * Design: every handler returns 0 after sending its reply, or a negative errno, in which case
+ * nwcd_ops_run() sends the error reply with nwc_error_detail() as the message; so a handler
+ * checks outside input with NWC_RETURN_IF and never aborts.  Catalog access holds d->store_lock;
+ * compute holds residency references (nwcd_res_acquire / nwcd_res_release) for exactly the
+ * time it reads the weights.  Bulk output goes inline up to the frame maximum or into the
+ * connection's shared region at the offset the request names, checked against its size.
+ * Matvec jobs that the pool chained on job->batch share one nwc_matvec_batch pass.
+ */
+#include "nwcd.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, bool final) {
+  int64_t n = nwc_pw_finish(w, j->req.op, flags, status, j->req.id);
+  if (n < 0) { /* could not build the reply: send the failure instead */
+    nwc_pw_free(w);
+    nwc_pw_init(w);
+    nwc_pw_str(w, "the daemon could not build the reply (out of memory or too large)");
+    n = nwc_pw_finish(w, j->req.op, 0, -ENOMEM, j->req.id);
+    if (n < 0) {
+      nwc_pw_free(w);
+      nwcd_server_send(j, NULL, 0, final);
+      return;
+    }
+  }
+  nwcd_server_send(j, w->buf, (size_t)n, final);
+  w->buf = NULL;
+}
+
+static void reply(nwcd_job *j, nwc_pw *w) { send_frame(j, w, 0, 0, true); }
+
+static void reply_error(nwcd_job *j, int rc) {
+  const char *detail = nwc_error_detail();
+  char msg[NWC_PROTO_MAX_MSG];
+  snprintf(msg, sizeof msg, "%s", detail && *detail ? detail : nwc_strerror(rc));
+  atomic_fetch_add(&j->d->stats.errors, 1);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_pw_str(&w, msg);
+  send_frame(j, &w, rc, 0, true);
+}
+
+typedef struct progress_ctx {
+  nwcd_job *j;
+  uint64_t last_ns;
+} progress_ctx;
+
+static void send_progress(progress_ctx *p, uint64_t done, uint64_t total, bool force) {
+  uint64_t now = nwcd_now_ns();
+  if (!force && now - p->last_ns < 50000000) return;
+  p->last_ns = now;
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_progress(&w, done, total);
+  send_frame(p->j, &w, 0, NWC_PF_EVENT, false);
+}
+
+static int import_progress(void *ctx, uint64_t done, uint64_t total) {
+  send_progress(ctx, done, total, done == total);
+  return 0;
+}
+
+/* ---- catalog ------------------------------------------------------------------------------ */
+
+static void fill_tensor(nwcd *d, const nwc_tensor_info *ti, nwc_proto_tensor *t) {
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", ti->name);
+  t->ndim = (uint8_t)(ti->ndim > 8 ? 8 : ti->ndim);
+  memcpy(t->shape, ti->shape, sizeof t->shape);
+  snprintf(t->dtype, sizeof t->dtype, "%s", ti->dtype);
+  t->elem = ti->elem, t->rows = ti->rows, t->cols = ti->cols;
+  t->raw_bytes = ti->raw_bytes, t->nwc_bytes = ti->length;
+  nwcd_res_describe(d->res, ti->model, ti->name, t);
+}
+
+static int op_models(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_model_info *m = NULL;
+  size_t n = 0;
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwc_store_models(d->store, &m, &n);
+  pthread_mutex_unlock(&d->store_lock);
+  if (rc < 0) return rc;
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_pw_u32(&w, (uint32_t)n);
+  for (size_t i = 0; i < n; i++) {
+    nwc_proto_model pm = {.tensors = m[i].tensors, .raw_bytes = m[i].raw_bytes,
+                          .nwc_bytes = m[i].nwc_bytes, .created = m[i].created,
+                          .verified = m[i].verified};
+    snprintf(pm.name, sizeof pm.name, "%s", m[i].name);
+    pm.resident_bytes = nwcd_res_model_bytes(d->res, m[i].name);
+    nwc_proto_put_model(&w, &pm);
+  }
+  nwc_model_info_free(m, n);
+  reply(j, &w);
+  return 0;
+}
+
+static int model_tensors(nwcd *d, const char *model, nwc_tensor_info **ti, size_t *n) {
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwc_store_tensors(d->store, model, ti, n);
+  pthread_mutex_unlock(&d->store_lock);
+  NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no model '%s' in the store", model);
+  return rc;
+}
+
+static int op_tensors(nwcd_job *j) {
+  nwc_tensor_info *ti = NULL;
+  size_t n = 0;
+  NWC_TRY(model_tensors(j->d, j->req.model, &ti, &n));
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_pw_u32(&w, (uint32_t)n);
+  nwc_proto_tensor t;
+  for (size_t i = 0; i < n; i++) fill_tensor(j->d, &ti[i], &t), nwc_proto_put_tensor(&w, &t);
+  nwc_tensor_info_free(ti, n);
+  reply(j, &w);
+  return 0;
+}
+
+static int op_info(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_tensor_info *ti = NULL;
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwc_store_tensor(d->store, j->req.model, j->req.tensor, &ti);
+  pthread_mutex_unlock(&d->store_lock);
+  NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no tensor %s/%s in the store", j->req.model,
+                j->req.tensor);
+  if (rc < 0) return rc;
+  nwc_proto_tensor t;
+  fill_tensor(d, ti, &t);
+  nwc_proto_info in = {.offset = ti->offset, .length = ti->length, .nchunks = ti->nchunks,
+                       .nblocks = ti->nblocks, .data_bytes = ti->data_bytes,
+                       .format_version = ti->format_version};
+  snprintf(in.conversion, sizeof in.conversion, "%s", ti->conversion ? ti->conversion : "");
+  snprintf(in.path, sizeof in.path, "%s", ti->path);
+  nwc_tensor_info_free(ti, 1);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_tensor(&w, &t);
+  nwc_proto_put_info(&w, &in);
+  reply(j, &w);
+  return 0;
+}
+
+static int op_import(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  NWC_RETURN_IF(!nwc_model_name_valid(r->model), -EINVAL,
+                "'%s' is not a valid model name ([A-Za-z0-9][A-Za-z0-9._-]{0,127})", r->model);
+  NWC_RETURN_IF(r->elem > NWC_ELEM_FP8, -EINVAL, "unknown element type %u", r->elem);
+  nwc_import_file files[NWC_PROTO_MAX_FILES];
+  for (uint32_t i = 0; i < r->nfiles; i++)
+    files[i] = (nwc_import_file){r->files[i], j->fds[r->has_index + i]};
+  progress_ctx pc = {j, 0};
+  nwc_import_opts o = {r->elem, r->layout, d->cfg.threads, import_progress, &pc};
+  uint64_t t0 = nwcd_now_ns();
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwc_store_import_fds(d->store, r->model, r->has_index ? j->fds[0] : -1, files,
+                                r->nfiles, &o);
+  nwc_model_info *m = NULL;
+  if (rc == 0) rc = nwc_store_model(d->store, r->model, &m);
+  pthread_mutex_unlock(&d->store_lock);
+  if (rc < 0) return rc;
+  nwc_proto_result res = {.tensors = m->tensors, .bytes = m->nwc_bytes, .raw_bytes = m->raw_bytes,
+                          .micros = (nwcd_now_ns() - t0) / 1000};
+  nwcd_log(NWCD_LOG_INFO, "imported %s: %llu tensors, %llu -> %llu bytes in %.2f s", r->model,
+           (unsigned long long)m->tensors, (unsigned long long)m->raw_bytes,
+           (unsigned long long)m->nwc_bytes, res.micros / 1e6);
+  nwc_model_info_free(m, 1);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_result(&w, &res);
+  reply(j, &w);
+  return 0;
+}
+
+static int op_remove(nwcd_job *j) {
+  nwcd *d = j->d;
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwcd_res_forget_model(d->res, j->req.model);
+  if (rc == 0) rc = nwc_store_remove(d->store, j->req.model);
+  pthread_mutex_unlock(&d->store_lock);
+  NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no model '%s' in the store", j->req.model);
+  if (rc < 0) return rc;
+  nwcd_log(NWCD_LOG_INFO, "removed %s", j->req.model);
+  nwc_proto_result res = {.tensors = 1};
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_result(&w, &res);
+  reply(j, &w);
+  return 0;
+}
+
+/* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "". */
+static int op_residency(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  nwc_tensor_info *ti = NULL;
+  size_t n = 0;
+  if (r->tensor[0]) {
+    pthread_mutex_lock(&d->store_lock);
+    int rc = nwc_store_tensor(d->store, r->model, r->tensor, &ti);
+    pthread_mutex_unlock(&d->store_lock);
+    NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no tensor %s/%s in the store", r->model, r->tensor);
+    if (rc < 0) return rc;
+    n = 1;
+  } else {
+    NWC_TRY(model_tensors(d, r->model, &ti, &n));
+  }
+  uint64_t total = 0, done = 0;
+  for (size_t i = 0; i < n; i++) total += ti[i].length;
+  nwc_proto_result res = {0};
+  uint64_t t0 = nwcd_now_ns();
+  progress_ctx pc = {j, 0};
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    const char *tn = ti[i].name;
+    if (r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) {
+      nwcd_ref ref;
+      nwcd_load_info li;
+      rc = nwcd_res_acquire(d->res, r->model, tn, r->op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF,
+                            &ref, &li);
+      if (rc == 0) {
+        res.tensors++, res.bytes += ti[i].length;
+        if (li.direct) res.direct++;
+        else res.buffered++;
+      }
+    } else if (r->op == NWC_OP_EVICT) {
+      uint64_t b = 0;
+      rc = nwcd_res_evict(d->res, r->model, tn, &b);
+      if (rc == -EBUSY && n > 1) rc = 0, res.skipped++;
+      else if (rc == 0 && b) res.tensors++, res.bytes += b;
+    } else {
+      if (nwcd_res_unpin(d->res, r->model, tn)) res.tensors++, res.bytes += ti[i].length;
+    }
+    done += ti[i].length;
+    if (r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) send_progress(&pc, done, total, i + 1 == n);
+  }
+  nwc_tensor_info_free(ti, n);
+  if (rc < 0) return rc;
+  res.micros = (nwcd_now_ns() - t0) / 1000;
+  if (r->op == NWC_OP_LOAD || r->op == NWC_OP_EVICT)
+    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s", nwc_proto_op_name(r->op),
+             r->model, r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)res.tensors,
+             (unsigned long long)res.bytes, res.micros / 1e6);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_result(&w, &res);
+  reply(j, &w);
+  return 0;
+}
+
+/* ---- compute ------------------------------------------------------------------------------ */
+
+/* Where the output of bytes goes: inline (reserved in w after the compute header) or the shared
+ * region; checks the request's offsets against the region's size. */
+static int out_place(nwcd_job *j, uint64_t bytes, nwc_pw *w, nwc_proto_compute *c, void **dst) {
+  const nwc_proto_req *r = &j->req;
+  c->bytes = bytes, c->where = r->where, c->out = r->out;
+  if (r->where == NWC_WHERE_SHM) {
+    NWC_RETURN_IF(!j->shm, -EINVAL, "no shared region: pass one (shm) before using it");
+    NWC_RETURN_IF(r->out_off > j->shm_size || bytes > j->shm_size - r->out_off, -EINVAL,
+                  "output of %llu bytes at offset %llu overruns the shared region of %llu bytes",
+                  (unsigned long long)bytes, (unsigned long long)r->out_off,
+                  (unsigned long long)j->shm_size);
+    NWC_RETURN_IF(bytes > r->out_cap, -EINVAL,
+                  "output of %llu bytes does not fit the %llu bytes the request offers",
+                  (unsigned long long)bytes, (unsigned long long)r->out_cap);
+    nwc_proto_put_compute(w, c);
+    *dst = j->shm + r->out_off;
+    return 0;
+  }
+  NWC_RETURN_IF(bytes > NWC_PROTO_MAX_PAYLOAD - 64, -EMSGSIZE,
+                "output of %llu bytes is larger than a frame (%u); use a shared region",
+                (unsigned long long)bytes, NWC_PROTO_MAX_PAYLOAD);
+  nwc_proto_put_compute(w, c);
+  *dst = nwc_pw_reserve(w, bytes);
+  NWC_RETURN_IF(!*dst, -ENOMEM, "no memory for %llu bytes of output", (unsigned long long)bytes);
+  return 0;
+}
+
+/* Copies n rows of K16-strided BF16 into dst as dense rows of K, BF16 or fp32. */
+static void emit_rows(const uint16_t *src, uint64_t n, uint64_t K, uint64_t K16, int out, void *dst) {
+  for (uint64_t i = 0; i < n; i++) {
+    const uint16_t *s = src + i * K16;
+    if (out == NWC_OUT_BF16) {
+      memcpy((uint8_t *)dst + i * K * 2, s, K * 2);
+    } else {
+      float *f = (float *)((uint8_t *)dst + i * K * 4);
+      for (uint64_t k = 0; k < K; k++) {
+        float v = nwc_bf16_to_f32(s[k]);
+        memcpy(&f[k], &v, 4);
+      }
+    }
+  }
+}
+
+static uint64_t k16_of(uint64_t K) { return (K + 15) & ~UINT64_C(15); }
+
+static int op_dequant_gather(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  nwcd_ref ref;
+  NWC_TRY(nwcd_res_acquire(d->res, r->model, r->tensor, NWCD_ACQ_MAP_OK, &ref, NULL));
+  const nwc_tensor *t = &ref.view;
+  uint64_t M = t->rows, K = t->cols, K16 = k16_of(K);
+  uint64_t n = r->op == NWC_OP_GATHER ? r->nrows : M;
+  uint64_t *rows = NULL;
+  uint16_t *tmp = NULL;
+  int rc = 0;
+  if (r->op == NWC_OP_GATHER) {
+    rows = malloc(n * sizeof *rows);
+    if (!rows) rc = -ENOMEM;
+    for (uint64_t i = 0; rc == 0 && i < n; i++) {
+      memcpy(&rows[i], r->rows + 8 * i, 8);
+      if (rows[i] >= M)
+        rc = nwc__fail(-EINVAL, "row %llu of %s/%s is out of range (%llu rows)",
+                       (unsigned long long)rows[i], r->model, r->tensor, (unsigned long long)M);
+    }
+  }
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_compute c = {.rows = n, .cols = K, .rflags = ref.map ? NWC_RF_MAPPED : 0};
+  void *dst = NULL;
+  if (rc == 0) rc = out_place(j, n * K * (r->out == NWC_OUT_BF16 ? 2 : 4), &w, &c, &dst);
+  if (rc == 0 && !(tmp = malloc(n * K16 * 2 + 64))) rc = -ENOMEM;
+  if (rc == 0) {
+    if (r->op == NWC_OP_GATHER) {
+      rc = d->backend->gather(t, rows, n, tmp);
+    } else {
+      uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
+      rc = d->backend->dequant(t, 0, (M + br - 1) / br, tmp);
+    }
+  }
+  if (rc == 0) emit_rows(tmp, n, K, K16, r->out, dst);
+  free(tmp), free(rows);
+  nwcd_res_release(d->res, &ref);
+  if (rc < 0) {
+    nwc_pw_free(&w);
+    return rc;
+  }
+  reply(j, &w);
+  return 0;
+}
+
+bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b) {
+  const nwc_proto_req *x = &a->req, *y = &b->req;
+  return y->op == NWC_OP_MATVEC && cols + y->ncols <= 8 && x->out == y->out &&
+         x->scale == y->scale && !strcmp(x->model, y->model) && !strcmp(x->tensor, y->tensor) &&
+         !strcmp(x->bias, y->bias);
+}
+
+/* The x of job j (ncols * K floats) copied to X; checks sizes and the shared region. */
+static int matvec_input(nwcd_job *j, uint64_t K, float *X) {
+  const nwc_proto_req *r = &j->req;
+  NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
+                "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats (%llu bytes)",
+                (unsigned long long)r->x_bytes, r->model, r->tensor, r->ncols,
+                (unsigned long long)K, (unsigned long long)r->ncols * K * 4);
+  const uint8_t *src = r->x;
+  if (r->where == NWC_WHERE_SHM) {
+    NWC_RETURN_IF(!j->shm, -EINVAL, "no shared region: pass one (shm) before using it");
+    NWC_RETURN_IF(r->in_off > j->shm_size || r->x_bytes > j->shm_size - r->in_off, -EINVAL,
+                  "x of %llu bytes at offset %llu overruns the shared region of %llu bytes",
+                  (unsigned long long)r->x_bytes, (unsigned long long)r->in_off,
+                  (unsigned long long)j->shm_size);
+    src = j->shm + r->in_off;
+  }
+  memcpy(X, src, r->x_bytes);
+  return 0;
+}
+
+static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out) {
+  *out = NULL;
+  if (!r->bias[0]) return 0;
+  nwcd_ref ref;
+  NWC_TRY(nwcd_res_acquire(d->res, r->model, r->bias, NWCD_ACQ_MAP_OK, &ref, NULL));
+  const nwc_tensor *t = &ref.view;
+  int rc = 0;
+  uint16_t *tmp = NULL;
+  float *b = NULL;
+  if (t->rows * t->cols != M)
+    rc = nwc__fail(-EINVAL, "bias %s/%s has %llu values, the matvec has %llu rows", r->model,
+                   r->bias, (unsigned long long)(t->rows * t->cols), (unsigned long long)M);
+  uint64_t K16 = k16_of(t->cols);
+  if (rc == 0 && (!(tmp = malloc(t->rows * K16 * 2 + 64)) || !(b = malloc(M * sizeof *b))))
+    rc = -ENOMEM;
+  if (rc == 0) {
+    uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
+    rc = d->backend->dequant(t, 0, (t->rows + br - 1) / br, tmp);
+  }
+  if (rc == 0) {
+    float s = 1;
+    for (uint64_t i = 0; i < t->rows; i++)
+      for (uint64_t k = 0; k < t->cols; k++) {
+        if (t->scale) s = t->scale[i];
+        b[i * t->cols + k] = s * nwc_bf16_to_f32(tmp[i * K16 + k]);
+      }
+  }
+  free(tmp);
+  nwcd_res_release(d->res, &ref);
+  if (rc < 0) free(b);
+  else *out = b;
+  return rc;
+}
+
+/* Runs j and the jobs chained on j->batch in one pass; each gets its own reply. */
+static void op_matvec(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  nwcd_job *jobs[8];
+  unsigned nj = 0;
+  for (nwcd_job *b = j; b && nj < 8; b = b->batch) jobs[nj++] = b;
+  nwcd_ref ref;
+  int rc = nwcd_res_acquire(d->res, r->model, r->tensor, NWCD_ACQ_MAP_OK, &ref, NULL);
+  if (rc < 0) {
+    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
+    return;
+  }
+  const nwc_tensor *t = &ref.view;
+  uint64_t M = t->rows, K = t->cols;
+  float *bias = NULL;
+  rc = bias_vector(d, r, M, &bias);
+  unsigned total = 0;
+  for (unsigned i = 0; i < nj; i++) total += jobs[i]->req.ncols;
+  float *X = rc == 0 ? malloc((size_t)total * K * 4 + 64) : NULL;
+  float *Y = rc == 0 ? malloc((size_t)total * M * 4 + 64) : NULL;
+  if (rc == 0 && (!X || !Y)) rc = -ENOMEM;
+  if (rc < 0) {
+    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
+    goto done;
+  }
+  /* Validate each job's input; the failures get their error and leave the pass. */
+  int jrc[8];
+  unsigned col0[8], cols = 0;
+  for (unsigned i = 0; i < nj; i++) {
+    col0[i] = cols;
+    jrc[i] = matvec_input(jobs[i], K, X + (size_t)cols * K);
+    if (jrc[i] < 0) reply_error(jobs[i], jrc[i]);
+    else cols += jobs[i]->req.ncols;
+  }
+  for (unsigned c = 0; rc == 0 && c < cols; c += 8) {
+    unsigned nc = cols - c < 8 ? cols - c : 8;
+    rc = d->backend->matvec(t, X + (size_t)c * K, nc, K, NULL, Y + (size_t)c * M, M);
+  }
+  if (rc == 0) {
+    float s = r->scale;
+    for (unsigned c = 0; c < cols; c++)
+      for (uint64_t i = 0; i < M; i++) {
+        float *y = &Y[(size_t)c * M + i];
+        *y = s * *y + (bias ? bias[i] : 0.0f);
+      }
+  }
+  if (nj > 1 && cols) {
+    atomic_fetch_add(&d->stats.batched_passes, 1);
+    atomic_fetch_add(&d->stats.batched_columns, cols);
+  }
+  for (unsigned i = 0; i < nj; i++) {
+    if (jrc[i] < 0) continue;
+    nwcd_job *b = jobs[i];
+    if (rc < 0) {
+      reply_error(b, rc);
+      continue;
+    }
+    nwc_pw w;
+    nwc_pw_init(&w);
+    nwc_proto_compute c = {.rows = b->req.ncols, .cols = M,
+                           .rflags = (ref.map ? NWC_RF_MAPPED : 0) | (nj > 1 ? NWC_RF_BATCHED : 0)};
+    void *dst = NULL;
+    uint64_t esz = b->req.out == NWC_OUT_BF16 ? 2 : 4;
+    int prc = out_place(b, (uint64_t)b->req.ncols * M * esz, &w, &c, &dst);
+    if (prc < 0) {
+      nwc_pw_free(&w);
+      reply_error(b, prc);
+      continue;
+    }
+    const float *src = Y + (size_t)col0[i] * M;
+    if (esz == 4) {
+      memcpy(dst, src, (size_t)b->req.ncols * M * 4);
+    } else {
+      for (size_t k = 0; k < (size_t)b->req.ncols * M; k++) {
+        uint16_t h = nwc_f32_to_bf16(src[k]);
+        memcpy((uint8_t *)dst + 2 * k, &h, 2);
+      }
+    }
+    reply(b, &w);
+  }
+done:
+  free(X), free(Y), free(bias);
+  nwcd_res_release(d->res, &ref);
+}
+
+/* ---- verify, stats, ps -------------------------------------------------------------------- */
+
+typedef struct verify_ctx {
+  char *lines[32];
+  unsigned n;
+} verify_ctx;
+
+static void verify_cb(void *ctx, const nwc_verify_problem *p) {
+  verify_ctx *v = ctx;
+  if (v->n >= 32) return;
+  char buf[NWC_PROTO_MAX_MSG];
+  snprintf(buf, sizeof buf, "%s/%s: %s (%s at %llu, %llu bytes)", p->model,
+           p->tensor ? p->tensor : "-", p->what, p->path, (unsigned long long)p->offset,
+           (unsigned long long)p->length);
+  v->lines[v->n] = strdup(buf);
+  if (v->lines[v->n]) v->n++;
+}
+
+static int op_verify(nwcd_job *j) {
+  nwcd *d = j->d;
+  verify_ctx v = {{0}, 0};
+  nwc_verify_stats st = {0};
+  uint64_t t0 = nwcd_now_ns();
+  pthread_mutex_lock(&d->store_lock);
+  int rc = nwc_store_verify(d->store, j->req.model[0] ? j->req.model : NULL, verify_cb, &v, &st);
+  pthread_mutex_unlock(&d->store_lock);
+  if (rc < 0 && rc != -EBADMSG) {
+    for (unsigned i = 0; i < v.n; i++) free(v.lines[i]);
+    NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no model '%s' in the store", j->req.model);
+    return rc;
+  }
+  nwc_proto_result res = {.tensors = st.tensors, .bytes = st.bytes, .skipped = st.models,
+                          .chunks = st.chunks, .problems = st.problems,
+                          .micros = (nwcd_now_ns() - t0) / 1000};
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_result(&w, &res);
+  nwc_pw_u32(&w, v.n);
+  for (unsigned i = 0; i < v.n; i++) nwc_pw_str(&w, v.lines[i]), free(v.lines[i]);
+  reply(j, &w);
+  return 0;
+}
+
+static int op_stats(nwcd_job *j) {
+  nwc_proto_stats s = {0};
+  nwcd_server_get_stats(j->d, &s);
+  nwcd_res_stats(j->d->res, &s);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_stats(&w, &s);
+  reply(j, &w);
+  return 0;
+}
+
+static int op_ps(nwcd_job *j) {
+  nwc_proto_ps *p = NULL;
+  size_t n = 0;
+  NWC_TRY(nwcd_res_list(j->d->res, &p, &n));
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_pw_u32(&w, (uint32_t)n);
+  for (size_t i = 0; i < n; i++) nwc_proto_put_ps(&w, &p[i]);
+  free(p);
+  reply(j, &w);
+  return 0;
+}
+
+void nwcd_ops_run(nwcd_job *j) {
+  int rc;
+  switch (j->req.op) {
+    case NWC_OP_MODELS: rc = op_models(j); break;
+    case NWC_OP_TENSORS: rc = op_tensors(j); break;
+    case NWC_OP_INFO: rc = op_info(j); break;
+    case NWC_OP_IMPORT: rc = op_import(j); break;
+    case NWC_OP_REMOVE: rc = op_remove(j); break;
+    case NWC_OP_LOAD:
+    case NWC_OP_EVICT:
+    case NWC_OP_PIN:
+    case NWC_OP_UNPIN: rc = op_residency(j); break;
+    case NWC_OP_DEQUANT:
+    case NWC_OP_GATHER: rc = op_dequant_gather(j); break;
+    case NWC_OP_MATVEC: op_matvec(j); return;
+    case NWC_OP_VERIFY: rc = op_verify(j); break;
+    case NWC_OP_STATS: rc = op_stats(j); break;
+    case NWC_OP_PS: rc = op_ps(j); break;
+    default: rc = nwc__fail(-EOPNOTSUPP, "opcode %u is not served here", j->req.op); break;
+  }
+  if (rc < 0) reply_error(j, rc);
+}
+
+void nwcd_job_free(nwcd_job *j) {
+  if (!j) return;
+  for (unsigned i = 0; i < j->nfds; i++) close(j->fds[i]);
+  nwc_proto_req_clear(&j->req);
+  free(j->payload);
+  free(j);
+}

@@ -1,0 +1,98 @@
+/*
+ * pool.c - nwcd's worker threads and their job queue.
+ *
+ * Design: one FIFO under a mutex and a condition variable; the loop thread submits, workers pop.
+ * When a worker pops a matvec job it also takes, from anywhere in the queue, the jobs that
+ * nwcd_ops_can_batch() says may share its decoder pass (same tensor, bias, scale and output; up
+ * to 8 columns in all), chained on job->batch: concurrent matvecs of several clients on one
+ * tensor then cost one pass over the compressed weights (nwc_matvec_batch).  Freeing the pool
+ * lets the workers finish the queue, then joins them.
+ */
+#include "nwcd.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+struct nwcd_pool {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  nwcd_job *head, *tail;
+  bool stop;
+  unsigned nthreads;
+  void (*run)(nwcd_job *);
+  pthread_t threads[];
+};
+
+static void *worker(void *arg) {
+  nwcd_pool *p = arg;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    while (!p->head && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
+    nwcd_job *j = p->head;
+    if (!j) break;
+    p->head = j->next;
+    if (!p->head) p->tail = NULL;
+    j->next = NULL;
+    if (j->req.op == NWC_OP_MATVEC) {
+      unsigned cols = j->req.ncols;
+      nwcd_job **link = &j->batch, *prev = NULL;
+      for (nwcd_job *b = p->head, *next; b && cols < 8; b = next) {
+        next = b->next;
+        if (nwcd_ops_can_batch(j, cols, b)) {
+          if (prev) prev->next = next;
+          else p->head = next;
+          if (p->tail == b) p->tail = prev;
+          b->next = NULL;
+          *link = b, link = &b->batch;
+          cols += b->req.ncols;
+        } else {
+          prev = b;
+        }
+      }
+    }
+    pthread_mutex_unlock(&p->lock);
+    p->run(j);
+    pthread_mutex_lock(&p->lock);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+int nwcd_pool_create(unsigned threads, void (*run)(nwcd_job *), nwcd_pool **out) {
+  nwcd_pool *p = calloc(1, sizeof *p + threads * sizeof(pthread_t));
+  if (!p) return -ENOMEM;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
+  p->run = run;
+  for (unsigned i = 0; i < threads; i++) {
+    if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+      nwcd_pool_free(p);
+      return -EAGAIN;
+    }
+    p->nthreads++;
+  }
+  *out = p;
+  return 0;
+}
+
+void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&p->lock);
+  if (p->tail) p->tail->next = j;
+  else p->head = j;
+  p->tail = j;
+  pthread_cond_signal(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+}
+
+void nwcd_pool_free(nwcd_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  p->stop = true;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  for (unsigned i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+  pthread_cond_destroy(&p->cond);
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
