@@ -155,6 +155,10 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
     rc = nwc__catalog_open(path, create, rdonly, &s->db);
     if (rc < 0 && rc != -ENOENT) rc = nwc__fail_prefix(rc, "%s", s->dir);
   }
+  if (rc == 0 && create) { /* make the new directory entries durable */
+    int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) fsync(dfd), close(dfd);
+  }
   if (rc == 0 && !rdonly) rc = sweep(s);
   if (rc < 0) {
     nwc_store_close(s);

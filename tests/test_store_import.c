@@ -26,6 +26,11 @@ typedef struct prog {
   int calls, bad;
 } prog;
 
+static int cancel_progress(void *ctx, uint64_t done, uint64_t total) {
+  (void)ctx, (void)done, (void)total;
+  return 1;
+}
+
 static int on_progress(void *ctx, uint64_t done, uint64_t total) {
   prog *p = ctx;
   if (done < p->last || done > total || (p->calls && total != p->total)) p->bad++;
@@ -235,6 +240,14 @@ int main(void) {
   int before = count_containers(dir);
   CHECK(nwc_store_import(s, "all", path, NULL) == -EEXIST, "taken name");
   CHECK(count_containers(dir) == before, "a refused import wrote a file");
+  nwc_import_opts co = {.progress = cancel_progress};
+  CHECK(nwc_store_import(s, "cancelled", path, &co) == -ECANCELED, "cancel: %s",
+        nwc_error_detail());
+  CHECK(count_containers(dir) == before, "a cancelled import left a file");
+  nwc_model_info *cm = NULL;
+  CHECK(nwc_store_model(s, "cancelled", &cm) == -ENOENT, "a cancelled import was published");
+  nwc_import_opts bad = {.elem = 7};
+  CHECK(nwc_store_import(s, "bad-opt", path, &bad) == -EINVAL, "bad elem option");
 
   /* fp8 quantization option. */
   nwc_import_opts q = {.elem = NWC_ELEM_FP8};
