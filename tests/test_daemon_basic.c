@@ -1,0 +1,200 @@
+/*
+ * test_daemon_basic.c - one real nwcd on a temporary store, driven through libnwc-client:
+ * import of the sample model by descriptors, ls/info/ps/stats, every tensor dequantized (BF16
+ * bit for bit against the original file, fp32 exactly its widening), gather of random rows,
+ * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
+ * 1e-5), bulk data through the shared region (a large dequant), load/evict/pin/unpin, remove.
+ * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
+ * clear error, a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
+ * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
+ * a non-socket file at the path is left alone, and SIGTERM exits 0.
+ */
+#include "test_daemon_util.h"
+
+#include "nwc_client.h"
+
+static void check_all_tensors(nwc_client *c) {
+  for (size_t i = 0; i < td_nt; i++) {
+    const td_tensor *t = &td_t[i];
+    size_t n = t->rows * t->cols;
+    uint16_t *b = malloc((n > 5 * t->cols ? n : 5 * t->cols) * 2);
+    float *f = malloc(n * 4);
+    uint64_t rows = 0, cols = 0;
+    int rc = nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, b, n * 2, &rows, &cols, NULL);
+    CHECK(rc == 0, "dequant bf16 %s: %d %s", t->name, rc, nwc_client_last_error());
+    CHECK(rows == t->rows && cols == t->cols, "dequant shape of %s", t->name);
+    CHECK(rc || !memcmp(b, t->w, n * 2), "dequant of %s differs from the original bytes", t->name);
+    rc = nwc_client_dequant(c, "use", t->name, 0, f, n * 4, NULL, NULL, NULL);
+    CHECK(rc == 0, "dequant f32 %s: %d %s", t->name, rc, nwc_client_last_error());
+    size_t bad = 0;
+    for (size_t k = 0; rc == 0 && k < n; k++) bad += f[k] != nwc_bf16_to_f32(td_w(t, k));
+    CHECK(bad == 0, "fp32 dequant of %s: %zu values differ", t->name, bad);
+    /* gather */
+    uint64_t idx[5];
+    for (int k = 0; k < 5; k++) idx[k] = test_below(t->rows);
+    rc = nwc_client_gather(c, "use", t->name, idx, 5, NWC_CLIENT_BF16, b, 5 * t->cols * 2, &cols, NULL);
+    CHECK(rc == 0, "gather %s: %s", t->name, nwc_client_last_error());
+    for (int k = 0; rc == 0 && k < 5; k++)
+      CHECK(!memcmp(b + k * t->cols, (const uint8_t *)t->w + idx[k] * t->cols * 2, t->cols * 2),
+            "gather row %llu of %s", (unsigned long long)idx[k], t->name);
+    free(b), free(f);
+  }
+}
+
+static void check_matvec(nwc_client *c) {
+  for (size_t i = 0; i < td_nt; i++) {
+    const td_tensor *t = &td_t[i];
+    if (t->rows < 2) continue;
+    const td_tensor *bias = NULL;
+    for (size_t j = 0; j < td_nt; j++)
+      if (td_t[j].rows == 1 && td_t[j].cols == t->rows) bias = &td_t[j];
+    unsigned ncols = 1 + (unsigned)test_below(3);
+    float *x = malloc(ncols * t->cols * 4), *y = malloc(ncols * t->rows * 4);
+    for (size_t k = 0; k < ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+    float scale = bias ? 0.5f : 1.0f;
+    unsigned rf = 0;
+    int rc = nwc_client_matvec(c, "use", t->name, bias ? bias->name : NULL, scale, x, t->cols, ncols,
+                               0, y, ncols * t->rows * 4, &rf);
+    CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
+    for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+      double e = td_matvec_err(t, x + col * t->cols, scale, bias, y + col * t->rows);
+      CHECK(e <= 1e-5, "matvec %s column %u: relative error %.3g", t->name, col, e);
+    }
+    free(x), free(y);
+  }
+}
+
+int main(void) {
+  test_seed("test_daemon_basic");
+  int skip = td_open_sample();
+  if (skip) return skip;
+  if (td_mkdir("nwc-basic") < 0) return 1;
+  pid_t d = td_start_daemon(NULL);
+  CHECK(d > 0, "nwcd did not start");
+  if (d <= 0) {
+    td_show_log();
+    return 1;
+  }
+  struct stat st;
+  CHECK(stat(td_sock, &st) == 0 && (st.st_mode & 0777) == 0660, "socket mode %o, not 0660",
+        st.st_mode & 0777);
+  nwc_client *c = NULL;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (!c) return 1;
+  CHECK(!strcmp(nwc_client_backend(c), "cpu"), "backend %s", nwc_client_backend(c));
+  nwc_client_result res;
+  int rc = nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, &res);
+  CHECK(rc == 0 && res.tensors == td_nt, "import: %d %s (%llu tensors)", rc, nwc_client_last_error(),
+        (unsigned long long)res.tensors);
+  rc = nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, &res);
+  CHECK(rc == -EEXIST, "second import of the same name: %d %s", rc, nwc_client_last_error());
+  rc = nwc_client_import(c, "bad/name", getenv("NWC_SAMPLE"), NULL, &res);
+  CHECK(rc == -EINVAL, "import with a bad name: %d", rc);
+  nwc_client_model *m;
+  size_t n;
+  CHECK_RC(nwc_client_models(c, &m, &n));
+  CHECK(n == 1 && !strcmp(m[0].name, "use") && m[0].tensors == td_nt, "ls");
+  free(m);
+  nwc_client_tensor *ts;
+  CHECK_RC(nwc_client_tensors(c, "use", &ts, &n));
+  CHECK(n == td_nt, "ls use: %zu tensors", n);
+  free(ts);
+  CHECK(nwc_client_tensors(c, "nope", &ts, &n) == -ENOENT, "ls of a missing model");
+  nwc_client_tensor_info info;
+  CHECK_RC(nwc_client_info(c, "use", td_t[0].name, &info));
+  CHECK(info.t.rows == td_t[0].rows && info.length % 4096 == 0, "info");
+  CHECK(nwc_client_info(c, "use", "no such tensor", &info) == -ENOENT, "info of a missing tensor");
+
+  check_all_tensors(c); /* loads on demand */
+  check_matvec(c);
+
+  nwc_client_counters s;
+  CHECK_RC(nwc_client_stats(c, &s));
+  CHECK(s.resident_tensors == td_nt && s.loads == td_nt, "stats: %llu resident, %llu loads",
+        (unsigned long long)s.resident_tensors, (unsigned long long)s.loads);
+  printf("loads: %llu O_DIRECT, %llu buffered; mlock ok %llu failed %llu\n",
+         (unsigned long long)s.direct_loads, (unsigned long long)s.buffered_loads,
+         (unsigned long long)s.mlock_ok, (unsigned long long)s.mlock_failed);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, &res));
+  CHECK(res.tensors == td_nt, "evict all: %llu", (unsigned long long)res.tensors);
+  CHECK_RC(nwc_client_pin(c, "use", td_t[0].name, &res));
+  rc = nwc_client_evict(c, "use", td_t[0].name, &res);
+  CHECK(rc == -EBUSY && strstr(nwc_client_last_error(), "pinned"), "evict of a pinned tensor: %d %s",
+        rc, nwc_client_last_error());
+  CHECK_RC(nwc_client_unpin(c, "use", td_t[0].name, &res));
+  CHECK_RC(nwc_client_evict(c, "use", td_t[0].name, &res));
+  CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, &res));
+  nwc_client_resident *ps;
+  CHECK_RC(nwc_client_ps(c, &ps, &n));
+  CHECK(n == td_nt, "ps after load: %zu", n);
+  free(ps);
+  CHECK_RC(nwc_client_verify(c, NULL, NULL, NULL, &res));
+  CHECK(res.problems == 0 && res.tensors == td_nt, "verify");
+
+  /* Edges of the daemon. */
+  CHECK(td_daemon_refuses("/tmp/never-used-nwcd.sock", NULL) == 1,
+        "a second daemon on the same store was not refused");
+  {
+    char store2[300];
+    memcpy(store2, td_store, sizeof store2);
+    snprintf(td_store, sizeof td_store, "%.200s/store2", td_dir);
+    char sock2[400];
+    snprintf(sock2, sizeof sock2, "%.200s/cuda.sock", td_dir);
+    const char *cuda[] = {"--backend", "cuda", NULL};
+    CHECK(td_daemon_refuses(sock2, cuda) == 1, "--backend cuda not refused");
+    CHECK(td_daemon_refuses(td_sock, NULL) == 1, "a daemon took over a live socket");
+    char reg[400];
+    snprintf(reg, sizeof reg, "%.200s/regular", td_dir);
+    FILE *f = fopen(reg, "w");
+    if (f) fclose(f);
+    CHECK(td_daemon_refuses(reg, NULL) == 1 && stat(reg, &st) == 0 && S_ISREG(st.st_mode),
+          "a regular file at the socket path was replaced");
+    memcpy(td_store, store2, sizeof td_store);
+  }
+  /* Old protocol. */
+  int fd = td_raw_connect(td_sock);
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 2;
+  nwc_proto_hdr h;
+  uint8_t *p = NULL;
+  CHECK(td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0, "hello v2");
+  CHECK(p && h.status == -EPROTONOSUPPORT && strstr(td_error_text(p, h.length), "protocol 2 not supported"),
+        "hello v2 reply: %d %s", h.status, p ? td_error_text(p, h.length) : "");
+  free(p);
+  close(fd);
+  CHECK_RC(nwc_client_stats(c, &s)); /* still serving */
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM did not exit 0");
+
+  /* Per-uid cap, and a stale socket: SIGKILL leaves the socket file behind. */
+  const char *cap[] = {"--max-conn-per-uid", "3", NULL};
+  d = td_start_daemon(cap);
+  CHECK(d > 0, "restart");
+  nwc_client *cs[4] = {0};
+  for (int i = 0; i < 3; i++) CHECK_RC(nwc_client_connect(td_sock, &cs[i]));
+  rc = nwc_client_connect(td_sock, &cs[3]);
+  CHECK(rc == -EUSERS && strstr(nwc_client_last_error(), "too many connections"),
+        "4th connection with a cap of 3: %d %s", rc, nwc_client_last_error());
+  for (int i = 0; i < 4; i++) nwc_client_free(cs[i]);
+  kill(d, SIGKILL);
+  waitpid(d, NULL, 0);
+  CHECK(stat(td_sock, &st) == 0, "socket file gone after SIGKILL?");
+  d = td_start_daemon(NULL);
+  CHECK(d > 0, "the stale socket was not replaced");
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (c) {
+    uint16_t *b = malloc(td_t[0].rows * td_t[0].cols * 2);
+    CHECK_RC(nwc_client_dequant(c, "use", td_t[0].name, NWC_CLIENT_BF16, b, td_t[0].rows * td_t[0].cols * 2,
+                                NULL, NULL, NULL));
+    CHECK(!memcmp(b, td_t[0].w, td_t[0].rows * td_t[0].cols * 2), "after restart");
+    free(b);
+    CHECK_RC(nwc_client_remove(c, "use"));
+    CHECK(nwc_client_remove(c, "use") == -ENOENT, "second remove");
+    nwc_client_free(c);
+  }
+  if (d > 0) CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  if (test_failures) td_show_log();
+  td_cleanup();
+  return test_exit("test_daemon_basic");
+}

@@ -1,0 +1,261 @@
+/*
+ * test_daemon_proto.c - golden frames of the nwcd protocol (docs/protocol.md): every request
+ * opcode and the reply shapes are encoded from fixed values and compared byte for byte with
+ * tests/golden/protocol/NAME.bin, then decoded back and re-encoded.  Also: every truncation and
+ * one-byte extension of each golden request is refused by the decoder (exact lengths), and the
+ * header checks (magic, flags, oversized).  NWC_GOLDEN_WRITE=1 rewrites the files (only when the
+ * protocol version changes: the point is that no change moves a bit silently).
+ */
+#include "nwc_proto.h"
+#include "test_util.h"
+
+#include "nwc.h"
+
+#include <errno.h>
+
+static const char *golden_dir;
+static int writing;
+
+static uint8_t *read_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long sz = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
+  *n = fread(b, 1, (size_t)sz, f);
+  fclose(f);
+  return b;
+}
+
+static void golden(const char *name, const uint8_t *buf, size_t len) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s.bin", golden_dir, name);
+  if (writing) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(buf, 1, len, f) == len, "write %s", path);
+    if (f) fclose(f);
+    return;
+  }
+  size_t n = 0;
+  uint8_t *g = read_file(path, &n);
+  CHECK(g, "missing golden file %s", path);
+  if (!g) return;
+  CHECK(n == len && !memcmp(g, buf, len), "%s: encoding differs from the golden file (%zu vs %zu bytes)",
+        name, len, n);
+  free(g);
+}
+
+static void check_request(const char *name, nwc_proto_req *r) {
+  nwc_pw w;
+  nwc_pw_init(&w);
+  int64_t n = nwc_proto_req_encode(r, &w);
+  CHECK(n >= NWC_PROTO_HEADER, "%s: encode %lld", name, (long long)n);
+  if (n < NWC_PROTO_HEADER) return;
+  golden(name, w.buf, (size_t)n);
+  nwc_proto_hdr h;
+  CHECK_RC(nwc_proto_hdr_decode(w.buf, &h));
+  CHECK(h.length == (size_t)n - NWC_PROTO_HEADER && h.op == r->op && h.id == r->id, "%s: header", name);
+  nwc_proto_req d;
+  int rc = nwc_proto_req_decode(&h, w.buf + NWC_PROTO_HEADER, &d);
+  CHECK(rc == 0, "%s: decode %d (%s)", name, rc, nwc_error_detail());
+  /* Re-encode the decoded request: the same bytes. */
+  nwc_pw w2;
+  nwc_pw_init(&w2);
+  d.flags = 0;
+  int64_t n2 = nwc_proto_req_encode(&d, &w2);
+  CHECK(n2 == n && !memcmp(w.buf, w2.buf, (size_t)n), "%s: decode/encode round trip differs", name);
+  nwc_pw_free(&w2);
+  nwc_proto_req_clear(&d);
+  /* Exact lengths: every shorter payload and one longer are refused. */
+  uint8_t *p = malloc((size_t)n + 1);
+  memcpy(p, w.buf, (size_t)n);
+  p[n] = 0;
+  for (uint32_t len = 0; len <= h.length + 1; len++) {
+    if (len == h.length) continue;
+    nwc_proto_hdr h2 = h;
+    h2.length = len;
+    rc = nwc_proto_req_decode(&h2, p + NWC_PROTO_HEADER, &d);
+    CHECK(rc == -EBADMSG, "%s: payload of %u bytes (not %u) decoded with %d", name, len, h.length, rc);
+    nwc_proto_req_clear(&d);
+  }
+  free(p);
+  nwc_pw_free(&w);
+}
+
+/* A reply frame: encode, compare, hand the payload to the checker. */
+static void check_reply(const char *name, nwc_pw *w, uint16_t op, uint16_t flags, int32_t status,
+                        uint64_t id) {
+  int64_t n = nwc_pw_finish(w, op, flags, status, id);
+  CHECK(n >= NWC_PROTO_HEADER, "%s: finish", name);
+  if (n < NWC_PROTO_HEADER) return;
+  golden(name, w->buf, (size_t)n);
+  nwc_proto_hdr h;
+  CHECK_RC(nwc_proto_hdr_decode(w->buf, &h));
+  CHECK(h.op == op && h.flags == flags && h.status == status && h.id == id, "%s: header fields", name);
+}
+
+int main(void) {
+  test_seed("test_daemon_proto");
+  const char *src = getenv("NWC_SOURCE_DIR");
+  static char dir[1024];
+  snprintf(dir, sizeof dir, "%s/tests/golden/protocol", src ? src : ".");
+  golden_dir = dir;
+  writing = getenv("NWC_GOLDEN_WRITE") && *getenv("NWC_GOLDEN_WRITE") == '1';
+
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = 1, r.ver_max = 1, r.caps = 15;
+  strcpy(r.client, "libnwc-client");
+  check_request("req_hello", &r);
+
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_SHM, r.id = 2, r.shm_size = 256u << 20;
+  check_request("req_shm", &r);
+
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_MODELS, r.id = 3;
+  check_request("req_models", &r);
+  r.op = NWC_OP_STATS, r.id = 4;
+  check_request("req_stats", &r);
+  r.op = NWC_OP_PS, r.id = 5;
+  check_request("req_ps", &r);
+
+  memset(&r, 0, sizeof r);
+  strcpy(r.model, "use-lite");
+  r.op = NWC_OP_TENSORS, r.id = 6;
+  check_request("req_tensors", &r);
+  r.op = NWC_OP_REMOVE, r.id = 7;
+  check_request("req_remove", &r);
+  r.op = NWC_OP_VERIFY, r.id = 8;
+  check_request("req_verify", &r);
+  strcpy(r.tensor, "enc/layer_0/W");
+  static const struct { int op; const char *name; } two[] = {
+      {NWC_OP_INFO, "req_info"}, {NWC_OP_LOAD, "req_load"},   {NWC_OP_EVICT, "req_evict"},
+      {NWC_OP_PIN, "req_pin"},   {NWC_OP_UNPIN, "req_unpin"}};
+  for (int i = 0; i < 5; i++) {
+    r.op = (uint16_t)two[i].op, r.id = 9 + (uint64_t)i;
+    check_request(two[i].name, &r);
+  }
+
+  memset(&r, 0, sizeof r);
+  char *files[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+  r.op = NWC_OP_IMPORT, r.id = 20, r.elem = 1, r.layout = 2, r.has_index = 1, r.nfiles = 2;
+  r.files = files;
+  strcpy(r.model, "qwen3-4b");
+  check_request("req_import", &r);
+
+  memset(&r, 0, sizeof r);
+  strcpy(r.model, "use-lite"), strcpy(r.tensor, "emb");
+  r.op = NWC_OP_DEQUANT, r.id = 21, r.out = NWC_OUT_BF16, r.where = NWC_WHERE_SHM;
+  r.out_off = 4096, r.out_cap = 1u << 20;
+  check_request("req_dequant", &r);
+  uint8_t rows[24] = {5, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x41, 0x1f, 0, 0, 0, 0, 0, 0};
+  r.op = NWC_OP_GATHER, r.id = 22, r.out = NWC_OUT_F32, r.where = NWC_WHERE_INLINE;
+  r.out_off = r.out_cap = 0, r.nrows = 3, r.rows = rows;
+  check_request("req_gather", &r);
+
+  memset(&r, 0, sizeof r);
+  strcpy(r.model, "use-lite"), strcpy(r.tensor, "W"), strcpy(r.bias, "b");
+  float x[2 * 4] = {1, -2, 0.5f, 0, 3, 4, -0.25f, 8};
+  r.op = NWC_OP_MATVEC, r.id = 23, r.scale = 0.5f, r.ncols = 2, r.out = NWC_OUT_F32;
+  r.where = NWC_WHERE_INLINE, r.x = (const uint8_t *)x, r.x_bytes = sizeof x;
+  check_request("req_matvec", &r);
+  r.id = 24, r.where = NWC_WHERE_SHM, r.x = NULL, r.in_off = 0, r.out_off = 64, r.out_cap = 4096;
+  check_request("req_matvec_shm", &r);
+
+  /* Replies. */
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_hello hello = {1, 15, NWC_PROTO_MAX_PAYLOAD, "nwcd 0.1.0", "cpu"};
+  nwc_proto_put_hello(&w, &hello);
+  check_reply("rep_hello", &w, NWC_OP_HELLO, 0, 0, 1);
+  nwc_pr pr;
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_hello h2;
+  CHECK(nwc_proto_get_hello(&pr, &h2) == 0 && nwc_pr_end(&pr, "hello") == 0 && h2.caps == 15 &&
+        !strcmp(h2.backend, "cpu"), "hello decode");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_pw_str(&w, "protocol 2 not supported (this daemon speaks 1)");
+  check_reply("rep_error_version", &w, NWC_OP_HELLO, 0, -EPROTONOSUPPORT, 1);
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_model m = {"use-lite", 35, 13951754, 9822208, 4096, 1764547200, 0};
+  nwc_pw_u32(&w, 1);
+  nwc_proto_put_model(&w, &m);
+  check_reply("rep_models", &w, NWC_OP_MODELS, 0, 0, 3);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_model m2;
+  CHECK(nwc_pr_u32(&pr) == 1 && nwc_proto_get_model(&pr, &m2) == 0 && nwc_pr_end(&pr, "m") == 0 &&
+        !memcmp(&m, &m2, sizeof m - sizeof m.name + 0) , "models decode");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_tensor t = {"W", 2, {512, 1536}, "BF16", 0, 512, 1536, 1572864, 1081344,
+                        NWC_RES_RESIDENT, 1, 2, 17};
+  nwc_pw_u32(&w, 1);
+  nwc_proto_put_tensor(&w, &t);
+  check_reply("rep_tensors", &w, NWC_OP_TENSORS, 0, 0, 6);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_tensor t2;
+  CHECK(nwc_pr_u32(&pr) == 1 && nwc_proto_get_tensor(&pr, &t2) == 0 && nwc_pr_end(&pr, "t") == 0 &&
+        t2.shape[1] == 1536 && t2.nwc_bytes == 1081344 && t2.last_used_ms == 17, "tensors decode");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_put_progress(&w, 1 << 20, 9822208);
+  check_reply("rep_progress", &w, NWC_OP_LOAD, NWC_PF_EVENT, 0, 10);
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_result res = {35, 9822208, 0, 22000, 35, 0, 0, 0, 0};
+  nwc_proto_put_result(&w, &res);
+  check_reply("rep_load", &w, NWC_OP_LOAD, 0, 0, 10);
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_compute c = {2, 3, NWC_OUT_F32, NWC_WHERE_INLINE, NWC_RF_BATCHED, 24};
+  nwc_proto_put_compute(&w, &c);
+  float y[6] = {1, 2, 3, -1, -2, -3};
+  nwc_pw_bytes(&w, y, sizeof y);
+  check_reply("rep_matvec", &w, NWC_OP_MATVEC, 0, 0, 23);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_compute c2;
+  CHECK(nwc_proto_get_compute(&pr, &c2) == 0 && c2.bytes == 24 && nwc_pr_bytes(&pr, 24) &&
+        nwc_pr_end(&pr, "c") == 0, "compute decode");
+  nwc_pw_free(&w);
+
+  /* Header checks. */
+  uint8_t hb[NWC_PROTO_HEADER];
+  nwc_proto_hdr hh = {NWC_PROTO_MAGIC, NWC_PROTO_MAX_PAYLOAD + 1, NWC_OP_MODELS, 0, 0, 1}, out;
+  nwc_proto_hdr_encode(&hh, hb);
+  CHECK(nwc_proto_hdr_decode(hb, &out) == -EMSGSIZE, "oversized frame accepted");
+  hh.length = 0, hh.magic = 0x12345678;
+  nwc_proto_hdr_encode(&hh, hb);
+  CHECK(nwc_proto_hdr_decode(hb, &out) == -EBADMSG, "bad magic accepted");
+  hh.magic = NWC_PROTO_MAGIC, hh.flags = 0x80;
+  nwc_proto_hdr_encode(&hh, hb);
+  CHECK(nwc_proto_hdr_decode(hb, &out) == -EBADMSG, "unknown flags accepted");
+  hh.flags = 0, hh.op = 999;
+  nwc_proto_hdr_encode(&hh, hb);
+  CHECK(nwc_proto_hdr_decode(hb, &out) == 0, "header with an unknown op must pass the header check");
+  CHECK(nwc_proto_req_decode(&out, hb, &r) == -EOPNOTSUPP, "unknown op not refused");
+  hh.op = NWC_OP_MODELS, hh.flags = NWC_PF_FDS;
+  nwc_proto_hdr_encode(&hh, hb);
+  nwc_proto_hdr_decode(hb, &out);
+  CHECK(nwc_proto_req_decode(&out, hb, &r) == -EBADMSG, "descriptor flag on models accepted");
+  /* Random payloads never crash the decoders. */
+  uint8_t rnd[256];
+  for (int it = 0; it < 20000; it++) {
+    size_t len = test_below(sizeof rnd + 1);
+    for (size_t i = 0; i < len; i++) rnd[i] = (uint8_t)test_rand();
+    nwc_proto_hdr rh = {NWC_PROTO_MAGIC, (uint32_t)len, (uint16_t)test_below(NWC_OP_COUNT + 2),
+                        (uint16_t)test_below(4), 0, 7};
+    nwc_proto_req_decode(&rh, rnd, &r);
+    nwc_proto_req_clear(&r);
+  }
+  return test_exit("test_daemon_proto");
+}

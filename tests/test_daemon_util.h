@@ -1,0 +1,284 @@
+/*
+ * test_daemon_util.h - what the daemon and client tests share: a temporary directory, starting
+ * a real nwcd process on a temporary store and socket (and stopping it with SIGTERM), raw
+ * protocol connections for the malformed-input tests, and the sample model's original weights
+ * with references (BF16 bits for dequant/gather, fp64 matvec) to check replies against.
+ */
+#ifndef NWC_TEST_DAEMON_UTIL_H
+#define NWC_TEST_DAEMON_UTIL_H
+
+#include "test_util.h"
+
+#include "nwc.h"
+#include "nwc_proto.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+static char td_dir[256], td_sock[300], td_store[300];
+
+static int td_mkdir(const char *name) {
+  const char *base = getenv("TMPDIR");
+  snprintf(td_dir, sizeof td_dir, "%s/%s-XXXXXX", base && *base ? base : "/tmp", name);
+  if (!mkdtemp(td_dir)) return -1;
+  snprintf(td_sock, sizeof td_sock, "%s/nwcd.sock", td_dir);
+  snprintf(td_store, sizeof td_store, "%s/store", td_dir);
+  return 0;
+}
+
+static void td_cleanup(void) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", td_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", td_dir);
+}
+
+static int td_connectable(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path) return 0;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+/* Starts nwcd with --store td_store --socket sock and the extra args (NULL-terminated list);
+ * waits until it accepts.  Returns its pid, or -1 (then *status has its exit status if it
+ * exited).  Its stderr goes to td_dir/nwcd.log (appended). */
+static pid_t td_start_daemon_at(const char *sock, const char *const *extra, int *status) {
+  char log[700];
+  snprintf(log, sizeof log, "%s/nwcd.log", td_dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    const char *argv[32] = {NWCD_PATH, "--store", td_store, "--socket", sock, "--threads", "2"};
+    int n = 7;
+    for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) dup2(fd, 2);
+    int nul = open("/dev/null", O_WRONLY);
+    if (nul >= 0) dup2(nul, 1);
+    execv(NWCD_PATH, (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < 1000; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      if (status) *status = st;
+      return -1;
+    }
+    if (td_connectable(sock)) return pid;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+/* Runs nwcd expecting it to refuse to start: its exit status (WEXITSTATUS), or -1 if it was
+ * still running after 5 s (then it is killed). */
+static int td_daemon_refuses(const char *sock, const char *const *extra) {
+  char log[700];
+  snprintf(log, sizeof log, "%s/nwcd.log", td_dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    const char *argv[32] = {NWCD_PATH, "--store", td_store, "--socket", sock};
+    int n = 5;
+    for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) dup2(fd, 2);
+    execv(NWCD_PATH, (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < 500; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static pid_t td_start_daemon(const char *const *extra) {
+  return td_start_daemon_at(td_sock, extra, NULL);
+}
+
+/* SIGTERM and wait: returns the exit status (0 for a clean stop), or -1 on a crash/timeout. */
+static int td_stop_daemon(pid_t pid) {
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 3000; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static void td_show_log(void) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  char line[1200];
+  while (fgets(line, sizeof line, f)) fprintf(stderr, "  | %s", line);
+  fclose(f);
+}
+
+/* ---- raw protocol ------------------------------------------------------------------------- */
+
+static int td_raw_connect(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path) return -1;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int td_send(int fd, const void *buf, size_t len) {
+  size_t off = 0;
+  while (off < len) {
+    ssize_t n = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    off += (size_t)n;
+  }
+  return 0;
+}
+
+static int td_recv_all(int fd, void *buf, size_t len, int timeout_ms) {
+  size_t off = 0;
+  while (off < len) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return -ETIMEDOUT;
+    ssize_t n = recv(fd, (uint8_t *)buf + off, len - off, 0);
+    if (n == 0) return -ECONNRESET;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    off += (size_t)n;
+  }
+  return 0;
+}
+
+/* Reads one frame: 0 and *h, payload malloc'ed in *payload (free it); <0 on EOF/timeout. */
+static int td_recv_frame(int fd, nwc_proto_hdr *h, uint8_t **payload, int timeout_ms) {
+  uint8_t hb[NWC_PROTO_HEADER];
+  int rc = td_recv_all(fd, hb, sizeof hb, timeout_ms);
+  if (rc < 0) return rc;
+  if (nwc_proto_hdr_decode(hb, h) < 0) return -EBADMSG;
+  *payload = malloc(h->length + 1);
+  rc = td_recv_all(fd, *payload, h->length, timeout_ms);
+  if (rc < 0) {
+    free(*payload);
+    *payload = NULL;
+    return rc;
+  }
+  (*payload)[h->length] = 0;
+  return 0;
+}
+
+/* The message of an error reply (a static buffer). */
+static const char *td_error_text(const uint8_t *payload, uint32_t len) {
+  static char msg[NWC_PROTO_MAX_MSG];
+  nwc_pr r;
+  nwc_pr_init(&r, payload, len);
+  if (nwc_pr_str(&r, msg, sizeof msg) < 0) snprintf(msg, sizeof msg, "(no message)");
+  return msg;
+}
+
+static int td_send_req(int fd, nwc_proto_req *r) {
+  nwc_pw w;
+  nwc_pw_init(&w);
+  int64_t n = nwc_proto_req_encode(r, &w);
+  int rc = n > 0 ? td_send(fd, w.buf, (size_t)n) : -1;
+  nwc_pw_free(&w);
+  return rc;
+}
+
+/* Connects and says hello; returns the fd or -1. */
+__attribute__((unused)) static int td_raw_hello(const char *path) {
+  int fd = td_raw_connect(path);
+  if (fd < 0) return -1;
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1;
+  nwc_proto_hdr h;
+  uint8_t *p = NULL;
+  if (td_send_req(fd, &r) < 0 || td_recv_frame(fd, &h, &p, 5000) < 0 || h.status != 0) {
+    free(p);
+    close(fd);
+    return -1;
+  }
+  free(p);
+  return fd;
+}
+
+/* ---- the sample model and references ------------------------------------------------------ */
+
+typedef struct td_tensor {
+  const char *name;
+  uint64_t rows, cols; /* as stored: 1-D 1 x N, else (d0, rest) */
+  const uint16_t *w;   /* BF16 bits, rows x cols (unaligned view into the mapping: memcpy) */
+} td_tensor;
+
+static nwc_st_file *td_sample;
+static td_tensor td_t[64];
+static size_t td_nt;
+
+/* Opens NWC_SAMPLE; 77 (skip) if it is missing. */
+static int td_open_sample(void) {
+  const char *path = getenv("NWC_SAMPLE");
+  if (!path || access(path, R_OK) != 0) {
+    printf("no sample model (NWC_SAMPLE=%s): run scripts/fetch-sample\n", path ? path : "");
+    return TEST_SKIP;
+  }
+  if (nwc_st_open(path, &td_sample) < 0) return 1;
+  for (size_t i = 0; i < td_sample->count && td_nt < 64; i++) {
+    const nwc_st_tensor *t = &td_sample->tensors[i];
+    if (strcmp(t->dtype, "BF16")) continue;
+    td_tensor *o = &td_t[td_nt++];
+    o->name = t->name;
+    o->rows = t->ndim >= 2 ? t->shape[0] : 1;
+    o->cols = t->numel / (o->rows ? o->rows : 1);
+    o->w = (const uint16_t *)nwc_st_data(td_sample, t);
+  }
+  return 0;
+}
+
+static uint16_t td_w(const td_tensor *t, uint64_t i) {
+  uint16_t v;
+  memcpy(&v, (const uint8_t *)t->w + 2 * i, 2);
+  return v;
+}
+
+/* ||y - ref|| / ||ref|| for y = scale * W x + bias, reference in fp64. */
+static double td_matvec_err(const td_tensor *t, const float *x, double scale, const td_tensor *bias,
+                            const float *y) {
+  double num = 0, den = 0;
+  for (uint64_t r = 0; r < t->rows; r++) {
+    double acc = 0;
+    for (uint64_t k = 0; k < t->cols; k++)
+      acc += (double)nwc_bf16_to_f32(td_w(t, r * t->cols + k)) * (double)x[k];
+    double ref = scale * acc + (bias ? (double)nwc_bf16_to_f32(td_w(bias, r)) : 0.0);
+    num += (y[r] - ref) * (y[r] - ref);
+    den += ref * ref;
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#endif
