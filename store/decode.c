@@ -408,6 +408,19 @@ int nwc__pcdec_l1_begin(nwc__pcdec *pc, uint64_t b) {
   return 0;
 }
 
+int nwc__pcdec_lanes16(nwc__pcdec *pc, uint32_t lanes, uint8_t h[][16]) {
+  for (; lanes; lanes &= lanes - 1) {
+    unsigned l = (unsigned)__builtin_ctz(lanes);
+    uint32_t e[8];
+    NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));
+    uint64_t v[2] = {0, 0}; /* two plain 8-byte stores: no wide reload of narrow stores */
+    for (unsigned k = 0; k < 8; k++) v[k >> 2] |= (uint64_t)((e[k] >> 8) & 0xffffu) << 16 * (k & 3);
+    memcpy(h[l], &v[0], 8);
+    memcpy(h[l] + 8, &v[1], 8);
+  }
+  return 0;
+}
+
 int nwc__pcdec_16(nwc__pcdec *pc, unsigned l, uint8_t h[16]) {
   uint32_t e[8];
   NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));

@@ -115,18 +115,30 @@ void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
 
 int nwc__l1_tile(nwc__pcdec *pc, const nwc__lgeom *lg, const uint8_t *raw, uint64_t slot,
                  uint32_t lanes, uint16_t *dst, size_t stride) {
+  /* j of tile row r's columns +0..+7 and of row r + 8's (section 2 of docs/format-layouts.md) */
+  static const uint8_t row_j[2][8] = {{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}};
   int bf16 = lg->g.type == NWC_ELEM_BF16;
-  for (unsigned L = 0; L < NWC_LANES; L++) {
-    if (!(lanes >> L & 1)) continue;
-    uint8_t h[16];
-    NWC_TRY(nwc__pcdec_16(pc, L, h));
+  uint8_t h[NWC_LANES][16];
+  NWC_TRY(nwc__pcdec_lanes16(pc, lanes, h));
+  for (; lanes; lanes &= lanes - 1) {
+    unsigned L = (unsigned)__builtin_ctz(lanes);
+    uint8_t lo[16];
     const uint8_t *lr = raw + (slot * NWC_LANES + L) * (bf16 ? 16 : 8);
-    uint16_t *o = dst + (L >> 2) * stride + 8 * (L & 3);
-    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++) {
-      unsigned lo = bf16 ? lr[j]
-                         : ((lr[nwc__fp8_nib_byte(j)] >> nwc__fp8_nib_shift(j)) & 15u) << 4;
-      o[8 * ((j >> 1) & 1u) * stride + nwc__frag_col(0, j)] = (uint16_t)(h[j] << 8 | lo);
+    if (bf16) {
+      memcpy(lo, lr, 16);
+    } else { /* word 0: weights 0..3 in the low nibbles, 4..7 in the high ones; word 1: 8..15 */
+      uint32_t q[2], v[4];
+      memcpy(q, lr, 8);
+      v[0] = (q[0] & 0x0f0f0f0fu) << 4, v[1] = q[0] & 0xf0f0f0f0u;
+      v[2] = (q[1] & 0x0f0f0f0fu) << 4, v[3] = q[1] & 0xf0f0f0f0u;
+      memcpy(lo, v, 16);
     }
+    uint16_t *o = dst + (L >> 2) * stride + 8 * (L & 3);
+    for (unsigned half = 0; half < 2; half++, o += 8 * stride)
+      for (unsigned k = 0; k < 8; k++) {
+        unsigned j = row_j[half][k];
+        o[k] = (uint16_t)(h[L][j] << 8 | lo[j]);
+      }
   }
   return 0;
 }
