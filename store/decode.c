@@ -233,7 +233,9 @@ static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint1
     uint64_t r = rb * NWC_BLOCK_ROWS + i;
     int want = keep < 0 || (unsigned)keep == i;
     const uint8_t *raw_row = d->t->raw + r * d->g.raw_stride;
-    uint16_t *out_row = out + (r - first_out_row) * d->g.K16;
+    /* only for kept rows: gather's first_out_row is the kept row, rows before it would point
+     * before out (undefined behaviour even unused) */
+    uint16_t *out_row = want ? out + (r - first_out_row) * d->g.K16 : NULL;
     for (unsigned l = 0; l < active; l++) {
       uint32_t e[8];
       NWC_TRY(decode_lane_row(d, &d->lanes[l], e));
