@@ -113,44 +113,69 @@ __global__ void finalize_kernel(const float *scratch, uint32_t M, uint32_t CB, c
   if (y_bf16) y_bf16[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-/* One warp per row, 16 fp8 weights per lane and load, four loads in flight per lane, converted
- * through half2. */
-__global__ void __launch_bounds__(256)
+/* 16 fp8 weights times x[16 c .. 16 c + 15], converted through half2. */
+__device__ __forceinline__ float dot16_fp8(uint4 v, const float4 *xp, uint32_t c, float s) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float4 xv = __ldg(xp + 4 * c + j);
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] >> 16), __NV_E4M3);
+    float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+    float2 b = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+    s = fmaf(a.x, xv.x, s);
+    s = fmaf(a.y, xv.y, s);
+    s = fmaf(b.x, xv.z, s);
+    s = fmaf(b.y, xv.w, s);
+  }
+  return s;
+}
+
+__device__ __forceinline__ void ref_fp8_store(float s, uint32_t r, const float *scale, const float *bias,
+                                              uint16_t *y) {
+  float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
+  y[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Persistent warps, two rows at a time (sharing the x loads), four 16-byte loads per row and lane
+ * in flight. */
+constexpr unsigned kRefThreads = 256;
+__global__ void __launch_bounds__(kRefThreads)
 ref_fp8_kernel(const uint8_t *q, uint32_t M, uint32_t K, const float *x, const float *scale,
                const float *bias, uint16_t *y) {
-  const uint32_t r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31u;
-  if (r >= M) return;
-  const uint4 *row = reinterpret_cast<const uint4 *>(q + (uint64_t)r * K);
-  const float4 *xp = reinterpret_cast<const float4 *>(x);
+  const uint32_t lane = threadIdx.x & 31u, nw = gridDim.x * (kRefThreads / 32);
   const uint32_t n = K / 16;
-  float s = 0.f;
-  for (uint32_t c = lane; c < n; c += 4 * 32) {
-    uint4 v[4];
+  const float4 *xp = reinterpret_cast<const float4 *>(x);
+  for (uint32_t r0 = blockIdx.x * (kRefThreads / 32) + (threadIdx.x >> 5); r0 < M; r0 += 2 * nw) {
+    const uint32_t r1 = r0 + nw;
+    const bool two = r1 < M;
+    const uint4 *row0 = reinterpret_cast<const uint4 *>(q + (uint64_t)r0 * K);
+    const uint4 *row1 = reinterpret_cast<const uint4 *>(q + (uint64_t)(two ? r1 : r0) * K);
+    float s0 = 0.f, s1 = 0.f;
+    for (uint32_t c = lane; c < n; c += 4 * 32) {
+      uint4 a[4], b[4];
 #pragma unroll
-    for (int u = 0; u < 4; u++) v[u] = c + 32 * u < n ? __ldcs(row + c + 32 * u) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      if (c + 32 * u >= n) break;
-      const uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float4 xv = __ldg(xp + 4 * (c + 32 * u) + j);
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] & 0xffffu), __NV_E4M3);
-        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[j] >> 16), __NV_E4M3);
-        float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-        float2 bb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-        s = fmaf(a.x, xv.x, s);
-        s = fmaf(a.y, xv.y, s);
-        s = fmaf(bb.x, xv.z, s);
-        s = fmaf(bb.y, xv.w, s);
+      for (int u = 0; u < 4; u++) {
+        const bool in = c + 32 * u < n;
+        a[u] = in ? __ldcs(row0 + c + 32 * u) : make_uint4(0, 0, 0, 0);
+        b[u] = in && two ? __ldcs(row1 + c + 32 * u) : make_uint4(0, 0, 0, 0);
       }
-    }
-  }
 #pragma unroll
-  for (int d = 16; d; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-  if (lane == 0) {
-    float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
-    y[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+      for (int u = 0; u < 4; u++)
+        if (c + 32 * u < n) {
+          s0 = dot16_fp8(a[u], xp, c + 32 * u, s0);
+          s1 = dot16_fp8(b[u], xp, c + 32 * u, s1);
+        }
+    }
+#pragma unroll
+    for (int d = 16; d; d >>= 1) {
+      s0 += __shfl_xor_sync(0xffffffffu, s0, d);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, d);
+    }
+    if (lane == 0) {
+      ref_fp8_store(s0, r0, scale, bias, y);
+      if (two) ref_fp8_store(s1, r1, scale, bias, y);
+    }
   }
 }
 
@@ -192,8 +217,12 @@ extern "C" int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const flo
                              cudaStream_t stream) {
   if (!q || !x || !y || M == 0 || K == 0 || K % 16) return -EINVAL;
   if (M >= (UINT64_C(1) << 31) || K >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  uint64_t blocks = (M + 7) / 8;
-  nwc_k::ref_fp8_kernel<<<(unsigned)blocks, 256, 0, stream>>>(q, (uint32_t)M, (uint32_t)K, x, scale,
-                                                              bias, y);
+  int sms = nwc_k::sm_count();
+  if (sms < 0) return sms;
+  const uint64_t per_block = nwc_k::kRefThreads / 32;
+  uint64_t blocks = (M + per_block - 1) / per_block;
+  if (blocks > (uint64_t)sms * 4) blocks = (uint64_t)sms * 4; /* 32 warps per SM (58 registers), persistent */
+  nwc_k::ref_fp8_kernel<<<(unsigned)blocks, nwc_k::kRefThreads, 0, stream>>>(q, (uint32_t)M, (uint32_t)K, x,
+                                                                            scale, bias, y);
   return nwc_k::launch_status();
 }

@@ -76,7 +76,7 @@ NWC_EXTERN int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_
 /*
  * The plain fp8 weight-only matvec: the bandwidth baseline for fp8.  q: M x K fp8 e4m3 bytes,
  * row-major, K a multiple of 16; y = scale[r] * (q_r . x) + bias[r], rounded to BF16; scale and
- * bias may be NULL.  One warp per row, 16-byte loads.
+ * bias may be NULL.  Persistent warps, two rows at a time, 16-byte loads.
  */
 NWC_EXTERN int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const float *x,
                              const float *scale, const float *bias, uint16_t *y,
