@@ -222,6 +222,12 @@ static int op_residency(nwcd_job *j) {
   }
   uint64_t total = 0, done = 0;
   for (size_t i = 0; i < n; i++) total += ti[i].length;
+  if ((r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) && total > d->cfg.budget) {
+    nwc_tensor_info_free(ti, n);
+    return nwc__fail(-ENOSPC, "%s%s%s needs %llu bytes, more than the memory budget (%llu); raise "
+                     "--budget or load single tensors", r->model, r->tensor[0] ? "/" : "",
+                     r->tensor, (unsigned long long)total, (unsigned long long)d->cfg.budget);
+  }
   nwc_proto_result res = {0};
   uint64_t t0 = nwcd_now_ns();
   progress_ctx pc = {j, 0};

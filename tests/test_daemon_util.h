@@ -85,7 +85,7 @@ static pid_t td_start_daemon_at(const char *sock, const char *const *extra, int 
 
 /* Runs nwcd expecting it to refuse to start: its exit status (WEXITSTATUS), or -1 if it was
  * still running after 5 s (then it is killed). */
-static int td_daemon_refuses(const char *sock, const char *const *extra) {
+__attribute__((unused)) static int td_daemon_refuses(const char *sock, const char *const *extra) {
   char log[700];
   snprintf(log, sizeof log, "%s/nwcd.log", td_dir);
   pid_t pid = fork();
@@ -193,7 +193,7 @@ static int td_recv_frame(int fd, nwc_proto_hdr *h, uint8_t **payload, int timeou
 }
 
 /* The message of an error reply (a static buffer). */
-static const char *td_error_text(const uint8_t *payload, uint32_t len) {
+__attribute__((unused)) static const char *td_error_text(const uint8_t *payload, uint32_t len) {
   static char msg[NWC_PROTO_MAX_MSG];
   nwc_pr r;
   nwc_pr_init(&r, payload, len);

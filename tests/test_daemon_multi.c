@@ -1,0 +1,170 @@
+/*
+ * test_daemon_multi.c - many client processes on one nwcd at once.
+ *
+ *   test_daemon_multi            8 client processes (fork + exec of this program as "child")
+ *                                for a bounded time, each doing a random mix of matvec (1 to 8
+ *                                columns), gather, dequant, load, evict and ls on the sample
+ *                                model; every reply is checked against the original weights
+ *                                (BF16 bits for dequant and gather, an fp64 matvec for matvec).
+ *   test_daemon_multi --budget   the same under a 2 MiB budget, smaller than the model (9.4 MiB)
+ *                                and than its largest tensor: loads evict in LRU order while
+ *                                requests run, nothing is freed under a request, the largest
+ *                                tensor is computed on the mapped container (reported so), and
+ *                                every reply is still right; explicit loads that cannot fit get
+ *                                ENOSPC with a clear message.
+ * The parent checks that the daemon counted batched passes / evictions and still serves.
+ */
+#include "test_daemon_util.h"
+
+#include "nwc_client.h"
+
+#define NCHILD 8
+
+static int budget_mode;
+
+static int child(const char *sock, double seconds) {
+  nwc_client *c;
+  if (nwc_client_connect(sock, &c) < 0) {
+    fprintf(stderr, "child %d: connect: %s\n", (int)getpid(), nwc_client_last_error());
+    return 1;
+  }
+  size_t big[2] = {0, 0}, nbig = 0;
+  for (size_t i = 0; i < td_nt && nbig < 2; i++)
+    if (td_t[i].rows >= 512 && td_t[i].cols >= 512) big[nbig++] = i;
+  double t_end = (double)time(NULL) + seconds;
+  unsigned long ops[7] = {0}, mapped = 0, batched = 0, nospc = 0, busy = 0;
+  while ((double)time(NULL) < t_end && test_failures < 5) {
+    int op = (int)test_below(10);
+    const td_tensor *t = &td_t[test_below(td_nt)];
+    int rc;
+    unsigned rf = 0;
+    if (op <= 3) { /* matvec, often on the same big tensors so passes are shared */
+      if (op <= 2 && nbig) t = &td_t[big[test_below(nbig)]];
+      if (t->rows < 2) t = &td_t[big[0]];
+      unsigned ncols = test_below(3) ? 1 : 1 + (unsigned)test_below(8);
+      float *x = malloc(ncols * t->cols * 4), *y = malloc(ncols * t->rows * 4);
+      for (size_t k = 0; k < ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+      rc = nwc_client_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols, ncols, 0, y,
+                             ncols * t->rows * 4, &rf);
+      CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
+      for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+        double e = td_matvec_err(t, x + col * t->cols, 1.0, NULL, y + col * t->rows);
+        CHECK(e <= 1e-5, "matvec %s col %u/%u: error %.3g", t->name, col, ncols, e);
+      }
+      free(x), free(y);
+      ops[0]++;
+    } else if (op == 4) {
+      size_t n = t->rows * t->cols;
+      uint16_t *b = malloc(n * 2);
+      rc = nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, b, n * 2, NULL, NULL, &rf);
+      CHECK(rc == 0 && !memcmp(b, t->w, n * 2), "dequant %s: %d %s", t->name, rc,
+            rc ? nwc_client_last_error() : "bytes differ");
+      free(b);
+      ops[1]++;
+    } else if (op == 5) {
+      uint64_t idx[16];
+      size_t n = 1 + test_below(16);
+      for (size_t k = 0; k < n; k++) idx[k] = test_below(t->rows);
+      float *f = malloc(n * t->cols * 4);
+      rc = nwc_client_gather(c, "use", t->name, idx, n, 0, f, n * t->cols * 4, NULL, &rf);
+      CHECK(rc == 0, "gather %s: %s", t->name, nwc_client_last_error());
+      for (size_t k = 0; rc == 0 && k < n; k++)
+        for (uint64_t j = 0; j < t->cols; j++)
+          if (f[k * t->cols + j] != nwc_bf16_to_f32(td_w(t, idx[k] * t->cols + j))) {
+            CHECK(0, "gather %s row %llu col %llu", t->name, (unsigned long long)idx[k],
+                  (unsigned long long)j);
+            break;
+          }
+      free(f);
+      ops[2]++;
+    } else if (op == 6) {
+      rc = nwc_client_load(c, "use", t->name, NULL, NULL, NULL);
+      if (rc == -ENOSPC) nospc++;
+      CHECK(rc == 0 || (budget_mode && rc == -ENOSPC), "load %s: %d %s", t->name, rc,
+            nwc_client_last_error());
+      ops[3]++;
+    } else if (op == 7) {
+      rc = nwc_client_evict(c, "use", t->name, NULL);
+      if (rc == -EBUSY) busy++;
+      CHECK(rc == 0 || rc == -EBUSY, "evict %s: %d %s", t->name, rc, nwc_client_last_error());
+      ops[4]++;
+    } else {
+      nwc_client_model *m;
+      size_t n;
+      rc = nwc_client_models(c, &m, &n);
+      CHECK(rc == 0 && n == 1 && m[0].tensors == td_nt, "ls: %d", rc);
+      if (rc == 0) free(m);
+      ops[5]++;
+    }
+    mapped += !!(rf & NWC_CLIENT_MAPPED);
+    batched += !!(rf & NWC_CLIENT_BATCHED);
+  }
+  printf("child %d: %lu matvec, %lu dequant, %lu gather, %lu load (%lu ENOSPC), %lu evict (%lu busy),"
+         " %lu ls; %lu mapped, %lu batched\n",
+         (int)getpid(), ops[0], ops[1], ops[2], ops[3], nospc, ops[4], busy, ops[5], mapped, batched);
+  nwc_client_free(c);
+  return test_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  int skip = td_open_sample();
+  if (argc >= 5 && !strcmp(argv[1], "child")) {
+    if (skip) return 1;
+    budget_mode = atoi(argv[4]);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%s", argv[3]);
+    setenv("NWC_SEED", seed, 1);
+    test_seed("test_daemon_multi child");
+    return child(argv[2], 4.0);
+  }
+  budget_mode = argc > 1 && !strcmp(argv[1], "--budget");
+  uint64_t seed = test_seed(budget_mode ? "test_daemon_multi --budget" : "test_daemon_multi");
+  if (skip) return skip;
+  if (td_mkdir("nwc-multi") < 0) return 1;
+  const char *bud[] = {"--budget", "2M", NULL};
+  pid_t d = td_start_daemon(budget_mode ? bud : NULL);
+  CHECK(d > 0, "nwcd did not start");
+  if (d <= 0) return td_show_log(), 1;
+  nwc_client *c;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
+  if (budget_mode) {
+    int rc = nwc_client_load(c, "use", NULL, NULL, NULL, NULL);
+    CHECK(rc == -ENOSPC && strstr(nwc_client_last_error(), "budget"),
+          "loading a model larger than the budget: %d %s", rc, nwc_client_last_error());
+    printf("load use: %s\n", nwc_client_last_error());
+  }
+  pid_t kids[NCHILD];
+  for (int i = 0; i < NCHILD; i++) {
+    kids[i] = fork();
+    if (kids[i] == 0) {
+      char s[32], m[8];
+      snprintf(s, sizeof s, "%llu", (unsigned long long)(seed + (uint64_t)i + 1));
+      snprintf(m, sizeof m, "%d", budget_mode);
+      execl("/proc/self/exe", argv[0], "child", td_sock, s, m, (char *)NULL);
+      _exit(127);
+    }
+  }
+  for (int i = 0; i < NCHILD; i++) {
+    int st;
+    waitpid(kids[i], &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d failed (status 0x%x)", i, st);
+  }
+  nwc_client_counters s;
+  CHECK_RC(nwc_client_stats(c, &s));
+  printf("daemon: %llu requests, %llu errors, %llu loads, %llu evictions, %llu mapped computes, "
+         "%llu batched passes (%llu columns), resident %llu of budget %llu\n",
+         (unsigned long long)s.requests, (unsigned long long)s.errors, (unsigned long long)s.loads,
+         (unsigned long long)s.evictions, (unsigned long long)s.mapped_computes,
+         (unsigned long long)s.batched_passes, (unsigned long long)s.batched_columns,
+         (unsigned long long)s.resident_bytes, (unsigned long long)s.budget);
+  if (budget_mode) {
+    CHECK(s.resident_bytes <= s.budget, "resident %llu over budget", (unsigned long long)s.resident_bytes);
+    CHECK(s.evictions > 0 && s.mapped_computes > 0, "budget mode: no evictions or no mapped computes");
+  }
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  if (test_failures) td_show_log();
+  td_cleanup();
+  return test_exit(budget_mode ? "test_daemon_multi --budget" : "test_daemon_multi");
+}
