@@ -2,8 +2,9 @@
  * matvec.cu - y = scale * (W x) + bias on a layout-0 tensor (nwc_k_linear_bf16, nwc_k_matvec), and
  * the plain fp8 matvec baseline (nwc_k_ref_fp8).
  *
- * Design (format v9): one persistent block of 1024 threads per SM copies the table to shared
- * memory once, then each warp grid-strides over the 8 x 512 blocks.  Per block a lane loads its 16
+ * Design (format v9): at most one persistent CTA per SM, with as many warps as the blocks need (up
+ * to 32), copies the table to shared memory once, then each warp grid-strides over the 8 x 512
+ * blocks, staging each in its slice of shared memory (decode.cuh).  Per block a lane loads its 16
  * activations into registers once, decodes its 8 rows of 16 weights (decode.cuh), multiplies them
  * into one row sum per row (two FMA chains), and rotates the row sums through eight accumulators so
  * that every register index is a constant.  At block end a transposed shuffle reduction (xor 16,
