@@ -395,6 +395,9 @@ int nwc__pcdec_l1_begin(nwc__pcdec *pc, uint64_t b) {
   const uint8_t *hdr = t->hdr + b * NWC_LANES;
   uint32_t w = 0;
   for (unsigned l = 0; l < NWC_LANES; l++) {
+    /* 256 codes of at most 24 bits: 192 words, which also bounds the copy into pad1 */
+    NWC_RETURN_IF(hdr[l] > NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC, -EBADMSG,
+                  "block %llu: lane %u claims %u words", (unsigned long long)b, l, hdr[l]);
     d->lanes[l] = (lane){32 * w, 32 * (w + hdr[l])};
     w += hdr[l];
   }
@@ -419,16 +422,6 @@ int nwc__pcdec_lanes16(nwc__pcdec *pc, uint32_t lanes, uint8_t h[][16]) {
     for (unsigned k = 0; k < 8; k++) v[k >> 2] |= (uint64_t)((e[k] >> 8) & 0xffffu) << 16 * (k & 3);
     memcpy(h[l], &v[0], 8);
     memcpy(h[l] + 8, &v[1], 8);
-  }
-  return 0;
-}
-
-int nwc__pcdec_16(nwc__pcdec *pc, unsigned l, uint8_t h[16]) {
-  uint32_t e[8];
-  NWC_TRY(decode_lane_row(&pc->d, &pc->d.lanes[l], e));
-  for (unsigned k = 0; k < 8; k++) {
-    h[2 * k] = (uint8_t)(e[k] >> 8);
-    h[2 * k + 1] = (uint8_t)(e[k] >> 16);
   }
   return 0;
 }

@@ -111,10 +111,8 @@ int nwc__pcdec_l0_begin(nwc__pcdec *pc, uint64_t b, unsigned *active);
 int nwc__pcdec_l0_row(nwc__pcdec *pc, unsigned l, uint64_t r, uint64_t c0, uint16_t w[16]);
 /* Layout 1: checks block b (lanes of hdr words each, word-aligned) and points the lanes at it. */
 int nwc__pcdec_l1_begin(nwc__pcdec *pc, uint64_t b);
-/* The next 16 codes of lane l as bytes sign << 7 | psym[rank] (or the escaped byte); -EBADMSG
- * if they need bits beyond the lane's stream. */
-int nwc__pcdec_16(nwc__pcdec *pc, unsigned l, uint8_t h[16]);
-/* The same for every lane in the mask (h[l] for lane l), in one call. */
+/* For every lane l in the mask, its next 16 codes as bytes h[l][j] = sign << 7 | psym[rank]
+ * (or the escaped byte); -EBADMSG if they need bits beyond the lane's stream. */
 int nwc__pcdec_lanes16(nwc__pcdec *pc, uint32_t lanes, uint8_t h[][16]);
 
 /* ---- CPU features (store/cpu_features.c) --------------------------------------------------- */

@@ -142,11 +142,11 @@ static int exercise(const nwc_tensor *t, const char *what) {
 
 enum {
   F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_ENTRY,
-  F_DATA, F_RAW, F_SCALE, F_COUNT
+  F_DATA, F_RAW, F_SCALE, F_BIG_LANES, F_COUNT
 };
 static const char *const field_name[F_COUNT] = {
     "elem",  "rows", "cols",          "psym", "nblocks", "data_bytes", "raw_bytes",
-    "bases", "hdr",  "exception entry", "data", "raw",     "scale"};
+    "bases", "hdr",  "exception entry", "data", "raw",     "scale", "big lanes"};
 
 /* Re-chains bases[] from hdr[] (layout 1: 4-byte words; layout 2: entries) and resizes data. */
 static void rechain(mtensor *m) {
@@ -242,12 +242,22 @@ static int mutate(mtensor *m, int f) {
     for (uint64_t j = 0; j < k && n; j++) p[test_below(n)] ^= (uint8_t)(1u << test_below(8));
     return 0;
   }
-  default: {
+  case F_BIG_LANES: { /* the last block (or any) with long lanes, offsets chained: the block
+                       * copy near the end of the data must stay inside the decoder's buffer */
+    if (nb == 0) return 0;
+    uint64_t b = test_below(2) ? nb - 1 : test_below(nb);
+    for (unsigned l = 0; l < NWC_LANES; l++)
+      m->hdr[b * NWC_LANES + l] = (uint8_t)(193 + test_below(63));
+    rechain(m);
+    return layout == 1; /* more than 192 words never fit a layout-1 lane */
+  }
+  case F_SCALE: {
     if (!m->scale || t->rows == 0) return 0;
     static const float bad[] = {NAN, -1.0f, 0.0f, INFINITY};
     m->scale[test_below(t->rows)] = bad[test_below(4)];
     return 1;
   }
+  default: return 0;
   }
 }
 
