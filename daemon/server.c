@@ -233,8 +233,8 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
     else
       snprintf(msg, sizeof msg, "protocols %u..%u not supported (this daemon speaks %u)",
                r->ver_min, r->ver_max, NWC_PROTO_VERSION);
-    conn_error(c, h, -EPROTONOSUPPORT, msg);
     c->close_after_flush = true;
+    conn_error(c, h, -EPROTONOSUPPORT, msg);
     return;
   }
   c->hello = true;
@@ -315,8 +315,8 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   if (rc < 0) {
     /* Descriptors that came for a frame we refuse are not kept for the next one. */
     if (h->flags & NWC_PF_FDS) close_fds(c->fdq, c->nfdq), c->nfdq = 0;
-    conn_error(c, h, rc, nwc_error_detail());
     if (rc == -EPROTO) c->close_after_flush = true;
+    conn_error(c, h, rc, nwc_error_detail());
     nwcd_job_free(j);
     return;
   }
@@ -332,8 +332,8 @@ static void conn_input(nwcd_conn *c) {
     nwc_proto_hdr h;
     int rc = nwc_proto_hdr_decode(c->rbuf + c->roff, &h);
     if (rc < 0) {
-      conn_error(c, &h, rc, nwc_error_detail());
       c->close_after_flush = true;
+      conn_error(c, &h, rc, nwc_error_detail());
       break;
     }
     size_t need = NWC_PROTO_HEADER + (size_t)h.length;
