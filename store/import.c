@@ -224,8 +224,9 @@ static void *worker(void *arg) {
       pthread_mutex_unlock(&im->mu);
       rc = pwrite_full(im->fd, wb.blob.p, j->pub.length, j->pub.offset);
       if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
-      /* Start writeback now, so that the fsync before publishing has little left to do. */
-      if (rc == 0)
+      /* Start writeback of big blobs now, so that the fsync before publishing has little left
+       * to do (small ones are left to that fsync: a syscall each would cost more). */
+      if (rc == 0 && j->pub.length >= NWC_STORE_CHUNK)
         (void)sync_file_range(im->fd, (off64_t)j->pub.offset, (off64_t)j->pub.length,
                               SYNC_FILE_RANGE_WRITE);
       pthread_mutex_lock(&im->mu);
