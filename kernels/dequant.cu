@@ -48,9 +48,9 @@ __device__ __forceinline__ uint8_t *smem_warp(uint4 *smem) {
 template <int TYPE>
 __global__ void __launch_bounds__(kMaxThreads, 1) dequant_kernel(Geom g, const uint32_t *tab, uint16_t *out) {
   extern __shared__ uint4 smem[];
-  load_table(smem_tab(smem), tab);
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5, first = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  Head h = load_head(g, first);
+  Head h = load_head(g, first); /* in flight while the table loads */
+  load_table(smem_tab(smem), tab);
   for (uint32_t b = first; b < g.nblocks; b += nwarps) {
     uint32_t row0 = b / g.CB * NWC_BLOCK_ROWS;
     uint32_t nrows = g.M - row0 < NWC_BLOCK_ROWS ? g.M - row0 : NWC_BLOCK_ROWS;
@@ -63,16 +63,18 @@ template <int TYPE>
 __global__ void __launch_bounds__(kGatherThreads)
 gather_kernel(Geom g, const uint32_t *tab, const uint64_t *rows, uint32_t n, uint16_t *out) {
   extern __shared__ uint4 smem[];
-  load_table(smem_tab(smem), tab);
   const uint32_t w = blockIdx.x * (kGatherThreads / 32) + (threadIdx.x >> 5);
   const uint32_t k = w / g.CB, cb = w - k * g.CB;
-  if (k >= n) return;
-  const uint64_t r = rows[k];
-  if (r >= g.M) return;
-  const uint32_t i = (uint32_t)(r % NWC_BLOCK_ROWS);
-  Store s{out + (uint64_t)k * g.K16, g.K16, (int)i, 0};
-  const uint32_t b = (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb;
+  /* The row index and the block's head are loaded while the table loads; every thread reaches
+   * load_table's barrier before any returns. */
+  const uint64_t r = k < n ? rows[k] : UINT64_MAX;
+  const bool ok = r < g.M;
+  const uint32_t i = ok ? (uint32_t)(r % NWC_BLOCK_ROWS) : 0;
+  const uint32_t b = ok ? (uint32_t)(r / NWC_BLOCK_ROWS) * g.CB + cb : g.nblocks;
   Head h = load_head(g, b);
+  load_table(smem_tab(smem), tab);
+  if (!ok) return;
+  Store s{out + (uint64_t)k * g.K16, g.K16, (int)i, 0};
   decode_block<TYPE>(g, smem_tab(smem), smem_warp(smem), b, i + 1, g.nblocks, h, s);
 }
 

@@ -89,9 +89,9 @@ matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
   extern __shared__ uint4 smem[];
   uint32_t *s_tab = reinterpret_cast<uint32_t *>(smem);
   uint8_t *wbuf = reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * kWarpBuf;
-  load_table(s_tab, tab);
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5, first = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  Head h = load_head(g, first);
+  Head h = load_head(g, first); /* in flight while the table loads */
+  load_table(s_tab, tab);
   for (uint32_t b = first; b < g.nblocks; b += nwarps) {
     uint32_t row0 = b / g.CB * NWC_BLOCK_ROWS;
     uint32_t nrows = g.M - row0 < NWC_BLOCK_ROWS ? g.M - row0 : NWC_BLOCK_ROWS;
