@@ -18,23 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The input key of weight (row, col): BF16 high byte or fp8 byte; -1 outside the tensor. */
-static inline int key_at(const nwc__lx_plan *p, uint64_t row, uint64_t col) {
-  const nwc__geom *g = &p->lg.g;
-  if (row >= g->M || col >= g->K) return -1;
-  uint64_t i = row * g->K + col;
+/* The input key (BF16 high byte, fp8 byte) of input index i; -1 for a filler. */
+static inline int key_of(const nwc__lx_plan *p, uint64_t i) {
+  if (i == NWC__LX_FILLER) return -1;
   return p->w16 ? p->w16[i] >> 8 : p->w8[i];
 }
-
-/* Visits the coded positions of lane L of block b in stream order. */
-#define FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j)                                              \
-  for (unsigned sc = 0, nsc_ = nwc__lx_nsc((lg), (b) % (lg)->g.col_blocks); sc < nsc_; sc++)     \
-    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++)                                               \
-      for (uint64_t row = ((b) / (lg)->g.col_blocks) * NWC__LX_BLOCK_ROWS + nwc__frag_row(L, j),  \
-                    col = (((b) % (lg)->g.col_blocks) * NWC__SC_PER_BLOCK + sc) * NWC__SC_COLS + \
-                          nwc__frag_col(L, j),                                                   \
-                    once_ = 1;                                                                   \
-           once_; once_ = 0)
 
 int nwc__l1_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *bases,
                  uint8_t *hdr, uint64_t *data_bytes) {
@@ -50,10 +38,11 @@ int nwc__l1_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *ba
     uint64_t words = 0;
     bases[b] = off;
     for (unsigned L = 0; L < NWC_LANES; L++) {
-      uint64_t bits = 0;
-      FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j) {
-        int k = key_at(p, row, col);
-        bits += k < 0 ? 2 : p->len[k];
+      uint64_t bits = 0, in[256];
+      unsigned n = nwc__lx_lane_inputs(lg, b, L, in);
+      for (unsigned k = 0; k < n; k++) {
+        int key = key_of(p, in[k]);
+        bits += key < 0 ? 2 : p->len[key];
       }
       hdr[b * NWC_LANES + L] = (uint8_t)nwc__ceil_div(bits, 32);
       words += nwc__ceil_div(bits, 32);
@@ -80,11 +69,11 @@ void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
     uint8_t *dst = data + p->bases[b];
     uint64_t gr = b / lg->g.col_blocks, cb = b % lg->g.col_blocks;
     for (unsigned L = 0; L < NWC_LANES; L++) {
-      uint64_t acc = 0; /* MSB-first writer: pending bits right-aligned */
-      unsigned n = 0;
-      FOR_LANE_WEIGHTS(lg, b, L, row, col, sc, j) {
-        int k = key_at(p, row, col);
-        uint32_t bits = k < 0 ? 2u : p->bits[k], len = k < 0 ? 2u : p->len[k];
+      uint64_t acc = 0, in[256]; /* MSB-first writer: pending bits right-aligned */
+      unsigned n = 0, nw = nwc__lx_lane_inputs(lg, b, L, in);
+      for (unsigned k = 0; k < nw; k++) {
+        int key = key_of(p, in[k]);
+        uint32_t bits = key < 0 ? 2u : p->bits[key], len = key < 0 ? 2u : p->len[key];
         acc = acc << len | bits;
         n += len;
         if (n >= 32) {
@@ -92,14 +81,14 @@ void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
           put_le32(dst, (uint32_t)(acc >> n));
           dst += 4;
         }
-        if (k < 0) continue;
+        if (key < 0) continue;
+        unsigned sc = k >> 4, j = k & 15;
         uint64_t slot = gr * lg->slots + cb * NWC__SC_PER_BLOCK + sc;
         uint8_t *lane_raw = raw + (slot * NWC_LANES + L) * (bf16 ? 16 : 8);
-        uint64_t i = row * lg->g.K + col;
         if (bf16)
-          lane_raw[j] = (uint8_t)p->w16[i];
+          lane_raw[j] = (uint8_t)p->w16[in[k]];
         else
-          lane_raw[nwc__fp8_nib_byte(j)] |= (uint8_t)(p->fp8_nib[p->w8[i]] << nwc__fp8_nib_shift(j));
+          lane_raw[nwc__fp8_nib_byte(j)] |= (uint8_t)(p->fp8_nib[key] << nwc__fp8_nib_shift(j));
       }
       if (n) {
         put_le32(dst, (uint32_t)(acc << (32 - n)));

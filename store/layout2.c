@@ -65,22 +65,10 @@ static int plan_symbols(nwc__lx_plan *p, uint64_t *freq_out, uint8_t psym[16]) {
   return 0;
 }
 
-/* The input key (BF16 high byte, fp8 byte) of a weight, or -1 outside the tensor; *i its index. */
-static inline int key_at(const nwc__lx_plan *p, uint64_t row, uint64_t col, uint64_t *i) {
-  const nwc__geom *g = &p->lg.g;
-  if (row >= g->M || col >= g->K) return -1;
-  *i = row * g->K + col;
-  return p->w16 ? p->w16[*i] >> 8 : p->w8[*i];
-}
-
-/* Visits lane L's positions of block b in stream order: idx = 16 sc + j, tile (row, col). */
-static inline void lane_pos(const nwc__lgeom *lg, uint64_t b, unsigned L, unsigned idx,
-                            uint64_t *row, uint64_t *col, uint64_t *slot) {
-  uint64_t gr = b / lg->g.col_blocks, cb = b % lg->g.col_blocks;
-  unsigned sc = idx >> 4, j = idx & 15;
-  *row = gr * NWC__LX_BLOCK_ROWS + nwc__frag_row(L, j);
-  *slot = cb * NWC__SC_PER_BLOCK + sc; /* within the row group */
-  *col = *slot * NWC__SC_COLS + nwc__frag_col(L, j);
+/* The input key (BF16 high byte, fp8 byte) of input index i; -1 for a filler. */
+static inline int key_of(const nwc__lx_plan *p, uint64_t i) {
+  if (i == NWC__LX_FILLER) return -1;
+  return p->w16 ? p->w16[i] >> 8 : p->w8[i];
 }
 
 int nwc__l2_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *bases,
@@ -90,14 +78,12 @@ int nwc__l2_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *ba
   uint64_t off = 0;
   for (uint64_t b = 0; b < lg->g.nblocks; b++) {
     uint64_t entries = 0;
-    unsigned nw = NWC__SC_WEIGHTS * nwc__lx_nsc(lg, b % lg->g.col_blocks);
     bases[b] = off;
     for (unsigned L = 0; L < NWC_LANES; L++) {
-      unsigned n = 0;
+      uint64_t in[256];
+      unsigned n = 0, nw = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned idx = 0; idx < nw; idx++) {
-        uint64_t row, col, slot, i;
-        lane_pos(lg, b, L, idx, &row, &col, &slot);
-        int k = key_at(p, row, col, &i);
+        int k = key_of(p, in[idx]);
         n += k >= 0 && (p->nib[k] & 7) == 7;
       }
       NWC_RETURN_IF(n > NWC__L2_MAX_EXC, -ERANGE,
@@ -130,13 +116,13 @@ void nwc__l2_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
   uint64_t pairs = nwc__ceil_div(lg->slots, 2);
   for (uint64_t b = 0; b < lg->g.nblocks; b++) {
     uint8_t *e = data + p->bases[b];
-    uint64_t gr = b / lg->g.col_blocks;
-    unsigned nw = NWC__SC_WEIGHTS * nwc__lx_nsc(lg, b % lg->g.col_blocks);
+    uint64_t gr = b / lg->g.col_blocks, cb = b % lg->g.col_blocks;
     for (unsigned L = 0; L < NWC_LANES; L++) {
+      uint64_t in[256];
+      unsigned nw = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned idx = 0; idx < nw; idx++) {
-        uint64_t row, col, slot, i;
-        lane_pos(lg, b, L, idx, &row, &col, &slot);
-        int k = key_at(p, row, col, &i);
+        uint64_t i = in[idx], slot = cb * NWC__SC_PER_BLOCK + (idx >> 4); /* within the group */
+        int k = key_of(p, i);
         if (k < 0) continue; /* filler: nibble 0, raw 0 */
         unsigned j = idx & 15, nib = p->nib[k];
         uint64_t ls = (gr * lg->slots + slot) * NWC_LANES + L;

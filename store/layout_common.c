@@ -73,6 +73,27 @@ int64_t nwc__lx_encode_bound(uint64_t M, uint64_t K, unsigned elem) {
 
 /* ---- encoding ---------------------------------------------------------------------------- */
 
+unsigned nwc__lx_lane_inputs(const nwc__lgeom *lg, uint64_t b, unsigned L, uint64_t in[256]) {
+  const nwc__geom *g = &lg->g;
+  uint64_t gr = b / g->col_blocks, cb = b % g->col_blocks;
+  uint64_t r0 = gr * NWC__LX_BLOCK_ROWS, c0 = cb * NWC_BLOCK_COLS;
+  unsigned nsc = nwc__lx_nsc(lg, cb), n = NWC__SC_WEIGHTS * nsc;
+  uint64_t off[NWC__SC_WEIGHTS];
+  for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++)
+    off[j] = (r0 + nwc__frag_row(L, j)) * g->K + c0 + nwc__frag_col(L, j);
+  if (r0 + NWC__LX_BLOCK_ROWS <= g->M && c0 + NWC__SC_COLS * nsc <= g->K) { /* interior */
+    for (unsigned sc = 0; sc < nsc; sc++)
+      for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++) in[16 * sc + j] = off[j] + NWC__SC_COLS * sc;
+    return n;
+  }
+  for (unsigned sc = 0; sc < nsc; sc++)
+    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++) {
+      uint64_t row = r0 + nwc__frag_row(L, j), col = c0 + NWC__SC_COLS * sc + nwc__frag_col(L, j);
+      in[16 * sc + j] = row < g->M && col < g->K ? off[j] + NWC__SC_COLS * sc : NWC__LX_FILLER;
+    }
+  return n;
+}
+
 static int plan_run(nwc__lx_plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem,
                     uint64_t *freq, uint8_t psym[16], uint64_t *bases, uint8_t *hdr,
                     uint64_t *data_bytes) {

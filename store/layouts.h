@@ -50,6 +50,11 @@ static inline unsigned nwc__frag_col(unsigned L, unsigned j) {
   return 8u * (L & 3u) + 4u * (j >> 3) + 2u * ((j >> 2) & 1u) + (j & 1u);
 }
 
+/* The input indices (row * K + col) of lane L's weights in block b, in stream order (index
+ * 16 sc + j), NWC__LX_FILLER for a filler; returns their number, 16 nsc.  The encoders' walk. */
+#define NWC__LX_FILLER UINT64_MAX
+unsigned nwc__lx_lane_inputs(const nwc__lgeom *lg, uint64_t b, unsigned L, uint64_t in[256]);
+
 /* nwc_layout / nwc_encode_bound / nwc_tensor_validate for layouts 1 and 2. */
 int nwc__lx_layout(uint64_t M, uint64_t K, unsigned elem, uint64_t out[4]);
 int64_t nwc__lx_encode_bound(uint64_t M, uint64_t K, unsigned elem);
