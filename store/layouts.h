@@ -179,9 +179,9 @@ typedef struct nwc__lxdec {
   unsigned nsc;          /* its super-chunks */
   uint32_t lanes;        /* lanes decoded (layout 1; layout 2 decodes the first nlanes) */
   unsigned nlanes;       /* lanes holding a row below M: 32, or 4 * rows in a short group */
-  const uint8_t *exc[NWC_LANES]; /* layout 2: next exception entry of each lane */
-  unsigned exc_left[NWC_LANES];
-  uint32_t exc_lanes;    /* lanes with entries left */
+  uint32_t *exc;         /* layout 2: the block's exceptions by super-chunk, pos << 16 | value */
+  unsigned sc_start[NWC__SC_PER_BLOCK + 1]; /* ... those of super-chunk sc start here */
+  uint16_t fp8_bf16[256];
 } nwc__lxdec;
 int nwc__lxdec_init(nwc__lxdec *d, const nwc_tensor *t);
 void nwc__lxdec_fini(nwc__lxdec *d);

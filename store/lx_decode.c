@@ -9,8 +9,9 @@
  * written over their weights, so a tile always holds the exact weights.
  *
  * Safety: the geometry and the raw size are checked once (nwc__lxdec_init), every block's
- * offsets and lengths before its bytes are read, every exception's index when it is applied;
- * entries out of order, beyond the block's super-chunks or left over make the call -EBADMSG.
+ * offsets and lengths before its bytes are read; a block's exception entries are checked and
+ * sorted by super-chunk when the block begins (indices out of order within a lane or beyond the
+ * block's super-chunks make the call -EBADMSG).
  * Tiles go straight into the output only when all 16 x 32 positions lie inside it, else through
  * a local buffer.
  */
@@ -36,6 +37,9 @@ int nwc__lxdec_init(nwc__lxdec *d, const nwc_tensor *t) {
     d->pc = nwc__pcdec_new(t, &rc);
     return d->pc ? 0 : rc;
   }
+  d->exc = malloc(NWC_LANES * NWC__L2_MAX_EXC * sizeof *d->exc);
+  if (!d->exc) return -ENOMEM;
+  for (unsigned v = 0; v < 256; v++) d->fp8_bf16[v] = nwc_fp8_to_bf16((uint8_t)v);
   int level = nwc__cpu_level();
   d->tile2 = nwc__l2_tile_simd(d->lg.g.type, level);
   if (!d->tile2) d->tile2 = nwc__l2_tile_portable;
@@ -44,11 +48,52 @@ int nwc__lxdec_init(nwc__lxdec *d, const nwc_tensor *t) {
 
 void nwc__lxdec_fini(nwc__lxdec *d) {
   nwc__pcdec_free(d->pc);
+  free(d->exc);
   d->pc = NULL;
+  d->exc = NULL;
+}
+
+/* Layout 2: checks block b's exception list and sorts its entries by super-chunk into d->exc
+ * (tile position << 16 | BF16 value), d->sc_start[sc] .. d->sc_start[sc + 1]. */
+static int l2_block_begin(nwc__lxdec *d, uint64_t b) {
+  const nwc_tensor *t = d->t;
+  uint64_t base = t->bases[b], end = t->bases[b + 1], n = 0;
+  NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
+                "block %llu: offsets %llu..%llu outside %llu data bytes or misaligned",
+                (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
+                (unsigned long long)t->data_bytes);
+  const uint8_t *hdr = t->hdr + b * NWC_LANES;
+  for (unsigned L = 0; L < NWC_LANES; L++) n += hdr[L];
+  const unsigned eb = d->lg.exc_bytes;
+  NWC_RETURN_IF(n * eb > end - base, -EBADMSG,
+                "block %llu: %llu exception entries overrun the block's %llu bytes",
+                (unsigned long long)b, (unsigned long long)n, (unsigned long long)(end - base));
+  unsigned count[NWC__SC_PER_BLOCK + 1] = {0};
+  const uint8_t *e = t->data + base;
+  for (unsigned L = 0; L < NWC_LANES; L++) { /* counts, and the order of each lane's indices */
+    int prev = -1;
+    for (unsigned k = 0; k < hdr[L]; k++, e += eb) {
+      NWC_RETURN_IF((int)e[0] <= prev || (unsigned)e[0] >> 4 >= d->nsc, -EBADMSG,
+                    "block %llu lane %u: exception index %u out of order or beyond %u "
+                    "super-chunks", (unsigned long long)b, L, e[0], d->nsc);
+      prev = e[0];
+      count[(e[0] >> 4) + 1]++;
+    }
+  }
+  for (unsigned sc = 0; sc < NWC__SC_PER_BLOCK; sc++) count[sc + 1] += count[sc];
+  memcpy(d->sc_start, count, sizeof d->sc_start);
+  e = t->data + base;
+  for (unsigned L = 0; L < NWC_LANES; L++)
+    for (unsigned k = 0; k < hdr[L]; k++, e += eb) {
+      unsigned j = e[0] & 15u;
+      uint16_t v = eb == 3 ? (uint16_t)(e[1] | e[2] << 8) : d->fp8_bf16[e[1]];
+      uint32_t pos = nwc__frag_row(L, j) * NWC__SC_COLS + nwc__frag_col(L, j);
+      d->exc[count[e[0] >> 4]++] = pos << 16 | v;
+    }
+  return 0;
 }
 
 int nwc__lxdec_begin(nwc__lxdec *d, uint64_t b, uint32_t lanes) {
-  const nwc_tensor *t = d->t;
   d->b = b;
   d->gr = b / d->lg.g.col_blocks;
   d->cb = b % d->lg.g.col_blocks;
@@ -57,42 +102,7 @@ int nwc__lxdec_begin(nwc__lxdec *d, uint64_t b, uint32_t lanes) {
   d->nlanes = rows_left < 8 ? 4 * (unsigned)rows_left : NWC_LANES;
   d->lanes = d->lg.layout == 1 ? lanes : UINT32_MAX;
   if (d->nlanes < NWC_LANES) d->lanes &= (UINT32_C(1) << d->nlanes) - 1;
-  if (d->lg.layout == 1) return nwc__pcdec_l1_begin(d->pc, b);
-  uint64_t base = t->bases[b], end = t->bases[b + 1], n = 0;
-  d->exc_lanes = 0;
-  NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
-                "block %llu: offsets %llu..%llu outside %llu data bytes or misaligned",
-                (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
-                (unsigned long long)t->data_bytes);
-  for (unsigned L = 0; L < NWC_LANES; L++) {
-    d->exc[L] = t->data + base + n * d->lg.exc_bytes;
-    d->exc_left[L] = t->hdr[b * NWC_LANES + L];
-    n += d->exc_left[L];
-    if (d->exc_left[L]) d->exc_lanes |= UINT32_C(1) << L;
-  }
-  NWC_RETURN_IF(n * d->lg.exc_bytes > end - base, -EBADMSG,
-                "block %llu: %llu exception entries overrun the block's %llu bytes",
-                (unsigned long long)b, (unsigned long long)n, (unsigned long long)(end - base));
-  return 0;
-}
-
-/* Writes lane L's exceptions of super-chunk sc over the tile. */
-static int apply_exceptions(nwc__lxdec *d, unsigned L, unsigned sc, uint16_t *dst, size_t stride) {
-  while (d->exc_left[L]) {
-    const uint8_t *e = d->exc[L];
-    unsigned idx = e[0], j = idx & 15u;
-    if (idx >> 4 != sc) {
-      NWC_RETURN_IF(idx >> 4 < sc, -EBADMSG, "block %llu lane %u: exception index %u out of order",
-                    (unsigned long long)d->b, L, idx);
-      return 0;
-    }
-    uint16_t v = d->lg.g.type == NWC_ELEM_BF16 ? (uint16_t)(e[1] | e[2] << 8) : nwc_fp8_to_bf16(e[1]);
-    dst[nwc__frag_row(L, j) * stride + nwc__frag_col(L, j)] = v;
-    d->exc[L] += d->lg.exc_bytes;
-    d->exc_left[L]--;
-  }
-  d->exc_lanes &= ~(UINT32_C(1) << L);
-  return 0;
+  return d->lg.layout == 1 ? nwc__pcdec_l1_begin(d->pc, b) : l2_block_begin(d, b);
 }
 
 int nwc__lxdec_tile(nwc__lxdec *d, unsigned sc, uint16_t *dst, size_t stride) {
@@ -100,17 +110,15 @@ int nwc__lxdec_tile(nwc__lxdec *d, unsigned sc, uint16_t *dst, size_t stride) {
   if (d->lg.layout == 1)
     return nwc__l1_tile(d->pc, &d->lg, d->t->raw, d->gr * d->lg.slots + slot, d->lanes, dst, stride);
   d->tile2(&d->lg, d->t->raw, d->t->psym, d->gr, slot, d->nlanes, dst, stride);
-  for (uint32_t m = d->exc_lanes; m; m &= m - 1)
-    NWC_TRY(apply_exceptions(d, (unsigned)__builtin_ctz(m), sc, dst, stride));
+  for (unsigned k = d->sc_start[sc]; k < d->sc_start[sc + 1]; k++) { /* exceptions over +-0 */
+    uint32_t x = d->exc[k], pos = x >> 16;
+    dst[(pos / NWC__SC_COLS) * stride + pos % NWC__SC_COLS] = (uint16_t)x;
+  }
   return 0;
 }
 
 int nwc__lxdec_end(nwc__lxdec *d) {
-  if (d->lg.layout == 1) return 0; /* the lane decoder checks each super-chunk */
-  for (unsigned L = 0; L < NWC_LANES; L++)
-    NWC_RETURN_IF(d->exc_left[L], -EBADMSG,
-                  "block %llu lane %u: %u exception entries beyond its super-chunks",
-                  (unsigned long long)d->b, L, d->exc_left[L]);
+  (void)d; /* layout 1: the lane decoder checks each super-chunk; layout 2: checked at begin */
   return 0;
 }
 
