@@ -14,6 +14,10 @@
  *   raw[raw_bytes]     the raw plane: the low byte of each BF16 weight (row stride K16), or the
  *                      4-bit nibble of each fp8 weight (row stride K16 / 2)
  *
+ * That is layout 0 (elem bits 4..7 = 0).  Layouts 1 and 2 (16 x 512 blocks in mma.m16n8k16
+ * fragment order; layout 2 with fixed-width nibbles and per-block exception lists in data) use the
+ * same fields with the meanings of docs/format-layouts.md.
+ *
  * Conventions: every fallible function returns 0 (or a count) on success and a negative errno on
  * failure; nwc_strerror() turns it into text and nwc_error_detail() says what exactly was wrong.
  * Decoders check every size, count and offset they read from a tensor, so a corrupt tensor yields
@@ -100,10 +104,11 @@ NWC_EXTERN int64_t nwc_encode_bound(uint64_t M, uint64_t K, unsigned elem);
 /*
  * Encodes n weights (n / K rows of K), BF16 as uint16_t or fp8 e4m3 as uint8_t, into
  * caller-provided arrays sized by nwc_layout(): bases[blocks + 1], hdr[blocks * 32], raw[raw_bytes],
- * data[cap].  psym[16] receives exp_of_rank; freq (128 counters for BF16, 10 for fp8; may be
- * NULL) receives the symbol histogram.  With data == NULL only the size is computed.
+ * data[cap].  psym[16] receives exp_of_rank (layout 2: the lut); freq (128 counters for BF16, 10
+ * for fp8, 19 for fp8 in layout 2; may be NULL) receives the symbol histogram.  With data == NULL only the size is computed.
  * Returns data_bytes (streams plus NWC_DATA_SLACK), -EINVAL for a bad shape or an fp8 NaN,
- * -ENOSPC if cap is too small (nothing useful is written then).
+ * -ENOSPC if cap is too small (nothing useful is written then), -ERANGE (layout 2) when a lane of
+ * a block would need more than 255 exceptions.
  */
 NWC_EXTERN int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
                               uint8_t psym[16], uint64_t *bases, uint8_t *hdr, uint8_t *data,
@@ -127,7 +132,7 @@ NWC_EXTERN int nwc_quantize_fp8(const uint16_t *w, uint64_t M, uint64_t K, uint8
 typedef struct nwc_tensor {
   unsigned elem;            /* NWC_ELEM(type, layout) */
   uint64_t rows, cols;      /* M, K */
-  uint8_t psym[16];         /* exp_of_rank */
+  uint8_t psym[16];         /* exp_of_rank (layouts 0, 1); layout 2: the lut */
   uint64_t nblocks;
   const uint64_t *bases;    /* nblocks + 1 */
   const uint8_t *hdr;       /* nblocks * 32 */
