@@ -105,7 +105,8 @@ NWC_EXTERN int64_t nwc_encode_bound(uint64_t M, uint64_t K, unsigned elem);
  * Encodes n weights (n / K rows of K), BF16 as uint16_t or fp8 e4m3 as uint8_t, into
  * caller-provided arrays sized by nwc_layout(): bases[blocks + 1], hdr[blocks * 32], raw[raw_bytes],
  * data[cap].  psym[16] receives exp_of_rank (layout 2: the lut); freq (128 counters for BF16, 10
- * for fp8, 19 for fp8 in layout 2; may be NULL) receives the symbol histogram.  With data == NULL only the size is computed.
+ * for fp8, 19 for fp8 in layout 2; may be NULL) receives the symbol histogram.  With
+ * data == NULL only the size is computed.
  * Returns data_bytes (streams plus NWC_DATA_SLACK), -EINVAL for a bad shape or an fp8 NaN,
  * -ENOSPC if cap is too small (nothing useful is written then), -ERANGE (layout 2) when a lane of
  * a block would need more than 255 exceptions.
