@@ -46,6 +46,8 @@ static void usage(FILE *f) {
   fputs("usage: nwc-bench SUBCOMMAND [ARGS]\n"
         "  codec FILE.safetensors [--layout N] [--elem bf16|fp8] [--seconds S]\n"
         "        encode, decode and matvec every tensor on one core; JSON line per tensor + summary\n"
+        "  import FILE.safetensors [...]\n"
+        "        import into a temporary store on 1..N threads; JSON line per thread count\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
 }
@@ -56,6 +58,7 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "codec")) return nwc_bench_codec(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
   fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);
   usage(stderr);
   return 2;
