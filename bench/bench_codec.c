@@ -3,6 +3,7 @@
  * returns the input exactly, and time encode, dequant and matvec on one core beside a plain BF16
  * matvec written here.  Rates are GB/s of BF16 weight bytes (2 per weight, also for fp8).
  *
+ * batch8_matvec_gbps counts the weight bytes once per column (8 columns in one call).
  * Sizes count everything a decoder needs: streams, raw plane, bases, stream headers, psym and
  * (fp8) the per-row scales.  entropy_bound is the memoryless entropy of the sign+exponent byte
  * plus the 8 raw bits, over 16 bits: what any per-tensor memoryless coder of that byte needs.
@@ -25,7 +26,7 @@ typedef struct job {
   const uint8_t *q;  /* fp8 weights when elem is fp8 */
   uint64_t rows, cols, K16;
   unsigned elem;
-  float *x, *y;
+  float *x, *y, *X, *Y; /* X: 8 columns of K16, Y: 8 columns of rows */
   uint16_t *out;
 } job;
 
@@ -46,6 +47,13 @@ static int run_dequant(void *a) {
 static int run_matvec(void *a) {
   job *j = a;
   return nwc_matvec(&j->t, j->x, NULL, j->y, NULL);
+}
+
+#define BATCH 8
+
+static int run_batch8(void *a) {
+  job *j = a;
+  return nwc_matvec_batch(&j->t, j->X, BATCH, j->K16, NULL, j->Y, j->rows, NULL);
 }
 
 /* The baseline: y = W x over BF16 weights, four partial sums per row. */
@@ -88,7 +96,7 @@ static int check_exact(const job *j) {
 }
 
 typedef struct totals {
-  double raw, nwc, bf16, enc_s, dec_s, mv_s, plain_s, top_raw, top_nwc, top_bound_bits, top_n;
+  double raw, nwc, bf16, enc_s, dec_s, mv_s, b8_s, plain_s;
   int all_exact, count, skipped;
 } totals;
 
@@ -133,33 +141,39 @@ static int bench_tensor(const nwc_st_file *f, const nwc_st_tensor *st, unsigned 
   j.out = malloc(j.rows * j.K16 * 2);
   j.x = calloc(j.K16, sizeof *j.x);
   j.y = malloc(j.rows * sizeof *j.y);
+  j.X = calloc(BATCH * j.K16, sizeof *j.X);
+  j.Y = malloc(BATCH * j.rows * sizeof *j.Y);
   for (uint64_t c = 0; c < j.cols; c++) j.x[c] = (float)sin(0.1 * (double)c);
+  for (uint64_t c = 0; c < BATCH * j.K16; c++)
+    j.X[c] = c % j.K16 < j.cols ? (float)cos(0.07 * (double)c) : 0.0f;
   rc = nwc_dequant(&j.t, j.out);
   int exact = rc == 0 && check_exact(&j);
   double enc = nwc_bench_time(run_encode, &j, seconds);
   double dec = nwc_bench_time(run_dequant, &j, seconds);
   double mv = nwc_bench_time(run_matvec, &j, seconds);
+  double b8 = nwc_bench_time(run_batch8, &j, seconds);
   double plain = nwc_bench_time(run_plain, &j, seconds);
   double bf16 = 2.0 * (double)n, raw = q ? (double)n : bf16, nwc = (double)encoded_bytes(&j.t);
   double hbits = high_byte_entropy(j.w, n);
-  json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:i, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f}",
+  json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:i, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f, s:f}",
                         "name", st->name, "rows", (json_int_t)j.rows, "cols", (json_int_t)j.cols,
                         "elem", q ? "fp8" : "bf16", "layout", (int)NWC_ELEM_LAYOUT(elem),
                         "raw_bytes", raw, "nwc_bytes", nwc, "ratio", nwc / raw, "exact", exact,
                         "encode_gbps", bf16 / enc * 1e-9, "decode_gbps", bf16 / dec * 1e-9,
-                        "matvec_gbps", bf16 / mv * 1e-9, "plain_bf16_matvec_gbps",
+                        "matvec_gbps", bf16 / mv * 1e-9, "batch8_matvec_gbps",
+                        BATCH * bf16 / b8 * 1e-9, "plain_bf16_matvec_gbps",
                         bf16 / plain * 1e-9, "entropy_bound", (hbits + 8) / 16);
   json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(6));
   putchar('\n');
   fflush(stdout);
   json_decref(o);
   tot->raw += raw, tot->nwc += nwc, tot->bf16 += bf16;
-  tot->enc_s += enc, tot->dec_s += dec, tot->mv_s += mv, tot->plain_s += plain;
+  tot->enc_s += enc, tot->dec_s += dec, tot->mv_s += mv, tot->b8_s += b8, tot->plain_s += plain;
   tot->all_exact &= exact;
   tot->count++;
   *e = (entry){n, raw, nwc, hbits * (double)n, j.rows > 1};
   nwc_tensor_release(&j.t);
-  free(j.out), free(j.x), free(j.y), free(q), free(scale);
+  free(j.out), free(j.x), free(j.y), free(j.X), free(j.Y), free(q), free(scale);
   return 0;
 }
 
@@ -222,14 +236,15 @@ int nwc_bench_codec(int argc, char **argv) {
       top_n += (double)ents[i].numel, k++;
     }
   json_t *o = json_pack(
-      "{s:s, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f}", "summary",
+      "{s:s, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "summary",
       argv[optind], "tensors", tot.count, "skipped", tot.skipped,
       "elem", type == NWC_ELEM_FP8 ? "fp8" : "bf16", "layout", (int)layout, "raw_bytes", tot.raw,
       "nwc_bytes", tot.nwc, "ratio", tot.raw > 0 ? tot.nwc / tot.raw : 0,
       "top11_ratio", top_raw > 0 ? top_nwc / top_raw : 0, "top11_entropy_bound",
       top_n > 0 ? (top_bits / top_n + 8) / 16 : 0, "exact", tot.all_exact,
       "encode_gbps", tot.bf16 / tot.enc_s * 1e-9, "decode_gbps", tot.bf16 / tot.dec_s * 1e-9,
-      "matvec_gbps", tot.bf16 / tot.mv_s * 1e-9, "plain_bf16_matvec_gbps",
+      "matvec_gbps", tot.bf16 / tot.mv_s * 1e-9, "batch8_matvec_gbps",
+      BATCH * tot.bf16 / tot.b8_s * 1e-9, "plain_bf16_matvec_gbps",
       tot.bf16 / tot.plain_s * 1e-9);
   json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(6));
   putchar('\n');

@@ -38,8 +38,10 @@ double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds) {
 }
 
 void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols) {
-  *rows = t->ndim >= 2 ? t->shape[0] : 1;
-  *cols = t->ndim >= 2 ? t->numel / (t->shape[0] ? t->shape[0] : 1) : t->numel;
+  unsigned d = 0;
+  while (d + 2 < t->ndim && t->shape[d] == 1) d++; /* [1, 1, 512, 1536] is a 512 x 1536 matrix */
+  *rows = t->ndim - d >= 2 ? t->shape[d] : 1;
+  *cols = *rows ? t->numel / *rows : 0;
 }
 
 static void usage(FILE *f) {

@@ -304,9 +304,9 @@ static inline void lane_fma(v16f *acc, const uint16_t w[16], const float *x) {
 }
 
 /* The 16 partial sums of a row, added in a fixed pairwise order. */
-static inline float hsum16(v16f acc) {
+static inline float hsum16(const v16f *acc) {
   float s[16];
-  memcpy(s, &acc, sizeof s);
+  memcpy(s, acc, sizeof s);
   for (unsigned half = 8; half; half >>= 1)
     for (unsigned j = 0; j < half; j++) s[j] += s[j + half];
   return s[0];
@@ -337,7 +337,7 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
           lane_bf16(e, raw_row, c0, d->g.type, wv);
           lane_fma(&row, wv, x + c0);
         }
-        acc[i] += hsum16(row);
+        acc[i] += hsum16(&row);
       }
     }
     for (unsigned i = 0; rc == 0 && i < nrows; i++) {
