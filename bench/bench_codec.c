@@ -6,7 +6,8 @@
  * batch8_matvec_gbps counts the weight bytes once per column (8 columns in one call).
  * Sizes count everything a decoder needs: streams, raw plane, bases, stream headers, psym and
  * (fp8) the per-row scales.  entropy_bound is the memoryless entropy of the sign+exponent byte
- * plus the 8 raw bits, over 16 bits: what any per-tensor memoryless coder of that byte needs.
+ * plus the 8 raw bits, over 16 bits (fp8: the entropy of the whole byte over 8 bits): what any
+ * per-tensor memoryless coder of that byte needs.
  */
 #include "bench.h"
 
@@ -71,10 +72,10 @@ static int run_plain(void *a) {
   return 0;
 }
 
-/* Memoryless entropy (bits per weight) of the high byte (sign + 7 exponent bits). */
-static double high_byte_entropy(const uint16_t *w, uint64_t n) {
+/* Memoryless entropy in bits of n bytes p[0], p[stride], ... */
+static double byte_entropy(const uint8_t *p, uint64_t n, size_t stride) {
   uint64_t freq[256] = {0};
-  for (uint64_t i = 0; i < n; i++) freq[w[i] >> 8]++;
+  for (uint64_t i = 0; i < n; i++) freq[p[i * stride]]++;
   double h = 0;
   for (int b = 0; b < 256; b++)
     if (freq[b]) h -= (double)freq[b] / (double)n * log2((double)freq[b] / (double)n);
@@ -102,7 +103,7 @@ typedef struct totals {
 
 typedef struct entry {
   uint64_t numel;
-  double raw, nwc, bound_bits;
+  double raw, nwc, bound; /* bytes */
   int matrix;
 } entry;
 
@@ -154,7 +155,9 @@ static int bench_tensor(const nwc_st_file *f, const nwc_st_tensor *st, unsigned 
   double b8 = nwc_bench_time(run_batch8, &j, seconds);
   double plain = nwc_bench_time(run_plain, &j, seconds);
   double bf16 = 2.0 * (double)n, raw = q ? (double)n : bf16, nwc = (double)encoded_bytes(&j.t);
-  double hbits = high_byte_entropy(j.w, n);
+  /* the bound in bytes: BF16, the high byte's entropy plus the 8 raw bits; fp8, the byte's */
+  double bound = q ? byte_entropy(q, n, 1) * (double)n / 8
+                   : (byte_entropy((const uint8_t *)j.w + 1, n, 2) + 8) * (double)n / 8;
   json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:i, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f, s:f}",
                         "name", st->name, "rows", (json_int_t)j.rows, "cols", (json_int_t)j.cols,
                         "elem", q ? "fp8" : "bf16", "layout", (int)NWC_ELEM_LAYOUT(elem),
@@ -162,7 +165,7 @@ static int bench_tensor(const nwc_st_file *f, const nwc_st_tensor *st, unsigned 
                         "encode_gbps", bf16 / enc * 1e-9, "decode_gbps", bf16 / dec * 1e-9,
                         "matvec_gbps", bf16 / mv * 1e-9, "batch8_matvec_gbps",
                         BATCH * bf16 / b8 * 1e-9, "plain_bf16_matvec_gbps",
-                        bf16 / plain * 1e-9, "entropy_bound", (hbits + 8) / 16);
+                        bf16 / plain * 1e-9, "entropy_bound", bound / raw);
   json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(6));
   putchar('\n');
   fflush(stdout);
@@ -171,7 +174,7 @@ static int bench_tensor(const nwc_st_file *f, const nwc_st_tensor *st, unsigned 
   tot->enc_s += enc, tot->dec_s += dec, tot->mv_s += mv, tot->b8_s += b8, tot->plain_s += plain;
   tot->all_exact &= exact;
   tot->count++;
-  *e = (entry){n, raw, nwc, hbits * (double)n, j.rows > 1};
+  *e = (entry){n, raw, nwc, bound, j.rows > 1};
   nwc_tensor_release(&j.t);
   free(j.out), free(j.x), free(j.y), free(j.X), free(j.Y), free(q), free(scale);
   return 0;
@@ -229,11 +232,10 @@ int nwc_bench_codec(int argc, char **argv) {
     if (rc == 0) ne++;
   }
   qsort(ents, ne, sizeof *ents, by_size_desc);
-  double top_raw = 0, top_nwc = 0, top_bits = 0, top_n = 0;
+  double top_raw = 0, top_nwc = 0, top_bound = 0;
   for (size_t i = 0, k = 0; i < ne && k < TOP_MATRICES; i++)
     if (ents[i].matrix) {
-      top_raw += ents[i].raw, top_nwc += ents[i].nwc, top_bits += ents[i].bound_bits;
-      top_n += (double)ents[i].numel, k++;
+      top_raw += ents[i].raw, top_nwc += ents[i].nwc, top_bound += ents[i].bound, k++;
     }
   json_t *o = json_pack(
       "{s:s, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "summary",
@@ -241,7 +243,7 @@ int nwc_bench_codec(int argc, char **argv) {
       "elem", type == NWC_ELEM_FP8 ? "fp8" : "bf16", "layout", (int)layout, "raw_bytes", tot.raw,
       "nwc_bytes", tot.nwc, "ratio", tot.raw > 0 ? tot.nwc / tot.raw : 0,
       "top11_ratio", top_raw > 0 ? top_nwc / top_raw : 0, "top11_entropy_bound",
-      top_n > 0 ? (top_bits / top_n + 8) / 16 : 0, "exact", tot.all_exact,
+      top_raw > 0 ? top_bound / top_raw : 0, "exact", tot.all_exact,
       "encode_gbps", tot.bf16 / tot.enc_s * 1e-9, "decode_gbps", tot.bf16 / tot.dec_s * 1e-9,
       "matvec_gbps", tot.bf16 / tot.mv_s * 1e-9, "batch8_matvec_gbps",
       BATCH * tot.bf16 / tot.b8_s * 1e-9, "plain_bf16_matvec_gbps",
