@@ -36,7 +36,7 @@ typedef struct lane {
 /* A block near the end of the data is copied here, so that windows can be loaded without bounds
  * checks: a lane reads at most 384 bits (one row of 24-bit codes) past its end before the row
  * check catches it, plus the second word of a window. */
-#define BLOCK_MAX_BYTES (NWC_LANES * NWC_LANE_MAX_UNITS * 2)
+#define BLOCK_MAX_BYTES (NWC_LANES * NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC * 4) /* layout 1's */
 #define WINDOW_MARGIN 128
 
 typedef struct decoder {
@@ -142,8 +142,9 @@ static inline int decode_lane_row(const decoder *d, lane *s, uint32_t e[8]) {
   return 0;
 }
 
-/* Checks block b's offsets and lengths and points the lane states at its streams. */
-static int block_begin(decoder *d, uint64_t b) {
+/* Checks block b's offsets and lengths and points the lane states at its streams: lane l takes
+ * hdr[l] units of unit_bits bits (layout 0: 16-bit units; layout 1: words), at most max_units. */
+static int lanes_begin(decoder *d, uint64_t b, unsigned unit_bits, unsigned max_units) {
   const nwc_tensor *t = d->t;
   uint64_t base = t->bases[b], end = t->bases[b + 1];
   NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
@@ -154,12 +155,12 @@ static int block_begin(decoder *d, uint64_t b) {
   uint32_t u = 0;
   for (unsigned l = 0; l < NWC_LANES; l++) {
     /* also bounds the block to BLOCK_MAX_BYTES, the size of the copy in d->pad */
-    NWC_RETURN_IF(hdr[l] > NWC_LANE_MAX_UNITS, -EBADMSG, "block %llu: lane %u claims %u units",
-                  (unsigned long long)b, l, hdr[l]);
-    d->lanes[l] = (lane){NWC_UNIT_BITS * u, NWC_UNIT_BITS * (u + hdr[l])};
+    NWC_RETURN_IF(hdr[l] > max_units, -EBADMSG, "block %llu: lane %u claims %u units of %u bits",
+                  (unsigned long long)b, l, hdr[l], unit_bits);
+    d->lanes[l] = (lane){unit_bits * u, unit_bits * (u + hdr[l])};
     u += hdr[l];
   }
-  uint64_t bytes = 4 * nwc__ceil_div(u, 2);
+  uint64_t bytes = 4 * nwc__ceil_div((uint64_t)u * unit_bits, 32);
   NWC_RETURN_IF(bytes > end - base, -EBADMSG,
                 "block %llu: lane streams (%u units) overrun the block's %llu bytes",
                 (unsigned long long)b, u, (unsigned long long)(end - base));
@@ -169,6 +170,11 @@ static int block_begin(decoder *d, uint64_t b) {
     memset(d->pad + bytes, 0, sizeof d->pad - bytes);
     d->blk = d->pad;
   }
+  return 0;
+}
+
+static int block_begin(decoder *d, uint64_t b) {
+  NWC_TRY(lanes_begin(d, b, NWC_UNIT_BITS, NWC_LANE_MAX_UNITS));
   d->active = nwc__active_lanes(&d->g, b % d->g.col_blocks);
   return 0;
 }
@@ -355,7 +361,6 @@ int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
 
 struct nwc__pcdec {
   decoder d;
-  uint8_t pad1[NWC_LANES * NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC * 4 + WINDOW_MARGIN];
 };
 
 nwc__pcdec *nwc__pcdec_new(const nwc_tensor *t, int *rc) {
@@ -383,34 +388,10 @@ int nwc__pcdec_l0_row(nwc__pcdec *pc, unsigned l, uint64_t r, uint64_t c0, uint1
   return 0;
 }
 
-/* Layout 1: the lanes' streams are whole words, one after the other (hdr = words). */
+/* Layout 1: the lanes' streams are whole words, one after the other (hdr = words); 256 codes
+ * of at most 24 bits make at most 192 words. */
 int nwc__pcdec_l1_begin(nwc__pcdec *pc, uint64_t b) {
-  decoder *d = &pc->d;
-  const nwc_tensor *t = d->t;
-  uint64_t base = t->bases[b], end = t->bases[b + 1];
-  NWC_RETURN_IF(base % NWC_DATA_ALIGN || base > end || end > t->data_bytes, -EBADMSG,
-                "block %llu: offsets %llu..%llu outside %llu data bytes or misaligned",
-                (unsigned long long)b, (unsigned long long)base, (unsigned long long)end,
-                (unsigned long long)t->data_bytes);
-  const uint8_t *hdr = t->hdr + b * NWC_LANES;
-  uint32_t w = 0;
-  for (unsigned l = 0; l < NWC_LANES; l++) {
-    /* 256 codes of at most 24 bits: 192 words, which also bounds the copy into pad1 */
-    NWC_RETURN_IF(hdr[l] > NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC, -EBADMSG,
-                  "block %llu: lane %u claims %u words", (unsigned long long)b, l, hdr[l]);
-    d->lanes[l] = (lane){32 * w, 32 * (w + hdr[l])};
-    w += hdr[l];
-  }
-  NWC_RETURN_IF(4 * (uint64_t)w > end - base, -EBADMSG,
-                "block %llu: lane streams (%u words) overrun the block's %llu bytes",
-                (unsigned long long)b, w, (unsigned long long)(end - base));
-  d->blk = t->data + base;
-  if (t->data_bytes - base - 4 * w < WINDOW_MARGIN) {
-    memcpy(pc->pad1, d->blk, 4 * w);
-    memset(pc->pad1 + 4 * w, 0, sizeof pc->pad1 - 4 * w);
-    d->blk = pc->pad1;
-  }
-  return 0;
+  return lanes_begin(&pc->d, b, 32, NWC__SC_PER_BLOCK * NWC__L1_WORDS_PER_SC);
 }
 
 int nwc__pcdec_lanes16(nwc__pcdec *pc, uint32_t lanes, uint8_t h[][16]) {
