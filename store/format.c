@@ -27,18 +27,15 @@ int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem) {
   NWC_RETURN_IF(elem > 255 || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8), -EINVAL,
                 "elem 0x%x: unknown element type", elem);
   NWC_RETURN_IF(layout > 2, -ENOTSUP, "elem 0x%x: layout %u is not implemented", elem, layout);
-  if (layout != 0) { /* layouts 1 and 2: store/layout_common.c */
-    nwc__lx_geom_fill(g, M, K, type);
-    return 0;
-  }
   memset(g, 0, sizeof *g);
   g->M = M;
   g->K = K;
   g->K16 = nwc__round_up(K, NWC_LANE_COLS);
-  g->row_blocks = nwc__ceil_div(M, NWC_BLOCK_ROWS);
+  /* layouts 1 and 2 (store/layout_common.c): row groups of 16, a raw plane that is not row-major */
+  g->row_blocks = nwc__ceil_div(M, layout ? NWC__LX_BLOCK_ROWS : NWC_BLOCK_ROWS);
   g->col_blocks = nwc__ceil_div(K, NWC_BLOCK_COLS);
   g->nblocks = g->row_blocks * g->col_blocks;
-  g->raw_stride = type == NWC_ELEM_BF16 ? g->K16 : g->K16 / 2;
+  g->raw_stride = layout ? 0 : type == NWC_ELEM_BF16 ? g->K16 : g->K16 / 2;
   g->type = type;
   return 0;
 }

@@ -13,18 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void nwc__lx_geom_fill(nwc__geom *g, uint64_t M, uint64_t K, unsigned type) {
-  memset(g, 0, sizeof *g);
-  g->M = M;
-  g->K = K;
-  g->K16 = nwc__round_up(K, NWC_LANE_COLS);
-  g->row_blocks = nwc__ceil_div(M, NWC__LX_BLOCK_ROWS);
-  g->col_blocks = nwc__ceil_div(K, NWC_BLOCK_COLS);
-  g->nblocks = g->row_blocks * g->col_blocks;
-  g->raw_stride = 0; /* the raw plane is not row-major */
-  g->type = type;
-}
-
 int nwc__lgeom_init(nwc__lgeom *lg, uint64_t M, uint64_t K, unsigned elem) {
   memset(lg, 0, sizeof *lg);
   NWC_TRY(nwc__geom_init(&lg->g, M, K, elem));

@@ -36,8 +36,6 @@ typedef struct nwc__lgeom {
   unsigned exc_bytes; /* layout 2: bytes of an exception entry (3 BF16, 2 fp8) */
 } nwc__lgeom;
 
-/* Fills the layout-0 fields of g for layouts 1/2 (called by nwc__geom_init; shape checked). */
-void nwc__lx_geom_fill(nwc__geom *g, uint64_t M, uint64_t K, unsigned type);
 /* Full shape of a layout-1/2 tensor; -EINVAL / -ENOTSUP as nwc__geom_init. */
 int nwc__lgeom_init(nwc__lgeom *lg, uint64_t M, uint64_t K, unsigned elem);
 static inline unsigned nwc__lx_nsc(const nwc__lgeom *lg, uint64_t cb) {
