@@ -77,13 +77,7 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
     sym_of[b] = nwc__fp8_split((uint8_t)b, &s, &nib) < 0 ? NWC_FP8_SYMBOLS : s;
     p->nib[b] = (uint8_t)nib;
   }
-  for (uint64_t i = 0; i < n; i++) {
-    unsigned s = sym_of[p->w8[i]];
-    NWC_RETURN_IF(s == NWC_FP8_SYMBOLS, -EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN",
-                  (unsigned long long)i, (unsigned long long)(i / g->K),
-                  (unsigned long long)(i % g->K));
-    freq[s]++;
-  }
+  NWC_TRY(nwc__fp8_count(p->w8, n, g->K, sym_of, NWC_FP8_SYMBOLS, freq));
   rank_symbols(freq, NWC_FP8_SYMBOLS, order);
   for (unsigned r = 0; r < NWC_FP8_SYMBOLS; r++) {
     rank_of[order[r]] = r;
@@ -250,10 +244,7 @@ static void write_raw(const plan *p, uint8_t *raw) {
 
 static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
                      uint8_t psym[16]) {
-  NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");
-  NWC_RETURN_IF(K == 0 || n == 0 || n % K != 0, -EINVAL,
-                "nwc_encode: %llu weights are not whole rows of %llu", (unsigned long long)n,
-                (unsigned long long)K);
+  NWC_TRY(nwc__encode_args(w, n, K));
   memset(p, 0, sizeof *p);
   NWC_TRY(nwc__geom_init(&p->g, n / K, K, elem));
   if (p->g.type == NWC_ELEM_BF16)
@@ -341,7 +332,26 @@ void nwc_tensor_release(nwc_tensor *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* ---- hooks for layouts 1 and 2 (store/layouts.h) ------------------------------------------ */
+/* ---- shared with layouts 1 and 2 (store/internal.h, store/layouts.h) ------------------------ */
+
+int nwc__encode_args(const void *w, uint64_t n, uint64_t K) {
+  NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");
+  NWC_RETURN_IF(K == 0 || n == 0 || n % K != 0, -EINVAL,
+                "nwc_encode: %llu weights are not whole rows of %llu", (unsigned long long)n,
+                (unsigned long long)K);
+  return 0;
+}
+
+int nwc__fp8_count(const uint8_t *w, uint64_t n, uint64_t K, const unsigned sym_of[256],
+                   unsigned nan_sym, uint64_t *freq) {
+  for (uint64_t i = 0; i < n; i++) {
+    unsigned s = sym_of[w[i]];
+    NWC_RETURN_IF(s == nan_sym, -EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN",
+                  (unsigned long long)i, (unsigned long long)(i / K), (unsigned long long)(i % K));
+    freq[s]++;
+  }
+  return 0;
+}
 
 void nwc__rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
   rank_symbols(freq, nsym, order);

@@ -70,6 +70,13 @@ static inline uint64_t nwc__block_span(uint64_t units) {
 /* Fills g for an M x K tensor; -EINVAL for a bad shape, -ENOTSUP for an unknown layout/type. */
 int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem);
 
+/* Checks nwc_encode's input: w present, n > 0 weights in whole rows of K > 0. */
+int nwc__encode_args(const void *w, uint64_t n, uint64_t K);
+/* Adds the n fp8 weights' symbols (sym_of[byte]) to freq; -EINVAL naming the first NaN, the
+ * weights whose symbol is nan_sym. */
+int nwc__fp8_count(const uint8_t *w, uint64_t n, uint64_t K, const unsigned sym_of[256],
+                   unsigned nan_sym, uint64_t *freq);
+
 /* fp8 symbol split (docs/format.md, "fp8 symbols"): symbol 0..9 and the 4-bit raw nibble of an
  * fp8 byte, sign excluded.  Returns -1 for the NaN patterns 0x7f and 0xff. */
 int nwc__fp8_split(uint8_t b, unsigned *sym, unsigned *nibble);

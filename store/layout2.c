@@ -43,13 +43,7 @@ static int plan_symbols(nwc__lx_plan *p, uint64_t *freq_out, uint8_t psym[16]) {
     sym_of[b] = (b & 0x7f) == 0x7f ? FP8_L2_SYMBOLS : e ? e - 117 : 0;
     p->mant[b] = (uint8_t)((nwc_fp8_to_bf16((uint8_t)b) >> 4) & 7u);
   }
-  for (uint64_t i = 0; i < n; i++) {
-    unsigned s = sym_of[p->w8[i]];
-    NWC_RETURN_IF(s == FP8_L2_SYMBOLS, -EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN",
-                  (unsigned long long)i, (unsigned long long)(i / g->K),
-                  (unsigned long long)(i % g->K));
-    freq[s]++;
-  }
+  NWC_TRY(nwc__fp8_count(p->w8, n, g->K, sym_of, FP8_L2_SYMBOLS, freq));
   nwc__rank_symbols(freq, FP8_L2_SYMBOLS, order);
   for (unsigned r = 0; r < FP8_L2_SYMBOLS; r++) rank_of[order[r]] = r;
   for (unsigned r = 0; r < 7; r++) {

@@ -85,10 +85,7 @@ unsigned nwc__lx_lane_inputs(const nwc__lgeom *lg, uint64_t b, unsigned L, uint6
 static int plan_run(nwc__lx_plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem,
                     uint64_t *freq, uint8_t psym[16], uint64_t *bases, uint8_t *hdr,
                     uint64_t *data_bytes) {
-  NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");
-  NWC_RETURN_IF(K == 0 || n == 0 || n % K != 0, -EINVAL,
-                "nwc_encode: %llu weights are not whole rows of %llu", (unsigned long long)n,
-                (unsigned long long)K);
+  NWC_TRY(nwc__encode_args(w, n, K));
   memset(p, 0, sizeof *p);
   NWC_TRY(nwc__lgeom_init(&p->lg, n / K, K, elem));
   if (p->lg.g.type == NWC_ELEM_BF16)
