@@ -59,6 +59,7 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (!strcmp(argv[1], "daemon")) return nwc_bench_daemon(argc - 1, argv + 1);
   if (!strcmp(argv[1], "codec")) return nwc_bench_codec(argc - 1, argv + 1);
   if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
   fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);

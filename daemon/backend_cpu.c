@@ -46,6 +46,8 @@ static int cpu_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uin
 
 static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx,
                       const float *bias, float *Y, size_t ldy) {
+  /* One column: the single-vector kernel (X is K16 long, zero padded: ldx >= K16). */
+  if (ncols == 1) return nwc_matvec(t, X, bias, Y, NULL);
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 

@@ -67,7 +67,8 @@ typedef struct nwcd_backend {
   /* BF16 rows of row blocks [rb0, rb1), row stride K16, out at row rb0 * block rows. */
   int (*dequant)(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out);
   int (*gather)(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out);
-  /* Y[c * ldy ..] = scale * W X[c * ldx ..] + bias for ncols <= 8. */
+  /* Y[c * ldy ..] = W X[c * ldx ..] + bias for ncols <= 8; ldx >= K16 and X zero padded (the
+   * single-column kernel reads K16 floats). */
   int (*matvec)(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx, const float *bias,
                 float *Y, size_t ldy);
 } nwcd_backend;

@@ -342,8 +342,13 @@ static int op_dequant_gather(nwcd_job *j) {
   nwc_proto_compute c = {.rows = n, .cols = K, .rflags = ref.map ? NWC_RF_MAPPED : 0};
   void *dst = NULL;
   if (rc == 0) rc = out_place(j, n * K * (r->out == NWC_OUT_BF16 ? 2 : 4), &w, &c, &dst);
-  if (rc == 0 && !(tmp = malloc(n * K16 * 2 + 64))) rc = -ENOMEM;
-  if (rc == 0) {
+  bool direct = rc == 0 && r->op == NWC_OP_DEQUANT && r->out == NWC_OUT_BF16 && K16 == K &&
+                ((uintptr_t)dst & 1) == 0;
+  if (rc == 0 && !direct && !(tmp = malloc(n * K16 * 2 + 64))) rc = -ENOMEM;
+  if (rc == 0 && direct) {
+    uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
+    rc = d->backend->dequant(t, 0, (M + br - 1) / br, dst);
+  } else if (rc == 0) {
     if (r->op == NWC_OP_GATHER) {
       rc = d->backend->gather(t, rows, n, tmp);
     } else {
@@ -351,7 +356,7 @@ static int op_dequant_gather(nwcd_job *j) {
       rc = d->backend->dequant(t, 0, (M + br - 1) / br, tmp);
     }
   }
-  if (rc == 0) emit_rows(tmp, n, K, K16, r->out, dst);
+  if (rc == 0 && !direct) emit_rows(tmp, n, K, K16, r->out, dst);
   free(tmp), free(rows);
   nwcd_res_release(d->res, &ref);
   if (rc < 0) {
@@ -369,8 +374,9 @@ bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b) {
          !strcmp(x->bias, y->bias);
 }
 
-/* The x of job j (ncols * K floats) copied to X; checks sizes and the shared region. */
-static int matvec_input(nwcd_job *j, uint64_t K, float *X) {
+/* The x of job j (ncols columns of K floats) copied to X (column stride K16, padding left 0);
+ * checks sizes and the shared region. */
+static int matvec_input(nwcd_job *j, uint64_t K, uint64_t K16, float *X) {
   const nwc_proto_req *r = &j->req;
   NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
                 "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats (%llu bytes)",
@@ -385,7 +391,7 @@ static int matvec_input(nwcd_job *j, uint64_t K, float *X) {
                   (unsigned long long)j->shm_size);
     src = j->shm + r->in_off;
   }
-  memcpy(X, src, r->x_bytes);
+  for (uint32_t c = 0; c < r->ncols; c++) memcpy(X + c * K16, src + c * K * 4, K * 4);
   return 0;
 }
 
@@ -442,7 +448,8 @@ static void op_matvec(nwcd_job *j) {
   rc = bias_vector(d, r, M, &bias);
   unsigned total = 0;
   for (unsigned i = 0; i < nj; i++) total += jobs[i]->req.ncols;
-  float *X = rc == 0 ? malloc((size_t)total * K * 4 + 64) : NULL;
+  uint64_t K16 = k16_of(K);
+  float *X = rc == 0 ? calloc((size_t)total * K16 + 16, 4) : NULL;
   float *Y = rc == 0 ? malloc((size_t)total * M * 4 + 64) : NULL;
   if (rc == 0 && (!X || !Y)) rc = -ENOMEM;
   if (rc < 0) {
@@ -454,13 +461,13 @@ static void op_matvec(nwcd_job *j) {
   unsigned col0[8], cols = 0;
   for (unsigned i = 0; i < nj; i++) {
     col0[i] = cols;
-    jrc[i] = matvec_input(jobs[i], K, X + (size_t)cols * K);
+    jrc[i] = matvec_input(jobs[i], K, K16, X + (size_t)cols * K16);
     if (jrc[i] < 0) reply_error(jobs[i], jrc[i]);
     else cols += jobs[i]->req.ncols;
   }
   for (unsigned c = 0; rc == 0 && c < cols; c += 8) {
     unsigned nc = cols - c < 8 ? cols - c : 8;
-    rc = d->backend->matvec(t, X + (size_t)c * K, nc, K, NULL, Y + (size_t)c * M, M);
+    rc = d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
   }
   if (rc == 0) {
     float s = r->scale;
