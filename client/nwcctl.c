@@ -441,6 +441,37 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   return 0;
 }
 
+static const char *const cmd_help[][2] = {
+    {"ls", "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
+           "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
+    {"ps", "ps [--json]: the resident tensors: bytes, pinned, mlock'ed, references, last use"},
+    {"info", "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
+    {"load", "load MODEL[/TENSOR]: read a model or one tensor into memory (io_uring, checksums checked);\n"
+             "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
+    {"evict", "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
+    {"pin", "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
+    {"unpin", "unpin MODEL[/TENSOR]: let LRU eviction take it again"},
+    {"import", "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]: encode into\n"
+               "  the store; the files are opened here and passed to nwcd, which reads only those"},
+    {"rm", "rm MODEL: remove a model (refused while one of its tensors is in use)"},
+    {"verify", "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
+    {"stats", "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
+    {"matvec", "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]: y = S * W x + bias for X\n"
+               "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M]"},
+    {"gather", "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index, float32 (or BF16 bits as uint16)"},
+    {"dequant", "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor, float32 (or BF16 bits as uint16)"},
+};
+
+static int command_help(void) {
+  for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
+    if (!strcmp(cmd, cmd_help[i][0])) {
+      printf("usage: %s [--socket PATH] %s\n", prog, cmd_help[i][1]);
+      return 0;
+    }
+  fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd);
+  return 2;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: %s [--socket PATH] COMMAND [ARGS] [--json]\n"
@@ -478,7 +509,7 @@ int main(int argc, char **argv) {
   for (; i < argc && nargs < 512; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
-    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return command_help();
     else args[nargs++] = argv[i];
   }
   static const char *known[] = {"ls", "ps", "info", "load", "evict", "pin", "unpin", "import", "rm",

@@ -199,6 +199,13 @@ int main(void) {
   CHECK(run(NULL, (const char *[]){"frobnicate", NULL}) == 2, "unknown command should exit 2");
   CHECK(run(&out, (const char *[]){"--help", NULL}) == 0 && strstr(out, "usage"), "--help");
   free(out);
+  const char *cmds[] = {"ls", "ps", "info", "load", "evict", "pin", "unpin", "import", "rm",
+                        "verify", "stats", "matvec", "gather", "dequant"};
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    CHECK(run(&out, (const char *[]){cmds[i], "--help", NULL}) == 0 && strstr(out, cmds[i]) &&
+              strstr(out, "usage"), "%s --help", cmds[i]);
+    free(out);
+  }
   CHECK(run(NULL, (const char *[]){"rm", "use", NULL}) == 0, "rm");
   CHECK(run(NULL, (const char *[]){"rm", "use", NULL}) != 0, "rm twice");
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
