@@ -175,6 +175,9 @@ typedef struct nwcd_pool nwcd_pool;
 int nwcd_pool_create(unsigned threads, void (*run)(nwcd_job *), nwcd_pool **out);
 /* Queues a job (any thread). */
 void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j);
+/* Runs fn(ctx, i) for i in [0, n) on the calling thread and idle workers; returns when all are
+ * done.  Call from a worker (or any thread); fn must not fail (record errors in ctx). */
+void nwcd_pool_parallel(nwcd_pool *p, uint64_t n, void (*fn)(void *ctx, uint64_t i), void *ctx);
 /* Stops the workers after the queue is empty, joins them, frees the pool. */
 void nwcd_pool_free(nwcd_pool *p);
 

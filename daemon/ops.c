@@ -316,6 +316,34 @@ static void emit_rows(const uint16_t *src, uint64_t n, uint64_t K, uint64_t K16,
 
 static uint64_t k16_of(uint64_t K) { return (K + 15) & ~UINT64_C(15); }
 
+typedef struct dq_ctx {
+  nwcd *d;
+  const nwc_tensor *t;
+  uint64_t br, nrb, parts, K, K16;
+  int out;
+  uint16_t *dec; /* decode target, row stride K16 */
+  void *dst;     /* final output, dense */
+  bool direct;   /* dec is dst */
+  atomic_int rc;
+} dq_ctx;
+
+/* Part i of a dequant: its row blocks decoded, then (unless direct) compacted into dst. */
+static void dq_part(void *ctx, uint64_t i) {
+  dq_ctx *c = ctx;
+  uint64_t rb0 = c->nrb * i / c->parts, rb1 = c->nrb * (i + 1) / c->parts;
+  if (rb0 == rb1) return;
+  uint64_t M = c->t->rows, r0 = rb0 * c->br, r1 = rb1 * c->br < M ? rb1 * c->br : M;
+  int rc = c->d->backend->dequant(c->t, rb0, rb1, c->dec + r0 * c->K16);
+  if (rc < 0) {
+    int zero = 0;
+    atomic_compare_exchange_strong(&c->rc, &zero, rc);
+    return;
+  }
+  if (!c->direct)
+    emit_rows(c->dec + r0 * c->K16, r1 - r0, c->K, c->K16, c->out,
+              (uint8_t *)c->dst + r0 * c->K * (c->out == NWC_OUT_BF16 ? 2 : 4));
+}
+
 static int op_dequant_gather(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
@@ -345,18 +373,18 @@ static int op_dequant_gather(nwcd_job *j) {
   bool direct = rc == 0 && r->op == NWC_OP_DEQUANT && r->out == NWC_OUT_BF16 && K16 == K &&
                 ((uintptr_t)dst & 1) == 0;
   if (rc == 0 && !direct && !(tmp = malloc(n * K16 * 2 + 64))) rc = -ENOMEM;
-  if (rc == 0 && direct) {
-    uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
-    rc = d->backend->dequant(t, 0, (M + br - 1) / br, dst);
+  if (rc == 0 && r->op == NWC_OP_GATHER) {
+    rc = d->backend->gather(t, rows, n, tmp);
+    if (rc == 0) emit_rows(tmp, n, K, K16, r->out, dst);
   } else if (rc == 0) {
-    if (r->op == NWC_OP_GATHER) {
-      rc = d->backend->gather(t, rows, n, tmp);
-    } else {
-      uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
-      rc = d->backend->dequant(t, 0, (M + br - 1) / br, tmp);
-    }
+    /* Dequant: row-block ranges spread over the workers (parallel region). */
+    uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem), nrb = (M + br - 1) / br;
+    uint64_t parts = M * K16 >= (UINT64_C(1) << 20) ? 4 * (uint64_t)d->cfg.threads : 1;
+    if (parts > nrb) parts = nrb;
+    dq_ctx dc = {d, t, br, nrb, parts, K, K16, r->out, direct ? (uint16_t *)dst : tmp, dst, direct, 0};
+    nwcd_pool_parallel(d->pool, parts, dq_part, &dc);
+    rc = atomic_load(&dc.rc);
   }
-  if (rc == 0 && !direct) emit_rows(tmp, n, K, K16, r->out, dst);
   free(tmp), free(rows);
   nwcd_res_release(d->res, &ref);
   if (rc < 0) {

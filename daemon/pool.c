@@ -7,14 +7,27 @@
  * to 8 columns in all), chained on job->batch: concurrent matvecs of several clients on one
  * tensor then cost one pass over the compressed weights (nwc_matvec_batch).  Freeing the pool
  * lets the workers finish the queue, then joins them.
+ *
+ * Parallel regions (nwcd_pool_parallel): a job that is one big piece of work (dequant of a large
+ * tensor) splits it into n parts; idle workers take parts before new jobs, and the calling worker
+ * takes parts too, so the call finishes even when every other worker is busy (no deadlock).
  */
 #include "nwcd.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
+typedef struct region {
+  struct region *next;
+  void (*fn)(void *ctx, uint64_t i);
+  void *ctx;
+  uint64_t n, next_part, done;
+  pthread_cond_t cond;
+} region;
+
 struct nwcd_pool {
   pthread_mutex_t lock;
+  region *regions;
   pthread_cond_t cond;
   nwcd_job *head, *tail;
   bool stop;
@@ -27,7 +40,17 @@ static void *worker(void *arg) {
   nwcd_pool *p = arg;
   pthread_mutex_lock(&p->lock);
   for (;;) {
-    while (!p->head && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
+    while (!p->head && !p->stop && !p->regions) pthread_cond_wait(&p->cond, &p->lock);
+    if (p->regions) { /* parts of a parallel region first */
+      region *g = p->regions;
+      uint64_t i = g->next_part++;
+      if (g->next_part == g->n) p->regions = g->next; /* nothing left to hand out */
+      pthread_mutex_unlock(&p->lock);
+      g->fn(g->ctx, i);
+      pthread_mutex_lock(&p->lock);
+      if (++g->done == g->n) pthread_cond_signal(&g->cond);
+      continue;
+    }
     nwcd_job *j = p->head;
     if (!j) break;
     p->head = j->next;
@@ -83,6 +106,37 @@ void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j) {
   p->tail = j;
   pthread_cond_signal(&p->cond);
   pthread_mutex_unlock(&p->lock);
+}
+
+void nwcd_pool_parallel(nwcd_pool *p, uint64_t n, void (*fn)(void *ctx, uint64_t i), void *ctx) {
+  if (n == 0) return;
+  if (!p || n == 1 || p->nthreads < 2) {
+    for (uint64_t i = 0; i < n; i++) fn(ctx, i);
+    return;
+  }
+  region g = {NULL, fn, ctx, n, 0, 0, PTHREAD_COND_INITIALIZER};
+  pthread_mutex_lock(&p->lock);
+  region **tail = &p->regions;
+  while (*tail) tail = &(*tail)->next;
+  *tail = &g;
+  pthread_cond_broadcast(&p->cond);
+  while (g.next_part < g.n) { /* take parts ourselves too */
+    uint64_t i = g.next_part++;
+    if (g.next_part == g.n) { /* unlink: nothing left to hand out */
+      for (region **r = &p->regions; *r; r = &(*r)->next)
+        if (*r == &g) {
+          *r = g.next;
+          break;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    fn(ctx, i);
+    pthread_mutex_lock(&p->lock);
+    g.done++;
+  }
+  while (g.done < g.n) pthread_cond_wait(&g.cond, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+  pthread_cond_destroy(&g.cond);
 }
 
 void nwcd_pool_free(nwcd_pool *p) {
