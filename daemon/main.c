@@ -6,6 +6,7 @@
  * release everything and exit 0.  Runs in the foreground, logging to stderr.
  */
 #include "nwcd.h"
+#include "service.h"
 
 #include "internal.h"
 
@@ -75,6 +76,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: nwcd --store DIR [--socket PATH] [--backend auto|cpu|cuda] [--budget SIZE]\n"
           "            [--threads N] [--max-conn-per-uid N] [--verbose] [--quiet]\n"
+          "            [--config FILE] [--log-level error|warning|info|debug]\n"
           "Serves the nwc store in DIR on a Unix socket, in the foreground.\n"
           "  --store DIR       the store (created if missing); one daemon per store\n"
           "  --socket PATH     listening socket (default %s;\n"
@@ -82,6 +84,9 @@ static void usage(FILE *f) {
           "  --backend B       compute backend: auto (cpu in this build), cpu, cuda\n"
           "  --budget SIZE     bytes of resident tensors (e.g. 512M, 4G; default half of RAM)\n"
           "  --threads N       worker threads (default: online cores)\n"
+          "  --config FILE     settings file (default " NWCD_CONFIG_DEFAULT " where it exists);\n"
+          "                    flags override it; SIGHUP re-reads it\n"
+          "  --log-level L     error, warning, info (default) or debug\n"
           "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
           nwcd_default_socket(def, sizeof def));
 }
@@ -96,10 +101,13 @@ int main(int argc, char **argv) {
       {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},
       {"threads", required_argument, 0, 't'}, {"max-conn-per-uid", required_argument, 0, 'c'},
       {"verbose", no_argument, 0, 'v'},       {"quiet", no_argument, 0, 'q'},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+      {"help", no_argument, 0, 'h'},          {"config", required_argument, 0, 'C'},
+      {"log-level", required_argument, 0, 'L'}, {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
+    if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* service.h: flags over the file */
     switch (o) {
+      case 'C': case 'L': break;
       case 's': d.cfg.store_dir = optarg; break;
       case 'S': d.cfg.socket_path = optarg; break;
       case 'b': d.cfg.backend = optarg; break;
@@ -135,6 +143,7 @@ int main(int argc, char **argv) {
       default: usage(stderr); return 2;
     }
   }
+  if (optind == argc && nwcd_config_load(&d.cfg) < 0) return 2;
   if (optind < argc || !d.cfg.store_dir) {
     if (optind < argc) fprintf(stderr, "nwcd: unexpected argument '%s'\n", argv[optind]);
     else fprintf(stderr, "nwcd: --store DIR is required\n");
@@ -176,6 +185,7 @@ int main(int argc, char **argv) {
   nwcd_pool_free(d.pool);
   nwcd_res_free(d.res);
   nwc_store_close(d.store);
+  nwcd_config_free();
   pthread_mutex_destroy(&d.store_lock);
   if (rc == 0) nwcd_log(NWCD_LOG_INFO, "stopped");
   return rc < 0 ? 1 : 0;

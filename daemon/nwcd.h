@@ -122,6 +122,8 @@ void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
 /* Evicts one tensor: 0, -EBUSY (in use or pinned: detail says which), -ENOENT when absent.
  * *bytes gets what was freed. */
 int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);
+/* New budget (reload): evicts LRU entries down to it; *used gets the bytes still resident. */
+void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used);
 int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor);
 /* Drops every entry of model (before removing it): -EBUSY if one is in use or loading. */
 int nwcd_res_forget_model(nwcd_res *r, const char *model);

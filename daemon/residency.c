@@ -123,10 +123,10 @@ static bool make_room(nwcd_res *r, uint64_t need) {
         victim = e;
     }
     if (!victim) return false;
-    if (nwcd_log_level >= NWCD_LOG_DEBUG)
-      nwcd_log(NWCD_LOG_DEBUG, "evict %s/%s (%zu bytes, LRU)", victim->model, victim->tensor,
-               victim->len);
+    uint64_t t0 = nwcd_now_ns();
     entry_unload(r, victim);
+    nwcd_log(NWCD_LOG_INFO, "evicted %s/%s (%zu bytes, LRU) in %.3f ms", victim->model,
+             victim->tensor, victim->len, (nwcd_now_ns() - t0) / 1e6);
     r->evictions++;
   }
   return true;
@@ -229,6 +229,10 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     else r->mlock_failed++;
     ref->loaded = true;
     if (li) *li = l;
+    if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* explicit loads are logged by ops.c */
+      nwcd_log(NWCD_LOG_INFO, "loaded %s/%s for a request: %llu bytes (%s) in %.3f ms", model,
+               tensor, (unsigned long long)l.bytes, l.direct ? "O_DIRECT" : "buffered",
+               l.micros / 1e3);
     pthread_cond_broadcast(&r->cond);
   }
   if (rc == 0) {
@@ -275,6 +279,16 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
   }
   pthread_mutex_unlock(&r->lock);
   return rc;
+}
+
+/* A new budget (SIGHUP, config.c): evicts LRU entries down to it; *used gets what stays
+ * resident (more than budget when pinned or in-use tensors hold it). */
+void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used) {
+  pthread_mutex_lock(&r->lock);
+  r->budget = budget;
+  make_room(r, 0);
+  *used = r->used;
+  pthread_mutex_unlock(&r->lock);
 }
 
 int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor) {

@@ -23,6 +23,7 @@
  * malformed payload inside a good frame gets an error reply and the connection stays.
  */
 #include "nwcd.h"
+#include "service.h"
 
 #include "internal.h"
 
@@ -288,6 +289,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   int rc = nwc_proto_req_decode(h, copy, &j->req);
   if (rc == 0 && !c->hello && h->op != NWC_OP_HELLO)
     rc = nwc__fail(-EPROTO, "the first request must be hello");
+  if (rc == 0) rc = nwcd_policy_check(c->fd, c->uid, c->gid, c->pid, &j->req); /* policy.c */
   unsigned nfds = 0;
   if (rc == 0 && (h->flags & NWC_PF_FDS))
     nfds = h->op == NWC_OP_SHM ? 1 : j->req.has_index + j->req.nfiles;
@@ -504,6 +506,7 @@ static void on_closed_quiet(uv_handle_t *h) { (void)h; }
 static void close_everything(nwcd_server *s) {
   if (s->closed_all) return;
   s->closed_all = true;
+  nwcd_service_close(); /* SIGHUP and watchdog handles, the service thread (notify.c) */
   for (nwcd_conn *c = s->conns; c; c = c->next) conn_close(c);
   uv_close((uv_handle_t *)&s->async, on_closed_quiet);
   uv_close((uv_handle_t *)&s->sigint, on_closed_quiet);
@@ -530,6 +533,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (s->stopping) return;
   nwcd_log(NWCD_LOG_INFO, "%s: stopping (finishing requests in flight)", strsignal(signum));
   s->stopping = true;
+  nwcd_service_stopping(); /* STOPPING=1 (notify.c) */
   uv_close((uv_handle_t *)&s->listen, on_closed_quiet);
   close(s->lfd);
   struct stat st;
@@ -613,7 +617,10 @@ int nwcd_server_run(nwcd *d) {
         nwcd_log(NWCD_LOG_WARN, "mkdir %s: %s", dir, strerror(errno));
     }
   }
-  int rc = listen_at(s, path, d->cfg.socket_mode);
+  char activated[sizeof s->path + 32];
+  int rc = nwcd_service_listen_fd(activated, sizeof activated); /* systemd's socket, if any */
+  if (rc >= 0) s->lfd = rc, rc = 0, path = activated;
+  else if (rc == -ENOENT) rc = listen_at(s, path, d->cfg.socket_mode);
   if (rc < 0) {
     free(s);
     d->server = NULL;
@@ -633,6 +640,8 @@ int nwcd_server_run(nwcd *d) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_timer_init(&s->loop, &s->deadline);
   s->deadline.data = s;
+  rc = nwcd_service_start(d, &s->loop); /* SIGHUP, watchdog; READY=1 after the preload */
+  if (rc < 0) nwcd_log(NWCD_LOG_ERR, "%s", nwc_error_detail());
   nwcd_log(NWCD_LOG_INFO, "serving %s on %s (backend %s, %u threads, budget %llu MiB)",
            d->cfg.store_dir, path, d->backend->name, d->cfg.threads,
            (unsigned long long)(d->cfg.budget >> 20));

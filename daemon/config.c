@@ -1,0 +1,369 @@
+/*
+ * config.c - /etc/nwc/nwcd.conf: nwcd's settings file, parsed with inih (Debian's libinih).
+ *
+ *   [daemon]   store, socket, socket_mode (octal), backend, threads, log_level, admin_group
+ *   [memory]   host_budget (e.g. 8G), gpu_budget (per GPU; reserved for the CUDA backend)
+ *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued)
+ *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
+ *
+ * Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
+ * (nwcd_config_flag) so that the file never overrides one, at start or on reload.
+ *
+ * Errors: an unknown section or key, a bad value or a line that is not "key = value" is
+ * "FILE:LINE: why", fatal at start (exit 2) and, on SIGHUP, logged with nothing changed.  The
+ * line numbers come from our own line reader under ini_parse_stream (inih's handler does not
+ * get them in Debian's build).
+ *
+ * Reload (loop thread, SIGHUP): applied at once are host_budget (residency evicts down to it),
+ * the limits, log_level and admin_group; the preload list goes to the service thread
+ * (notify.c).  store, socket, socket_mode, backend and threads need a restart: a change is
+ * logged as not applied.  The active settings are kept until the next successful reload, since
+ * nwcd_config's strings point into them.
+ */
+#include "service.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *config_path;    /* --config, or NULL: the default where it exists */
+static unsigned flags_set;         /* NWCD_SET_* given on the command line */
+static nwcd_settings active;
+static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER; /* the swap vs the preload copy */
+
+/* ---- parsing ----------------------------------------------------------------------------- */
+
+typedef struct parse_ctx {
+  FILE *f;
+  const char *path;
+  int line;          /* the line the latest chunk belongs to */
+  bool line_done;    /* the latest chunk ended its line */
+  nwcd_settings *s;
+  int err;           /* first error (negative errno), its line and text */
+  int err_line;
+  char msg[300];
+} parse_ctx;
+
+static char *read_line(char *str, int num, void *stream) {
+  parse_ctx *p = stream;
+  char *r = fgets(str, num, p->f);
+  if (!r) return NULL;
+  if (p->line_done) p->line++;
+  size_t n = strlen(r);
+  p->line_done = n && r[n - 1] == '\n';
+  return r;
+}
+
+static int bad(parse_ctx *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(parse_ctx *p, const char *fmt, ...) {
+  if (!p->err) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof p->msg, fmt, ap);
+    va_end(ap);
+    p->err = -EINVAL, p->err_line = p->line;
+  }
+  return 0; /* inih: error on this line (it keeps going; we report the first) */
+}
+
+static int parse_uint(const char *v, int base, unsigned long max, unsigned *out) {
+  char *end;
+  errno = 0;
+  unsigned long x = strtoul(v, &end, base);
+  if (errno || end == v || *end || *v == '-' || x > max) return -EINVAL;
+  *out = (unsigned)x;
+  return 0;
+}
+
+int nwcd_parse_log_level(const char *s, int *level) {
+  static const char *names[] = {"error", "warning", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(s, names[i])) return *level = i, 0;
+  if (!strcmp(s, "warn")) return *level = NWCD_LOG_WARN, 0;
+  if (s[0] >= '0' && s[0] <= '3' && !s[1]) return *level = s[0] - '0', 0;
+  return nwc__fail(-EINVAL, "log level '%s' is not error, warning, info or debug", s);
+}
+
+static int set_str(parse_ctx *p, char **dst, const char *v, unsigned bit) {
+  if (!*v) return bad(p, "empty value");
+  free(*dst);
+  *dst = strdup(v);
+  if (!*dst) return p->err = -ENOMEM, 0;
+  p->s->set |= bit;
+  return 1;
+}
+
+static int set_count(parse_ctx *p, const char *name, const char *v, unsigned long max,
+                     unsigned *dst, unsigned bit) {
+  if (parse_uint(v, 10, max, dst) < 0 || !*dst)
+    return bad(p, "%s: expected a count 1..%lu, got '%s'", name, max, v);
+  p->s->set |= bit;
+  return 1;
+}
+
+static int set_size(parse_ctx *p, const char *name, const char *v, uint64_t *dst, unsigned bit) {
+  if (nwcd_parse_size(v, dst) < 0 || !*dst)
+    return bad(p, "%s: bad size '%s' (e.g. 512M, 8G, 1.5GiB)", name, v);
+  p->s->set |= bit;
+  return 1;
+}
+
+/* "a, b c": model names separated by commas and/or blanks, each valid and listed once. */
+static int set_preload(parse_ctx *p, const char *v) {
+  nwcd_settings *s = p->s;
+  char *copy = strdup(v), *save = NULL;
+  if (!copy) return p->err = -ENOMEM, 0;
+  for (char *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+    if (!nwc_model_name_valid(tok)) {
+      free(copy);
+      return bad(p, "preload: '%s' is not a valid model name", tok);
+    }
+    bool dup = false;
+    for (size_t i = 0; i < s->npreload; i++) dup |= !strcmp(s->preload[i], tok);
+    if (dup) continue;
+    char **a = realloc(s->preload, (s->npreload + 1) * sizeof *a);
+    char *name = a ? strdup(tok) : NULL;
+    if (a) s->preload = a;
+    if (!name) {
+      free(copy);
+      return p->err = -ENOMEM, 0;
+    }
+    s->preload[s->npreload++] = name;
+  }
+  free(copy);
+  s->set |= NWCD_SET_PRELOAD;
+  return 1;
+}
+
+static int on_key(void *user, const char *section, const char *name, const char *v) {
+  parse_ctx *p = user;
+  nwcd_settings *s = p->s;
+  if (!name) return 1; /* a section header alone */
+  if (!strcmp(section, "daemon")) {
+    if (!strcmp(name, "store")) return set_str(p, &s->store, v, NWCD_SET_STORE);
+    if (!strcmp(name, "socket")) return set_str(p, &s->socket, v, NWCD_SET_SOCKET);
+    if (!strcmp(name, "backend")) {
+      if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
+        return bad(p, "backend: expected auto, cpu or cuda, got '%s'", v);
+      return set_str(p, &s->backend, v, NWCD_SET_BACKEND);
+    }
+    if (!strcmp(name, "admin_group")) return set_str(p, &s->admin_group, v, NWCD_SET_ADMIN);
+    if (!strcmp(name, "threads")) return set_count(p, name, v, 1024, &s->threads, NWCD_SET_THREADS);
+    if (!strcmp(name, "socket_mode")) {
+      if (parse_uint(v, 8, 0777, &s->socket_mode) < 0)
+        return bad(p, "socket_mode: expected an octal mode such as 0660, got '%s'", v);
+      return s->set |= NWCD_SET_MODE, 1;
+    }
+    if (!strcmp(name, "log_level")) {
+      if (nwcd_parse_log_level(v, &s->log_level) < 0)
+        return bad(p, "log_level: expected error, warning, info or debug, got '%s'", v);
+      return s->set |= NWCD_SET_LOGLEVEL, 1;
+    }
+  } else if (!strcmp(section, "memory")) {
+    if (!strcmp(name, "host_budget")) return set_size(p, name, v, &s->budget, NWCD_SET_BUDGET);
+    if (!strcmp(name, "gpu_budget")) return set_size(p, name, v, &s->gpu_budget, NWCD_SET_GPU);
+  } else if (!strcmp(section, "limits")) {
+    if (!strcmp(name, "max_conn_per_uid"))
+      return set_count(p, name, v, 100000, &s->max_conn_per_uid, NWCD_SET_CONN);
+    if (!strcmp(name, "max_inflight"))
+      return set_count(p, name, v, 4096, &s->max_inflight, NWCD_SET_INFLIGHT);
+    if (!strcmp(name, "max_outq")) return set_size(p, name, v, &s->max_outq, NWCD_SET_OUTQ);
+  } else if (!strcmp(section, "preload")) {
+    if (!strcmp(name, "models")) return set_preload(p, v);
+  } else {
+    return bad(p, "unknown section [%s] (daemon, memory, limits, preload)", section);
+  }
+  return bad(p, "unknown key '%s' in [%s]", name, section);
+}
+
+static void settings_free(nwcd_settings *s) {
+  free(s->store), free(s->socket), free(s->backend), free(s->admin_group);
+  for (size_t i = 0; i < s->npreload; i++) free(s->preload[i]);
+  free(s->preload);
+  memset(s, 0, sizeof *s);
+}
+
+/* Parses path into *s (zeroed first).  0, -ENOENT when it does not exist, or -EINVAL / -errno
+ * with the detail "PATH:LINE: why". */
+static int settings_parse(const char *path, nwcd_settings *s) {
+  memset(s, 0, sizeof *s);
+  s->log_level = -1;
+  parse_ctx p = {.path = path, .s = s, .line_done = true};
+  p.f = fopen(path, "re");
+  if (!p.f) {
+    int err = errno;
+    return nwc__fail(-err, "%s: %s", path, strerror(err));
+  }
+  int rc = ini_parse_stream(read_line, &p, on_key, &p);
+  fclose(p.f);
+  if (!p.err && rc > 0) { /* inih refused the line itself (no '=', unclosed [section]) */
+    p.err = -EINVAL, p.err_line = rc;
+    snprintf(p.msg, sizeof p.msg, "not a 'key = value' line or a [section] header");
+  } else if (!p.err && rc < 0) {
+    p.err = -ENOMEM, p.err_line = 0;
+    snprintf(p.msg, sizeof p.msg, "out of memory");
+  }
+  if (p.err) {
+    settings_free(s);
+    return nwc__fail(p.err, "%s:%d: %s", path, p.err_line, p.msg);
+  }
+  return 0;
+}
+
+/* ---- flags, start, reload ----------------------------------------------------------------- */
+
+int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
+  (void)cfg;
+  switch (opt) {
+    case 's': flags_set |= NWCD_SET_STORE; break;
+    case 'S': flags_set |= NWCD_SET_SOCKET; break;
+    case 'b': flags_set |= NWCD_SET_BACKEND; break;
+    case 'B': flags_set |= NWCD_SET_BUDGET; break;
+    case 't': flags_set |= NWCD_SET_THREADS; break;
+    case 'c': flags_set |= NWCD_SET_CONN; break;
+    case 'v': case 'q': flags_set |= NWCD_SET_LOGLEVEL; break;
+    case 'C': config_path = arg; break;
+    case 'L':
+      if (nwcd_parse_log_level(arg, &nwcd_log_level) < 0) {
+        fprintf(stderr, "nwcd: --log-level: %s\n", nwc_error_detail());
+        return -EINVAL;
+      }
+      flags_set |= NWCD_SET_LOGLEVEL;
+      break;
+    default: break;
+  }
+  return 0;
+}
+
+/* The settings the running daemon may change: budget, limits, log level (not under a flag). */
+static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
+  unsigned use = s->set & ~flags_set;
+  if (use & NWCD_SET_BUDGET) __atomic_store_n(&cfg->budget, s->budget, __ATOMIC_RELAXED);
+  if (use & NWCD_SET_CONN) cfg->max_conn_per_uid = s->max_conn_per_uid;
+  if (use & NWCD_SET_INFLIGHT) cfg->max_inflight = s->max_inflight;
+  if (use & NWCD_SET_OUTQ) cfg->max_outq = s->max_outq;
+  if (use & NWCD_SET_LOGLEVEL) nwcd_log_level = s->log_level;
+}
+
+int nwcd_config_load(nwcd_config *cfg) {
+  const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
+  if (!config_path && access(path, F_OK) != 0) return 0; /* no file: flags and defaults */
+  int rc = settings_parse(path, &active);
+  if (rc < 0) {
+    fprintf(stderr, "nwcd: config %s\n", nwc_error_detail());
+    return rc;
+  }
+  rc = nwcd_policy_set_admin_group(active.admin_group);
+  if (rc < 0) {
+    fprintf(stderr, "nwcd: config %s: admin_group: %s\n", path, nwc_error_detail());
+    return rc;
+  }
+  unsigned use = active.set & ~flags_set;
+  if (use & NWCD_SET_STORE) cfg->store_dir = active.store;
+  if (use & NWCD_SET_SOCKET) cfg->socket_path = active.socket;
+  if (use & NWCD_SET_BACKEND) cfg->backend = active.backend;
+  if (use & NWCD_SET_THREADS) cfg->threads = active.threads;
+  if (active.set & NWCD_SET_MODE) cfg->socket_mode = active.socket_mode;
+  apply_runtime(cfg, &active);
+  if (active.set & NWCD_SET_GPU)
+    nwcd_log(NWCD_LOG_INFO, "config %s: gpu_budget %llu MiB is reserved for the CUDA backend",
+             path, (unsigned long long)(active.gpu_budget >> 20));
+  nwcd_log(NWCD_LOG_INFO, "config %s read (%zu preload models)", path, active.npreload);
+  return 0;
+}
+
+int nwcd_config_preload(char ***out, size_t *n) {
+  pthread_mutex_lock(&active_lock);
+  size_t k = active.npreload;
+  char **a = calloc(k ? k : 1, sizeof *a);
+  for (size_t i = 0; a && i < k; i++)
+    if (!(a[i] = strdup(active.preload[i]))) {
+      while (i) free(a[--i]);
+      free(a), a = NULL;
+    }
+  pthread_mutex_unlock(&active_lock);
+  if (!a) return -ENOMEM;
+  *out = a, *n = k;
+  return 0;
+}
+
+void nwcd_config_free(void) { settings_free(&active); }
+
+static bool str_differs(const char *a, const char *b) {
+  return strcmp(a ? a : "", b ? b : "") != 0;
+}
+
+/* Logs a setting that changed in the file but needs a restart. */
+static void not_applied(const char *path, const char *key, const char *was, const char *now) {
+  nwcd_log(NWCD_LOG_WARN, "reload %s: %s changed (%s -> %s): not applied; restart nwcd for it",
+           path, key, was, now);
+}
+
+int nwcd_config_reload(nwcd *d) {
+  const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
+  uint64_t t0 = nwcd_now_ns();
+  nwcd_settings s;
+  int rc = settings_parse(path, &s);
+  if (rc == 0 && (s.set & NWCD_SET_ADMIN) && str_differs(s.admin_group, active.admin_group)) {
+    rc = nwcd_policy_set_admin_group(s.admin_group);
+    if (rc < 0) {
+      rc = nwc__fail(rc, "%s: admin_group: %s", path, nwc_error_detail());
+      settings_free(&s);
+    }
+  }
+  if (rc < 0) {
+    nwcd_log(NWCD_LOG_ERR, "reload: %s; nothing changed", nwc_error_detail());
+    return rc;
+  }
+  if (!(s.set & NWCD_SET_ADMIN) && active.admin_group) nwcd_policy_set_admin_group(NULL);
+  nwcd_config *cfg = &d->cfg;
+  unsigned fixed = s.set & ~flags_set;
+  char a[32], b[32];
+  if ((fixed & NWCD_SET_STORE) && str_differs(s.store, cfg->store_dir))
+    not_applied(path, "store", cfg->store_dir, s.store);
+  if ((fixed & NWCD_SET_SOCKET) && str_differs(s.socket, cfg->socket_path))
+    not_applied(path, "socket", cfg->socket_path ? cfg->socket_path : "(default)", s.socket);
+  if ((fixed & NWCD_SET_BACKEND) && str_differs(s.backend, cfg->backend))
+    not_applied(path, "backend", cfg->backend, s.backend);
+  if ((fixed & NWCD_SET_THREADS) && s.threads != cfg->threads) {
+    snprintf(a, sizeof a, "%u", cfg->threads), snprintf(b, sizeof b, "%u", s.threads);
+    not_applied(path, "threads", a, b);
+  }
+  if ((s.set & NWCD_SET_MODE) && s.socket_mode != cfg->socket_mode) {
+    snprintf(a, sizeof a, "%04o", cfg->socket_mode), snprintf(b, sizeof b, "%04o", s.socket_mode);
+    not_applied(path, "socket_mode", a, b);
+  }
+  uint64_t old_budget = cfg->budget;
+  apply_runtime(cfg, &s);
+  if (cfg->budget != old_budget) {
+    uint64_t used = 0;
+    nwcd_res_set_budget(d->res, cfg->budget, &used);
+    nwcd_log(NWCD_LOG_INFO, "reload: budget %llu -> %llu MiB, %llu MiB resident%s",
+             (unsigned long long)(old_budget >> 20), (unsigned long long)(cfg->budget >> 20),
+             (unsigned long long)(used >> 20),
+             used > cfg->budget ? " (over: pinned or in use)" : "");
+  }
+  /* Keep the strings nwcd_config points at (store, socket, backend) from the old settings. */
+  pthread_mutex_lock(&active_lock);
+  nwcd_settings old = active;
+  active = s;
+  char **keep[] = {&active.store, &active.socket, &active.backend};
+  char **from[] = {&old.store, &old.socket, &old.backend};
+  for (int i = 0; i < 3; i++) {
+    free(*keep[i]);
+    *keep[i] = *from[i], *from[i] = NULL;
+  }
+  pthread_mutex_unlock(&active_lock);
+  settings_free(&old);
+  nwcd_log(NWCD_LOG_INFO, "reload %s: applied in %.2f ms (log level %d, %zu preload models)",
+           path, (nwcd_now_ns() - t0) / 1e6, nwcd_log_level, active.npreload);
+  nwcd_service_preload();
+  return 0;
+}
