@@ -190,7 +190,8 @@ NWC_EXTERN int nwc_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n,
 /* Serializes t into a newly malloc'ed buffer (*buf, *len; the caller frees *buf). */
 NWC_EXTERN int nwc_record_write(const nwc_tensor *t, uint8_t **buf, size_t *len);
 /* Parses a record (copying it, so buf may be freed after), validates it, fills *t (release with
- * nwc_tensor_release).  Returns 0, or -EBADMSG for anything malformed. */
+ * nwc_tensor_release).  Returns 0, -EBADMSG for anything malformed, -ENOTSUP for a layout this
+ * build does not implement. */
 NWC_EXTERN int nwc_record_read(const uint8_t *buf, size_t len, nwc_tensor *t);
 
 /* ---- small helpers used by tools and tests ------------------------------------------------ */
