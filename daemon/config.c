@@ -122,8 +122,9 @@ static int set_preload(parse_ctx *p, const char *v) {
   if (!copy) return p->err = -ENOMEM, 0;
   for (char *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
     if (!nwc_model_name_valid(tok)) {
+      bad(p, "preload: '%s' is not a valid model name", tok);
       free(copy);
-      return bad(p, "preload: '%s' is not a valid model name", tok);
+      return 0;
     }
     bool dup = false;
     for (size_t i = 0; i < s->npreload; i++) dup |= !strcmp(s->preload[i], tok);
@@ -276,6 +277,10 @@ int nwcd_config_load(nwcd_config *cfg) {
     nwcd_log(NWCD_LOG_INFO, "config %s: gpu_budget %llu MiB is reserved for the CUDA backend",
              path, (unsigned long long)(active.gpu_budget >> 20));
   nwcd_log(NWCD_LOG_INFO, "config %s read (%zu preload models)", path, active.npreload);
+  nwcd_log(NWCD_LOG_DEBUG, "config: file sets 0x%x, flags 0x%x (flags win); budget %llu, "
+           "max_conn_per_uid %u, max_inflight %u, max_outq %llu", active.set, flags_set,
+           (unsigned long long)cfg->budget, cfg->max_conn_per_uid, cfg->max_inflight,
+           (unsigned long long)cfg->max_outq);
   return 0;
 }
 
@@ -300,10 +305,11 @@ static bool str_differs(const char *a, const char *b) {
   return strcmp(a ? a : "", b ? b : "") != 0;
 }
 
-/* Logs a setting that changed in the file but needs a restart. */
-static void not_applied(const char *path, const char *key, const char *was, const char *now) {
-  nwcd_log(NWCD_LOG_WARN, "reload %s: %s changed (%s -> %s): not applied; restart nwcd for it",
-           path, key, was, now);
+/* Logs a setting that changed in the file but needs a restart (or is under a flag). */
+static void not_applied(const char *path, const char *key, const char *was, const char *now,
+                        unsigned bit) {
+  nwcd_log(NWCD_LOG_WARN, "reload %s: %s changed (%s -> %s): not applied; %s", path, key, was,
+           now, (flags_set & bit) ? "a command-line flag sets it" : "restart nwcd for it");
 }
 
 int nwcd_config_reload(nwcd *d) {
@@ -324,21 +330,21 @@ int nwcd_config_reload(nwcd *d) {
   }
   if (!(s.set & NWCD_SET_ADMIN) && active.admin_group) nwcd_policy_set_admin_group(NULL);
   nwcd_config *cfg = &d->cfg;
-  unsigned fixed = s.set & ~flags_set;
   char a[32], b[32];
-  if ((fixed & NWCD_SET_STORE) && str_differs(s.store, cfg->store_dir))
-    not_applied(path, "store", cfg->store_dir, s.store);
-  if ((fixed & NWCD_SET_SOCKET) && str_differs(s.socket, cfg->socket_path))
-    not_applied(path, "socket", cfg->socket_path ? cfg->socket_path : "(default)", s.socket);
-  if ((fixed & NWCD_SET_BACKEND) && str_differs(s.backend, cfg->backend))
-    not_applied(path, "backend", cfg->backend, s.backend);
-  if ((fixed & NWCD_SET_THREADS) && s.threads != cfg->threads) {
+  if ((s.set & NWCD_SET_STORE) && str_differs(s.store, cfg->store_dir))
+    not_applied(path, "store", cfg->store_dir, s.store, NWCD_SET_STORE);
+  if ((s.set & NWCD_SET_SOCKET) && str_differs(s.socket, cfg->socket_path))
+    not_applied(path, "socket", cfg->socket_path ? cfg->socket_path : "(default)", s.socket,
+                NWCD_SET_SOCKET);
+  if ((s.set & NWCD_SET_BACKEND) && str_differs(s.backend, cfg->backend))
+    not_applied(path, "backend", cfg->backend, s.backend, NWCD_SET_BACKEND);
+  if ((s.set & NWCD_SET_THREADS) && s.threads != cfg->threads) {
     snprintf(a, sizeof a, "%u", cfg->threads), snprintf(b, sizeof b, "%u", s.threads);
-    not_applied(path, "threads", a, b);
+    not_applied(path, "threads", a, b, NWCD_SET_THREADS);
   }
   if ((s.set & NWCD_SET_MODE) && s.socket_mode != cfg->socket_mode) {
     snprintf(a, sizeof a, "%04o", cfg->socket_mode), snprintf(b, sizeof b, "%04o", s.socket_mode);
-    not_applied(path, "socket_mode", a, b);
+    not_applied(path, "socket_mode", a, b, NWCD_SET_MODE);
   }
   uint64_t old_budget = cfg->budget;
   apply_runtime(cfg, &s);
