@@ -18,73 +18,7 @@
  * and whatever nwc_record_read accepts is decoded as above.
  */
 #include "codec_util.h"
-
-#include <xxhash.h>
-
-#define RECORD_HEADER 72
-
-/* A tensor whose arrays this test owns, each exactly as large as its size field says. */
-typedef struct mtensor {
-  nwc_tensor t;
-  uint64_t *bases;
-  uint8_t *hdr, *data, *raw;
-  float *scale;
-} mtensor;
-
-/* A new exactly sized copy of n bytes of src (of which `have` exist), the rest random. */
-static void *resized(const void *src, size_t have, size_t n) {
-  uint8_t *p = cu_malloc(n);
-  size_t keep = have < n ? have : n;
-  if (keep) memcpy(p, src, keep);
-  for (size_t i = keep; i < n; i++) p[i] = (uint8_t)test_rand();
-  return p;
-}
-
-static void mt_sync(mtensor *m) {
-  m->t.bases = m->bases, m->t.hdr = m->hdr, m->t.data = m->data, m->t.raw = m->raw;
-  m->t.scale = m->scale;
-  m->t.owned = NULL;
-}
-
-static void mt_copy(mtensor *m, const nwc_tensor *src) {
-  m->t = *src;
-  m->bases = resized(src->bases, (src->nblocks + 1) * 8, (src->nblocks + 1) * 8);
-  m->hdr = resized(src->hdr, src->nblocks * NWC_LANES, src->nblocks * NWC_LANES);
-  m->data = resized(src->data, src->data_bytes, src->data_bytes);
-  m->raw = resized(src->raw, src->raw_bytes, src->raw_bytes);
-  m->scale = src->scale ? resized(src->scale, src->rows * 4, src->rows * 4) : NULL;
-  mt_sync(m);
-}
-
-static void mt_free(mtensor *m) {
-  free(m->bases);
-  free(m->hdr);
-  free(m->data);
-  free(m->raw);
-  free(m->scale);
-}
-
-static void replace(void **p, size_t have, size_t n) {
-  void *q = resized(*p, have, n);
-  free(*p);
-  *p = q;
-}
-
-static int errno_ok(int rc) {
-  return rc == 0 || rc == -EBADMSG || rc == -EINVAL || rc == -ENOTSUP || rc == -ENOMEM;
-}
-
-/* A new value for a 64-bit size or count near v: small steps, block-sized steps, wild values. */
-static uint64_t nearby(uint64_t v) {
-  switch (test_below(6)) {
-  case 0: return v + 1 + test_below(8);
-  case 1: return v > 8 ? v - 1 - test_below(8) : v + 9;
-  case 2: return v + 8 * (1 + test_below(4));
-  case 3: return v / 2;
-  case 4: return test_below(3) ? test_below(2 * v + 2) : 0;
-  default: return test_rand() >> test_below(64);
-  }
-}
+#include "mutate_util.h"
 
 static uint64_t mutated_tensors, mutated_records, accepted_records, decoded_ok;
 
@@ -281,12 +215,6 @@ static void tensor_mutations(const nwc_tensor *base, const char *name, int trial
     mt_free(&m);
     mutated_tensors++;
   }
-}
-
-static void fix_checksum(uint8_t *rec, size_t len) {
-  if (len < RECORD_HEADER) return;
-  uint64_t h = XXH3_64bits_withSeed(rec + RECORD_HEADER, len - RECORD_HEADER, XXH3_64bits(rec, 64));
-  memcpy(rec + 64, &h, 8);
 }
 
 /* Parses rec (copied into an exactly sized buffer); decodes what the parser accepts. */
