@@ -284,17 +284,16 @@ static inline void cu_check_record(const nwc_tensor *t, const uint16_t *expect, 
   free(buf);
 }
 
-/* nwc_encode with caller arrays (size query, exact cap, cap - 1) agrees with nwc_tensor_encode;
- * the histogram counts the input and psym lists the most frequent symbols first. */
-static inline void cu_check_encode_api(const void *w, const nwc_tensor *t, const char *what) {
+/* nwc_encode with caller arrays (size query, exact cap, cap - 1) agrees with nwc_tensor_encode
+ * (any layout); freq and psym receive what nwc_encode reported. */
+static inline void cu_check_encode_calls(const void *w, const nwc_tensor *t, const char *what,
+                                         uint64_t freq[128], uint8_t psym[16]) {
   uint64_t lay[4], n = t->rows * t->cols;
-  unsigned type = NWC_ELEM_TYPE(t->elem);
   CHECK_RC(nwc_layout(t->rows, t->cols, t->elem, lay));
   CHECK(lay[NWC_LAYOUT_BLOCKS] == t->nblocks && lay[NWC_LAYOUT_RAW_BYTES] == t->raw_bytes &&
             lay[NWC_LAYOUT_K16] == cu_k16(t->cols),
         "%s: nwc_layout disagrees with the tensor", what);
-  uint64_t nb = t->nblocks, freq[128];
-  uint8_t psym[16];
+  uint64_t nb = t->nblocks;
   uint64_t *bases = cu_malloc((nb + 1) * 8);
   uint8_t *hdr = cu_malloc(nb * NWC_LANES), *raw = cu_malloc(t->raw_bytes);
   int64_t size = nwc_encode(w, n, t->cols, t->elem, freq, psym, bases, hdr, NULL, 0, NULL);
@@ -311,10 +310,22 @@ static inline void cu_check_encode_api(const void *w, const nwc_tensor *t, const
           "%s: nwc_encode with the exact cap fails", what);
     nwc_tensor v = *t;
     memcpy(v.psym, psym, 16);
-    v.bases = bases, v.hdr = hdr, v.data = data, v.raw = raw, v.scale = t->scale;
+    v.bases = bases, v.hdr = hdr, v.data = data, v.raw = raw;
     CHECK(cu_same_tensor(&v, t), "%s: nwc_encode and nwc_tensor_encode differ", what);
     free(data);
   }
+  free(bases);
+  free(hdr);
+  free(raw);
+}
+
+/* Layout 0: the encode calls agree (cu_check_encode_calls), the histogram counts the input and
+ * psym lists the most frequent symbols first. */
+static inline void cu_check_encode_api(const void *w, const nwc_tensor *t, const char *what) {
+  uint64_t n = t->rows * t->cols, freq[128];
+  unsigned type = NWC_ELEM_TYPE(t->elem);
+  uint8_t psym[16];
+  cu_check_encode_calls(w, t, what, freq, psym);
   /* Independent histogram, by coded byte (BF16: high byte without sign; fp8: the LUT byte). */
   unsigned nsym = type == NWC_ELEM_BF16 ? 128 : NWC_FP8_SYMBOLS;
   unsigned coded = type == NWC_ELEM_BF16 ? NWC_BF16_CODED_RANKS : NWC_FP8_SYMBOLS;
@@ -335,9 +346,6 @@ static inline void cu_check_encode_api(const void *w, const nwc_tensor *t, const
   for (unsigned r = 0; r + 1 < coded; r++)
     CHECK(mine[psym[r]] >= mine[psym[r + 1]], "%s: psym[%u] = %u rarer than psym[%u] = %u", what,
           r, psym[r], r + 1, psym[r + 1]);
-  free(bases);
-  free(hdr);
-  free(raw);
 }
 
 /*

@@ -38,32 +38,10 @@ static inline uint16_t *lu_expected(const void *w, const nwc_tensor *t) {
 /* Layout 2: nwc_encode agrees with nwc_tensor_encode, the histogram counts the input, and the lut
  * holds the seven most frequent symbols in order. */
 static inline void lu_check_encode_api_l2(const void *w, const nwc_tensor *t, const char *what) {
-  uint64_t lay[4], n = t->rows * t->cols, nb = t->nblocks, freq[128];
+  uint64_t n = t->rows * t->cols, freq[128];
   unsigned type = NWC_ELEM_TYPE(t->elem);
-  CHECK_RC(nwc_layout(t->rows, t->cols, t->elem, lay));
-  CHECK(lay[NWC_LAYOUT_BLOCKS] == nb && lay[NWC_LAYOUT_RAW_BYTES] == t->raw_bytes,
-        "%s: nwc_layout disagrees with the tensor", what);
   uint8_t psym[16];
-  uint64_t *bases = cu_malloc((nb + 1) * 8);
-  uint8_t *hdr = cu_malloc(nb * NWC_LANES), *raw = cu_malloc(t->raw_bytes);
-  int64_t size = nwc_encode(w, n, t->cols, t->elem, freq, psym, bases, hdr, NULL, 0, NULL);
-  CHECK(size == (int64_t)t->data_bytes, "%s: size query %lld, tensor has %llu", what,
-        (long long)size, (unsigned long long)t->data_bytes);
-  CHECK(size <= nwc_encode_bound(t->rows, t->cols, t->elem), "%s: data above the bound", what);
-  if (size > 0) {
-    uint8_t *data = cu_malloc((size_t)size);
-    CHECK(nwc_encode(w, n, t->cols, t->elem, NULL, psym, bases, hdr, data, (uint64_t)size - 1,
-                     raw) == -ENOSPC,
-          "%s: cap one byte short is not -ENOSPC", what);
-    CHECK(nwc_encode(w, n, t->cols, t->elem, freq, psym, bases, hdr, data, (uint64_t)size, raw) ==
-              size,
-          "%s: nwc_encode with the exact cap fails", what);
-    nwc_tensor v = *t;
-    memcpy(v.psym, psym, 16);
-    v.bases = bases, v.hdr = hdr, v.data = data, v.raw = raw;
-    CHECK(cu_same_tensor(&v, t), "%s: nwc_encode and nwc_tensor_encode differ", what);
-    free(data);
-  }
+  cu_check_encode_calls(w, t, what, freq, psym);
   /* independent histogram by BF16 exponent field (fp8: of the exact value) */
   uint64_t mine[256] = {0};
   for (uint64_t i = 0; i < n; i++) {
@@ -90,9 +68,6 @@ static inline void lu_check_encode_api_l2(const void *w, const nwc_tensor *t, co
     CHECK(in || mine[s] <= seventh, "%s: symbol %u (%llu times) missing from the lut", what, s,
           (unsigned long long)mine[s]);
   }
-  free(bases);
-  free(hdr);
-  free(raw);
 }
 
 /*
