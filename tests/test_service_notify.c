@@ -138,6 +138,8 @@ int main(void) {
     printf("systemd-socket-activate not installed; that part skipped\n");
   }
   close(nfd);
+  printf("%d notifications (watchdog %u us); first '%s', last '%s'\n", ts_nmsgs, wd_us,
+         ts_nmsgs ? ts_msgs[0] : "", ts_nmsgs ? ts_msgs[ts_nmsgs - 1] : "");
   if (test_failures) ts_show_msgs(), td_show_log();
   td_cleanup();
   return test_exit("test_service_notify");
