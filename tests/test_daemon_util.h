@@ -25,6 +25,19 @@
 
 static char td_dir[256], td_sock[300], td_store[300];
 
+/* Waits up to tries x 10 ms for pid to exit: its exit status, or -1 after a crash or a timeout
+ * (then it is killed). */
+static int td_wait_exit(pid_t pid, int tries) {
+  for (int i = 0; i < tries; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
 static int td_mkdir(const char *name) {
   const char *base = getenv("TMPDIR");
   snprintf(td_dir, sizeof td_dir, "%s/%s-XXXXXX", base && *base ? base : "/tmp", name);
@@ -99,14 +112,7 @@ __attribute__((unused)) static int td_daemon_refuses(const char *sock, const cha
     execv(NWCD_PATH, (char *const *)argv);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    usleep(10000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return -1;
+  return td_wait_exit(pid, 500);
 }
 
 static pid_t td_start_daemon(const char *const *extra) {
@@ -116,14 +122,7 @@ static pid_t td_start_daemon(const char *const *extra) {
 /* SIGTERM and wait: returns the exit status (0 for a clean stop), or -1 on a crash/timeout. */
 static int td_stop_daemon(pid_t pid) {
   kill(pid, SIGTERM);
-  for (int i = 0; i < 3000; i++) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    usleep(10000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return -1;
+  return td_wait_exit(pid, 3000);
 }
 
 static void td_show_log(void) {
