@@ -52,7 +52,12 @@ int nwc_bench_daemon(int argc, char **argv) {
   const char *file = NULL, *nwcd = NWCD_PATH;
   double seconds = 1.0;
   uint64_t want_rows = 512, want_cols = 1536;
+  static const char usage[] =
+      "usage: nwc-bench daemon FILE.safetensors [--seconds S] [--nwcd PATH] [--rows M] [--cols K]\n"
+      "Starts nwcd on a temporary store, imports FILE, and times matvec/dequant round trips through\n"
+      "the socket against the same calls in-process, throughput with 1/4/16 clients, and load.\n";
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd = argv[++i];
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) want_rows = strtoull(argv[++i], NULL, 0);
@@ -60,10 +65,7 @@ int nwc_bench_daemon(int argc, char **argv) {
     else if (!file) file = argv[i];
     else return fprintf(stderr, "nwc-bench daemon: unexpected '%s'\n", argv[i]), 2;
   }
-  if (!file) {
-    fprintf(stderr, "usage: nwc-bench daemon FILE.safetensors [--seconds S] [--nwcd PATH]\n");
-    return 2;
-  }
+  if (!file) return fputs(usage, stderr), 2;
   nwc_st_file *st;
   if (nwc_st_open(file, &st) < 0) return fprintf(stderr, "nwc-bench daemon: cannot read %s\n", file), 1;
   const nwc_st_tensor *best = NULL;
