@@ -50,6 +50,8 @@ static void usage(FILE *f) {
         "        encode, decode and matvec every tensor on one core; JSON line per tensor + summary\n"
         "  import FILE.safetensors [...]\n"
         "        import into a temporary store on 1..N threads; JSON line per thread count\n"
+        "  daemon FILE.safetensors [...]\n"
+        "        nwcd round trips against in-process calls, throughput, load\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
 }
