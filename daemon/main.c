@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
   if (optind == argc && nwcd_config_load(&d.cfg) < 0) return 2;
   if (optind < argc || !d.cfg.store_dir) {
     if (optind < argc) fprintf(stderr, "nwcd: unexpected argument '%s'\n", argv[optind]);
-    else fprintf(stderr, "nwcd: --store DIR is required\n");
+    else fprintf(stderr, "nwcd: --store DIR (or store = in the config) is required\n");
     usage(stderr);
     return 2;
   }

@@ -8,6 +8,7 @@
  *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
  *   loader.c     io_uring reads of blobs with checksum checks as chunks land
  *   backend_cpu.c  the compute backend interface's CPU implementation
+ *   config.c, notify.c, policy.c  the config file, systemd glue, access policy (service.h)
  *
  * Threads: the loop thread owns connections and sockets; worker threads run jobs; the store
  * handle is used under nwcd.store_lock (one caller at a time), residency under its own mutex.
