@@ -37,7 +37,7 @@ void nwcd_log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "nwcd: %s: %s\n", names[level], buf);
+  fprintf(stderr, "%snwcd: %s: %s\n", nwcd_journal_prefix(level), names[level], buf);
 }
 
 const char *nwcd_default_socket(char *buf, size_t n) {

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
@@ -58,6 +59,21 @@ void nwcd_notify(const char *fmt, ...) {
   static atomic_bool warned; /* once: a vanished NOTIFY_SOCKET would repeat it forever */
   if (rc < 0 && !atomic_exchange(&warned, true))
     nwcd_log(NWCD_LOG_WARN, "sd_notify to %s: %s", getenv("NOTIFY_SOCKET"), strerror(-rc));
+}
+
+const char *nwcd_journal_prefix(int level) {
+  static atomic_int journal = -1; /* unknown, 0 no, 1 yes; a race only computes it twice */
+  int j = atomic_load(&journal);
+  if (j < 0) {
+    const char *env = getenv("JOURNAL_STREAM");
+    unsigned long long dev = 0, ino = 0;
+    struct stat st;
+    j = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 && fstat(2, &st) == 0 &&
+        (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+    atomic_store(&journal, j);
+  }
+  static const char *prio[] = {SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG};
+  return j && level >= 0 && level <= 3 ? prio[level] : "";
 }
 
 int nwcd_service_listen_fd(char *path, size_t n) {

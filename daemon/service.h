@@ -77,6 +77,9 @@ void nwcd_service_close(void);
 /* Queues a preload pass for the active settings' list (after a reload); the service thread
  * unpins models no longer listed, loads and pins the listed ones, then sends READY=1. */
 void nwcd_service_preload(void);
+/* "<3>".."<7>" (the syslog priority of an NWCD_LOG_ level) when stderr is the journal
+ * (JOURNAL_STREAM names its device and inode), so that journalctl -p filters; "" otherwise. */
+const char *nwcd_journal_prefix(int level);
 /* sd_notify wrapper: a no-op without NOTIFY_SOCKET; any thread. */
 void nwcd_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

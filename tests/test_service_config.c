@@ -6,7 +6,8 @@
  *     defaults (max_conn_per_uid: one connection too many gets EUSERS);
  *   - SIGHUP: a smaller budget evicts down to it; a preload list makes the model resident and
  *     pinned; a changed store path is logged as not applied; a file with an unknown key changes
- *     nothing (logged) and the daemon keeps serving; dropping the preload list unpins.
+ *     nothing (logged) and the daemon keeps serving; dropping the preload list unpins; a new
+ *     log_level takes effect.
  * Budgets are drawn per run (seeded) between bounds that keep each step meaningful.
  */
 #include "test_service_util.h"
@@ -164,6 +165,17 @@ int main(void) {
   for (int w = 0; w < 500 && pinned; w++) ts_resident(c, "use", &pinned), usleep(20000);
   CHECK(pinned == 0, "preload list dropped: %zu still pinned", pinned);
   CHECK(ts_log_wait("left the list", 2000), "unpin not logged");
+
+  /* log_level by reload: at warning, a load (an info line) is not logged, a refusal would be. */
+  ts_write(conf, "nwcd.conf", "[daemon]\nlog_level = warning\n[memory]\nhost_budget = 200M\n");
+  kill(d, SIGHUP);
+  WAIT_FOR(c, s, s.budget == (200u << 20));
+  CHECK(s.budget == (200u << 20), "the log-level reload was not applied");
+  ts_log_clear();
+  CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, &res));
+  char *log = ts_log();
+  CHECK(log && !strstr(log, "info:"), "info lines at log_level = warning: %s", log ? log : "");
+  free(log);
 
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
