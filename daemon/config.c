@@ -6,7 +6,8 @@
  *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued)
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
- * Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
+ * Which file: --config PATH, else $NWCD_CONFIG (empty: none), else /etc/nwc/nwcd.conf where it
+ * exists.  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
  * (nwcd_config_flag) so that the file never overrides one, at start or on reload.
  *
  * Errors: an unknown section or key, a bad value or a line that is not "key = value" is
@@ -254,6 +255,13 @@ static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
 }
 
 int nwcd_config_load(nwcd_config *cfg) {
+  /* NWCD_CONFIG=PATH stands for --config PATH; NWCD_CONFIG= (empty) reads no file, so tests
+   * do not depend on the machine's /etc/nwc/nwcd.conf. */
+  const char *env = getenv("NWCD_CONFIG");
+  if (!config_path && env) {
+    if (!*env) return 0;
+    config_path = env;
+  }
   const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
   if (!config_path && access(path, F_OK) != 0) return 0; /* no file: flags and defaults */
   int rc = settings_parse(path, &active);

@@ -84,7 +84,8 @@ static void usage(FILE *f) {
           "  --backend B       compute backend: auto (cpu in this build), cpu, cuda\n"
           "  --budget SIZE     bytes of resident tensors (e.g. 512M, 4G; default half of RAM)\n"
           "  --threads N       worker threads (default: online cores)\n"
-          "  --config FILE     settings file (default " NWCD_CONFIG_DEFAULT " where it exists);\n"
+          "  --config FILE     settings file (default $NWCD_CONFIG, else " NWCD_CONFIG_DEFAULT "\n"
+          "                    where it exists; NWCD_CONFIG= for none);\n"
           "                    flags override it; SIGHUP re-reads it\n"
           "  --log-level L     error, warning, info (default) or debug\n"
           "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
