@@ -29,7 +29,7 @@ static void downgrade(const char *dir, int v) {
   CHECK(sqlite3_open(cat, &db) == SQLITE_OK, "open new catalog");
   CHECK_RC(nwc__catalog_init_at(db, v));
   CHECK(nwc__catalog_version(db) == v, "version %d", v);
-  char sql[2048];
+  char sql[4096]; /* room for the INSERT naming cols (< 1500) twice */
   snprintf(sql, sizeof sql, "ATTACH '%s' AS old", old);
   exec(db, sql);
   exec(db, "DELETE FROM meta");
