@@ -1,0 +1,20 @@
+#!/bin/sh
+# test_man_pages.sh BUILD_DIR - the man pages are built, render with man(1), and document every
+# command nwcctl --help lists and every option nwcd --help lists.
+set -u
+b="$1"
+fail=0
+for page in nwcd.8 nwcctl.1; do
+  [ -s "$b/docs/man/$page" ] || { echo "missing $b/docs/man/$page"; exit 1; }
+done
+command -v man >/dev/null 2>&1 || { echo "man(1) not installed; skipped"; exit 77; }
+nwcctl_man=$(MANWIDTH=200 man -l "$b/docs/man/nwcctl.1" 2>/dev/null)
+nwcd_man=$(MANWIDTH=200 man -l "$b/docs/man/nwcd.8" 2>/dev/null)
+for cmd in $("$b/client/nwcctl" --help 2>&1 | sed -n 's/^  \([a-z]*\).*/\1/p'); do
+  echo "$nwcctl_man" | grep -q "^       $cmd\b" || { echo "nwcctl.1 does not document '$cmd'"; fail=1; }
+done
+for opt in $("$b/daemon/nwcd" --help 2>&1 | grep -o -- '--[a-z-]*' | sort -u); do
+  echo "$nwcd_man" | grep -q -- "$opt" || { echo "nwcd.8 does not document '$opt'"; fail=1; }
+done
+[ $fail -eq 0 ] && echo "test_man_pages: ok"
+exit $fail
