@@ -128,7 +128,9 @@ static int call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds
   }
   int rc = send_all(c, w.buf, (size_t)n, fds, nfds);
   nwc_pw_free(&w);
-  if (rc < 0) return rc;
+  /* A daemon that refuses us (e.g. too many connections) sends an error frame and closes: our
+   * send may then fail with EPIPE, but the frame explaining why is still there to read. */
+  if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET) return rc;
   bool cancelled = false;
   for (;;) {
     uint8_t hb[NWC_PROTO_HEADER];
