@@ -165,16 +165,7 @@ static pid_t ts_spawn(const char *const *argv, int listen_fd, const char *notify
 }
 
 /* Waits up to ms for pid to exit: its exit status, or -1 (killed). */
-static int ts_wait_exit(pid_t pid, int ms) {
-  for (int t = 0; t <= ms; t += 10) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    usleep(10000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return -1;
-}
+static int ts_wait_exit(pid_t pid, int ms) { return td_wait_exit(pid, ms / 10 + 1); }
 
 /* Tensors of model in ps, and how many of them are pinned. */
 __attribute__((unused)) static size_t ts_resident(nwc_client *c, const char *model, size_t *pinned) {
