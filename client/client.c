@@ -255,6 +255,14 @@ static void set_names(nwc_proto_req *r, int op, const char *model, const char *t
   snprintf(r->tensor, sizeof r->tensor, "%s", tensor ? tensor : "");
 }
 
+/* call() for a request that carries only its op and names. */
+static int call_named(nwc_client *c, int op, const char *model, const char *tensor,
+                      nwc_client_progress_fn progress, void *ctx, size_t *len) {
+  nwc_proto_req req = {0};
+  set_names(&req, op, model, tensor);
+  return call(c, &req, NULL, 0, progress, ctx, len);
+}
+
 static int check_names(const char *model, const char *tensor) {
   if (!model || strlen(model) >= NWC_PROTO_NAME_MAX) return fail(-EINVAL, "bad model name");
   if (tensor && strlen(tensor) >= NWC_PROTO_NAME_MAX) return fail(-ENAMETOOLONG, "tensor name too long");
@@ -283,10 +291,8 @@ static void to_tensor(const nwc_proto_tensor *p, nwc_client_tensor *t) {
 static int bad_reply(void) { return fail(-EBADMSG, "malformed reply from nwcd"); }
 
 static int do_list(nwc_client *c, int op, const char *model, void **out, size_t *n) {
-  nwc_proto_req req = {0};
-  set_names(&req, op, model, NULL);
   size_t len;
-  int rc = call(c, &req, NULL, 0, NULL, NULL, &len);
+  int rc = call_named(c, op, model, NULL, NULL, NULL, &len);
   if (rc < 0) return rc;
   nwc_pr r;
   nwc_pr_init(&r, c->rbuf, len);
@@ -337,10 +343,8 @@ int nwc_client_ps(nwc_client *c, nwc_client_resident **out, size_t *n) {
 }
 
 static int do_info(nwc_client *c, const char *model, const char *tensor, nwc_client_tensor_info *out) {
-  nwc_proto_req req = {0};
-  set_names(&req, NWC_OP_INFO, model, tensor);
   size_t len;
-  int rc = call(c, &req, NULL, 0, NULL, NULL, &len);
+  int rc = call_named(c, NWC_OP_INFO, model, tensor, NULL, NULL, &len);
   if (rc < 0) return rc;
   nwc_pr r;
   nwc_pr_init(&r, c->rbuf, len);
@@ -390,10 +394,8 @@ static int get_result(nwc_client *c, size_t len, nwc_client_result *res, nwc_pr 
 
 static int do_simple(nwc_client *c, int op, const char *model, const char *tensor,
                      nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
-  nwc_proto_req req = {0};
-  set_names(&req, op, model, tensor);
   size_t len;
-  int rc = call(c, &req, NULL, 0, progress, ctx, &len);
+  int rc = call_named(c, op, model, tensor, progress, ctx, &len);
   if (rc < 0) return rc;
   nwc_pr r;
   if ((rc = get_result(c, len, res, &r)) < 0) return rc;
@@ -424,10 +426,8 @@ int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor, nwc_c
 
 static int do_verify(nwc_client *c, const char *model, void (*cb)(void *, const char *), void *ctx,
                      nwc_client_result *res) {
-  nwc_proto_req req = {0};
-  set_names(&req, NWC_OP_VERIFY, model, NULL);
   size_t len;
-  int rc = call(c, &req, NULL, 0, NULL, NULL, &len);
+  int rc = call_named(c, NWC_OP_VERIFY, model, NULL, NULL, NULL, &len);
   if (rc < 0) return rc;
   nwc_pr r;
   if ((rc = get_result(c, len, res, &r)) < 0) return rc;
