@@ -45,7 +45,6 @@ extern "C" {
 #define NWC_BLOCK_COLS 512
 #define NWC_LANES 32
 #define NWC_LANE_COLS 16       /* columns per lane and row */
-#define NWC_LANE_WEIGHTS 128   /* weights per lane and block: 8 rows x 16 columns */
 #define NWC_UNIT_BITS 16        /* lane streams are whole 16-bit units */
 #define NWC_LANE_MAX_UNITS 192  /* 128 weights x 24 bits / 16 */
 #define NWC_TAB_BITS 12
