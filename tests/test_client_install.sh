@@ -1,0 +1,76 @@
+#!/bin/sh
+# test_client_install.sh BUILD_DIR SOURCE_DIR - `cmake --install` into a temporary root, then a
+# program outside the tree (client_consumer.c) is built against the installed header and
+# nwc-client.pc twice, with the shared and with the static libnwc-client, and both talk to the
+# installed nwcd: one imports a random BF16 safetensors file (fresh each run, seed printed), both
+# dequantize its tensors, and the bytes must equal the file's own.
+set -u
+b=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+tmp=$(mktemp -d)
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+die() { echo "test_client_install: $*" >&2; [ -f "$tmp/nwcd.log" ] && tail -20 "$tmp/nwcd.log" >&2; exit 1; }
+
+DESTDIR="$tmp/root" cmake --install "$b" >"$tmp/install.log" 2>&1 || die "cmake --install failed"
+pc=$(find "$tmp/root" -name nwc-client.pc | head -1)
+[ -n "$pc" ] || die "nwc-client.pc not installed"
+export PKG_CONFIG_PATH=$(dirname "$pc")
+libdir=$(pkg-config --variable=libdir nwc-client)
+prefix=$(pkg-config --variable=prefix nwc-client)
+[ -f "$libdir/libnwc-client.a" ] || die "libnwc-client.a not installed in $libdir"
+cc=${CC:-cc}
+cflags="-std=c11 -Wall -Werror $(pkg-config --cflags nwc-client)"
+# shellcheck disable=SC2086
+$cc $cflags "$src/tests/client_consumer.c" -o "$tmp/consumer-shared" $(pkg-config --libs nwc-client) \
+  || die "building against the shared library failed"
+static_libs=$(pkg-config --static --libs nwc-client | sed 's/-lnwc-client//')
+# shellcheck disable=SC2086
+$cc $cflags "$src/tests/client_consumer.c" -o "$tmp/consumer-static" "$libdir/libnwc-client.a" \
+  $static_libs || die "building against the static library failed"
+ldd "$tmp/consumer-static" | grep -q libnwc-client && die "the static consumer still needs libnwc-client.so"
+
+seed=${NWC_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+echo "test_client_install: seed $seed"
+python3 - "$tmp/w.safetensors" "$seed" <<'PY' || die "writing the input failed"
+import json, random, struct, sys
+rng = random.Random(int(sys.argv[2]))
+shapes = {"w.a": (24, 520), "w/b": (3, 1100), "bias": (1, 77)}
+blobs, header, off = [], {}, 0
+for name, (r, c) in shapes.items():
+    vals = [rng.gauss(0.0, 0.02) for _ in range(r * c)]
+    b = b"".join(struct.pack("<f", v)[2:] for v in vals)  # BF16 by truncation
+    header[name] = {"dtype": "BF16", "shape": [r, c], "data_offsets": [off, off + len(b)]}
+    blobs.append(b); off += len(b)
+h = json.dumps(header).encode()
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+for name in shapes:
+    s, e = header[name]["data_offsets"]
+    with open(sys.argv[1] + "." + name.replace("/", "_") + ".ref", "wb") as f:
+        f.write(b"".join(blobs)[s:e])
+PY
+
+nwcd=$(find "$tmp/root" -path '*bin/nwcd' | head -1)
+[ -x "$nwcd" ] || die "nwcd not installed"
+mkdir "$tmp/store"
+NWCD_CONFIG= "$nwcd" --store "$tmp/store" --socket "$tmp/nwcd.sock" --backend cpu >"$tmp/nwcd.log" 2>&1 &
+pid=$!
+i=0
+while [ ! -S "$tmp/nwcd.sock" ]; do
+  i=$((i + 1)); [ $i -gt 100 ] && die "nwcd did not start"; sleep 0.1
+done
+LD_LIBRARY_PATH="$libdir" "$tmp/consumer-shared" "$tmp/nwcd.sock" import m "$tmp/w.safetensors" \
+  || die "import through the shared library failed"
+for kind in shared static; do
+  for t in w.a w/b bias; do
+    ref="$tmp/w.safetensors.$(echo "$t" | tr / _).ref"
+    LD_LIBRARY_PATH="$libdir" "$tmp/consumer-$kind" "$tmp/nwcd.sock" dequant m "$t" "$tmp/out" \
+      || die "dequant of $t through the $kind library failed"
+    cmp -s "$tmp/out" "$ref" || die "$kind: dequant of $t differs from the file's bytes"
+  done
+done
+kill -TERM "$pid"; wait "$pid"; st=$?; pid=
+[ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
+echo "test_client_install: ok (shared and static libnwc-client, prefix $prefix)"
