@@ -11,7 +11,8 @@
  *   config.c, notify.c, policy.c  the config file, systemd glue, access policy (service.h)
  *
  * Threads: the loop thread owns connections and sockets; worker threads run jobs; the store
- * handle is used under nwcd.store_lock (one caller at a time), residency under its own mutex.
+ * handle is used under nwcd.store_lock (one caller at a time) except by import, which the store
+ * serializes itself so that other requests go on while it encodes; residency under its own mutex.
  * Lock order: store_lock before the residency mutex, never the other way round.
  */
 #ifndef NWCD_H

@@ -167,12 +167,17 @@ static int op_import(nwcd_job *j) {
   progress_ctx pc = {j, 0};
   nwc_import_opts o = {r->elem, r->layout, d->cfg.threads, import_progress, &pc};
   uint64_t t0 = nwcd_now_ns();
-  pthread_mutex_lock(&d->store_lock);
+  /* Not under d->store_lock: the store serializes its own catalog access and holds none of it
+   * while encoding, so requests on other models go on during an import; two imports of one
+   * name both encode and the second to publish gets -EEXIST (and removes its container). */
   int rc = nwc_store_import_fds(d->store, r->model, r->has_index ? j->fds[0] : -1, files,
                                 r->nfiles, &o);
   nwc_model_info *m = NULL;
-  if (rc == 0) rc = nwc_store_model(d->store, r->model, &m);
-  pthread_mutex_unlock(&d->store_lock);
+  if (rc == 0) {
+    pthread_mutex_lock(&d->store_lock);
+    rc = nwc_store_model(d->store, r->model, &m);
+    pthread_mutex_unlock(&d->store_lock);
+  }
   if (rc < 0) return rc;
   nwc_proto_result res = {.tensors = m->tensors, .bytes = m->nwc_bytes, .raw_bytes = m->raw_bytes,
                           .micros = (nwcd_now_ns() - t0) / 1000};
