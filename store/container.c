@@ -39,16 +39,6 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-int nwc__fail_prefix(int err, const char *fmt, ...) {
-  char prefix[512], old[1024];
-  snprintf(old, sizeof old, "%s", nwc_error_detail());
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
-  va_end(ap);
-  return nwc__fail(err, "%s: %s", prefix, old);
-}
-
 void nwc__container_name(uint64_t cid, int tmp, char buf[32]) {
   snprintf(buf, 32, "%016llx.%s", (unsigned long long)cid, tmp ? "tmp" : "nwc");
 }
@@ -171,63 +161,6 @@ int nwc_store_chunk_check(const nwc_tensor_info *ti, uint64_t i, const void *chu
                 "(+%llu bytes)",
                 ti->path, ti->model, ti->name, (unsigned long long)i,
                 (unsigned long long)(ti->offset + o), (unsigned long long)n);
-  return 0;
-}
-
-int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *t) {
-  NWC_RETURN_IF(!ti || !blob || !t, -EINVAL, "nwc_store_blob_view: missing argument");
-  memset(t, 0, sizeof *t);
-  const uint8_t *h = blob;
-  uint16_t ver;
-  memcpy(&ver, h + 4, 2);
-  NWC_RETURN_IF(memcmp(h, "NWCB", 4) || get64(h + 120) != XXH3_64bits(h, 120), -EBADMSG,
-                "%s: model '%s' tensor '%s': bad blob header at file offset %llu", ti->path,
-                ti->model, ti->name, (unsigned long long)ti->offset);
-  uint64_t cat[] = {ti->container, ti->rows, ti->cols, ti->nblocks, ti->data_bytes,
-                    ti->raw_plane_bytes, ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw,
-                    ti->off_scale};
-  uint64_t blb[] = {get64(h + 8), get64(h + 16), get64(h + 24), get64(h + 48), get64(h + 56),
-                    get64(h + 64), get64(h + 72), get64(h + 80), get64(h + 88), get64(h + 96),
-                    get64(h + 104)};
-  int same = ver == ti->format_version && h[6] == ti->elem && h[7] == (ti->off_scale ? 1 : 0) &&
-             !memcmp(h + 32, ti->psym, 16) && !memcmp(cat, blb, sizeof cat);
-  NWC_RETURN_IF(!same, -EBADMSG,
-                "%s: model '%s' tensor '%s': blob header at file offset %llu disagrees with the "
-                "catalog",
-                ti->path, ti->model, ti->name, (unsigned long long)ti->offset);
-  /* Sections must lie inside the blob, in order, 8-aligned (sizes first, so nothing wraps). */
-  uint64_t nb = ti->nblocks, L = ti->length;
-  NWC_RETURN_IF(nb > L || ti->data_bytes > L || ti->rows > L || ti->raw_plane_bytes > L, -EBADMSG,
-                "%s: model '%s' tensor '%s': sizes larger than the %llu-byte blob", ti->path,
-                ti->model, ti->name, (unsigned long long)L);
-  uint64_t starts[5] = {ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw, ti->off_scale};
-  uint64_t sizes[5] = {(nb + 1) * 8, nb * NWC_LANES, ti->data_bytes, ti->raw_plane_bytes,
-                       ti->rows * 4};
-  uint64_t prev_end = NWC__BLOB_HEADER;
-  for (int i = 0; i < (ti->off_scale ? 5 : 4); i++) {
-    NWC_RETURN_IF(starts[i] % 8 || starts[i] < prev_end || starts[i] > L ||
-                      sizes[i] > L - starts[i],
-                  -EBADMSG, "%s: model '%s' tensor '%s': blob section %d outside the blob",
-                  ti->path, ti->model, ti->name, i);
-    prev_end = starts[i] + sizes[i];
-  }
-  t->elem = ti->elem;
-  t->rows = ti->rows;
-  t->cols = ti->cols;
-  memcpy(t->psym, ti->psym, 16);
-  t->nblocks = nb;
-  t->bases = (const uint64_t *)(h + ti->off_bases);
-  t->hdr = h + ti->off_hdr;
-  t->data = h + ti->off_data;
-  t->data_bytes = ti->data_bytes;
-  t->raw = h + ti->off_raw;
-  t->raw_bytes = ti->raw_plane_bytes;
-  t->scale = ti->off_scale ? (const float *)(h + ti->off_scale) : NULL;
-  int rc = nwc_tensor_validate(t);
-  if (rc < 0) {
-    memset(t, 0, sizeof *t);
-    return nwc__fail_prefix(rc, "%s: model '%s' tensor '%s'", ti->path, ti->model, ti->name);
-  }
   return 0;
 }
 
