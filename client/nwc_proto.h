@@ -36,6 +36,7 @@
 #define NWC_CAP_FDIMPORT 2u /* import from passed descriptors */
 #define NWC_CAP_BATCH 4u    /* matvec of several columns */
 #define NWC_CAP_MAPPED 8u   /* compute on non-resident (mmap'ed) data */
+#define NWC_CAP_SHARE 16u   /* map: resident tensors shared read-only (sealed memfd) */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -55,6 +56,7 @@ enum nwc_op {
   NWC_OP_VERIFY = 15,
   NWC_OP_STATS = 16,
   NWC_OP_PS = 17,
+  NWC_OP_MAP = 18,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -222,6 +224,7 @@ typedef struct nwc_proto_ps {
   uint8_t pinned, locked, direct;
   uint32_t refs;
   int64_t last_used_ms;
+  uint32_t maps; /* client mappings (map) holding it */
 } nwc_proto_ps;
 void nwc_proto_put_ps(nwc_pw *w, const nwc_proto_ps *p);
 int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p);
@@ -249,6 +252,24 @@ typedef struct nwc_proto_compute {
 } nwc_proto_compute;
 void nwc_proto_put_compute(nwc_pw *w, const nwc_proto_compute *c);
 int nwc_proto_get_compute(nwc_pr *r, nwc_proto_compute *c);
+
+/* Map: what a client needs to decode a shared resident tensor in its own process.  The memfd
+ * travels separately (docs/protocol.md, "map"): its first length bytes are the tensor's blob, and
+ * these fields are the catalog's decoder parameters for it (nwc_tensor_info), which the client
+ * checks against the blob header (nwc_store_blob_view). */
+#define NWC_PROTO_MAP_TOKEN 8 /* bytes sent with the memfd: the map request's id, u64 */
+typedef struct nwc_proto_map {
+  uint64_t size;   /* bytes of the memfd */
+  uint64_t length; /* bytes of the blob at offset 0 (<= size) */
+  uint32_t format_version, elem;
+  uint64_t container, rows, cols, nblocks, data_bytes, raw_plane_bytes;
+  uint8_t psym[16];
+  uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no per-row scale */
+  uint32_t maps;  /* mappings of the tensor now, this one included */
+  uint8_t locked; /* the daemon's copy is mlock'ed */
+} nwc_proto_map;
+void nwc_proto_put_map(nwc_pw *w, const nwc_proto_map *m);
+int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m);
 
 typedef struct nwc_proto_stats {
   uint64_t uptime_ms, connections, conn_total, requests, errors;

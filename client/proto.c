@@ -21,7 +21,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_REMOVE] = "remove", [NWC_OP_LOAD] = "load",     [NWC_OP_EVICT] = "evict",
     [NWC_OP_PIN] = "pin",       [NWC_OP_UNPIN] = "unpin",   [NWC_OP_DEQUANT] = "dequant",
     [NWC_OP_GATHER] = "gather", [NWC_OP_MATVEC] = "matvec", [NWC_OP_VERIFY] = "verify",
-    [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",
+    [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -215,6 +215,10 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
     case NWC_OP_UNPIN:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       break;
+    case NWC_OP_MAP: /* the descriptor: the mapping's socket */
+      nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
+      flags |= NWC_PF_FDS;
+      break;
     case NWC_OP_IMPORT:
       nwc_pw_str(w, r->model);
       nwc_pw_u8(w, r->elem), nwc_pw_u8(w, r->layout), nwc_pw_u8(w, r->has_index);
@@ -260,7 +264,7 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
   NWC_RETURN_IF(!name, -EOPNOTSUPP, "unknown opcode %u", h->op);
   NWC_RETURN_IF(h->status != 0, -EBADMSG, "request with a non-zero status");
   NWC_RETURN_IF(h->flags & NWC_PF_EVENT, -EBADMSG, "request with the event flag");
-  int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT;
+  int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT || h->op == NWC_OP_MAP;
   NWC_RETURN_IF(!!(h->flags & NWC_PF_FDS) != wants_fds, -EBADMSG,
                 "%s request %s the descriptor flag", name, wants_fds ? "lacks" : "carries");
   nwc_pr p;
@@ -287,6 +291,7 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
     case NWC_OP_EVICT:
     case NWC_OP_PIN:
     case NWC_OP_UNPIN:
+    case NWC_OP_MAP:
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
       NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
       break;
@@ -421,14 +426,14 @@ int nwc_proto_get_info(nwc_pr *r, nwc_proto_info *i) {
 void nwc_proto_put_ps(nwc_pw *w, const nwc_proto_ps *p) {
   nwc_pw_str(w, p->model), nwc_pw_str(w, p->tensor), nwc_pw_u64(w, p->bytes);
   nwc_pw_u8(w, p->pinned), nwc_pw_u8(w, p->locked), nwc_pw_u8(w, p->direct);
-  nwc_pw_u32(w, p->refs), nwc_pw_i64(w, p->last_used_ms);
+  nwc_pw_u32(w, p->refs), nwc_pw_i64(w, p->last_used_ms), nwc_pw_u32(w, p->maps);
 }
 int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p) {
   NWC_TRY(nwc_pr_str(r, p->model, sizeof p->model));
   NWC_TRY(nwc_pr_str(r, p->tensor, sizeof p->tensor));
   p->bytes = nwc_pr_u64(r);
   p->pinned = nwc_pr_u8(r), p->locked = nwc_pr_u8(r), p->direct = nwc_pr_u8(r);
-  p->refs = nwc_pr_u32(r), p->last_used_ms = nwc_pr_i64(r);
+  p->refs = nwc_pr_u32(r), p->last_used_ms = nwc_pr_i64(r), p->maps = nwc_pr_u32(r);
   return r->err;
 }
 
@@ -459,6 +464,31 @@ void nwc_proto_put_compute(nwc_pw *w, const nwc_proto_compute *c) {
 int nwc_proto_get_compute(nwc_pr *r, nwc_proto_compute *c) {
   c->rows = nwc_pr_u64(r), c->cols = nwc_pr_u64(r), c->out = nwc_pr_u8(r), c->where = nwc_pr_u8(r);
   c->rflags = nwc_pr_u16(r), c->bytes = nwc_pr_u64(r);
+  return r->err;
+}
+
+void nwc_proto_put_map(nwc_pw *w, const nwc_proto_map *m) {
+  nwc_pw_u64(w, m->size), nwc_pw_u64(w, m->length);
+  nwc_pw_u32(w, m->format_version), nwc_pw_u32(w, m->elem);
+  nwc_pw_u64(w, m->container), nwc_pw_u64(w, m->rows), nwc_pw_u64(w, m->cols);
+  nwc_pw_u64(w, m->nblocks), nwc_pw_u64(w, m->data_bytes), nwc_pw_u64(w, m->raw_plane_bytes);
+  nwc_pw_bytes(w, m->psym, 16);
+  nwc_pw_u64(w, m->off_bases), nwc_pw_u64(w, m->off_hdr), nwc_pw_u64(w, m->off_data);
+  nwc_pw_u64(w, m->off_raw), nwc_pw_u64(w, m->off_scale);
+  nwc_pw_u32(w, m->maps), nwc_pw_u8(w, m->locked);
+}
+int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m) {
+  m->size = nwc_pr_u64(r), m->length = nwc_pr_u64(r);
+  m->format_version = nwc_pr_u32(r), m->elem = nwc_pr_u32(r);
+  m->container = nwc_pr_u64(r), m->rows = nwc_pr_u64(r), m->cols = nwc_pr_u64(r);
+  m->nblocks = nwc_pr_u64(r), m->data_bytes = nwc_pr_u64(r), m->raw_plane_bytes = nwc_pr_u64(r);
+  const void *psym = nwc_pr_bytes(r, 16);
+  if (psym) memcpy(m->psym, psym, 16);
+  m->off_bases = nwc_pr_u64(r), m->off_hdr = nwc_pr_u64(r), m->off_data = nwc_pr_u64(r);
+  m->off_raw = nwc_pr_u64(r), m->off_scale = nwc_pr_u64(r);
+  m->maps = nwc_pr_u32(r), m->locked = nwc_pr_u8(r);
+  NWC_RETURN_IF(!r->err && m->length > m->size, -EBADMSG, "map: blob of %llu bytes in a memfd of %llu",
+                (unsigned long long)m->length, (unsigned long long)m->size);
   return r->err;
 }
 
