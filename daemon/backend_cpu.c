@@ -1,7 +1,18 @@
 /*
  * backend_cpu.c - the compute backend interface (nwcd.h, nwcd_backend) and its CPU
- * implementation: host memory from posix_memalign, pinned with mlock where RLIMIT_MEMLOCK allows
- * (a warning once otherwise), and the store/ decoders for dequant, gather and matvec.
+ * implementation: host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
+ * warning once otherwise), and the store/ decoders for dequant, gather and matvec.
+ *
+ * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING) mapped shared, so that its
+ * pages can be handed to clients (map, residency.c) with no copy.  host_alloc maps it writable
+ * for the loader; host_share, once the load is done, makes the daemon's view read-only and seals
+ * the memfd (F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): from then on no
+ * process can write it (write(), a writable shared mmap, or an mprotect to PROT_WRITE of a
+ * read-only one all fail), shrink it or lift the seals, and the only writable mapping that ever
+ * existed is ours, already PROT_READ.  F_SEAL_WRITE would need that mapping gone (a remap and a
+ * second mlock populate per load); the future-write seal gives clients the same guarantee at no
+ * cost.  host_free unmaps and closes it; a client's mapping keeps the pages alive after that.
+ * The memfd of each allocation is found by its address in a table under a mutex.
  *
  * The seam for #8: a "cuda" backend fills the same struct (cudaHostAlloc for host_alloc, kernels
  * for compute); until then --backend cuda is refused with a clear message and auto means cpu.
@@ -11,16 +22,70 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
 
 static atomic_int mlock_warned;
 
+typedef struct host_buf {
+  void *p;
+  int fd;
+} host_buf;
+
+static pthread_mutex_t bufs_lock = PTHREAD_MUTEX_INITIALIZER;
+static host_buf *bufs;
+static size_t nbufs, cap_bufs;
+
+static size_t host_len(size_t n) { return n ? (n + 4095) & ~(size_t)4095 : 4096; }
+
+/* The memfd behind p (removing its entry when take is set), or -1. */
+static int buf_fd(const void *p, bool take) {
+  int fd = -1;
+  pthread_mutex_lock(&bufs_lock);
+  for (size_t i = 0; i < nbufs; i++) {
+    if (bufs[i].p != p) continue;
+    fd = bufs[i].fd;
+    if (take) bufs[i] = bufs[--nbufs];
+    break;
+  }
+  pthread_mutex_unlock(&bufs_lock);
+  return fd;
+}
+
+static bool buf_add(void *p, int fd) {
+  pthread_mutex_lock(&bufs_lock);
+  if (nbufs == cap_bufs) {
+    size_t cap = cap_bufs ? 2 * cap_bufs : 64;
+    host_buf *b = realloc(bufs, cap * sizeof *b);
+    if (b) bufs = b, cap_bufs = cap;
+  }
+  bool ok = nbufs < cap_bufs;
+  if (ok) bufs[nbufs++] = (host_buf){p, fd};
+  pthread_mutex_unlock(&bufs_lock);
+  return ok;
+}
+
 static void *cpu_host_alloc(size_t n, bool *locked) {
-  void *p = NULL;
-  size_t len = (n + 4095) & ~(size_t)4095;
-  if (posix_memalign(&p, 4096, len ? len : 4096) != 0) return NULL;
+  size_t len = host_len(n);
+  *locked = false;
+  int fd = memfd_create("nwc-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void *p = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, (off_t)len) == 0)
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED || !buf_add(p, fd)) {
+    nwcd_log(NWCD_LOG_WARN, "no memfd of %zu bytes for a resident tensor: %s", len,
+             strerror(errno));
+    if (p != MAP_FAILED) munmap(p, len);
+    if (fd >= 0) close(fd);
+    return NULL;
+  }
   *locked = mlock(p, len) == 0;
   if (!*locked && !atomic_exchange(&mlock_warned, 1))
     nwcd_log(NWCD_LOG_WARN,
@@ -30,10 +95,23 @@ static void *cpu_host_alloc(size_t n, bool *locked) {
   return p;
 }
 
+static int cpu_host_share(void *p, size_t n) {
+  int fd = buf_fd(p, false);
+  NWC_RETURN_IF(fd < 0, -EINVAL, "host_share of memory host_alloc did not return");
+  NWC_RETURN_IF(mprotect(p, host_len(n), PROT_READ) < 0, -errno,
+                "mprotect of a resident copy: %s", strerror(errno));
+  NWC_RETURN_IF(fcntl(fd, F_ADD_SEALS,
+                      F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0,
+                -errno, "sealing a resident copy's memfd: %s", strerror(errno));
+  return fd;
+}
+
 static void cpu_host_free(void *p, size_t n, bool locked) {
+  (void)locked; /* munmap unlocks */
   if (!p) return;
-  if (locked) munlock(p, (n + 4095) & ~(size_t)4095);
-  free(p);
+  int fd = buf_fd(p, true);
+  munmap(p, host_len(n));
+  if (fd >= 0) close(fd);
 }
 
 static int cpu_dequant(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out) {
@@ -51,8 +129,8 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {"cpu", cpu_host_alloc, cpu_host_free, cpu_dequant,
-                                         cpu_gather, cpu_matvec};
+static const nwcd_backend cpu_backend = {"cpu",       cpu_host_alloc, cpu_host_free, cpu_dequant,
+                                         cpu_gather,  cpu_matvec,     cpu_host_share};
 
 int nwcd_backend_get(const char *name, const nwcd_backend **out) {
   if (!name || !strcmp(name, "auto") || !strcmp(name, "cpu")) {

@@ -73,6 +73,10 @@ typedef struct nwcd_backend {
    * single-column kernel reads K16 floats). */
   int (*matvec)(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx, const float *bias,
                 float *Y, size_t ldy);
+  /* Called once on a host_alloc'ed copy after its load: makes it read-only for good and returns
+   * a descriptor of its pages for clients to map (a sealed memfd, owned by the backend: valid
+   * until host_free).  NULL where host copies cannot be shared (map is then refused). */
+  int (*host_share)(void *p, size_t n);
 } nwcd_backend;
 
 /* The backend called name ("auto", "cpu", "cuda"): 0 and *out, -ENOTSUP with a detail for one
@@ -135,7 +139,13 @@ uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
 /* Resident tensors for ps: *out malloc'ed array of *n (free()). */
 int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);
 void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s);
-void nwcd_res_count_mapped(nwcd_res *r);
+/* Shares model/tensor with a client (map): makes it resident if needed (-ENOSPC when it cannot
+ * fit), sends its sealed memfd with the token (NWC_PROTO_MAP_TOKEN bytes) over sock, a
+ * connected Unix stream socket the client passed, and keeps a mapping reference, which stops
+ * eviction, until the client's end of sock is closed (unmap, exit).  sock stays the caller's
+ * (a duplicate is kept).  Fills *out with the decoder parameters for the reply. */
+int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
+                 nwc_proto_map *out);
 
 /* ---- the daemon -------------------------------------------------------------------------- */
 

@@ -616,6 +616,18 @@ static int op_ps(nwcd_job *j) {
   return 0;
 }
 
+/* map: the memfd goes over the socket the request passed (residency.c), the decoder parameters
+ * in the reply. */
+static int op_map(nwcd_job *j) {
+  nwc_proto_map m;
+  NWC_TRY(nwcd_res_map(j->d->res, j->req.model, j->req.tensor, j->fds[0], j->req.id, &m));
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_map(&w, &m);
+  reply(j, &w);
+  return 0;
+}
+
 void nwcd_ops_run(nwcd_job *j) {
   int rc;
   switch (j->req.op) {
@@ -634,6 +646,7 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_VERIFY: rc = op_verify(j); break;
     case NWC_OP_STATS: rc = op_stats(j); break;
     case NWC_OP_PS: rc = op_ps(j); break;
+    case NWC_OP_MAP: rc = op_map(j); break;
     default: rc = nwc__fail(-EOPNOTSUPP, "opcode %u is not served here", j->req.op); break;
   }
   if (rc < 0) reply_error(j, rc);

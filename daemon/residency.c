@@ -1,43 +1,70 @@
 /*
  * residency.c - which tensors are resident in host memory, under a byte budget, with LRU
- * eviction and reference counts.
+ * eviction, reference counts and client mappings.
  *
  * Each tensor the daemon has been asked about has an entry (model, tensor, its catalog info)
  * in one of three states:
  *
  *            acquire (fits, or LRU evictions make it fit)
  *   ABSENT ─────────────────────────────────────────────► LOADING ──(io_uring read, chunks
- *     ▲  ▲                                                   │       checked, view built)
- *     │  └──────────────(load failed: buffer freed)──────────┤
+ *     ▲  ▲                                                   │       checked, view built,
+ *     │  └──────────────(load failed: buffer freed)──────────┤       copy sealed read-only)
  *     │                                                      ▼
- *     └───────(evict / LRU: refs == 0 and not pinned)──── RESIDENT ◄──► pinned (pin / unpin)
+ *     └───────(evict / LRU: refs == 0, maps == 0 and ─── RESIDENT ◄──► pinned (pin / unpin)
+ *              not pinned)                                   ▲ │
+ *                                   (client closed its end:  │ │ map: +1 mapping reference,
+ *                                    unmap, exit; reaped)    └─┘ the memfd sent to the client
+ *
+ * A RESIDENT copy lives in a memfd from the backend (host_alloc), sealed against writes,
+ * shrinking and growing once loaded (host_share), so that a client can map the very same pages
+ * read-only and decode in its own process (nwcd_res_map, op map): one copy in RAM however many
+ * processes use it.  Each mapping holds a reference, kept as the daemon's end of a Unix socket
+ * the client passed with the request; the reference ends when the client's end is closed
+ * (nwc_client_unmap, or the process exits, kill -9 included), which the daemon sees as POLLHUP.
+ * Nothing waits for that: reap_maps() polls every mapping socket without blocking, under the
+ * lock, before each decision that depends on mappings (making room, evict, remove, budget, ps),
+ * so a client that has unmapped is never counted, and no thread or event-loop handle is needed.
  *
  * Invariants (all under r->lock):
  *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
- *     (by evicting least-recently-used RESIDENT entries with refs == 0 that are not pinned)
- *     before an entry enters LOADING, and the reservation is returned if the load fails;
+ *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
+ *     not pinned) before an entry enters LOADING, and the reservation is returned if the load
+ *     fails;
  *   - an entry with refs > 0 is RESIDENT and is never freed: every compute request holds a
  *     reference from acquire to release, so eviction (LRU or explicit) never pulls a tensor
  *     from under a request; an explicit evict of such a tensor is refused with -EBUSY;
+ *   - an entry with maps > 0 (= the mapping sockets in r->maps naming it) is RESIDENT, shared
+ *     (fd >= 0) and is never freed either: an explicit evict, or removing its model, is refused
+ *     with -EBUSY naming the mapping processes, and LRU passes it over.  (A client that keeps
+ *     its mmap after closing the socket keeps the pages alive outside the budget: the reference
+ *     is what the protocol sees, not the client's page tables);
+ *   - a RESIDENT copy is never written again: the backend made it read-only when it was sealed;
  *   - only the thread that moved an entry to LOADING touches its buffer until it moves it on;
  *     others wait on r->cond;
  *   - entries are freed only by nwcd_res_forget_model (a model being removed) with no entry of
- *     the model in use or loading; it and the catalog lookup of a new entry both run under the
- *     daemon's store lock, so an entry never outlives the catalog row it describes.
- * What cannot fit (larger than the budget, or the budget held by pinned and in-use tensors) is
- * -ENOSPC for a load or pin; a compute request may instead map the container read-only
- * (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED) and stats
- * count it.
+ *     the model in use, mapped or loading; it and the catalog lookup of a new entry both run
+ *     under the daemon's store lock, so an entry never outlives the catalog row it describes.
+ * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
+ * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
+ * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
+ * and stats count it.
  */
 #include "nwcd.h"
 
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
+
+#define MAX_MAPS 1024 /* mapping sockets the daemon holds, all clients together */
 
 struct nwcd_entry {
   char *model, *tensor;
@@ -49,8 +76,17 @@ struct nwcd_entry {
   bool locked, direct, pinned;
   nwc_tensor view;
   unsigned refs;
+  unsigned maps;      /* client mappings (entries of r->maps) */
+  int fd;             /* RESIDENT: the sealed memfd to share (the backend's), or -1 */
   uint64_t last_used; /* nwcd_now_ns(), 0 never */
 };
+
+/* One client mapping: the daemon's end of the socket the client passed with map. */
+typedef struct nwcd_mapref {
+  nwcd_entry *e;
+  int sock;
+  pid_t pid; /* the client that made the socket (SO_PEERCRED), for messages and ps */
+} nwcd_mapref;
 
 struct nwcd_res {
   nwcd *d;
@@ -61,6 +97,9 @@ struct nwcd_res {
   uint64_t budget, used, pinned_bytes;
   uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
   uint64_t mlock_ok, mlock_failed, mapped;
+  nwcd_mapref maps[MAX_MAPS];
+  struct pollfd pfd[MAX_MAPS];
+  size_t nmaps;
 };
 
 static uint64_t key_hash(const char *model, const char *tensor) {
@@ -86,10 +125,38 @@ int nwcd_res_create(nwcd *d, uint64_t budget, nwcd_res **out) {
   return 0;
 }
 
+/* Drops the mappings whose client closed its end of the socket (see the top): one poll() of
+ * all mapping sockets, never waiting.  Called with r->lock held. */
+static void reap_maps(nwcd_res *r) {
+  if (!r->nmaps) return;
+  for (size_t i = 0; i < r->nmaps; i++) r->pfd[i] = (struct pollfd){r->maps[i].sock, 0, 0};
+  if (poll(r->pfd, r->nmaps, 0) <= 0) return; /* events 0: only POLLHUP / POLLERR come back */
+  size_t k = 0;
+  for (size_t i = 0; i < r->nmaps; i++) {
+    nwcd_mapref *m = &r->maps[i];
+    if (!r->pfd[i].revents) {
+      r->maps[k++] = *m;
+      continue;
+    }
+    nwcd_log(NWCD_LOG_DEBUG, "pid %d unmapped %s/%s", (int)m->pid, m->e->model, m->e->tensor);
+    close(m->sock);
+    m->e->maps--;
+  }
+  r->nmaps = k;
+}
+
+/* "pid 12, 34" of e's mappings into buf (r->lock held). */
+static const char *map_pids(nwcd_res *r, const nwcd_entry *e, char *buf, size_t n) {
+  size_t off = snprintf(buf, n, "pid");
+  for (size_t i = 0; i < r->nmaps && off < n; i++)
+    if (r->maps[i].e == e) off += snprintf(buf + off, n - off, "%s %d", off > 3 ? "," : "", (int)r->maps[i].pid);
+  return buf;
+}
+
 static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   if (e->state != NWC_RES_RESIDENT) return;
   r->d->backend->host_free(e->buf, e->len, e->locked);
-  e->buf = NULL;
+  e->buf = NULL, e->fd = -1;
   r->used -= e->len;
   if (e->pinned) r->pinned_bytes -= e->len, e->pinned = false;
   memset(&e->view, 0, sizeof e->view);
@@ -104,6 +171,8 @@ static void entry_free(nwcd_res *r, nwcd_entry *e) {
 
 void nwcd_res_free(nwcd_res *r) {
   if (!r) return;
+  for (size_t i = 0; i < r->nmaps; i++) close(r->maps[i].sock), r->maps[i].e->maps--;
+  r->nmaps = 0; /* the clients' mappings stay valid: the pages live while they map them */
   for (size_t i = 0; i < r->n; i++) entry_free(r, r->e[i]);
   free(r->e);
   pthread_cond_destroy(&r->cond);
@@ -114,11 +183,12 @@ void nwcd_res_free(nwcd_res *r) {
 /* Evicts LRU entries until need more bytes fit; false if they cannot. */
 static bool make_room(nwcd_res *r, uint64_t need) {
   if (need > r->budget) return false;
+  if (r->used + need > r->budget) reap_maps(r);
   while (r->used + need > r->budget) {
     nwcd_entry *victim = NULL;
     for (size_t i = 0; i < r->n; i++) {
       nwcd_entry *e = r->e[i];
-      if (e->state == NWC_RES_RESIDENT && !e->refs && !e->pinned &&
+      if (e->state == NWC_RES_RESIDENT && !e->refs && !e->maps && !e->pinned &&
           (!victim || e->last_used < victim->last_used))
         victim = e;
     }
@@ -164,7 +234,7 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
       }
     }
     if (rc == 0) {
-      e->hash = key_hash(model, tensor), e->info = ti, e->len = ti->length;
+      e->hash = key_hash(model, tensor), e->info = ti, e->len = ti->length, e->fd = -1;
       r->e[r->n++] = e;
     } else {
       nwc_tensor_info_free(ti, ti ? 1 : 0);
@@ -212,6 +282,9 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
              : nwc__fail(-ENOMEM, "no memory for %zu bytes of %s/%s", e->len, model, tensor);
     nwc_tensor view;
     if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
+    int fd = -1;
+    if (rc == 0 && r->d->backend->host_share && (fd = r->d->backend->host_share(buf, e->len)) < 0)
+      rc = fd;
     pthread_mutex_lock(&r->lock);
     if (rc < 0) {
       if (buf) r->d->backend->host_free(buf, e->len, locked);
@@ -220,7 +293,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       pthread_cond_broadcast(&r->cond);
       break;
     }
-    e->buf = buf, e->locked = locked, e->direct = l.direct, e->view = view;
+    e->buf = buf, e->locked = locked, e->direct = l.direct, e->view = view, e->fd = fd;
     e->state = NWC_RES_RESIDENT;
     r->loads++, r->load_bytes += l.bytes, r->load_us += l.micros;
     if (l.direct) r->direct_loads++;
@@ -264,12 +337,18 @@ void nwcd_res_release(nwcd_res *r, nwcd_ref *ref) {
 int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes) {
   *bytes = 0;
   pthread_mutex_lock(&r->lock);
+  reap_maps(r);
   nwcd_entry *e = find(r, model, tensor);
   int rc = 0;
+  char pids[128];
   if (e && e->state == NWC_RES_LOADING) {
     rc = nwc__fail(-EBUSY, "%s/%s is being loaded", model, tensor);
   } else if (e && e->refs) {
     rc = nwc__fail(-EBUSY, "%s/%s is in use by %u request(s); not evicted", model, tensor, e->refs);
+  } else if (e && e->maps) {
+    rc = nwc__fail(-EBUSY, "%s/%s is mapped by %u client(s) (%s); not evicted: it can be once "
+                   "they unmap it or exit", model, tensor, e->maps,
+                   map_pids(r, e, pids, sizeof pids));
   } else if (e && e->pinned) {
     rc = nwc__fail(-EBUSY, "%s/%s is pinned; unpin it first", model, tensor);
   } else if (e && e->state == NWC_RES_RESIDENT) {
@@ -286,6 +365,7 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
 void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used) {
   pthread_mutex_lock(&r->lock);
   r->budget = budget;
+  reap_maps(r);
   make_room(r, 0);
   *used = r->used;
   pthread_mutex_unlock(&r->lock);
@@ -302,11 +382,15 @@ int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor) {
 
 int nwcd_res_forget_model(nwcd_res *r, const char *model) {
   pthread_mutex_lock(&r->lock);
+  reap_maps(r);
   for (size_t i = 0; i < r->n; i++) {
     nwcd_entry *e = r->e[i];
     if (strcmp(e->model, model)) continue;
-    if (e->refs || e->state == NWC_RES_LOADING) {
-      int rc = nwc__fail(-EBUSY, "%s/%s is in use; model not removed", model, e->tensor);
+    if (e->refs || e->maps || e->state == NWC_RES_LOADING) {
+      char pids[128];
+      int rc = e->maps ? nwc__fail(-EBUSY, "%s/%s is mapped by %u client(s) (%s); model not removed",
+                                   model, e->tensor, e->maps, map_pids(r, e, pids, sizeof pids))
+                       : nwc__fail(-EBUSY, "%s/%s is in use; model not removed", model, e->tensor);
       pthread_mutex_unlock(&r->lock);
       return rc;
     }
@@ -346,6 +430,7 @@ uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model) {
 
 int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n) {
   pthread_mutex_lock(&r->lock);
+  reap_maps(r);
   nwc_proto_ps *a = calloc(r->n ? r->n : 1, sizeof *a);
   size_t k = 0;
   for (size_t i = 0; a && i < r->n; i++) {
@@ -355,7 +440,7 @@ int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n) {
     snprintf(p->model, sizeof p->model, "%s", e->model);
     snprintf(p->tensor, sizeof p->tensor, "%s", e->tensor);
     p->bytes = e->len, p->pinned = e->pinned, p->locked = e->locked, p->direct = e->direct;
-    p->refs = e->refs, p->last_used_ms = ago_ms(e->last_used);
+    p->refs = e->refs, p->maps = e->maps, p->last_used_ms = ago_ms(e->last_used);
   }
   pthread_mutex_unlock(&r->lock);
   if (!a) return -ENOMEM;
@@ -376,4 +461,90 @@ void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s) {
   pthread_mutex_unlock(&r->lock);
 }
 
-void nwcd_res_count_mapped(nwcd_res *r) { (void)r; }
+/* Checks that sock is a connected Unix stream socket; *pid gets its peer's pid. */
+static int check_map_socket(int sock, pid_t *pid) {
+  struct stat st;
+  int type = 0, domain = 0;
+  socklen_t l1 = sizeof type, l2 = sizeof domain;
+  struct ucred cred = {0, 0, 0};
+  socklen_t l3 = sizeof cred;
+  bool ok = fstat(sock, &st) == 0 && S_ISSOCK(st.st_mode) &&
+            getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &l2) == 0 && domain == AF_UNIX &&
+            getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &l1) == 0 &&
+            (type == SOCK_STREAM || type == SOCK_SEQPACKET) &&
+            getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &l3) == 0;
+  NWC_RETURN_IF(!ok, -EINVAL,
+                "map needs a connected Unix stream socket (one end of a socketpair) as its "
+                "descriptor");
+  *pid = cred.pid;
+  return 0;
+}
+
+/* Sends the memfd fd and the token over sock without blocking. */
+static int send_memfd(int sock, int fd, uint64_t token) {
+  uint8_t tok[NWC_PROTO_MAP_TOKEN];
+  for (int i = 0; i < NWC_PROTO_MAP_TOKEN; i++) tok[i] = (uint8_t)(token >> (8 * i));
+  struct iovec iov = {tok, sizeof tok};
+  union {
+    char b[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } cm;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                       .msg_controllen = sizeof cm.b};
+  struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+  h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(h), &fd, sizeof fd);
+  ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  NWC_RETURN_IF(n != (ssize_t)sizeof tok, n < 0 ? -errno : -EIO,
+                "sending the memfd over the map socket: %s", n < 0 ? strerror(errno) : "short");
+  return 0;
+}
+
+int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
+                 nwc_proto_map *out) {
+  pid_t pid = 0;
+  NWC_TRY(check_map_socket(sock, &pid));
+  nwcd_ref ref;
+  NWC_TRY(nwcd_res_acquire(r, model, tensor, 0, &ref, NULL)); /* resident, or -ENOSPC */
+  nwcd_entry *e = ref.e;                                      /* fd fixed while refs > 0 */
+  int keep = -1, rc = 0;
+  pthread_mutex_lock(&r->lock);
+  reap_maps(r);
+  if (e->fd < 0)
+    rc = nwc__fail(-ENOTSUP, "the %s backend's resident copies cannot be shared; use the "
+                   "compute requests", r->d->backend->name);
+  else if (r->nmaps == MAX_MAPS)
+    rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit); unmap some first",
+                   MAX_MAPS);
+  else if ((keep = fcntl(sock, F_DUPFD_CLOEXEC, 3)) < 0)
+    rc = nwc__fail(-errno, "dup of the map socket: %s", strerror(errno));
+  pthread_mutex_unlock(&r->lock);
+  if (rc == 0) rc = send_memfd(sock, e->fd, token);
+  if (rc == 0) {
+    pthread_mutex_lock(&r->lock);
+    if (r->nmaps == MAX_MAPS) {
+      rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit)", MAX_MAPS);
+    } else {
+      r->maps[r->nmaps++] = (nwcd_mapref){e, keep, pid};
+      e->maps++;
+      const nwc_tensor_info *ti = e->info;
+      *out = (nwc_proto_map){
+          .size = (ti->length + 4095) & ~UINT64_C(4095), .length = ti->length,
+          .format_version = ti->format_version, .elem = ti->elem, .container = ti->container,
+          .rows = ti->rows, .cols = ti->cols, .nblocks = ti->nblocks,
+          .data_bytes = ti->data_bytes, .raw_plane_bytes = ti->raw_plane_bytes,
+          .off_bases = ti->off_bases, .off_hdr = ti->off_hdr, .off_data = ti->off_data,
+          .off_raw = ti->off_raw, .off_scale = ti->off_scale, .maps = e->maps,
+          .locked = e->locked};
+      memcpy(out->psym, ti->psym, 16);
+      keep = -1;
+    }
+    pthread_mutex_unlock(&r->lock);
+  }
+  if (keep >= 0) close(keep);
+  nwcd_res_release(r, &ref);
+  if (rc == 0)
+    nwcd_log(NWCD_LOG_INFO, "pid %d mapped %s/%s (%u mapping(s))", (int)pid, model, tensor,
+             out->maps);
+  return rc;
+}

@@ -240,7 +240,8 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
   }
   c->hello = true;
   nwc_proto_hello hello = {NWC_PROTO_VERSION,
-                           NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED,
+                           NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
+                               (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0),
                            NWC_PROTO_MAX_PAYLOAD, NWCD_VERSION, ""};
   snprintf(hello.backend, sizeof hello.backend, "%s", c->srv->d->backend->name);
   nwc_pw w;
@@ -292,7 +293,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   if (rc == 0) rc = nwcd_policy_check(c->fd, c->uid, c->gid, c->pid, &j->req); /* policy.c */
   unsigned nfds = 0;
   if (rc == 0 && (h->flags & NWC_PF_FDS))
-    nfds = h->op == NWC_OP_SHM ? 1 : j->req.has_index + j->req.nfiles;
+    nfds = h->op == NWC_OP_SHM || h->op == NWC_OP_MAP ? 1 : j->req.has_index + j->req.nfiles;
   if (rc == 0 && nfds) {
     rc = take_fds(c, nfds, j->fds);
     if (rc == 0) j->nfds = nfds;
