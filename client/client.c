@@ -10,6 +10,7 @@
  * since calls are serialized, each call uses it from offset 0.  Errors: a negative errno, with
  * the daemon's message (or ours) in a thread-local buffer.
  */
+#include "client_internal.h"
 #include "nwc_client.h"
 
 #include "nwc_proto.h"
@@ -320,7 +321,7 @@ static int do_list(nwc_client *c, int op, const char *model, void **out, size_t 
       nwc_client_resident *o = (nwc_client_resident *)a + i;
       memcpy(o->model, p.model, sizeof o->model), memcpy(o->tensor, p.tensor, sizeof o->tensor);
       o->bytes = p.bytes, o->pinned = p.pinned, o->locked = p.locked, o->direct = p.direct;
-      o->refs = p.refs, o->last_used_ms = p.last_used_ms;
+      o->refs = p.refs, o->last_used_ms = p.last_used_ms, o->maps = p.maps;
     }
   }
   if (nwc_pr_end(&r, "list") < 0) {
@@ -643,4 +644,19 @@ int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor, cons
       ncols > NWC_PROTO_MAX_COLS)
     return fail(-EINVAL, "bad arguments (1..%u columns of K > 0 floats)", NWC_PROTO_MAX_COLS);
   return LOCKED(c, do_matvec(c, model, tensor, bias, scale, x, K, ncols, flags, y, cap, rflags));
+}
+
+/* ---- for map.c (client_internal.h) -------------------------------------------------------- */
+
+int nwc__client_fail(int err, const char *msg) { return fail(err, "%s", msg); }
+
+int nwc__client_call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds,
+                     uint8_t **payload, size_t *len) {
+  pthread_mutex_lock(&c->lock);
+  size_t n = 0;
+  int rc = call(c, req, fds, nfds, NULL, NULL, &n);
+  if (rc == 0 && !(*payload = malloc(n ? n : 1))) rc = fail(-ENOMEM, "out of memory");
+  if (rc == 0) memcpy(*payload, c->rbuf, n), *len = n;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
 }

@@ -89,6 +89,7 @@ typedef struct nwc_client_resident {
   int pinned, locked, direct; /* locked: mlock'ed; direct: read with O_DIRECT */
   unsigned refs;
   int64_t last_used_ms;
+  unsigned maps; /* client mappings (nwc_client_map) holding it */
 } nwc_client_resident;
 
 typedef struct nwc_client_result {
@@ -164,6 +165,49 @@ NWC_CLIENT_API int nwc_client_matvec(nwc_client *c, const char *model, const cha
                                      const char *bias, float scale, const float *x, uint64_t K,
                                      unsigned ncols, unsigned flags, void *y, size_t cap,
                                      unsigned *rflags);
+
+/* ---- mappings: resident tensors shared read-only, computed on in this process ---------------
+ *
+ * nwc_client_map asks nwcd for a read-only mapping of a resident tensor (loading it first if
+ * needed): the daemon's own copy, a sealed memfd, is mapped into this process, so every process
+ * that maps a tensor shares one copy of it in RAM, and the calls below decode it here with no
+ * round trip.  While the mapping exists the daemon will not evict the tensor (evict says who
+ * maps it) nor remove its model; nwc_client_unmap, or the end of this process, releases it.
+ * A mapping does not depend on the nwc_client it came from (which may be freed first), and its
+ * compute calls may run from any number of threads at once.  Outputs are as for the daemon's
+ * calls above: dense rows of cols, float or (NWC_CLIENT_BF16) BF16 bits; -ENOSPC if cap is too
+ * small.  Tensors of fp8 dequantize to their unscaled fp8 values; matvec applies their scales. */
+typedef struct nwc_client_mapping nwc_client_mapping;
+
+typedef struct nwc_client_map_info {
+  uint64_t rows, cols; /* as stored (1-D: 1 x N) */
+  unsigned elem;       /* NWC_ELEM(type, layout) */
+  const void *base;    /* the mapped blob (PROT_READ) */
+  uint64_t size;       /* bytes mapped */
+  unsigned maps;       /* mappings of the tensor in the daemon when this one was made */
+  int locked;          /* the daemon's copy is mlock'ed */
+} nwc_client_map_info;
+
+/* Maps model/tensor: free with nwc_client_unmap.  -ENOSPC when it cannot be made resident
+ * within the daemon's budget, -ENOTSUP from a backend whose copies cannot be shared,
+ * -EOPNOTSUPP from a daemon without map (hello capability 16). */
+NWC_CLIENT_API int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
+                                  nwc_client_mapping **out);
+/* Unmaps and drops the daemon's reference (NULL is a no-op). */
+NWC_CLIENT_API void nwc_client_unmap(nwc_client_mapping *m);
+/* Shape and placement of a mapping (valid as long as m). */
+NWC_CLIENT_API const nwc_client_map_info *nwc_client_mapping_info(const nwc_client_mapping *m);
+/* The whole tensor: rows x cols into out. */
+NWC_CLIENT_API int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *out,
+                                          size_t cap);
+/* Rows by index: n x cols into out; -EINVAL for a row out of range. */
+NWC_CLIENT_API int nwc_client_map_gather(const nwc_client_mapping *m, const uint64_t *rows,
+                                         size_t n, unsigned flags, void *out, size_t cap);
+/* y = scale * (W x) + bias for ncols columns of cols floats at x (column c at x + c * cols);
+ * bias (rows floats) may be NULL; y gets ncols columns of rows. */
+NWC_CLIENT_API int nwc_client_map_matvec(const nwc_client_mapping *m, const float *bias, float scale,
+                                         const float *x, unsigned ncols, unsigned flags, void *y,
+                                         size_t cap);
 
 #ifdef __cplusplus
 }
