@@ -7,7 +7,8 @@
  * other.  nwcd sends the memfd over the passed end before it replies with the decoder
  * parameters, so the memfd is waiting when the reply arrives.  The kept end is the mapping's
  * reference in the daemon: nwc_client_unmap closes it (as does this process's exit), and only
- * then may nwcd evict the tensor.  The memfd must be sealed against shrinking and writes (so
+ * then may nwcd evict the tensor.  The memfd (kept open for the caller: nwc_client_map_info)
+ * must be sealed against shrinking and writes (so
  * that nobody can truncate it under us or change the weights), is mapped PROT_READ MAP_SHARED,
  * and its blob header is checked against the parameters and the tensor validated
  * (nwc_store_blob_view), so the decoders never read outside the mapping whatever the daemon
@@ -140,16 +141,16 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
     m->base = MAP_FAILED;
     rc = map_memfd(fd, p.size, &m->base);
   }
-  if (fd >= 0) close(fd); /* the mapping keeps the memfd */
   if (rc == 0) rc = map_view(m, model, tensor, &p);
   if (rc < 0) {
     if (m && m->base != MAP_FAILED) munmap(m->base, p.size);
     free(m);
+    if (fd >= 0) close(fd);
     close(sv[0]);
     return rc;
   }
   m->sock = sv[0];
-  m->info = (nwc_client_map_info){p.rows, p.cols, p.elem, m->base, p.size, p.maps, p.locked};
+  m->info = (nwc_client_map_info){p.rows, p.cols, p.elem, m->base, p.size, fd, p.maps, p.locked};
   *out = m;
   return 0;
 }
@@ -157,6 +158,7 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
 void nwc_client_unmap(nwc_client_mapping *m) {
   if (!m) return;
   munmap(m->base, m->info.size);
+  close(m->info.fd);
   close(m->sock);
   free(m);
 }

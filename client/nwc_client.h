@@ -184,6 +184,7 @@ typedef struct nwc_client_map_info {
   unsigned elem;       /* NWC_ELEM(type, layout) */
   const void *base;    /* the mapped blob (PROT_READ) */
   uint64_t size;       /* bytes mapped */
+  int fd;              /* the sealed memfd (read-only for everyone; closed by nwc_client_unmap) */
   unsigned maps;       /* mappings of the tensor in the daemon when this one was made */
   int locked;          /* the daemon's copy is mlock'ed */
 } nwc_client_map_info;

@@ -204,20 +204,20 @@ static int cmd_ps(nwc_client *c) {
   if (rc < 0) return die(rc);
   char buf[32];
   json_t *arr = json ? json_array() : NULL;
-  if (!json) printf("%-20s %-40s %10s %6s %6s %5s %s\n", "MODEL", "TENSOR", "BYTES", "PINNED", "LOCKED", "REFS", "LAST USED");
+  if (!json) printf("%-20s %-40s %10s %6s %6s %5s %5s %s\n", "MODEL", "TENSOR", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
   for (size_t i = 0; i < n; i++) {
     if (json) {
-      json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:I}", "model", p[i].model,
+      json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
                                            "tensor", p[i].tensor, "bytes", (json_int_t)p[i].bytes,
                                            "pinned", p[i].pinned, "locked", p[i].locked, "direct",
-                                           p[i].direct, "refs", (int)p[i].refs, "last_used_ms",
-                                           (json_int_t)p[i].last_used_ms));
+                                           p[i].direct, "refs", (int)p[i].refs, "maps", (int)p[i].maps,
+                                           "last_used_ms", (json_int_t)p[i].last_used_ms));
     } else {
       char ago[32];
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
       else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
-      printf("%-20s %-40s %10s %6s %6s %5u %s\n", p[i].model, p[i].tensor, human(p[i].bytes, buf),
-             p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, ago);
+      printf("%-20s %-40s %10s %6s %6s %5u %5u %s\n", p[i].model, p[i].tensor, human(p[i].bytes, buf),
+             p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago);
     }
   }
   free(p);
@@ -444,7 +444,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
 static const char *const cmd_help[][2] = {
     {"ls", "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
            "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
-    {"ps", "ps [--json]: the resident tensors: bytes, pinned, mlock'ed, references, last use"},
+    {"ps", "ps [--json]: the resident tensors: bytes, pinned, mlock'ed, references, client mappings, last use"},
     {"info", "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
     {"load", "load MODEL[/TENSOR]: read a model or one tensor into memory (io_uring, checksums checked);\n"
              "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
