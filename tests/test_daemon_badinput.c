@@ -6,7 +6,9 @@
  * Cases: request before hello; bad magic; oversized frame; unknown opcode; unknown flags;
  * payload one byte too long; a truncated frame then a vanished client; a NUL inside a name;
  * impossible shapes (matvec x of the wrong length, zero columns, gather row out of range);
- * the shared region (not sealed, descriptor missing, offsets past its end); an import frame
+ * the shared region (not sealed, descriptor missing, offsets past its end); map (no descriptor,
+ * a pipe, a datagram or unconnected socket, no descriptor flag, inexact payload, a missing
+ * tensor: nothing is sent over the socket, and a good raw map brings the memfd); an import frame
  * whose descriptors never came; a client that vanishes with requests in flight; a client that
  * stops reading its replies; pipelined requests answered by id; a second uid that the socket's
  * group does not admit (root only; skipped otherwise).
@@ -32,14 +34,32 @@ static void still_serving(const char *after) {
   free(x), free(y);
 }
 
-/* Sends raw bytes on a connection (after hello if hello) and expects an error reply with status
- * err; disconnect: expects the daemon to close the connection afterwards. */
-static void expect_error(const char *what, bool hello, const void *buf, size_t len, int err,
-                         bool disconnect) {
+/* Sends a frame with descriptors. */
+static int send_fds(int fd, const uint8_t *buf, size_t len, const int *fds, unsigned n) {
+  struct iovec iov = {(void *)buf, len};
+  union {
+    char b[CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr a;
+  } cm;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (n) {
+    msg.msg_control = cm.b, msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+    h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
+  }
+  return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
+}
+
+/* Sends raw bytes with nfds descriptors on a connection (after hello if hello) and expects an
+ * error reply with status err; disconnect: expects the daemon to close the connection
+ * afterwards. */
+static void expect_error_fds(const char *what, bool hello, const void *buf, size_t len,
+                             const int *fds, unsigned nfds, int err, bool disconnect) {
   int fd = hello ? td_raw_hello(td_sock) : td_raw_connect(td_sock);
   CHECK(fd >= 0, "%s: connect", what);
   if (fd < 0) return;
-  CHECK(td_send(fd, buf, len) == 0, "%s: send", what);
+  CHECK(send_fds(fd, buf, len, fds, nfds) == 0, "%s: send", what);
   nwc_proto_hdr h;
   uint8_t *p = NULL;
   int rc = td_recv_frame(fd, &h, &p, 5000);
@@ -60,6 +80,11 @@ static void expect_error(const char *what, bool hello, const void *buf, size_t l
   still_serving(what);
 }
 
+static void expect_error(const char *what, bool hello, const void *buf, size_t len, int err,
+                         bool disconnect) {
+  expect_error_fds(what, hello, buf, len, NULL, 0, err, disconnect);
+}
+
 static size_t encode(nwc_proto_req *r, uint8_t *out, size_t cap) {
   nwc_pw w;
   nwc_pw_init(&w);
@@ -73,23 +98,6 @@ static size_t encode(nwc_proto_req *r, uint8_t *out, size_t cap) {
 static void set_hdr(uint8_t *buf, uint32_t magic, uint32_t len, uint16_t op, uint16_t flags, uint64_t id) {
   nwc_proto_hdr h = {magic, len, op, flags, 0, id};
   nwc_proto_hdr_encode(&h, buf);
-}
-
-/* Sends a frame with descriptors. */
-static int send_fds(int fd, const uint8_t *buf, size_t len, const int *fds, unsigned n) {
-  struct iovec iov = {(void *)buf, len};
-  union {
-    char b[CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr a;
-  } cm;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (n) {
-    msg.msg_control = cm.b, msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-    h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
-  }
-  return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
 }
 
 static void shm_cases(void) {
@@ -152,6 +160,65 @@ static void shm_cases(void) {
   free(p);
   close(fd), close(mfd);
   still_serving("shm cases");
+}
+
+/* map: the descriptor must be a connected Unix stream socket, the payload exact. */
+static void map_cases(void) {
+  uint8_t buf[4096];
+  nwc_proto_req r = {.op = NWC_OP_MAP, .id = 30};
+  strcpy(r.model, "use"), strcpy(r.tensor, W->name);
+  size_t n = encode(&r, buf, sizeof buf);
+  expect_error("map without its descriptor", true, buf, n, -EBADMSG, false);
+  int sv[2], pp[2], dg[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 && pipe(pp) == 0 &&
+            socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, dg) == 0, "socketpair, pipe");
+  expect_error_fds("map with a pipe", true, buf, n, &pp[1], 1, -EINVAL, false);
+  expect_error_fds("map with a datagram socket", true, buf, n, &dg[1], 1, -EINVAL, false);
+  int lone = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  expect_error_fds("map with an unconnected socket", true, buf, n, &lone, 1, -ENOTCONN, false);
+  set_hdr(buf, NWC_PROTO_MAGIC, (uint32_t)(n - NWC_PROTO_HEADER), NWC_OP_MAP, 0, 30);
+  expect_error_fds("map without the descriptor flag", true, buf, n, &sv[1], 1, -EBADMSG, false);
+  set_hdr(buf, NWC_PROTO_MAGIC, (uint32_t)(n - 1 - NWC_PROTO_HEADER), NWC_OP_MAP, NWC_PF_FDS, 30);
+  expect_error_fds("map payload one byte short", true, buf, n - 1, &sv[1], 1, -EBADMSG, false);
+  buf[n] = 0;
+  set_hdr(buf, NWC_PROTO_MAGIC, (uint32_t)(n + 1 - NWC_PROTO_HEADER), NWC_OP_MAP, NWC_PF_FDS, 30);
+  expect_error_fds("map payload one byte too long", true, buf, n + 1, &sv[1], 1, -EBADMSG, false);
+  strcpy(r.tensor, "no/such/tensor");
+  n = encode(&r, buf, sizeof buf);
+  expect_error_fds("map of a missing tensor", true, buf, n, &sv[1], 1, -ENOENT, false);
+  /* Nothing came over the socket for the refused requests; a good one brings the memfd. */
+  char c;
+  CHECK(recv(sv[0], &c, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN, "bytes on a refused map's socket");
+  strcpy(r.tensor, W->name);
+  n = encode(&r, buf, sizeof buf);
+  int fd = td_raw_hello(td_sock);
+  nwc_proto_hdr h;
+  uint8_t *p = NULL;
+  CHECK(send_fds(fd, buf, n, &sv[1], 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
+        "a good raw map refused");
+  uint8_t tok[8];
+  union {
+    char b[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr a;
+  } cm;
+  struct iovec iov = {tok, sizeof tok};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                       .msg_controllen = sizeof cm.b};
+  CHECK(recvmsg(sv[0], &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) == 8 && tok[0] == 30 &&
+            CMSG_FIRSTHDR(&msg) && CMSG_FIRSTHDR(&msg)->cmsg_type == SCM_RIGHTS,
+        "the memfd and token of a raw map");
+  if (CMSG_FIRSTHDR(&msg)) {
+    int mfd;
+    memcpy(&mfd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof mfd);
+    close(mfd);
+  }
+  free(p);
+  close(fd), close(lone);
+  close(sv[0]), close(sv[1]), close(pp[0]), close(pp[1]), close(dg[0]), close(dg[1]);
+  nwc_client_result res;
+  CHECK(nwc_client_evict(good, "use", W->name, &res) == 0, "evict after closing the raw map's "
+        "socket: %s", nwc_client_last_error());
+  still_serving("map cases");
 }
 
 int main(void) {
@@ -229,6 +296,7 @@ int main(void) {
   expect_error("import without its descriptor", true, buf, n, -EBADMSG, false);
 
   shm_cases();
+  map_cases();
 
   /* A truncated frame, then the client vanishes. */
   int fd = td_raw_hello(td_sock);

@@ -138,6 +138,9 @@ int main(void) {
     check_request(two[i].name, &r);
   }
 
+  r.op = NWC_OP_MAP, r.id = 15; /* its descriptor is the mapping's socket */
+  check_request("req_map", &r);
+
   memset(&r, 0, sizeof r);
   char *files[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
   r.op = NWC_OP_IMPORT, r.id = 20, r.elem = 1, r.layout = 2, r.has_index = 1, r.nfiles = 2;
@@ -226,6 +229,36 @@ int main(void) {
   nwc_proto_compute c2;
   CHECK(nwc_proto_get_compute(&pr, &c2) == 0 && c2.bytes == 24 && nwc_pr_bytes(&pr, 24) &&
         nwc_pr_end(&pr, "c") == 0, "compute decode");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_map mp = {1085440, 1081344, 11, 0, 3, 512, 1536, 192, 1048576, 786432,
+                      {0x7c, 0x7b, 0x7d, 0x7a, 0x7e, 0x79, 0x78, 0x7f, 0x77, 0x76, 0x75, 0x80,
+                       0x74, 0x73, 0x72, 0x71},
+                      128, 1728, 7872, 1056448, 0, 2, 1};
+  nwc_proto_put_map(&w, &mp);
+  check_reply("rep_map", &w, NWC_OP_MAP, 0, 0, 15);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_map mp2;
+  CHECK(nwc_proto_get_map(&pr, &mp2) == 0 && nwc_pr_end(&pr, "map") == 0 &&
+        !memcmp(&mp, &mp2, sizeof mp), "map decode");
+  mp.length = mp.size + 1; /* a blob larger than its memfd */
+  nwc_pw_free(&w);
+  nwc_pw_init(&w);
+  nwc_proto_put_map(&w, &mp);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  CHECK(nwc_proto_get_map(&pr, &mp2) == -EBADMSG, "map reply with length > size accepted");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_ps ps = {"use-lite", "W", 1081344, 1, 1, 1, 0, 250, 2};
+  nwc_pw_u32(&w, 1);
+  nwc_proto_put_ps(&w, &ps);
+  check_reply("rep_ps", &w, NWC_OP_PS, 0, 0, 5);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_ps ps2;
+  CHECK(nwc_pr_u32(&pr) == 1 && nwc_proto_get_ps(&pr, &ps2) == 0 && nwc_pr_end(&pr, "ps") == 0 &&
+        ps2.maps == 2 && ps2.bytes == 1081344 && ps2.last_used_ms == 250, "ps decode");
   nwc_pw_free(&w);
 
   /* Header checks. */

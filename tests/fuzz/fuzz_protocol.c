@@ -38,6 +38,8 @@ static void replies(const uint8_t *p, size_t n) {
   nwc_pr_init(&r, p, n), nwc_proto_get_compute(&r, &c), nwc_pr_bytes(&r, c.bytes);
   nwc_proto_stats s;
   nwc_pr_init(&r, p, n), nwc_proto_get_stats(&r, &s);
+  nwc_proto_map mp;
+  nwc_pr_init(&r, p, n), nwc_proto_get_map(&r, &mp), nwc_pr_end(&r, "x");
   uint64_t a, b;
   nwc_pr_init(&r, p, n), nwc_proto_get_progress(&r, &a, &b);
   char msg[NWC_PROTO_MAX_MSG];
