@@ -1,22 +1,41 @@
 /*
- * loader.c - reads a tensor blob from its container file into a resident buffer with io_uring,
- * checking each 1 MiB chunk's XXH3 checksum as it lands (nwc_store_chunk_check).
+ * loader.c - the one module of nwcd that owns io_uring: it streams a tensor blob out of its
+ * container file in chunk-aligned reads, checks each 1 MiB chunk's XXH3 checksum as it lands
+ * (nwc_store_chunk_check), and puts the bytes either
+ *   - straight into the destination memory (host residency: nwcd_load, zero copy), or
+ *   - into the slots of a ring of pinned, io_uring-registered buffers handed to a sink
+ *     (nwcd_ring_load: the GPU path, where the sink starts a cudaMemcpyAsync out of each slot
+ *     and gives the slot back once the copy's event has completed).
  *
- * States of one load:
+ * Engines: an engine is one io_uring (64 entries).  Host loads use the calling thread's engine,
+ * made at the thread's first load and kept until the thread exits (a pthread key frees it), so
+ * a worker sets up io_uring once, not per tensor.  A ring has its own engine, because its
+ * buffers are registered with that io_uring; one load at a time uses a ring (its mutex).
  *
- *   OPEN ──(O_DIRECT refused: EINVAL)──► OPEN buffered
- *    │
- *    ▼
- *   READING: up to QD chunk reads in flight; a completion either finishes its chunk (checked at
- *    │       once) or was short (the rest is resubmitted); EINVAL from an O_DIRECT read restarts
- *    │       the whole load buffered (some file systems accept the flag and refuse the reads)
- *    ▼
- *   DONE (every chunk read and checked) or FAILED (first error; reads in flight are reaped
- *         before returning, so the buffer is never written after the call returns)
+ * How each read goes (mode NWCD_LOAD_AUTO): the blob's file range is mapped (never touched) and
+ * mincore() says whether a read's first, middle and last pages are in the page cache:
+ *   cached  -> a buffered read with IOSQE_ASYNC, so that io_uring's workers copy out of the page
+ *              cache in parallel instead of the submitting thread copying inline;
+ *   not     -> an O_DIRECT read (no double caching of what nwcd keeps resident).
+ * O_DIRECT refused at open (EINVAL: tmpfs on old kernels, ramfs, some FUSE) or by a read
+ * (EINVAL: file systems that accept the flag and refuse the I/O) sends the reads buffered for
+ * the rest of the load; a short O_DIRECT read whose rest is not page aligned finishes buffered.
+ * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.
  *
- * Invariants: blob offsets and lengths are multiples of 4096 (the store guarantees it) and the
- * buffer is 4096-aligned, so every read is O_DIRECT-legal; a chunk is checked only after all of
- * its bytes arrived; the function returns only with no read in flight.
+ * States of one read (up to depth of them in flight, 32 by default, 1-4 MiB each):
+ *
+ *   FREE ──(next range of the blob; a ring slot if a ring load)──► IN FLIGHT
+ *   IN FLIGHT ──short read──► IN FLIGHT (the rest resubmitted)
+ *   IN FLIGHT ──EINVAL from O_DIRECT──► IN FLIGHT (resubmitted buffered)
+ *   IN FLIGHT ──all bytes──► chunks checked ──► (ring: slot to the sink) ──► FREE, progress
+ *   IN FLIGHT ──error, 0 bytes (file ends early)──► FREE, the load FAILS
+ *
+ * Once the load has failed nothing new is submitted; what is in flight is reaped (and ring slots
+ * taken back) before returning.  Invariants: blob offsets and lengths are multiples of 4096 (the
+ * store guarantees it) and destinations are 4096-aligned, so every read is O_DIRECT-legal; a
+ * chunk is checked only after all of its bytes arrived; progress counts checked bytes only, so
+ * it is monotonic and ends at the blob's length; nwcd_load and nwcd_ring_load return only with
+ * no read in flight (and, for a ring, every slot back from the sink).
  */
 #include "nwcd.h"
 
@@ -25,123 +44,479 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
-#define QD 8
+#define ENTRIES 64u           /* io_uring entries = the most reads in flight */
+#define DEPTH_DEFAULT 32u
+#define READ_MAX (4u << 20)   /* default largest read, and the default ring slot */
+#define RING_DEFAULT (256u << 20)
+#define RING_SLOTS_MAX 1024u  /* registered buffers (UIO_MAXIOV) */
+#define PAGE 4096u
 
-typedef struct chunk_state {
-  uint64_t done, len;
-} chunk_state;
+typedef struct engine {
+  struct io_uring uring;
+  bool broken; /* io_uring_enter failed in a way that left the queue unusable */
+} engine;
 
-static int load_once(const nwc_tensor_info *ti, void *buf, bool direct, bool *retry_buffered,
-                     void (*progress)(void *, uint64_t, uint64_t), void *ctx) {
-  int fd = open(ti->path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-  if (fd < 0 && direct && errno == EINVAL) {
-    *retry_buffered = true;
-    return -EINVAL;
-  }
-  NWC_RETURN_IF(fd < 0, -errno, "open %s: %s", ti->path, strerror(errno));
-  struct io_uring ring;
-  int rc = io_uring_queue_init(QD, &ring, 0);
-  if (rc < 0) {
-    close(fd);
-    return nwc__fail(rc, "io_uring_queue_init: %s", strerror(-rc));
-  }
-  uint64_t cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
-  uint64_t n = ti->nchunks, next = 0, finished = 0, inflight = 0, bytes = 0;
-  chunk_state st[QD];
-  uint64_t slot_chunk[QD];
-  unsigned free_slots[QD], nfree = QD;
-  for (unsigned i = 0; i < QD; i++) free_slots[i] = i;
-  int err = 0;
-  uint8_t *base = buf;
-  while (finished < n) {
-    while (!err && next < n && nfree) {
-      unsigned s = free_slots[--nfree];
-      slot_chunk[s] = next;
-      st[s].done = 0;
-      st[s].len = next + 1 < n ? cs : ti->length - next * cs;
-      struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-      io_uring_prep_read(sqe, fd, base + next * cs, (unsigned)st[s].len, ti->offset + next * cs);
-      io_uring_sqe_set_data64(sqe, s);
-      next++, inflight++;
+struct nwcd_ring {
+  pthread_mutex_t lock; /* held for the length of one load */
+  engine eng;
+  uint8_t *mem;
+  uint64_t slot_size;
+  unsigned nslots, nfree;
+  unsigned *free_slots;
+  bool fixed; /* mem is registered with eng (one buffer per slot) */
+};
+
+enum { VIA_DIRECT, VIA_CACHE };
+
+typedef struct rd {
+  uint64_t off;       /* blob offset of the read's first byte */
+  uint32_t len, done; /* bytes asked, bytes arrived */
+  uint8_t *dst;       /* where byte 0 of the read lands */
+  int slot;           /* ring slot, -1 for a host load */
+  uint8_t via;
+  bool busy;
+} rd;
+
+typedef struct load {
+  const nwc_tensor_info *ti;
+  engine *eng;
+  uint8_t *dst;            /* host load */
+  nwcd_ring *ring;         /* ring load */
+  const nwcd_sink *sink;
+  int fd_direct, fd_cache; /* -1 where not open */
+  bool direct_refused;     /* a read got EINVAL from O_DIRECT */
+  uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
+  unsigned mode, depth, inflight, nfree;
+  uint64_t cs, read_size, next, checked, direct_bytes;
+  nwcd_progress_fn progress;
+  void *ctx;
+  int err;
+  unsigned free_rd[ENTRIES];
+  rd rds[ENTRIES];
+} load;
+
+static _Thread_local nwcd_progress_fn tl_observer;
+static _Thread_local void *tl_observer_ctx;
+static _Thread_local engine *tl_engine;
+static pthread_key_t tl_engine_key;
+static pthread_once_t tl_engine_once = PTHREAD_ONCE_INIT;
+
+void nwcd_load_observe(nwcd_progress_fn fn, void *ctx) {
+  tl_observer = fn;
+  tl_observer_ctx = ctx;
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int engine_init(engine *e) {
+  e->broken = false;
+  int rc = io_uring_queue_init(ENTRIES, &e->uring, 0);
+  NWC_RETURN_IF(rc < 0, rc, "io_uring_queue_init: %s", strerror(-rc));
+  return 0;
+}
+
+static void engine_free(void *p) {
+  engine *e = p;
+  io_uring_queue_exit(&e->uring);
+  free(e);
+}
+
+static void make_engine_key(void) { pthread_key_create(&tl_engine_key, engine_free); }
+
+/* The calling thread's engine, made at its first use. */
+static int thread_engine(engine **out) {
+  if (!tl_engine) {
+    pthread_once(&tl_engine_once, make_engine_key);
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return nwc__fail(-ENOMEM, "no memory for an io_uring");
+    int rc = engine_init(e);
+    if (rc < 0) {
+      free(e);
+      return rc;
     }
-    if (!inflight) break;
-    rc = io_uring_submit_and_wait(&ring, 1);
-    if (rc < 0 && rc != -EINTR) {
-      err = nwc__fail(rc, "io_uring_submit: %s", strerror(-rc));
-      break; /* nothing new was submitted; what is in flight is reaped below */
+    pthread_setspecific(tl_engine_key, e);
+    tl_engine = e;
+  }
+  *out = tl_engine;
+  return 0;
+}
+
+/* ---- one load ----------------------------------------------------------------------------- */
+
+static void report(load *L) {
+  if (L->progress) L->progress(L->ctx, L->checked, L->ti->length);
+  if (tl_observer) tl_observer(tl_observer_ctx, L->checked, L->ti->length);
+}
+
+static bool page_cached(const load *L, uint64_t off) {
+  unsigned char v = 0;
+  return mincore(L->map + off, PAGE, &v) == 0 && (v & 1);
+}
+
+static uint8_t choose_via(const load *L, uint64_t off, uint64_t len) {
+  if (L->fd_direct < 0 || L->direct_refused) return VIA_CACHE;
+  if (!L->map) return VIA_DIRECT;
+  uint64_t last = off + len - PAGE, mid = off + (len / 2 / PAGE) * PAGE;
+  return page_cached(L, off) && page_cached(L, mid) && page_cached(L, last) ? VIA_CACHE
+                                                                             : VIA_DIRECT;
+}
+
+static void prep(load *L, rd *r) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&L->eng->uring); /* never NULL: depth <= ENTRIES */
+  int fd = r->via == VIA_DIRECT ? L->fd_direct : L->fd_cache;
+  uint8_t *p = r->dst + r->done;
+  unsigned n = r->len - r->done;
+  uint64_t fo = L->ti->offset + r->off + r->done;
+  if (r->slot >= 0 && L->ring->fixed) io_uring_prep_read_fixed(sqe, fd, p, n, fo, r->slot);
+  else io_uring_prep_read(sqe, fd, p, n, fo);
+  if (r->via == VIA_CACHE) sqe->flags |= IOSQE_ASYNC;
+  io_uring_sqe_set_data64(sqe, (uint64_t)(r - L->rds));
+  L->inflight++;
+}
+
+static void fail(load *L, int err) {
+  if (!L->err) L->err = err;
+}
+
+/* Returns a read (and a ring slot it still holds) to the free lists. */
+static void drop(load *L, rd *r) {
+  if (r->slot >= 0) L->ring->free_slots[L->ring->nfree++] = (unsigned)r->slot;
+  r->busy = false;
+  L->free_rd[L->nfree++] = (unsigned)(r - L->rds);
+}
+
+static void start_reads(load *L) {
+  while (!L->err && L->next < L->ti->length && L->nfree) {
+    int slot = -1;
+    uint8_t *dst = L->dst + L->next;
+    if (L->ring) {
+      if (!L->ring->nfree) break;
+      slot = (int)L->ring->free_slots[--L->ring->nfree];
+      dst = L->ring->mem + (uint64_t)slot * L->ring->slot_size;
+    }
+    rd *r = &L->rds[L->free_rd[--L->nfree]];
+    uint64_t left = L->ti->length - L->next;
+    *r = (rd){.off = L->next, .len = (uint32_t)(left < L->read_size ? left : L->read_size),
+              .dst = dst, .slot = slot, .busy = true};
+    r->via = choose_via(L, r->off, r->len);
+    prep(L, r);
+    L->next += r->len;
+  }
+}
+
+/* All of r's bytes are in: checks its chunks, hands a ring slot to the sink, reports. */
+static void finish(load *L, rd *r) {
+  const nwc_tensor_info *ti = L->ti;
+  for (uint64_t c = r->off / L->cs; c * L->cs < r->off + r->len; c++) {
+    int rc = nwc_store_chunk_check(ti, c, r->dst + (c * L->cs - r->off));
+    if (rc < 0) {
+      fail(L, rc);
+      drop(L, r);
+      return;
+    }
+  }
+  if (L->ring) {
+    nwcd_slot s = {(unsigned)r->slot, r->dst, r->off, r->len};
+    int rc = L->sink->consume(L->sink->ctx, L->ring, &s);
+    if (rc < 0) {
+      fail(L, rc);
+      drop(L, r);
+      return;
+    }
+    r->slot = -1; /* the sink's now */
+  }
+  L->checked += r->len;
+  drop(L, r);
+  report(L);
+}
+
+static void complete(load *L, rd *r, int res) {
+  L->inflight--;
+  const nwc_tensor_info *ti = L->ti;
+  uint64_t fo = ti->offset + r->off + r->done;
+  if (L->err) {
+    drop(L, r);
+  } else if (res == -EINTR) {
+    prep(L, r);
+  } else if (res == -EINVAL && r->via == VIA_DIRECT) {
+    L->direct_refused = true; /* the file system takes the flag but not the reads */
+    r->via = VIA_CACHE;
+    prep(L, r);
+  } else if (res < 0) {
+    fail(L, nwc__fail(res, "%s: model '%s' tensor '%s': read at file offset %llu: %s", ti->path,
+                      ti->model, ti->name, (unsigned long long)fo, strerror(-res)));
+    drop(L, r);
+  } else if (res == 0) {
+    fail(L, nwc__fail(-EIO, "%s: model '%s' tensor '%s': the file ends at offset %llu, inside "
+                      "the blob (offset %llu, %llu bytes)", ti->path, ti->model, ti->name,
+                      (unsigned long long)fo, (unsigned long long)ti->offset,
+                      (unsigned long long)ti->length));
+    drop(L, r);
+  } else {
+    if (r->via == VIA_DIRECT) L->direct_bytes += (uint64_t)res;
+    r->done += (uint32_t)res;
+    if (r->done < r->len) { /* short read: ask for the rest */
+      if (r->done % PAGE) r->via = VIA_CACHE;
+      prep(L, r);
+    } else {
+      finish(L, r);
+    }
+  }
+}
+
+/* The sink's reclaim; on its failure every slot not under a read is the ring's again. */
+static void reclaim(load *L, bool wait) {
+  int rc = L->sink->reclaim(L->sink->ctx, L->ring, wait);
+  if (rc >= 0) return;
+  fail(L, rc);
+  nwcd_ring *g = L->ring;
+  bool held[RING_SLOTS_MAX] = {false};
+  for (unsigned i = 0; i < ENTRIES; i++)
+    if (L->rds[i].busy && L->rds[i].slot >= 0) held[L->rds[i].slot] = true;
+  g->nfree = 0;
+  for (unsigned s = 0; s < g->nslots; s++)
+    if (!held[s]) g->free_slots[g->nfree++] = s;
+}
+
+/* io_uring_enter failed for good: reaps what was submitted, drops what was not. */
+static void abandon(load *L, int rc) {
+  fail(L, nwc__fail(rc, "io_uring_enter: %s", strerror(-rc)));
+  L->eng->broken = true;
+  unsigned unsent = io_uring_sq_ready(&L->eng->uring);
+  while (L->inflight > unsent) {
+    struct io_uring_cqe *cqe;
+    int w = io_uring_wait_cqe(&L->eng->uring, &cqe);
+    if (w == -EINTR) continue;
+    if (w < 0) break;
+    complete(L, &L->rds[cqe->user_data], cqe->res);
+    io_uring_cqe_seen(&L->eng->uring, cqe);
+  }
+  for (unsigned i = 0; i < ENTRIES; i++)
+    if (L->rds[i].busy) drop(L, &L->rds[i]);
+  L->inflight = 0;
+}
+
+static void run(load *L) {
+  struct io_uring *u = &L->eng->uring;
+  for (;;) {
+    if (L->ring) reclaim(L, false);
+    start_reads(L);
+    if (!L->inflight) {
+      if (L->err || L->next >= L->ti->length || !L->ring) break;
+      unsigned before = L->ring->nfree; /* every slot is with the sink */
+      reclaim(L, true);
+      if (!L->err && L->ring->nfree == before)
+        fail(L, nwc__fail(-EIO, "the ring's sink gave no slot back"));
+      continue;
+    }
+    int rc = io_uring_submit_and_wait(u, 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      abandon(L, rc);
+      break;
     }
     struct io_uring_cqe *cqe;
     unsigned head, seen = 0;
-    io_uring_for_each_cqe(&ring, head, cqe) {
+    io_uring_for_each_cqe(u, head, cqe) {
       seen++;
-      unsigned s = (unsigned)io_uring_cqe_get_data64(cqe);
-      uint64_t c = slot_chunk[s];
-      int res = cqe->res;
-      inflight--;
-      if (err) {
-        free_slots[nfree++] = s, finished++;
-        continue;
-      }
-      if (res < 0) {
-        if (res == -EINVAL && direct) *retry_buffered = true;
-        err = nwc__fail(res, "read %s at %llu: %s", ti->path,
-                        (unsigned long long)(ti->offset + c * cs), strerror(-res));
-        free_slots[nfree++] = s, finished++;
-        continue;
-      }
-      if (res == 0) {
-        err = nwc__fail(-EIO, "%s ends before the blob of %s/%s (offset %llu)", ti->path,
-                        ti->model, ti->name, (unsigned long long)(ti->offset + c * cs + st[s].done));
-        free_slots[nfree++] = s, finished++;
-        continue;
-      }
-      st[s].done += (uint64_t)res;
-      bytes += (uint64_t)res;
-      if (st[s].done < st[s].len) { /* short read: ask for the rest */
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-        io_uring_prep_read(sqe, fd, base + c * cs + st[s].done, (unsigned)(st[s].len - st[s].done),
-                           ti->offset + c * cs + st[s].done);
-        io_uring_sqe_set_data64(sqe, s);
-        inflight++;
-        continue;
-      }
-      int crc = nwc_store_chunk_check(ti, c, base + c * cs);
-      if (crc < 0) err = crc;
-      free_slots[nfree++] = s, finished++;
-      if (progress) progress(ctx, bytes, ti->length);
+      complete(L, &L->rds[cqe->user_data], cqe->res);
     }
-    io_uring_cq_advance(&ring, seen);
-    if (err && !inflight) break;
+    io_uring_cq_advance(u, seen);
   }
-  while (inflight) { /* reap what an error left in flight */
-    struct io_uring_cqe *cqe;
-    if (io_uring_submit_and_wait(&ring, 1) < 0 || io_uring_peek_cqe(&ring, &cqe) < 0) break;
-    io_uring_cqe_seen(&ring, cqe);
-    inflight--;
+  if (!L->ring) return;
+  while (L->ring->nfree < L->ring->nslots) { /* the sink's work on its slots finishes */
+    unsigned before = L->ring->nfree;
+    reclaim(L, true);
+    if (L->ring->nfree == before) {
+      fail(L, nwc__fail(-EIO, "the ring's sink gave no slot back"));
+      reclaim(L, false);
+      break;
+    }
   }
-  io_uring_queue_exit(&ring);
-  close(fd);
-  return err;
+}
+
+static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o, engine *e) {
+  static const nwcd_load_opts defaults = {0};
+  if (!o) o = &defaults;
+  memset(L, 0, sizeof *L);
+  L->ti = ti, L->eng = e, L->mode = o->mode, L->progress = o->progress, L->ctx = o->ctx;
+  L->fd_direct = L->fd_cache = -1;
+  L->cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
+  L->depth = o->depth ? o->depth : DEPTH_DEFAULT;
+  NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || L->cs % PAGE ||
+                    ti->nchunks != (ti->length + L->cs - 1) / L->cs,
+                -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
+                ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
+  NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED ||
+                    (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)),
+                -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu (chunks)",
+                L->depth, ENTRIES, o->mode, (unsigned long long)o->read_size);
+  if (o->read_size) {
+    L->read_size = o->read_size;
+  } else { /* at least 8 reads over the blob, 1 chunk to 4 MiB each */
+    uint64_t r = (ti->length / 8 + L->cs - 1) / L->cs * L->cs;
+    L->read_size = r < L->cs ? L->cs : r > READ_MAX ? (READ_MAX / L->cs) * L->cs : r;
+    if (!L->read_size) L->read_size = L->cs;
+  }
+  for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
+  if (o->mode != NWCD_LOAD_BUFFERED) {
+    L->fd_direct = open(ti->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    NWC_RETURN_IF(L->fd_direct < 0 && errno != EINVAL, -errno, "%s: model '%s' tensor '%s': %s",
+                  ti->path, ti->model, ti->name, strerror(errno));
+  }
+  L->fd_cache = open(ti->path, O_RDONLY | O_CLOEXEC);
+  NWC_RETURN_IF(L->fd_cache < 0, -errno, "%s: model '%s' tensor '%s': %s", ti->path, ti->model,
+                ti->name, strerror(errno));
+  if (o->mode == NWCD_LOAD_AUTO && L->fd_direct >= 0) {
+    void *m = mmap(NULL, ti->length, PROT_READ, MAP_SHARED, L->fd_cache, (off_t)ti->offset);
+    L->map = m == MAP_FAILED ? NULL : m; /* without it every read goes O_DIRECT */
+  }
+  return 0;
+}
+
+static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {
+  if (L->map) munmap(L->map, L->ti->length);
+  if (L->fd_direct >= 0) close(L->fd_direct);
+  if (L->fd_cache >= 0) close(L->fd_cache);
+  if (li) {
+    li->bytes = L->ti->length;
+    li->direct_bytes = L->direct_bytes;
+    li->direct = L->direct_bytes > 0;
+    li->micros = now_us() - t0;
+  }
+}
+
+int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwcd_load_info *li) {
+  uint64_t t0 = now_us();
+  if (li) memset(li, 0, sizeof *li);
+  NWC_RETURN_IF(!ti || !buf || (uintptr_t)buf % PAGE, -EINVAL, "nwcd_load: no blob or buffer not "
+                "4096-aligned");
+  engine *e = NULL;
+  NWC_TRY(thread_engine(&e));
+  load L;
+  int rc = load_open(&L, ti, o, e);
+  if (rc == 0) {
+    L.dst = buf;
+    run(&L);
+    rc = L.err;
+  }
+  load_close(&L, li, t0);
+  if (e->broken) { /* the next load on this thread starts a fresh one */
+    pthread_setspecific(tl_engine_key, NULL);
+    engine_free(e);
+    tl_engine = NULL;
+  }
+  return rc;
 }
 
 int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
-                   void (*progress)(void *, uint64_t, uint64_t), void *ctx) {
-  uint64_t t0 = nwcd_now_ns();
-  bool retry = false;
-  int rc = load_once(ti, buf, true, &retry, progress, ctx);
-  bool direct = true;
-  if (rc < 0 && retry) {
-    direct = false;
-    bool again = false;
-    rc = load_once(ti, buf, false, &again, progress, ctx);
+                   nwcd_progress_fn progress, void *ctx) {
+  nwcd_load_opts o = {.progress = progress, .ctx = ctx};
+  return nwcd_load(ti, buf, &o, li);
+}
+
+/* ---- the ring ----------------------------------------------------------------------------- */
+
+static void ring_register(nwcd_ring *r) {
+  struct iovec iov[RING_SLOTS_MAX];
+  for (unsigned s = 0; s < r->nslots; s++)
+    iov[s] = (struct iovec){r->mem + (uint64_t)s * r->slot_size, r->slot_size};
+  /* Fails where RLIMIT_MEMLOCK is too small to pin the ring: plain reads then. */
+  r->fixed = io_uring_register_buffers(&r->eng.uring, iov, r->nslots) == 0;
+}
+
+int nwcd_ring_create(uint64_t bytes, uint64_t slot_size, nwcd_ring **out) {
+  *out = NULL;
+  if (!bytes) bytes = RING_DEFAULT;
+  if (!slot_size) slot_size = READ_MAX;
+  NWC_RETURN_IF(slot_size % NWC_STORE_CHUNK || slot_size > UINT32_MAX || bytes < slot_size ||
+                    bytes / slot_size > RING_SLOTS_MAX,
+                -EINVAL, "ring of %llu bytes in slots of %llu: slots must be whole MiB, at most "
+                "%u of them", (unsigned long long)bytes, (unsigned long long)slot_size,
+                RING_SLOTS_MAX);
+  nwcd_ring *r = calloc(1, sizeof *r);
+  if (!r) return nwc__fail(-ENOMEM, "no memory for a ring");
+  r->slot_size = slot_size, r->nslots = (unsigned)(bytes / slot_size);
+  uint64_t len = r->slot_size * r->nslots;
+  r->free_slots = calloc(r->nslots, sizeof *r->free_slots);
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
+  int rc = !r->free_slots ? nwc__fail(-ENOMEM, "no memory for a ring")
+           : m == MAP_FAILED ? nwc__fail(-errno, "ring of %llu bytes: %s", (unsigned long long)len,
+                                         strerror(errno))
+                             : engine_init(&r->eng);
+  if (m != MAP_FAILED) r->mem = m;
+  if (rc < 0) {
+    if (r->mem) munmap(r->mem, len);
+    free(r->free_slots);
+    free(r);
+    return rc;
   }
-  if (li) {
-    li->direct = direct;
-    li->bytes = ti->length;
-    li->micros = (nwcd_now_ns() - t0) / 1000;
+  (void)mlock(r->mem, len); /* best effort: registration pins the pages anyway */
+  ring_register(r);
+  for (unsigned s = 0; s < r->nslots; s++) r->free_slots[r->nfree++] = r->nslots - 1 - s;
+  pthread_mutex_init(&r->lock, NULL);
+  *out = r;
+  return 0;
+}
+
+void nwcd_ring_free(nwcd_ring *r) {
+  if (!r) return;
+  io_uring_queue_exit(&r->eng.uring);
+  munmap(r->mem, r->slot_size * r->nslots);
+  pthread_mutex_destroy(&r->lock);
+  free(r->free_slots);
+  free(r);
+}
+
+void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes) {
+  *bytes = r->slot_size * r->nslots;
+  return r->mem;
+}
+
+void nwcd_ring_release(nwcd_ring *r, unsigned slot) {
+  if (slot < r->nslots && r->nfree < r->nslots) r->free_slots[r->nfree++] = slot;
+}
+
+int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
+                   const nwcd_sink *sink, nwcd_load_info *li) {
+  uint64_t t0 = now_us();
+  if (li) memset(li, 0, sizeof *li);
+  NWC_RETURN_IF(!r || !ti || !sink || !sink->consume || !sink->reclaim, -EINVAL,
+                "nwcd_ring_load: missing argument");
+  nwcd_load_opts ro = o ? *o : (nwcd_load_opts){0};
+  NWC_RETURN_IF(ro.read_size > r->slot_size, -EINVAL, "read size %llu > the ring's slots (%llu)",
+                (unsigned long long)ro.read_size, (unsigned long long)r->slot_size);
+  if (!ro.read_size) ro.read_size = r->slot_size;
+  pthread_mutex_lock(&r->lock);
+  if (r->eng.broken) { /* the last load's io_uring failed: a fresh one */
+    io_uring_queue_exit(&r->eng.uring);
+    int rc = engine_init(&r->eng);
+    if (rc < 0) {
+      r->eng.broken = true;
+      pthread_mutex_unlock(&r->lock);
+      return rc;
+    }
+    ring_register(r);
   }
+  load L;
+  int rc = load_open(&L, ti, &ro, &r->eng);
+  if (rc == 0) {
+    L.ring = r, L.sink = sink;
+    run(&L);
+    rc = L.err;
+  }
+  load_close(&L, li, t0);
+  pthread_mutex_unlock(&r->lock);
   return rc;
 }

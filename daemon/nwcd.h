@@ -6,7 +6,8 @@
  *   ops.c        request handlers (run on worker threads), reply encoding, matvec batching
  *   pool.c       worker threads and their job queue (coalescing hook for batched matvec)
  *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
- *   loader.c     io_uring reads of blobs with checksum checks as chunks land
+ *   loader.c     io_uring reads of blobs, chunk checksums checked as they land: into host
+ *                memory, or through a ring of registered buffers to a sink (the GPU path)
  *   backend_cpu.c  the compute backend interface's CPU implementation
  *   config.c, notify.c, policy.c  the config file, systemd glue, access policy (service.h)
  *
@@ -83,19 +84,82 @@ typedef struct nwcd_backend {
  * this build lacks, -EINVAL for an unknown name. */
 int nwcd_backend_get(const char *name, const nwcd_backend **out);
 
-/* ---- loader ------------------------------------------------------------------------------ */
+/* ---- loader (loader.c: the one module that owns io_uring; design comment there) ---------- */
 
 typedef struct nwcd_load_info {
-  bool direct;      /* read with O_DIRECT */
-  uint64_t bytes;
+  bool direct;           /* some of it was read with O_DIRECT (from the disk, past the cache) */
+  uint64_t bytes;        /* the blob's length */
+  uint64_t direct_bytes; /* of bytes, read with O_DIRECT; the rest came through the page cache */
   uint64_t micros;
 } nwcd_load_info;
 
-/* Reads ti's blob into buf (ti->length bytes, 4096-aligned) with io_uring, several reads in
- * flight, O_DIRECT where the file system allows (buffered otherwise), checking each chunk's
- * checksum as it lands.  progress (may be NULL) gets bytes done of ti->length. */
+/* Bytes of a blob read and checked so far (monotonic, chunk by chunk), of total. */
+typedef void (*nwcd_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+enum {
+  NWCD_LOAD_AUTO = 0, /* page cache where the blob is cached (buffered reads, IOSQE_ASYNC),
+                         O_DIRECT where it is not or where the file system refuses it */
+  NWCD_LOAD_DIRECT,   /* O_DIRECT for everything the file system allows */
+  NWCD_LOAD_BUFFERED, /* buffered reads only */
+};
+
+typedef struct nwcd_load_opts {
+  unsigned mode;      /* NWCD_LOAD_* */
+  unsigned depth;     /* reads in flight, 1..64; 0: 32 */
+  uint64_t read_size; /* bytes per read, a multiple of the chunk size (1 MiB); 0: 1-4 MiB by
+                         blob size (ring loads: the slot size) */
+  nwcd_progress_fn progress; /* may be NULL */
+  void *ctx;
+} nwcd_load_opts;
+
+/* Reads ti's blob into buf (ti->length bytes, 4096-aligned) on the calling thread's io_uring
+ * (created at its first load, kept for the next), checking every chunk's checksum as it lands.
+ * Returns 0, or a negative errno with a detail (-EBADMSG naming the chunk, -EIO for a file that
+ * ends early); it returns only with no read in flight, so buf is never written after it.  o may
+ * be NULL (defaults); li may be NULL. */
+int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwcd_load_info *li);
+/* The same with the default options (residency.c's call). */
 int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
-                   void (*progress)(void *ctx, uint64_t done, uint64_t total), void *ctx);
+                   nwcd_progress_fn progress, void *ctx);
+/* Loads on the calling thread also report to fn (ctx) until it is set back to NULL: how a
+ * request handler sees the progress of loads that residency runs for it. */
+void nwcd_load_observe(nwcd_progress_fn fn, void *ctx);
+
+/* A bounded ring of pinned, io_uring-registered buffers (slots) that loads stream through to a
+ * sink, e.g. the GPU path: the sink copies each checked slot to the device and gives the slot
+ * back when the copy has completed. */
+typedef struct nwcd_ring nwcd_ring;
+
+typedef struct nwcd_slot {
+  unsigned index;  /* for nwcd_ring_release */
+  void *data;      /* the bytes [offset, offset + len) of the blob, checked */
+  uint64_t offset, len;
+} nwcd_slot;
+
+typedef struct nwcd_sink {
+  /* Takes a checked slot (on the loading thread; any order of offsets): 0, or a negative errno
+   * that stops the load.  The slot is the sink's until it calls nwcd_ring_release. */
+  int (*consume)(void *ctx, nwcd_ring *r, const nwcd_slot *s);
+  /* Releases the slots whose use has finished; with wait, blocks until it has released at
+   * least one (the loader has no free slot and no read in flight).  0, or a negative errno:
+   * then the sink gives up all its slots (nothing of them is read any more). */
+  int (*reclaim)(void *ctx, nwcd_ring *r, bool wait);
+  void *ctx;
+} nwcd_sink;
+
+/* A ring of bytes (0: 256 MiB) in slots of slot_size (0: 4 MiB; a multiple of 1 MiB) of
+ * memory mapped and locked here, registered with the ring's own io_uring (reads into a
+ * registered buffer skip the page pinning of each read).  Free with nwcd_ring_free. */
+int nwcd_ring_create(uint64_t bytes, uint64_t slot_size, nwcd_ring **out);
+void nwcd_ring_free(nwcd_ring *r);
+/* The ring's memory (e.g. for cudaHostRegister). */
+void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes);
+void nwcd_ring_release(nwcd_ring *r, unsigned slot);
+/* Streams ti's blob through r to sink (one load at a time per ring: others wait), chunks checked
+ * before a slot is consumed.  Returns when every read has completed and every slot is back
+ * (the sink's work on them has finished), 0 or the first error. */
+int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
+                   const nwcd_sink *sink, nwcd_load_info *li);
 
 /* ---- residency --------------------------------------------------------------------------- */
 

@@ -1,0 +1,447 @@
+/*
+ * test_loader.c - nwcd's loader (daemon/loader.c) on real files and a real io_uring: a store made
+ * from random BF16 weights (fresh seed), every blob loaded in every mode (auto, O_DIRECT,
+ * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
+ * sizes, from several threads at once, and through a ring of registered buffers to a sink that
+ * holds and gives back slots in random order.  Each load must give exactly the container's bytes
+ * (read independently with pread) and decode to the original weights; progress must be monotonic,
+ * chunk by chunk, ending at the length; a thread keeps one io_uring across loads.  A byte flipped
+ * in a container fails the load naming the chunk; a truncated container fails naming the end.
+ *
+ *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
+ *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
+ *                        mount namespace) loads buffered with identical bytes; 77 where no
+ *                        mount namespace can be made
+ */
+#include "nwcd.h"
+#include "test_store_util.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#define MIB (1u << 20)
+
+static char dir[512];
+static nwc_store *store;
+static nwc_tensor_info *ti;
+static size_t nti;
+static uint16_t *weights[3]; /* the source BF16 of the tensors, in source order */
+
+/* ---- the store and references -------------------------------------------------------------- */
+
+static uint16_t rand_bf16(void) {
+  /* roughly normal weights: exponent around 120, random sign and mantissa */
+  unsigned e = 118 + (unsigned)test_below(6) - (test_below(8) == 0 ? (unsigned)test_below(20) : 0);
+  return (uint16_t)((test_below(2) << 15) | (e << 7) | test_below(128));
+}
+
+static void make_store(void) {
+  make_tmpdir(dir, sizeof dir, "loader");
+  static const char *names[3] = {"big.weight", "mid.weight", "small"};
+  uint64_t rows[3] = {1024 + 8 * test_below(512), 64 + test_below(300), 1};
+  uint64_t cols[3] = {4096, 512 * (1 + test_below(4)), 512};
+  st_spec sp[3];
+  for (int i = 0; i < 3; i++) {
+    uint64_t n = rows[i] * cols[i];
+    weights[i] = malloc(n * 2);
+    for (uint64_t k = 0; k < n; k++) weights[i][k] = rand_bf16();
+    sp[i] = (st_spec){names[i], "BF16", 2, {rows[i], cols[i]}, weights[i], n * 2};
+  }
+  char st[600], sd[600];
+  snprintf(st, sizeof st, "%s/m.safetensors", dir);
+  snprintf(sd, sizeof sd, "%s/store", dir);
+  CHECK_RC(st_write(st, sp, 3));
+  CHECK_RC(nwc_store_open(sd, NWC_STORE_CREATE, &store));
+  CHECK_RC(nwc_store_import(store, "m", st, NULL));
+  CHECK_RC(nwc_store_tensors(store, "m", &ti, &nti));
+  CHECK(nti == 3, "%zu tensors", nti);
+  printf("blobs: %llu, %llu, %llu bytes (%llu chunks in the largest)\n",
+         (unsigned long long)ti[0].length, (unsigned long long)ti[1].length,
+         (unsigned long long)ti[2].length, (unsigned long long)ti[0].nchunks);
+}
+
+/* The blob's bytes as the file holds them (plain pread). */
+static uint8_t *file_bytes(const nwc_tensor_info *t) {
+  uint8_t *b = malloc(t->length);
+  int fd = open(t->path, O_RDONLY);
+  ssize_t n = fd >= 0 ? pread(fd, b, t->length, (off_t)t->offset) : -1;
+  if (fd >= 0) close(fd);
+  CHECK(n == (ssize_t)t->length, "pread %s", t->path);
+  return b;
+}
+
+static void drop_cache(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd >= 0) {
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+static bool direct_allowed(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECT);
+  if (fd >= 0) close(fd);
+  return fd >= 0;
+}
+
+static uint8_t *aligned_garbage(uint64_t n) {
+  uint8_t *p = NULL;
+  if (posix_memalign((void **)&p, 4096, n)) abort();
+  for (uint64_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 131 + 7);
+  return p;
+}
+
+/* Progress as the loader reports it: strictly increasing (one step per read), ending at the length. */
+typedef struct prog {
+  uint64_t last, calls, total;
+  bool bad;
+} prog;
+
+static void on_progress(void *ctx, uint64_t done, uint64_t total) {
+  prog *p = ctx;
+  if (done <= p->last || done > total ||
+      (p->total && total != p->total))
+    p->bad = true;
+  p->last = done, p->total = total, p->calls++;
+}
+
+static void check_progress(const prog *p, const nwc_tensor_info *t, const char *what) {
+  CHECK(!p->bad && p->last == t->length && p->total == t->length && p->calls >= 1,
+        "%s: progress %s, last %llu of %llu, %llu calls", what, p->bad ? "not monotonic" : "ok",
+        (unsigned long long)p->last, (unsigned long long)t->length, (unsigned long long)p->calls);
+}
+
+/* ---- loads into host memory ---------------------------------------------------------------- */
+
+static const char *mode_name(unsigned m) {
+  return m == NWCD_LOAD_AUTO ? "auto" : m == NWCD_LOAD_DIRECT ? "direct" : "buffered";
+}
+
+/* Loads t with o (random depth and read size when o is NULL) and compares with ref. */
+static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsigned mode,
+                             nwcd_load_info *li, const char *what) {
+  nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
+                      .read_size = test_below(3) ? 0 : MIB * (1 + test_below(4))};
+  prog p = {0};
+  o.progress = on_progress, o.ctx = &p;
+  uint8_t *buf = aligned_garbage(t->length);
+  int rc = nwcd_load(t, buf, &o, li);
+  CHECK(rc == 0, "%s %s (%s, depth %u, read %llu): %s: %s", what, t->name, mode_name(mode),
+        o.depth, (unsigned long long)o.read_size, nwc_strerror(rc), nwc_error_detail());
+  CHECK(rc || !memcmp(buf, ref, t->length), "%s %s (%s): bytes differ", what, t->name,
+        mode_name(mode));
+  if (rc == 0) check_progress(&p, t, what);
+  free(buf);
+}
+
+static void test_modes(void) {
+  for (size_t i = 0; i < nti; i++) {
+    const nwc_tensor_info *t = &ti[i];
+    uint8_t *ref = file_bytes(t);
+    bool direct = direct_allowed(t->path);
+    for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
+      nwcd_load_info li;
+      drop_cache(t->path);
+      load_and_compare(t, ref, mode, &li, "cold");
+      if (mode == NWCD_LOAD_BUFFERED || !direct)
+        CHECK(li.direct_bytes == 0 && !li.direct, "cold %s: %llu bytes O_DIRECT", mode_name(mode),
+              (unsigned long long)li.direct_bytes);
+      else
+        CHECK(li.direct_bytes == t->length && li.direct, "cold %s: %llu of %llu bytes O_DIRECT",
+              mode_name(mode), (unsigned long long)li.direct_bytes,
+              (unsigned long long)t->length);
+      free(file_bytes(t)); /* warm the page cache */
+      load_and_compare(t, ref, mode, &li, "warm");
+      if (mode != NWCD_LOAD_DIRECT)
+        CHECK(li.direct_bytes == 0, "warm %s: %llu bytes O_DIRECT (the page cache holds them)",
+              mode_name(mode), (unsigned long long)li.direct_bytes);
+      CHECK(li.bytes == t->length, "li.bytes %llu", (unsigned long long)li.bytes);
+    }
+    free(ref);
+  }
+}
+
+/* The loaded blob decodes to the original weights (through the store's blob view). */
+static void test_decode(void) {
+  for (size_t i = 0; i < nti; i++) {
+    const nwc_tensor_info *t = &ti[i];
+    uint8_t *buf = aligned_garbage(t->length);
+    CHECK_RC(nwcd_load_blob(t, buf, NULL, NULL, NULL));
+    nwc_tensor v;
+    int rc = nwc_store_blob_view(t, buf, &v);
+    CHECK_RC(rc);
+    uint16_t *out = malloc(t->rows * t->cols * 2);
+    if (rc == 0) CHECK_RC(nwc_dequant(&v, out));
+    CHECK(rc || !memcmp(out, weights[i], t->rows * t->cols * 2), "%s decodes differently",
+          t->name);
+    free(out);
+    free(buf);
+  }
+}
+
+static int count_uring_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char p[300], target[256];
+    snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(p, target, sizeof target - 1);
+    if (k > 0) target[k] = 0, n += strstr(target, "io_uring") != NULL;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+typedef struct worker {
+  pthread_t th;
+  int loads, failures, urings_seen;
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  for (int k = 0; k < w->loads; k++) {
+    const nwc_tensor_info *t = &ti[(size_t)rand() % nti];
+    uint8_t *ref = file_bytes(t), *buf = aligned_garbage(t->length);
+    nwcd_load_opts o = {.mode = (unsigned)(rand() % 3), .depth = 1 + (unsigned)(rand() % 64)};
+    if (nwcd_load(t, buf, &o, NULL) < 0 || memcmp(buf, ref, t->length)) w->failures++;
+    free(ref), free(buf);
+  }
+  return NULL;
+}
+
+/* Several threads load at once; each keeps one io_uring for all its loads. */
+static void test_threads(void) {
+  int before = count_uring_fds();
+  uint8_t *buf = aligned_garbage(ti[0].length + 4096);
+  CHECK(nwcd_load_blob(&ti[0], buf + 8, NULL, NULL, NULL) == -EINVAL, "unaligned buffer taken");
+  for (int k = 0; k < 10; k++) CHECK_RC(nwcd_load_blob(&ti[k % nti], buf, NULL, NULL, NULL));
+  free(buf);
+  int after = count_uring_fds();
+  CHECK(after - before <= 1, "10 loads on one thread opened %d io_urings", after - before);
+  worker w[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (worker){.loads = 12};
+    pthread_create(&w[i].th, NULL, worker_main, &w[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(w[i].th, NULL);
+    CHECK(w[i].failures == 0, "thread %d: %d of %d loads wrong", i, w[i].failures, w[i].loads);
+  }
+}
+
+/* ---- the ring ------------------------------------------------------------------------------ */
+
+/* A sink that copies slots into dst and keeps up to hold of them before giving them back in
+ * random order. */
+typedef struct hold_sink {
+  uint8_t *dst;
+  unsigned held[1024], nheld, hold, consumed;
+  int fail_at; /* consume returns -ENOSPC at this call (0: never) */
+  bool bad;
+} hold_sink;
+
+static int hs_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
+  hold_sink *h = ctx;
+  if (h->fail_at && (int)++h->consumed == h->fail_at) return -ENOSPC;
+  uint64_t bytes;
+  uint8_t *mem = nwcd_ring_memory(r, &bytes);
+  if ((uint8_t *)s->data < mem || (uint8_t *)s->data + s->len > mem + bytes) h->bad = true;
+  memcpy(h->dst + s->offset, s->data, s->len);
+  h->held[h->nheld++] = s->index;
+  return 0;
+}
+
+static int hs_reclaim(void *ctx, nwcd_ring *r, bool wait) {
+  hold_sink *h = ctx;
+  unsigned keep = wait ? 0 : (unsigned)test_below(h->hold + 1);
+  while (h->nheld > keep) {
+    unsigned i = (unsigned)test_below(h->nheld);
+    nwcd_ring_release(r, h->held[i]);
+    h->held[i] = h->held[--h->nheld];
+    if (wait && test_below(2)) break; /* at least one: sometimes just one */
+  }
+  return 0;
+}
+
+static void test_ring(void) {
+  nwcd_ring *r = NULL;
+  unsigned slots = 2 + (unsigned)test_below(10);
+  uint64_t slot = MIB * (1 + test_below(3));
+  CHECK_RC(nwcd_ring_create(slots * slot, slot, &r));
+  if (!r) return;
+  for (int round = 0; round < 6; round++) {
+    const nwc_tensor_info *t = &ti[round % nti];
+    uint8_t *ref = file_bytes(t);
+    if (round & 1) drop_cache(t->path);
+    hold_sink h = {.dst = aligned_garbage(t->length), .hold = (unsigned)test_below(slots + 1)};
+    nwcd_sink sk = {hs_consume, hs_reclaim, &h};
+    prog p = {0};
+    nwcd_load_opts o = {.mode = (unsigned)test_below(3), .depth = 1 + (unsigned)test_below(64),
+                        .progress = on_progress, .ctx = &p};
+    nwcd_load_info li;
+    int rc = nwcd_ring_load(r, t, &o, &sk, &li);
+    CHECK(rc == 0, "ring load %s (%u slots of %llu): %s: %s", t->name, slots,
+          (unsigned long long)slot, nwc_strerror(rc), nwc_error_detail());
+    CHECK(!memcmp(h.dst, ref, t->length) && !h.bad, "ring load %s: bytes differ", t->name);
+    CHECK(h.nheld == 0, "ring load returned with %u slots still held", h.nheld);
+    check_progress(&p, t, "ring");
+    free(h.dst);
+    /* A sink that fails: the load returns its error and the ring is whole again. */
+    hold_sink f = {.dst = aligned_garbage(t->length), .hold = 1, .fail_at = 1 + (int)test_below(2)};
+    nwcd_sink fk = {hs_consume, hs_reclaim, &f};
+    rc = nwcd_ring_load(r, t, NULL, &fk, NULL);
+    CHECK(rc == -ENOSPC || (rc == 0 && t->length <= slot && f.fail_at > 1),
+          "failing sink: %d (%s)", rc, nwc_error_detail());
+    free(f.dst);
+    free(ref);
+  }
+  nwcd_ring_free(r);
+}
+
+/* ---- damaged containers -------------------------------------------------------------------- */
+
+static void expect_failure(const nwc_tensor_info *t, int want, const char *text, const char *what) {
+  uint8_t *buf = aligned_garbage(t->length);
+  for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
+    drop_cache(t->path);
+    nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64)};
+    int rc = nwcd_load(t, buf, &o, NULL);
+    const char *d = nwc_error_detail();
+    CHECK(rc == want && strstr(d, text), "%s (%s): %d (%s), want %d naming '%s'", what,
+          mode_name(mode), rc, d, want, text);
+    hold_sink h = {.dst = buf, .hold = 2};
+    nwcd_sink sk = {hs_consume, hs_reclaim, &h};
+    nwcd_ring *r = NULL;
+    CHECK_RC(nwcd_ring_create(4 * MIB, MIB, &r));
+    rc = r ? nwcd_ring_load(r, t, &o, &sk, NULL) : want;
+    CHECK(rc == want && strstr(nwc_error_detail(), text), "%s through a ring: %d (%s)", what, rc,
+          nwc_error_detail());
+    nwcd_ring_free(r);
+  }
+  free(buf);
+}
+
+static void copy_file(const char *from, const char *to) {
+  size_t n = 0;
+  FILE *f = fopen(from, "rb");
+  CHECK(f != NULL, "open %s", from);
+  if (!f) return;
+  fseek(f, 0, SEEK_END);
+  n = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(n);
+  CHECK(fread(b, 1, n, f) == n, "read %s", from);
+  fclose(f);
+  CHECK_RC(write_file(to, b, n));
+  free(b);
+}
+
+static void test_damage(void) {
+  const nwc_tensor_info *t = &ti[0];
+  char path[700];
+  snprintf(path, sizeof path, "%s/damaged.nwc", dir);
+  nwc_tensor_info c = *t;
+  c.path = path;
+  /* a flipped byte: the chunk that holds it is named */
+  copy_file(t->path, path);
+  uint64_t at = test_below(t->length), chunk = at / MIB;
+  int fd = open(path, O_RDWR);
+  uint8_t b;
+  CHECK(pread(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pread");
+  b ^= (uint8_t)(1u << test_below(8));
+  CHECK(pwrite(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pwrite");
+  close(fd);
+  char want[64];
+  snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)chunk);
+  expect_failure(&c, -EBADMSG, want, "flipped byte");
+  /* truncated: the file ends inside the blob, at a page boundary or not */
+  copy_file(t->path, path);
+  uint64_t cut = t->offset + test_below(t->length);
+  if (test_below(2)) cut &= ~(uint64_t)4095;
+  CHECK(truncate(path, (off_t)cut) == 0, "truncate");
+  expect_failure(&c, -EIO, "the file ends at", "truncated");
+  unlink(path);
+}
+
+/* The same bytes from a copy of the container on another file system. */
+static void load_copy_at(const char *where, bool expect_direct_refused) {
+  const nwc_tensor_info *t = &ti[0];
+  char path[700];
+  snprintf(path, sizeof path, "%s/copy.nwc", where);
+  copy_file(t->path, path);
+  nwc_tensor_info c = *t;
+  c.path = path;
+  uint8_t *ref = file_bytes(t);
+  bool refused = !direct_allowed(path);
+  printf("%s: O_DIRECT %s\n", where, refused ? "refused" : "allowed");
+  CHECK(!expect_direct_refused || refused, "%s should refuse O_DIRECT", where);
+  for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
+    nwcd_load_info li;
+    drop_cache(path);
+    load_and_compare(&c, ref, mode, &li, where);
+    if (refused) CHECK(li.direct_bytes == 0, "%s: O_DIRECT bytes %llu", where,
+                       (unsigned long long)li.direct_bytes);
+  }
+  free(ref);
+  unlink(path);
+}
+
+/* A private mount namespace (and a user namespace when not root) holding a ramfs. */
+static int mount_ramfs(const char *at) {
+  if (geteuid() == 0) {
+    if (unshare(CLONE_NEWNS) < 0) return -errno;
+  } else {
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0) return -errno;
+    char m[64];
+    snprintf(m, sizeof m, "0 %u 1", (unsigned)uid);
+    write_file("/proc/self/setgroups", "deny", 4);
+    if (write_file("/proc/self/uid_map", m, strlen(m)) < 0) return -EPERM;
+    snprintf(m, sizeof m, "0 %u 1", (unsigned)gid);
+    if (write_file("/proc/self/gid_map", m, strlen(m)) < 0) return -EPERM;
+  }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -errno;
+  return mount("ramfs", at, "ramfs", 0, NULL) < 0 ? -errno : 0;
+}
+
+int main(int argc, char **argv) {
+  bool ramfs = argc > 1 && !strcmp(argv[1], "--ramfs");
+  test_seed(ramfs ? "test_loader --ramfs" : "test_loader");
+  char rf[600] = "";
+  if (ramfs) { /* before any io_uring: a user namespace needs a single-threaded process */
+    snprintf(rf, sizeof rf, "%s/nwc-ramfs-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(rf)) return 1;
+    int rc = mount_ramfs(rf);
+    if (rc < 0) {
+      printf("no private ramfs mount here (%s): skipped\n", strerror(-rc));
+      rmdir(rf);
+      return TEST_SKIP;
+    }
+  }
+  srand((unsigned)test_rand());
+  make_store();
+  if (test_failures) return test_exit("test_loader");
+  if (ramfs) {
+    load_copy_at(rf, true);
+    umount(rf);
+    rmdir(rf);
+  } else {
+    test_modes();
+    test_decode();
+    test_threads();
+    test_ring();
+    test_damage();
+    if (access("/dev/shm", W_OK) == 0) load_copy_at("/dev/shm", false);
+  }
+  nwc_tensor_info_free(ti, nti);
+  nwc_store_close(store);
+  for (int i = 0; i < 3; i++) free(weights[i]);
+  rm_rf(dir);
+  return test_exit(ramfs ? "test_loader --ramfs" : "test_loader");
+}
