@@ -24,5 +24,6 @@ void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *co
 int nwc_bench_codec(int argc, char **argv);
 int nwc_bench_import(int argc, char **argv); /* bench_import.c */
 int nwc_bench_daemon(int argc, char **argv); /* bench_daemon.c */
+int nwc_bench_load(int argc, char **argv);   /* bench_load.c */
 
 #endif

@@ -52,6 +52,8 @@ static void usage(FILE *f) {
         "        import into a temporary store on 1..N threads; JSON line per thread count\n"
         "  daemon FILE.safetensors [...]\n"
         "        nwcd round trips against in-process calls, throughput, load\n"
+        "  load STORE_DIR|FILE.safetensors [--copies N] [--repeat R] [--depth D]\n"
+        "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
 }
@@ -64,6 +66,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "daemon")) return nwc_bench_daemon(argc - 1, argv + 1);
   if (!strcmp(argv[1], "codec")) return nwc_bench_codec(argc - 1, argv + 1);
   if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "load")) return nwc_bench_load(argc - 1, argv + 1);
   fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);
   usage(stderr);
   return 2;

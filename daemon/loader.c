@@ -20,6 +20,9 @@
  * O_DIRECT refused at open (EINVAL: tmpfs on old kernels, ramfs, some FUSE) or by a read
  * (EINVAL: file systems that accept the flag and refuse the I/O) sends the reads buffered for
  * the rest of the load; a short O_DIRECT read whose rest is not page aligned finishes buffered.
+ * Blobs of at most 1 MiB are read through the page cache with no probe (the second descriptor
+ * and the mapping cost more than O_DIRECT saves there; what they leave cached is small), and a
+ * load of a single read is submitted inline (no IOSQE_ASYNC: no worker hand-off for one copy).
  * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.
  *
  * States of one read (up to depth of them in flight, 32 by default, 1-4 MiB each):
@@ -57,6 +60,7 @@
 #define RING_DEFAULT (256u << 20)
 #define RING_SLOTS_MAX 1024u  /* registered buffers (UIO_MAXIOV) */
 #define PAGE 4096u
+#define SMALL_BLOB (1u << 20) /* auto mode reads blobs up to this through the page cache */
 
 typedef struct engine {
   struct io_uring uring;
@@ -92,6 +96,7 @@ typedef struct load {
   const nwcd_sink *sink;
   int fd_direct, fd_cache; /* -1 where not open */
   bool direct_refused;     /* a read got EINVAL from O_DIRECT */
+  bool async;              /* more than one read: page-cache reads go to io_uring's workers */
   uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
   unsigned mode, depth, inflight, nfree;
   uint64_t cs, read_size, next, checked, direct_bytes;
@@ -180,7 +185,7 @@ static void prep(load *L, rd *r) {
   uint64_t fo = L->ti->offset + r->off + r->done;
   if (r->slot >= 0 && L->ring->fixed) io_uring_prep_read_fixed(sqe, fd, p, n, fo, r->slot);
   else io_uring_prep_read(sqe, fd, p, n, fo);
-  if (r->via == VIA_CACHE) sqe->flags |= IOSQE_ASYNC;
+  if (r->via == VIA_CACHE && L->async) sqe->flags |= IOSQE_ASYNC;
   io_uring_sqe_set_data64(sqe, (uint64_t)(r - L->rds));
   L->inflight++;
 }
@@ -368,8 +373,9 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     L->read_size = r < L->cs ? L->cs : r > READ_MAX ? (READ_MAX / L->cs) * L->cs : r;
     if (!L->read_size) L->read_size = L->cs;
   }
+  L->async = ti->length > L->read_size;
   for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
-  if (o->mode != NWCD_LOAD_BUFFERED) {
+  if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && ti->length > SMALL_BLOB)) {
     L->fd_direct = open(ti->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     NWC_RETURN_IF(L->fd_direct < 0 && errno != EINVAL, -errno, "%s: model '%s' tensor '%s': %s",
                   ti->path, ti->model, ti->name, strerror(errno));

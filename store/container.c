@@ -23,6 +23,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* XXH3 on the widest vectors the CPU has (AVX-512: 8x SSE2) */
+#endif
 
 static const char container_magic[8] = {'N', 'W', 'C', 'S', 'T', 'O', 'R', 'E'};
 

@@ -1,0 +1,301 @@
+/*
+ * bench_load.c - `nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]
+ * [--depth D] [--read-size BYTES]`: nwcd's loader (daemon/loader.c, in-process) against plain
+ * reads of the same container files, in one run, cold and warm.
+ *
+ * A safetensors file is imported --copies times (default 24) into a temporary store, so that the
+ * containers hold a few hundred MB; a store directory is used as it is (read-only).  Then, R
+ * rounds (default 5) of, for each page-cache state:
+ *   warm  (every container read once before):   cat, read, pread_dst, loader
+ *   cold  (POSIX_FADV_DONTNEED before each item): cat, read, pread_dst, odirect, loader
+ * where
+ *   cat       `cat FILE... > /dev/null`, literally (one process for all the files)
+ *   read      read(2) of each whole file into one 128 KiB buffer (what cat does)
+ *   pread_dst pread(2) of each blob into its resident buffer (the loader's bytes and memory)
+ *   odirect   the raw O_DIRECT read: pread(2) of 4 MiB with O_DIRECT, one at a time (dd)
+ *   loader    nwcd_load of every tensor into its resident buffer (checksums checked)
+ * One JSON line per item with the median seconds and GB/s (of the bytes each reads: whole files
+ * for cat and read, blobs for the others), then a summary line with the ratios the issue asks
+ * for: loader / cat (target >= 0.9), loader / read, loader / pread_dst, cold loader / odirect.
+ * Resident buffers are mapped with MAP_POPULATE and mlock'ed, as nwcd's host copies are.
+ */
+#include "bench.h"
+#include "nwc_store.h"
+#include "nwcd.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define ITEMS 9
+#define ROUNDS_MAX 64
+
+enum { CAT, READ, PREAD_DST, LOADER, CAT_COLD, READ_COLD, PREAD_DST_COLD, ODIRECT_COLD,
+       LOADER_COLD };
+static const char *const item_name[ITEMS] = {"cat", "read", "pread_dst", "loader", "cat",
+                                             "read", "pread_dst", "odirect", "loader"};
+
+typedef struct bench {
+  nwc_tensor_info *ti; /* every tensor of every model */
+  size_t nti;
+  char **files;        /* the container files */
+  size_t nfiles;
+  uint64_t file_bytes, blob_bytes;
+  uint8_t *dst;        /* resident buffers, one after the other */
+  uint64_t *dst_off;
+  nwcd_load_opts opts;
+  uint64_t direct_bytes;
+} bench;
+
+static void rm_tree(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) {
+    unlink(path);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p) rm_tree(p);
+  }
+  closedir(d);
+  rmdir(path);
+}
+
+static int fail(const char *what, int rc) {
+  fprintf(stderr, "nwc-bench load: %s: %s: %s\n", what, nwc_strerror(rc), nwc_error_detail());
+  return rc;
+}
+
+/* Every tensor of every model, the container files, and the resident buffers. */
+static int collect(nwc_store *s, bench *b) {
+  nwc_model_info *m = NULL;
+  size_t nm = 0;
+  int rc = nwc_store_models(s, &m, &nm);
+  if (rc < 0) return fail("models", rc);
+  for (size_t i = 0; i < nm && rc == 0; i++) {
+    nwc_tensor_info *t = NULL;
+    size_t n = 0;
+    rc = nwc_store_tensors(s, m[i].name, &t, &n);
+    if (rc < 0) break;
+    nwc_tensor_info *all = realloc(b->ti, (b->nti + n) * sizeof *all);
+    if (!all) {
+      rc = -ENOMEM;
+      nwc_tensor_info_free(t, n);
+      break;
+    }
+    b->ti = all;
+    memcpy(b->ti + b->nti, t, n * sizeof *t); /* the strings move with the structs */
+    b->nti += n;
+    free(t);
+  }
+  nwc_model_info_free(m, nm);
+  if (rc < 0) return fail("tensors", rc);
+  b->files = calloc(b->nti + 1, sizeof *b->files);
+  b->dst_off = calloc(b->nti + 1, sizeof *b->dst_off);
+  if (!b->files || !b->dst_off) return -ENOMEM;
+  for (size_t i = 0; i < b->nti; i++) {
+    b->dst_off[i] = b->blob_bytes;
+    b->blob_bytes += b->ti[i].length;
+    size_t k = 0;
+    while (k < b->nfiles && strcmp(b->files[k], b->ti[i].path)) k++;
+    if (k == b->nfiles) {
+      struct stat st;
+      if (stat(b->ti[i].path, &st) < 0) return fail(b->ti[i].path, -errno);
+      b->files[b->nfiles++] = b->ti[i].path;
+      b->file_bytes += (uint64_t)st.st_size;
+    }
+  }
+  void *p = mmap(NULL, b->blob_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return fail("mmap of the resident buffers", -errno);
+  b->dst = p;
+  if (mlock(p, b->blob_bytes) < 0)
+    fprintf(stderr, "nwc-bench load: mlock: %s (buffers are populated, not locked)\n",
+            strerror(errno));
+  return 0;
+}
+
+static void drop_caches(const bench *b) {
+  for (size_t i = 0; i < b->nfiles; i++) {
+    int fd = open(b->files[i], O_RDONLY);
+    if (fd < 0) continue;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+/* posix_spawn (vfork-like): a fork would mark every resident page copy-on-write, and the next
+ * write into them would fault page by page. */
+static int run_cat(const bench *b) {
+  const char **argv = calloc(b->nfiles + 2, sizeof *argv);
+  if (!argv) return -ENOMEM;
+  argv[0] = "cat";
+  for (size_t i = 0; i < b->nfiles; i++) argv[i + 1] = b->files[i];
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, "cat", &fa, NULL, (char *const *)argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  free(argv);
+  int st;
+  if (rc || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st))
+    return fail("cat", -EIO);
+  return 0;
+}
+
+static int run_read(const bench *b) {
+  static uint8_t buf[128 << 10];
+  for (size_t i = 0; i < b->nfiles; i++) {
+    int fd = open(b->files[i], O_RDONLY);
+    if (fd < 0) return fail(b->files[i], -errno);
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) {}
+    close(fd);
+    if (n < 0) return fail(b->files[i], -errno);
+  }
+  return 0;
+}
+
+/* pread of every blob into its buffer; O_DIRECT in reads of 4 MiB (dd iflag=direct bs=4M). */
+static int run_pread(const bench *b, bool direct) {
+  for (size_t i = 0; i < b->nti; i++) {
+    const nwc_tensor_info *t = &b->ti[i];
+    int fd = open(t->path, O_RDONLY | (direct ? O_DIRECT : 0));
+    if (fd < 0) return fail(t->path, -errno);
+    uint64_t step = direct ? 4u << 20 : t->length;
+    for (uint64_t o = 0; o < t->length;) {
+      uint64_t n = t->length - o < step ? t->length - o : step;
+      ssize_t k = pread(fd, b->dst + b->dst_off[i] + o, n, (off_t)(t->offset + o));
+      if (k <= 0) {
+        close(fd);
+        return fail(t->path, k < 0 ? -errno : -EIO);
+      }
+      o += (uint64_t)k;
+    }
+    close(fd);
+  }
+  return 0;
+}
+
+static int run_loader(bench *b) {
+  for (size_t i = 0; i < b->nti; i++) {
+    nwcd_load_info li;
+    int rc = nwcd_load(&b->ti[i], b->dst + b->dst_off[i], &b->opts, &li);
+    if (rc < 0) return fail(b->ti[i].name, rc);
+    b->direct_bytes += li.direct_bytes;
+  }
+  return 0;
+}
+
+static int run_item(bench *b, int item) {
+  switch (item) {
+  case CAT: case CAT_COLD: return run_cat(b);
+  case READ: case READ_COLD: return run_read(b);
+  case PREAD_DST: case PREAD_DST_COLD: return run_pread(b, false);
+  case ODIRECT_COLD: return run_pread(b, true);
+  default: return run_loader(b);
+  }
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, c = *(const double *)y;
+  return (a > c) - (a < c);
+}
+
+static void usage(void) {
+  fputs("usage: nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]\n"
+        "                      [--depth D] [--read-size BYTES]\n",
+        stderr);
+}
+
+int nwc_bench_load(int argc, char **argv) {
+  const char *src = NULL;
+  unsigned copies = 24, rounds = 5;
+  bench b = {0};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--copies") && i + 1 < argc) copies = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) rounds = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--depth") && i + 1 < argc) b.opts.depth = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--read-size") && i + 1 < argc)
+      b.opts.read_size = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--help")) return usage(), 0;
+    else if (argv[i][0] != '-' && !src) src = argv[i];
+    else return usage(), 2;
+  }
+  if (!src || !copies || !rounds || rounds > ROUNDS_MAX) return usage(), 2;
+  struct stat st;
+  if (stat(src, &st) < 0) return perror(src), 1;
+  char tmp[512] = "";
+  nwc_store *s = NULL;
+  int rc;
+  if (S_ISDIR(st.st_mode)) {
+    rc = nwc_store_open(src, NWC_STORE_RDONLY, &s);
+  } else {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/nwc-bench-load-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmp)) return perror("mkdtemp"), 1;
+    rc = nwc_store_open(tmp, NWC_STORE_CREATE, &s);
+    for (unsigned k = 0; rc == 0 && k < copies; k++) {
+      char name[32];
+      snprintf(name, sizeof name, "m%u", k);
+      fprintf(stderr, "\rnwc-bench load: importing copy %u of %u", k + 1, copies);
+      rc = nwc_store_import(s, name, src, NULL);
+    }
+    fputc('\n', stderr);
+  }
+  if (rc == 0) rc = collect(s, &b);
+  else fail(src, rc);
+  double secs[ITEMS][ROUNDS_MAX];
+  for (unsigned r = 0; rc == 0 && r < rounds; r++)
+    for (int it = 0; rc == 0 && it < ITEMS; it++) {
+      if (it == CAT) rc = run_read(&b); /* the last round's cold items left the cache cold */
+      if (it >= CAT_COLD) drop_caches(&b);
+      double t0 = nwc_bench_now();
+      if (rc == 0) rc = run_item(&b, it);
+      secs[it][r] = nwc_bench_now() - t0;
+    }
+  double gbps[ITEMS] = {0};
+  for (int it = 0; rc == 0 && it < ITEMS; it++) {
+    qsort(secs[it], rounds, sizeof secs[it][0], cmp_double);
+    double med = secs[it][rounds / 2];
+    uint64_t bytes = it == CAT || it == READ || it == CAT_COLD || it == READ_COLD ? b.file_bytes
+                                                                                   : b.blob_bytes;
+    gbps[it] = (double)bytes / med * 1e-9;
+    printf("{\"bench\":\"load\",\"item\":\"%s\",\"cache\":\"%s\",\"files\":%zu,\"tensors\":%zu,"
+           "\"bytes\":%llu,\"rounds\":%u,\"seconds\":%.6f,\"best_seconds\":%.6f,\"gbps\":%.3f}\n",
+           item_name[it], it >= CAT_COLD ? "cold" : "warm", b.nfiles, b.nti,
+           (unsigned long long)bytes, rounds, med, secs[it][0], gbps[it]);
+  }
+  if (rc == 0) {
+    printf("{\"bench\":\"load\",\"summary\":true,\"bytes\":%llu,\"file_bytes\":%llu,"
+           "\"depth\":%u,\"read_size\":%llu,\"warm_loader_vs_cat\":%.3f,"
+           "\"warm_loader_vs_read\":%.3f,\"warm_loader_vs_pread_dst\":%.3f,"
+           "\"cold_loader_vs_cat\":%.3f,\"cold_loader_vs_read\":%.3f,"
+           "\"cold_loader_vs_odirect\":%.3f,\"loader_direct_share\":%.3f,\"target\":0.9}\n",
+           (unsigned long long)b.blob_bytes, (unsigned long long)b.file_bytes, b.opts.depth,
+           (unsigned long long)b.opts.read_size, gbps[LOADER] / gbps[CAT],
+           gbps[LOADER] / gbps[READ], gbps[LOADER] / gbps[PREAD_DST],
+           gbps[LOADER_COLD] / gbps[CAT_COLD], gbps[LOADER_COLD] / gbps[READ_COLD],
+           gbps[LOADER_COLD] / gbps[ODIRECT_COLD],
+           (double)b.direct_bytes / (double)(2 * rounds * b.blob_bytes));
+  }
+  if (b.dst) munmap(b.dst, b.blob_bytes);
+  nwc_tensor_info_free(b.ti, b.nti);
+  free(b.files), free(b.dst_off);
+  nwc_store_close(s);
+  if (tmp[0]) rm_tree(tmp);
+  return rc < 0 ? 1 : 0;
+}
