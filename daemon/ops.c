@@ -71,6 +71,19 @@ static int import_progress(void *ctx, uint64_t done, uint64_t total) {
   return 0;
 }
 
+/* A load's progress inside one tensor (chunks checked, from the loader) as bytes of the whole
+ * request: base is what the tensors before it took. */
+typedef struct load_progress {
+  progress_ctx *pc;
+  uint64_t base, total;
+} load_progress;
+
+static void on_load_progress(void *ctx, uint64_t done, uint64_t len) {
+  load_progress *lp = ctx;
+  (void)len;
+  send_progress(lp->pc, lp->base + done, lp->total, false);
+}
+
 /* ---- catalog ------------------------------------------------------------------------------ */
 
 static void fill_tensor(nwcd *d, const nwc_tensor_info *ti, nwc_proto_tensor *t) {
@@ -242,8 +255,11 @@ static int op_residency(nwcd_job *j) {
     if (r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) {
       nwcd_ref ref;
       nwcd_load_info li;
+      load_progress lp = {&pc, done, total};
+      nwcd_load_observe(on_load_progress, &lp);
       rc = nwcd_res_acquire(d->res, r->model, tn, r->op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF,
                             &ref, &li);
+      nwcd_load_observe(NULL, NULL);
       if (rc == 0) {
         res.tensors++, res.bytes += ti[i].length;
         if (li.direct) res.direct++;

@@ -1,0 +1,149 @@
+/*
+ * test_daemon_load.c - loads through a real nwcd: progress events of a model load are monotonic
+ * and end at the model's total bytes; a byte flipped in a container fails the load of its
+ * tensor with the chunk named, and leaves nothing resident; a truncated container fails naming
+ * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
+ * bit against the original weights and multiplies against an fp64 reference (the failed loads
+ * left nothing behind).
+ */
+#include "nwc_client.h"
+#include "test_daemon_util.h"
+
+#include <stdbool.h>
+
+typedef struct events {
+  uint64_t last, total, n;
+  bool bad;
+} events;
+
+static int on_progress(void *ctx, uint64_t done, uint64_t total) {
+  events *e = ctx;
+  if (done < e->last || done > total || (e->n && total != e->total)) e->bad = true;
+  e->last = done, e->total = total, e->n++;
+  return 0;
+}
+
+static uint64_t resident_bytes(nwc_client *c) {
+  nwc_client_counters s;
+  CHECK_RC(nwc_client_stats(c, &s));
+  return s.resident_bytes;
+}
+
+static bool is_resident(nwc_client *c, const char *tensor) {
+  nwc_client_resident *r = NULL;
+  size_t n = 0;
+  CHECK_RC(nwc_client_ps(c, &r, &n));
+  bool found = false;
+  for (size_t i = 0; i < n; i++) found |= !strcmp(r[i].tensor, tensor);
+  free(r);
+  return found;
+}
+
+static uint8_t *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  *len = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(*len);
+  if (fread(b, 1, *len, f) != *len) *len = 0;
+  fclose(f);
+  return b;
+}
+
+static void put_back(const char *path, const uint8_t *b, size_t len) {
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite(b, 1, len, f) == len, "rewrite %s", path);
+  if (f) fclose(f);
+}
+
+/* Loads use/tensor expecting want, with text in the error message; nothing may be resident. */
+static void load_fails(nwc_client *c, const char *tensor, int want, const char *text) {
+  int rc = nwc_client_load(c, "use", tensor, NULL, NULL, NULL);
+  const char *msg = nwc_client_last_error();
+  CHECK(rc == want && strstr(msg, text), "load %s: %d (%s), want %d naming '%s'", tensor, rc,
+        msg, want, text);
+  CHECK(!is_resident(c, tensor), "%s resident after a failed load", tensor);
+  CHECK(resident_bytes(c) == 0, "%llu bytes resident after a failed load",
+        (unsigned long long)resident_bytes(c));
+}
+
+int main(void) {
+  test_seed("test_daemon_load");
+  int skip = td_open_sample();
+  if (skip) return skip;
+  if (td_mkdir("nwc-load") < 0) return 1;
+  pid_t d = td_start_daemon(NULL);
+  CHECK(d > 0, "nwcd did not start");
+  nwc_client *c = NULL;
+  if (d > 0) CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (!c) {
+    td_show_log();
+    return 1;
+  }
+  CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
+  /* the model's bytes, and its largest tensor */
+  uint64_t total = 0, largest = 0;
+  size_t big = 0;
+  nwc_client_tensor_info info[64];
+  for (size_t i = 0; i < td_nt; i++) {
+    CHECK_RC(nwc_client_info(c, "use", td_t[i].name, &info[i]));
+    total += info[i].length;
+    if (info[i].length > largest) largest = info[i].length, big = i;
+  }
+  events ev = {0};
+  nwc_client_result res;
+  CHECK_RC(nwc_client_load(c, "use", NULL, on_progress, &ev, &res));
+  CHECK(!ev.bad && ev.n >= 1 && ev.last == total && ev.total == total,
+        "load progress: %s, %llu events, last %llu of %llu (want %llu)",
+        ev.bad ? "not monotonic" : "monotonic", (unsigned long long)ev.n,
+        (unsigned long long)ev.last, (unsigned long long)ev.total, (unsigned long long)total);
+  CHECK(res.tensors == td_nt && res.direct + res.buffered == td_nt, "load: %llu tensors",
+        (unsigned long long)res.tensors);
+  CHECK(resident_bytes(c) == total, "resident %llu of %llu", (unsigned long long)resident_bytes(c),
+        (unsigned long long)total);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+
+  const nwc_client_tensor_info *t = &info[big];
+  size_t len = 0;
+  uint8_t *orig = slurp(t->path, &len);
+  CHECK(orig && len >= t->offset + t->length, "read %s", t->path);
+  if (!orig || !len) return test_exit("test_daemon_load");
+  /* a flipped byte */
+  uint8_t *bad = malloc(len);
+  memcpy(bad, orig, len);
+  uint64_t at = test_below(t->length);
+  bad[t->offset + at] ^= (uint8_t)(1u << test_below(8));
+  put_back(t->path, bad, len);
+  char want[64];
+  snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)(at >> 20));
+  load_fails(c, td_t[big].name, -EBADMSG, want);
+  /* the daemon still loads the others */
+  size_t other = (big + 1) % td_nt;
+  CHECK_RC(nwc_client_load(c, "use", td_t[other].name, NULL, NULL, NULL));
+  CHECK_RC(nwc_client_evict(c, "use", td_t[other].name, NULL));
+  /* truncated inside the blob */
+  put_back(t->path, orig, t->offset + test_below(t->length));
+  load_fails(c, td_t[big].name, -EIO, "the file ends at");
+  /* repaired: it loads, and decodes to the original weights */
+  put_back(t->path, orig, len);
+  CHECK_RC(nwc_client_load(c, "use", td_t[big].name, NULL, NULL, NULL));
+  size_t nb = td_t[big].rows * td_t[big].cols * 2;
+  uint16_t *w = malloc(nb);
+  CHECK_RC(nwc_client_dequant(c, "use", td_t[big].name, NWC_CLIENT_BF16, w, nb, NULL, NULL, NULL));
+  CHECK(!memcmp(w, td_t[big].w, nb), "%s after repair: not the original weights", td_t[big].name);
+  const td_tensor *bt = &td_t[big];
+  float *x = calloc(bt->cols, 4), *y = calloc(bt->rows, 4);
+  for (uint64_t k = 0; k < bt->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  CHECK_RC(nwc_client_matvec(c, "use", bt->name, NULL, 1.0f, x, bt->cols, 1, 0, y, bt->rows * 4,
+                             NULL));
+  double e = td_matvec_err(bt, x, 1.0, NULL, y);
+  CHECK(e <= 1e-5, "matvec %s after repair: relative error %.3g", bt->name, e);
+  free(x), free(y);
+  free(w), free(bad), free(orig);
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  if (test_failures) td_show_log();
+  td_cleanup();
+  return test_exit("test_daemon_load");
+}
