@@ -14,6 +14,8 @@
  *   pread_dst pread(2) of each blob into its resident buffer (the loader's bytes and memory)
  *   odirect   the raw O_DIRECT read: pread(2) of 4 MiB with O_DIRECT, one at a time (dd)
  *   loader    nwcd_load of every tensor into its resident buffer (checksums checked)
+ *   gpu       (--device N, CUDA builds) nwcd_load_to_device of every tensor into device memory
+ *             through a 256 MiB ring of registered, pinned slots (cold and warm)
  * One JSON line per item with the median seconds and GB/s (of the bytes each reads: whole files
  * for cat and read, blobs for the others), then a summary line with the ratios the issue asks
  * for: loader / cat (target >= 0.9), loader / read, loader / pread_dst, cold loader / odirect.
@@ -23,9 +25,13 @@
 #include "nwc_store.h"
 #include "nwcd.h"
 
+#ifdef NWCD_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,15 +43,17 @@
 
 extern char **environ;
 
-#define ITEMS 9
 #define ROUNDS_MAX 64
 
-enum { CAT, READ, PREAD_DST, LOADER, CAT_COLD, READ_COLD, PREAD_DST_COLD, ODIRECT_COLD,
-       LOADER_COLD };
-static const char *const item_name[ITEMS] = {"cat", "read", "pread_dst", "loader", "cat",
-                                             "read", "pread_dst", "odirect", "loader"};
+typedef struct bench bench;
+typedef struct item {
+  const char *name;
+  bool cold;       /* the containers' pages are dropped before each run */
+  bool file_bytes; /* reads whole files (else: the blobs) */
+  int (*run)(bench *b);
+} item;
 
-typedef struct bench {
+struct bench {
   nwc_tensor_info *ti; /* every tensor of every model */
   size_t nti;
   char **files;        /* the container files */
@@ -55,7 +63,11 @@ typedef struct bench {
   uint64_t *dst_off;
   nwcd_load_opts opts;
   uint64_t direct_bytes;
-} bench;
+#ifdef NWCD_WITH_CUDA
+  nwcd_gpu_ring *gpu;
+  uint8_t *dev; /* device buffers, at dst_off */
+#endif
+};
 
 static void rm_tree(const char *path) {
   DIR *d = opendir(path);
@@ -138,7 +150,7 @@ static void drop_caches(const bench *b) {
 
 /* posix_spawn (vfork-like): a fork would mark every resident page copy-on-write, and the next
  * write into them would fault page by page. */
-static int run_cat(const bench *b) {
+static int run_cat(bench *b) {
   const char **argv = calloc(b->nfiles + 2, sizeof *argv);
   if (!argv) return -ENOMEM;
   argv[0] = "cat";
@@ -156,7 +168,7 @@ static int run_cat(const bench *b) {
   return 0;
 }
 
-static int run_read(const bench *b) {
+static int run_read(bench *b) {
   static uint8_t buf[128 << 10];
   for (size_t i = 0; i < b->nfiles; i++) {
     int fd = open(b->files[i], O_RDONLY);
@@ -200,15 +212,45 @@ static int run_loader(bench *b) {
   return 0;
 }
 
-static int run_item(bench *b, int item) {
-  switch (item) {
-  case CAT: case CAT_COLD: return run_cat(b);
-  case READ: case READ_COLD: return run_read(b);
-  case PREAD_DST: case PREAD_DST_COLD: return run_pread(b, false);
-  case ODIRECT_COLD: return run_pread(b, true);
-  default: return run_loader(b);
+static int run_pread_dst(bench *b) { return run_pread(b, false); }
+static int run_odirect(bench *b) { return run_pread(b, true); }
+
+#ifdef NWCD_WITH_CUDA
+static int run_gpu(bench *b) {
+  for (size_t i = 0; i < b->nti; i++) {
+    int rc = nwcd_load_to_device(b->gpu, &b->ti[i], b->dev + b->dst_off[i], &b->opts, NULL);
+    if (rc < 0) return fail(b->ti[i].name, rc);
   }
+  return 0;
 }
+
+/* The GPU ring and device buffers on device (--device): 0, or an error. */
+static int gpu_setup(bench *b, int device) {
+  int rc = nwcd_gpu_ring_create(device, 0, 0, &b->gpu);
+  if (rc < 0) return fail("GPU ring", rc);
+  if (cudaMalloc((void **)&b->dev, b->blob_bytes) != cudaSuccess)
+    return fail("cudaMalloc of the device buffers", -ENOMEM);
+  return 0;
+}
+
+static void gpu_teardown(bench *b) {
+  if (b->dev) cudaFree(b->dev);
+  nwcd_gpu_ring_free(b->gpu);
+}
+#endif
+
+enum { CAT, READ, PREAD_DST, LOADER, CAT_COLD, READ_COLD, PREAD_DST_COLD, ODIRECT_COLD,
+       LOADER_COLD, GPU, GPU_COLD, ITEMS };
+static const item items[ITEMS] = {
+    {"cat", false, true, run_cat},           {"read", false, true, run_read},
+    {"pread_dst", false, false, run_pread_dst}, {"loader", false, false, run_loader},
+    {"cat", true, true, run_cat},            {"read", true, true, run_read},
+    {"pread_dst", true, false, run_pread_dst},  {"odirect", true, false, run_odirect},
+    {"loader", true, false, run_loader},
+#ifdef NWCD_WITH_CUDA
+    {"gpu", false, false, run_gpu},          {"gpu", true, false, run_gpu},
+#endif
+};
 
 static int cmp_double(const void *x, const void *y) {
   double a = *(const double *)x, c = *(const double *)y;
@@ -217,13 +259,14 @@ static int cmp_double(const void *x, const void *y) {
 
 static void usage(void) {
   fputs("usage: nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]\n"
-        "                      [--depth D] [--read-size BYTES]\n",
+        "                      [--depth D] [--read-size BYTES] [--device N]\n",
         stderr);
 }
 
 int nwc_bench_load(int argc, char **argv) {
   const char *src = NULL;
   unsigned copies = 24, rounds = 5;
+  int device = -1;
   bench b = {0};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--copies") && i + 1 < argc) copies = (unsigned)atoi(argv[++i]);
@@ -231,6 +274,7 @@ int nwc_bench_load(int argc, char **argv) {
     else if (!strcmp(argv[i], "--depth") && i + 1 < argc) b.opts.depth = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--read-size") && i + 1 < argc)
       b.opts.read_size = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--help")) return usage(), 0;
     else if (argv[i][0] != '-' && !src) src = argv[i];
     else return usage(), 2;
@@ -258,25 +302,33 @@ int nwc_bench_load(int argc, char **argv) {
   }
   if (rc == 0) rc = collect(s, &b);
   else fail(src, rc);
+  int nitems = LOADER_COLD + 1;
+  if (rc == 0 && device >= 0) {
+#ifdef NWCD_WITH_CUDA
+    rc = gpu_setup(&b, device);
+    nitems = ITEMS;
+#else
+    rc = fail("--device", -ENOTSUP);
+#endif
+  }
   double secs[ITEMS][ROUNDS_MAX];
   for (unsigned r = 0; rc == 0 && r < rounds; r++)
-    for (int it = 0; rc == 0 && it < ITEMS; it++) {
+    for (int it = 0; rc == 0 && it < nitems; it++) {
       if (it == CAT) rc = run_read(&b); /* the last round's cold items left the cache cold */
-      if (it >= CAT_COLD) drop_caches(&b);
+      if (items[it].cold) drop_caches(&b);
       double t0 = nwc_bench_now();
-      if (rc == 0) rc = run_item(&b, it);
+      if (rc == 0) rc = items[it].run(&b);
       secs[it][r] = nwc_bench_now() - t0;
     }
   double gbps[ITEMS] = {0};
-  for (int it = 0; rc == 0 && it < ITEMS; it++) {
+  for (int it = 0; rc == 0 && it < nitems; it++) {
     qsort(secs[it], rounds, sizeof secs[it][0], cmp_double);
     double med = secs[it][rounds / 2];
-    uint64_t bytes = it == CAT || it == READ || it == CAT_COLD || it == READ_COLD ? b.file_bytes
-                                                                                   : b.blob_bytes;
+    uint64_t bytes = items[it].file_bytes ? b.file_bytes : b.blob_bytes;
     gbps[it] = (double)bytes / med * 1e-9;
     printf("{\"bench\":\"load\",\"item\":\"%s\",\"cache\":\"%s\",\"files\":%zu,\"tensors\":%zu,"
            "\"bytes\":%llu,\"rounds\":%u,\"seconds\":%.6f,\"best_seconds\":%.6f,\"gbps\":%.3f}\n",
-           item_name[it], it >= CAT_COLD ? "cold" : "warm", b.nfiles, b.nti,
+           items[it].name, items[it].cold ? "cold" : "warm", b.nfiles, b.nti,
            (unsigned long long)bytes, rounds, med, secs[it][0], gbps[it]);
   }
   if (rc == 0) {
@@ -291,7 +343,15 @@ int nwc_bench_load(int argc, char **argv) {
            gbps[LOADER_COLD] / gbps[CAT_COLD], gbps[LOADER_COLD] / gbps[READ_COLD],
            gbps[LOADER_COLD] / gbps[ODIRECT_COLD],
            (double)b.direct_bytes / (double)(2 * rounds * b.blob_bytes));
+  if (rc == 0 && nitems == ITEMS)
+    printf("{\"bench\":\"load\",\"summary\":\"gpu\",\"device\":%d,\"warm_gpu_gbps\":%.3f,"
+           "\"cold_gpu_gbps\":%.3f,\"cold_gpu_vs_odirect\":%.3f,\"warm_gpu_vs_cat\":%.3f}\n",
+           device, gbps[GPU], gbps[GPU_COLD], gbps[GPU_COLD] / gbps[ODIRECT_COLD],
+           gbps[GPU] / gbps[CAT]);
   }
+#ifdef NWCD_WITH_CUDA
+  gpu_teardown(&b);
+#endif
   if (b.dst) munmap(b.dst, b.blob_bytes);
   nwc_tensor_info_free(b.ti, b.nti);
   free(b.files), free(b.dst_off);

@@ -485,8 +485,9 @@ void nwcd_ring_free(nwcd_ring *r) {
   free(r);
 }
 
-void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes) {
+void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes, unsigned *slots) {
   *bytes = r->slot_size * r->nslots;
+  *slots = r->nslots;
   return r->mem;
 }
 

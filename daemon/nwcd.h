@@ -152,14 +152,29 @@ typedef struct nwcd_sink {
  * registered buffer skip the page pinning of each read).  Free with nwcd_ring_free. */
 int nwcd_ring_create(uint64_t bytes, uint64_t slot_size, nwcd_ring **out);
 void nwcd_ring_free(nwcd_ring *r);
-/* The ring's memory (e.g. for cudaHostRegister). */
-void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes);
+/* The ring's memory (e.g. for cudaHostRegister): its bytes and how many slots it holds. */
+void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes, unsigned *slots);
+/* Gives a consumed slot back (on the loading thread: from the sink's consume or reclaim). */
 void nwcd_ring_release(nwcd_ring *r, unsigned slot);
 /* Streams ti's blob through r to sink (one load at a time per ring: others wait), chunks checked
  * before a slot is consumed.  Returns when every read has completed and every slot is back
  * (the sink's work on them has finished), 0 or the first error. */
 int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
                    const nwcd_sink *sink, nwcd_load_info *li);
+
+/* loader_cuda.c (CUDA builds: the nwcd_loader_cuda library, NWCD_WITH_CUDA defined): a ring
+ * whose sink copies each slot to device memory with cudaMemcpyAsync, releasing slots as their
+ * copies' events complete. */
+typedef struct nwcd_gpu_ring nwcd_gpu_ring;
+/* A ring (bytes, slot_size as nwcd_ring_create) pinned with cudaHostRegister, a stream and an
+ * event per slot on device.  Free with nwcd_gpu_ring_free. */
+int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gpu_ring **out);
+void nwcd_gpu_ring_free(nwcd_gpu_ring *g);
+/* Streams ti's blob into dev (ti->length bytes of device memory on the ring's device), chunks
+ * checked on the way; returns when the bytes are on the device, or the first error (-EBADMSG
+ * naming the chunk, -EIO with the CUDA error).  One load at a time per ring (others wait). */
+int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
+                        const nwcd_load_opts *o, nwcd_load_info *li);
 
 /* ---- residency --------------------------------------------------------------------------- */
 

@@ -12,6 +12,9 @@
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
  *                        mount namespace) loads buffered with identical bytes; 77 where no
  *                        mount namespace can be made
+ *   test_loader --gpu    (CUDA builds) every blob streamed into device memory through a small
+ *                        GPU ring (slots reused many times), copied back and compared, cold and
+ *                        warm, every mode; damaged containers fail as above; 77 without a GPU
  */
 #include "nwcd.h"
 #include "test_store_util.h"
@@ -22,9 +25,16 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#ifdef NWCD_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define MIB (1u << 20)
 
 static char dir[512];
+#ifdef NWCD_WITH_CUDA
+static nwcd_gpu_ring *gpu; /* --gpu: the ring loads go through (NULL otherwise) */
+#endif
 static nwc_store *store;
 static nwc_tensor_info *ti;
 static size_t nti;
@@ -95,7 +105,7 @@ static uint8_t *aligned_garbage(uint64_t n) {
   return p;
 }
 
-/* Progress as the loader reports it: strictly increasing (one step per read), ending at the length. */
+/* Progress as the loader reports it: strictly increasing (a step per read), ending at the length. */
 typedef struct prog {
   uint64_t last, calls, total;
   bool bad;
@@ -137,6 +147,46 @@ static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsig
   if (rc == 0) check_progress(&p, t, what);
   free(buf);
 }
+
+#ifdef NWCD_WITH_CUDA
+/* Loads t into fresh device memory through the GPU ring: 0 and the bytes copied back, or the
+ * error. */
+static int gpu_load(const nwc_tensor_info *t, const nwcd_load_opts *o, uint8_t *back,
+                    nwcd_load_info *li) {
+  void *dev = NULL;
+  if (cudaMalloc(&dev, t->length) != cudaSuccess) return -ENOMEM;
+  if (cudaMemset(dev, 0xab, t->length) != cudaSuccess) {
+    cudaFree(dev);
+    return -EIO;
+  }
+  int rc = nwcd_load_to_device(gpu, t, dev, o, li);
+  if (rc == 0 && cudaMemcpy(back, dev, t->length, cudaMemcpyDeviceToHost) != cudaSuccess) rc = -EIO;
+  cudaFree(dev);
+  return rc;
+}
+
+static void test_gpu(void) {
+  for (size_t i = 0; i < nti; i++) {
+    const nwc_tensor_info *t = &ti[i];
+    uint8_t *ref = file_bytes(t), *back = malloc(t->length);
+    for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++)
+      for (int cold = 0; cold < 2; cold++) {
+        if (cold) drop_cache(t->path);
+        prog p = {0};
+        nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
+                            .progress = on_progress, .ctx = &p};
+        nwcd_load_info li;
+        int rc = gpu_load(t, &o, back, &li);
+        CHECK(rc == 0, "gpu load %s (%s, %s): %s: %s", t->name, mode_name(mode),
+              cold ? "cold" : "warm", nwc_strerror(rc), nwc_error_detail());
+        CHECK(rc || !memcmp(back, ref, t->length), "gpu load %s (%s): bytes differ", t->name,
+              mode_name(mode));
+        if (rc == 0) check_progress(&p, t, "gpu");
+      }
+    free(ref), free(back);
+  }
+}
+#endif
 
 static void test_modes(void) {
   for (size_t i = 0; i < nti; i++) {
@@ -249,7 +299,9 @@ static int hs_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
   hold_sink *h = ctx;
   if (h->fail_at && (int)++h->consumed == h->fail_at) return -ENOSPC;
   uint64_t bytes;
-  uint8_t *mem = nwcd_ring_memory(r, &bytes);
+  unsigned nslots;
+  uint8_t *mem = nwcd_ring_memory(r, &bytes, &nslots);
+  if (s->index >= nslots) h->bad = true;
   if ((uint8_t *)s->data < mem || (uint8_t *)s->data + s->len > mem + bytes) h->bad = true;
   memcpy(h->dst + s->offset, s->data, s->len);
   h->held[h->nheld++] = s->index;
@@ -322,6 +374,13 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
     CHECK(rc == want && strstr(nwc_error_detail(), text), "%s through a ring: %d (%s)", what, rc,
           nwc_error_detail());
     nwcd_ring_free(r);
+#ifdef NWCD_WITH_CUDA
+    if (gpu) {
+      rc = gpu_load(t, &o, buf, NULL);
+      CHECK(rc == want && strstr(nwc_error_detail(), text), "%s into the GPU: %d (%s)", what, rc,
+            nwc_error_detail());
+    }
+#endif
   }
   free(buf);
 }
@@ -412,7 +471,9 @@ static int mount_ramfs(const char *at) {
 
 int main(int argc, char **argv) {
   bool ramfs = argc > 1 && !strcmp(argv[1], "--ramfs");
-  test_seed(ramfs ? "test_loader --ramfs" : "test_loader");
+  bool on_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+  const char *name = ramfs ? "test_loader --ramfs" : on_gpu ? "test_loader --gpu" : "test_loader";
+  test_seed(name);
   char rf[600] = "";
   if (ramfs) { /* before any io_uring: a user namespace needs a single-threaded process */
     snprintf(rf, sizeof rf, "%s/nwc-ramfs-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -424,13 +485,34 @@ int main(int argc, char **argv) {
       return TEST_SKIP;
     }
   }
+  if (on_gpu) {
+#ifdef NWCD_WITH_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+      printf("no CUDA device: skipped\n");
+      return TEST_SKIP;
+    }
+    int rc = nwcd_gpu_ring_create(0, MIB * (2 + test_below(6)), MIB, &gpu);
+    CHECK(rc == 0, "GPU ring: %s: %s", nwc_strerror(rc), nwc_error_detail());
+    if (rc < 0) return 1;
+#else
+    printf("built without CUDA: skipped\n");
+    return TEST_SKIP;
+#endif
+  }
   srand((unsigned)test_rand());
   make_store();
-  if (test_failures) return test_exit("test_loader");
+  if (test_failures) return test_exit(name);
   if (ramfs) {
     load_copy_at(rf, true);
     umount(rf);
     rmdir(rf);
+  } else if (on_gpu) {
+#ifdef NWCD_WITH_CUDA
+    test_gpu();
+    test_damage();
+    nwcd_gpu_ring_free(gpu);
+#endif
   } else {
     test_modes();
     test_decode();
@@ -443,5 +525,5 @@ int main(int argc, char **argv) {
   nwc_store_close(store);
   for (int i = 0; i < 3; i++) free(weights[i]);
   rm_rf(dir);
-  return test_exit(ramfs ? "test_loader --ramfs" : "test_loader");
+  return test_exit(name);
 }

@@ -1,0 +1,134 @@
+/*
+ * loader_cuda.c - the GPU end of the loader (built with CUDA only): a ring of pinned,
+ * io_uring-registered buffers (nwcd_ring, loader.c) whose sink copies each checked slot into
+ * device memory with cudaMemcpyAsync on the ring's stream and records an event after it; a
+ * slot goes back to the ring once its event has completed, so reads of the next slots overlap
+ * the copies of the last ones, and at most the ring's bytes (256 MiB by default) are staged
+ * whatever the tensor's size.
+ *
+ * Slots are released in the order their copies were queued (one stream: copies complete in
+ * order), polled with cudaEventQuery while there are free slots and waited for with
+ * cudaEventSynchronize when the loader has none.  The ring memory is mapped by loader.c and
+ * pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
+ * in the detail); the stream is synchronized before the slots are given back, so no copy reads
+ * a slot that a later load refills.
+ */
+#include "nwcd.h"
+
+#include "internal.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <stdlib.h>
+
+struct nwcd_gpu_ring {
+  nwcd_ring *ring;
+  int device;
+  cudaStream_t stream;
+  cudaEvent_t *ev; /* per slot: after the copy out of it */
+  unsigned *fifo;  /* slots with a copy queued, oldest first */
+  unsigned nslots, head, count;
+  void *mem;
+  pthread_mutex_t lock; /* one load at a time */
+};
+
+typedef struct copy_to {
+  nwcd_gpu_ring *g;
+  uint8_t *dev;
+} copy_to;
+
+static int cuda_fail(cudaError_t e, const char *what) {
+  return nwc__fail(-EIO, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+static int gpu_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
+  (void)r;
+  copy_to *c = ctx;
+  nwcd_gpu_ring *g = c->g;
+  cudaError_t e = cudaMemcpyAsync(c->dev + s->offset, s->data, s->len, cudaMemcpyHostToDevice,
+                                  g->stream);
+  if (e == cudaSuccess) e = cudaEventRecord(g->ev[s->index], g->stream);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaMemcpyAsync of a slot to the device");
+  g->fifo[(g->head + g->count++) % g->nslots] = s->index;
+  return 0;
+}
+
+static int gpu_reclaim(void *ctx, nwcd_ring *r, bool wait) {
+  nwcd_gpu_ring *g = ((copy_to *)ctx)->g;
+  unsigned released = 0;
+  while (g->count) {
+    unsigned s = g->fifo[g->head];
+    cudaError_t e = wait && !released ? cudaEventSynchronize(g->ev[s]) : cudaEventQuery(g->ev[s]);
+    if (e == cudaErrorNotReady) break;
+    if (e != cudaSuccess) {
+      cudaStreamSynchronize(g->stream); /* nothing may still read the slots */
+      g->count = 0;
+      return cuda_fail(e, "copy of a slot to the device");
+    }
+    nwcd_ring_release(r, s);
+    g->head = (g->head + 1) % g->nslots;
+    g->count--, released++;
+  }
+  return 0;
+}
+
+void nwcd_gpu_ring_free(nwcd_gpu_ring *g) {
+  if (!g) return;
+  cudaSetDevice(g->device);
+  if (g->stream) cudaStreamSynchronize(g->stream);
+  for (unsigned s = 0; g->ev && s < g->nslots; s++)
+    if (g->ev[s]) cudaEventDestroy(g->ev[s]);
+  if (g->stream) cudaStreamDestroy(g->stream);
+  if (g->mem) cudaHostUnregister(g->mem);
+  nwcd_ring_free(g->ring);
+  pthread_mutex_destroy(&g->lock);
+  free(g->ev), free(g->fifo), free(g);
+}
+
+int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gpu_ring **out) {
+  *out = NULL;
+  nwcd_gpu_ring *g = calloc(1, sizeof *g);
+  if (!g) return nwc__fail(-ENOMEM, "no memory for a GPU ring");
+  g->device = device;
+  int rc = nwcd_ring_create(bytes, slot_size, &g->ring);
+  if (rc < 0) {
+    free(g);
+    return rc;
+  }
+  uint64_t len;
+  void *mem = nwcd_ring_memory(g->ring, &len, &g->nslots);
+  pthread_mutex_init(&g->lock, NULL);
+  g->ev = calloc(g->nslots, sizeof *g->ev);
+  g->fifo = calloc(g->nslots, sizeof *g->fifo);
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaHostRegister(mem, len, cudaHostRegisterDefault);
+  if (e == cudaSuccess) g->mem = mem;
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+  for (unsigned s = 0; e == cudaSuccess && g->ev && s < g->nslots; s++)
+    e = cudaEventCreateWithFlags(&g->ev[s], cudaEventDisableTiming);
+  rc = !g->ev || !g->fifo ? nwc__fail(-ENOMEM, "no memory for a GPU ring")
+       : e != cudaSuccess ? cuda_fail(e, "GPU ring (cudaHostRegister, stream, events)")
+                          : 0;
+  if (rc < 0) {
+    nwcd_gpu_ring_free(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+}
+
+int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
+                        const nwcd_load_opts *o, nwcd_load_info *li) {
+  NWC_RETURN_IF(!g || !ti || !dev, -EINVAL, "nwcd_load_to_device: missing argument");
+  cudaError_t e = cudaSetDevice(g->device);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  copy_to c = {g, dev};
+  nwcd_sink sink = {gpu_consume, gpu_reclaim, &c};
+  pthread_mutex_lock(&g->lock);
+  g->head = g->count = 0;
+  int rc = nwcd_ring_load(g->ring, ti, o, &sink, li);
+  if (rc == 0 && (e = cudaStreamSynchronize(g->stream)) != cudaSuccess)
+    rc = cuda_fail(e, "the copies to the device");
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
