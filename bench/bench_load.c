@@ -28,7 +28,7 @@
 #ifdef NWCD_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
-#include <dirent.h>
+#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -69,20 +69,9 @@ struct bench {
 #endif
 };
 
-static void rm_tree(const char *path) {
-  DIR *d = opendir(path);
-  if (!d) {
-    unlink(path);
-    return;
-  }
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p) rm_tree(p);
-  }
-  closedir(d);
-  rmdir(path);
+static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)st, (void)type, (void)ftw;
+  return remove(path);
 }
 
 static int fail(const char *what, int rc) {
@@ -356,6 +345,6 @@ int nwc_bench_load(int argc, char **argv) {
   nwc_tensor_info_free(b.ti, b.nti);
   free(b.files), free(b.dst_off);
   nwc_store_close(s);
-  if (tmp[0]) rm_tree(tmp);
+  if (tmp[0]) nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* the temporary store */
   return rc < 0 ? 1 : 0;
 }
