@@ -3,8 +3,13 @@
  *
  * Design: one Unix stream socket per nwc_client, guarded by a mutex held for a whole call
  * (send the request, read frames until the reply with the request's id; progress events on the
- * way go to the caller's callback), so calls from several threads take turns.  Descriptors
- * (import files, the shared region) travel with the first byte of their frame via SCM_RIGHTS.
+ * way go to the caller's callback), so calls from several threads take turns.  Reads are
+ * buffered (one recv() usually brings a whole reply; a large payload goes straight into the
+ * reply buffer).  Pipelining: nwc_client_submit_*() sends a request and records a ticket (the
+ * request id, where its output goes); every read of a frame, by whichever call is reading,
+ * completes the ticket it belongs to, so synchronous calls and tickets mix on one connection.
+ * Descriptors (import files, the shared region) travel with the first byte of their frame via
+ * SCM_RIGHTS.
  * The shared region is a memfd created on the first transfer above INLINE_MAX, sealed against
  * shrinking (the daemon requires it, so a client cannot make it fault), mapped here and there;
  * since calls are serialized, each call uses it from offset 0.  Errors: a negative errno, with
@@ -34,6 +39,23 @@
 #define INLINE_MAX (1u << 20)
 #define SHM_DEFAULT (256ull << 20)
 
+#define IBUF_SIZE (64u << 10)
+/* Pipelined requests in flight per connection, and the reply bytes they may bring: below the
+ * daemon's per-connection limits (docs/protocol.md), so that it never stops reading us while we
+ * are blocked sending to it. */
+#define MAX_TICKETS 64
+#define MAX_TICKET_BYTES (32ull << 20)
+
+typedef struct pending {
+  uint64_t id;
+  void *out; /* the caller's output buffer, cap bytes */
+  size_t cap;
+  bool done;
+  int status;     /* 0 or a negative errno */
+  unsigned rflags;
+  char *msg;      /* the error message (malloc'ed) when status < 0 */
+} pending;
+
 struct nwc_client {
   int fd;
   pthread_mutex_t lock;
@@ -43,7 +65,13 @@ struct nwc_client {
   uint64_t shm_size;
   uint8_t *rbuf; /* last reply payload */
   size_t rcap;
-  bool broken; /* framing lost: every later call fails */
+  uint8_t *ibuf; /* bytes read ahead: ibuf[ioff .. ilen) */
+  size_t ioff, ilen;
+  pending tickets[MAX_TICKETS];
+  unsigned ntickets;
+  uint64_t ticket_bytes; /* sum of the caps of tickets not yet done */
+  bool broken;     /* a send failed or the daemon ended the connection: later calls fail */
+  bool unreadable; /* reading failed or framing was lost: nothing more can be read */
 };
 
 static _Thread_local char last_error[NWC_PROTO_MAX_MSG + 64];
@@ -99,17 +127,113 @@ static int send_all(nwc_client *c, const uint8_t *buf, size_t len, const int *fd
   return 0;
 }
 
+static int conn_lost(nwc_client *c, ssize_t n) {
+  c->broken = c->unreadable = true;
+  return n == 0 ? fail(-ECONNRESET, "nwcd closed the connection")
+                : fail(-errno, "reading from nwcd: %s", strerror(errno));
+}
+
 static int recv_all(nwc_client *c, void *buf, size_t len) {
   size_t off = 0;
   while (off < len) {
     ssize_t n = recv(c->fd, (uint8_t *)buf + off, len - off, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      c->broken = true;
-      return n == 0 ? fail(-ECONNRESET, "nwcd closed the connection")
-                    : fail(-errno, "reading from nwcd: %s", strerror(errno));
-    }
+    if (n <= 0) return conn_lost(c, n);
     off += (size_t)n;
+  }
+  return 0;
+}
+
+/* Reads the next frame: its header into *h, its payload into c->rbuf[0 .. h->length). */
+static int read_frame(nwc_client *c, nwc_proto_hdr *h) {
+  if (!c->ibuf && !(c->ibuf = malloc(IBUF_SIZE))) return fail(-ENOMEM, "out of memory");
+  if (c->ilen - c->ioff < NWC_PROTO_HEADER) {
+    memmove(c->ibuf, c->ibuf + c->ioff, c->ilen - c->ioff);
+    c->ilen -= c->ioff, c->ioff = 0;
+    while (c->ilen < NWC_PROTO_HEADER) { /* one recv usually brings the whole frame, or more */
+      ssize_t n = recv(c->fd, c->ibuf + c->ilen, IBUF_SIZE - c->ilen, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return conn_lost(c, n);
+      c->ilen += (size_t)n;
+    }
+  }
+  if (nwc_proto_hdr_decode(c->ibuf + c->ioff, h) < 0) {
+    c->broken = c->unreadable = true;
+    return fail(-EBADMSG, "bad frame from nwcd");
+  }
+  c->ioff += NWC_PROTO_HEADER;
+  if (h->length + (size_t)1 > c->rcap) {
+    uint8_t *b = realloc(c->rbuf, h->length + (size_t)1);
+    if (!b) {
+      c->broken = c->unreadable = true;
+      return fail(-ENOMEM, "out of memory for a reply of %u bytes", h->length);
+    }
+    c->rbuf = b, c->rcap = h->length + (size_t)1;
+  }
+  size_t have = c->ilen - c->ioff < h->length ? c->ilen - c->ioff : h->length;
+  memcpy(c->rbuf, c->ibuf + c->ioff, have);
+  c->ioff += have;
+  if (c->ioff == c->ilen) c->ioff = c->ilen = 0;
+  return have < h->length ? recv_all(c, c->rbuf + have, h->length - have) : 0; /* the rest */
+}
+
+static pending *find_ticket(nwc_client *c, uint64_t id) {
+  for (unsigned i = 0; i < c->ntickets; i++)
+    if (c->tickets[i].id == id) return &c->tickets[i];
+  return NULL;
+}
+
+static int compute_reply(nwc_client *c, size_t len, void *out, size_t cap, uint64_t off,
+                         nwc_proto_compute *pc);
+
+/* Completes ticket t with the frame just read (h, payload in c->rbuf). */
+static void finish_ticket(nwc_client *c, pending *t, const nwc_proto_hdr *h) {
+  nwc_proto_compute pc = {0};
+  int rc = h->status < 0 ? h->status : compute_reply(c, h->length, t->out, t->cap, 0, &pc);
+  t->done = true, t->status = rc, t->rflags = pc.rflags;
+  c->ticket_bytes -= t->cap;
+  if (rc < 0 && h->status >= 0) {
+    t->msg = strdup(last_error); /* compute_reply's */
+  } else if (rc < 0) {
+    char msg[NWC_PROTO_MAX_MSG];
+    nwc_pr r;
+    nwc_pr_init(&r, c->rbuf, h->length);
+    if (nwc_pr_str(&r, msg, sizeof msg) < 0) snprintf(msg, sizeof msg, "%s", strerror(-rc));
+    t->msg = strdup(msg);
+  }
+}
+
+/* Marks every ticket not yet done as failed with rc (the connection is gone). */
+static void fail_tickets(nwc_client *c, int rc) {
+  for (unsigned i = 0; i < c->ntickets; i++) {
+    pending *t = &c->tickets[i];
+    if (t->done) continue;
+    t->done = true, t->status = rc, t->msg = strdup(last_error);
+    c->ticket_bytes -= t->cap;
+  }
+}
+
+/* Reads one frame; a ticket's reply completes it (*h then has id 0 for the caller).  Returns 0,
+ * or a negative errno once the connection is lost (every ticket then fails with it).  After a
+ * failed send (broken) what the daemon sent before it closed can still be read. */
+static int read_one(nwc_client *c, nwc_proto_hdr *h) {
+  int rc = c->unreadable ? fail(-ENOTCONN, "the connection to nwcd was lost") : read_frame(c, h);
+  if (rc == 0 && h->id == 0 && h->status < 0) { /* about the connection: it is closing */
+    nwc_pr r;
+    nwc_pr_init(&r, c->rbuf, h->length);
+    char msg[NWC_PROTO_MAX_MSG];
+    if (nwc_pr_str(&r, msg, sizeof msg) < 0) snprintf(msg, sizeof msg, "%s", strerror(-h->status));
+    c->broken = true;
+    rc = fail(h->status, "%s", msg);
+  }
+  if (rc < 0) {
+    fail_tickets(c, rc);
+    return rc;
+  }
+  pending *t = h->flags & NWC_PF_EVENT ? NULL : find_ticket(c, h->id);
+  if (t && !t->done) {
+    finish_ticket(c, t, h);
+    h->id = 0;
   }
   return 0;
 }
@@ -134,29 +258,14 @@ static int call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds
   if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET) return rc;
   bool cancelled = false;
   for (;;) {
-    uint8_t hb[NWC_PROTO_HEADER];
-    if ((rc = recv_all(c, hb, sizeof hb)) < 0) return rc;
     nwc_proto_hdr h;
-    if ((rc = nwc_proto_hdr_decode(hb, &h)) < 0) {
-      c->broken = true;
-      return fail(-EBADMSG, "bad frame from nwcd");
-    }
-    if (h.length + (size_t)1 > c->rcap) {
-      uint8_t *b = realloc(c->rbuf, h.length + (size_t)1);
-      if (!b) {
-        c->broken = true;
-        return fail(-ENOMEM, "out of memory for a reply of %u bytes", h.length);
-      }
-      c->rbuf = b, c->rcap = h.length + (size_t)1;
-    }
-    if ((rc = recv_all(c, c->rbuf, h.length)) < 0) return rc;
-    if (h.id != req->id && !(h.id == 0 && h.status < 0)) continue; /* not ours: drop */
+    if ((rc = read_one(c, &h)) < 0) return rc;
+    if (h.id != req->id) continue; /* a ticket's (completed by read_one) or no one's: drop */
     if (h.status < 0) {
       nwc_pr r;
       nwc_pr_init(&r, c->rbuf, h.length);
       char msg[NWC_PROTO_MAX_MSG];
       if (nwc_pr_str(&r, msg, sizeof msg) < 0) snprintf(msg, sizeof msg, "%s", strerror(-h.status));
-      if (h.id == 0) c->broken = true;
       return fail(h.status, "%s", msg);
     }
     if (h.flags & NWC_PF_EVENT) {
@@ -213,6 +322,8 @@ void nwc_client_free(nwc_client *c) {
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_size);
   free(c->rbuf);
+  free(c->ibuf);
+  for (unsigned i = 0; i < c->ntickets; i++) free(c->tickets[i].msg);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -515,8 +626,10 @@ int nwc_client_import(nwc_client *c, const char *model, const char *path,
 
 /* ---- compute ------------------------------------------------------------------------------ */
 
-/* Reads a compute reply: the output (bytes) is copied to out (cap). */
-static int compute_reply(nwc_client *c, size_t len, void *out, size_t cap, nwc_proto_compute *pc) {
+/* Reads a compute reply: the output (bytes, inline or at off in the shared region) is copied to
+ * out (cap). */
+static int compute_reply(nwc_client *c, size_t len, void *out, size_t cap, uint64_t off,
+                         nwc_proto_compute *pc) {
   nwc_pr r;
   nwc_pr_init(&r, c->rbuf, len);
   if (nwc_proto_get_compute(&r, pc) < 0) return bad_reply();
@@ -528,8 +641,10 @@ static int compute_reply(nwc_client *c, size_t len, void *out, size_t cap, nwc_p
     if (!p || nwc_pr_end(&r, "compute") < 0) return bad_reply();
     memcpy(out, p, pc->bytes);
   } else {
-    if (nwc_pr_end(&r, "compute") < 0 || pc->bytes > c->shm_size) return bad_reply();
-    memcpy(out, c->shm, pc->bytes);
+    if (nwc_pr_end(&r, "compute") < 0 || !c->shm || off > c->shm_size ||
+        pc->bytes > c->shm_size - off)
+      return bad_reply();
+    memcpy(out, c->shm + off, pc->bytes);
   }
   return 0;
 }
@@ -544,28 +659,37 @@ static int place_out(nwc_client *c, nwc_proto_req *req, size_t cap, uint64_t off
   return 0;
 }
 
+/* A dequant or gather request (output inline); a gather's row indices go into *idx (malloc'ed,
+ * the caller frees it after sending). */
+static int dequant_gather_req(nwc_proto_req *req, int op, const char *model, const char *tensor,
+                              const uint64_t *rows, size_t n, unsigned flags, uint8_t **idx) {
+  *req = (nwc_proto_req){0};
+  *idx = NULL;
+  set_names(req, op, model, tensor);
+  req->out = flags & NWC_CLIENT_BF16 ? NWC_OUT_BF16 : NWC_OUT_F32;
+  if (op != NWC_OP_GATHER) return 0;
+  if (!rows || n == 0 || n > (NWC_PROTO_MAX_PAYLOAD - 4096) / 8)
+    return fail(-EINVAL, "gather of %zu rows (1..%u)", n, (NWC_PROTO_MAX_PAYLOAD - 4096) / 8);
+  if (!(*idx = malloc(n * 8))) return fail(-ENOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) (*idx)[8 * i + b] = (uint8_t)(rows[i] >> (8 * b));
+  req->nrows = (uint32_t)n, req->rows = *idx;
+  return 0;
+}
+
 static int do_dequant_gather(nwc_client *c, int op, const char *model, const char *tensor,
                              const uint64_t *rows, size_t n, unsigned flags, void *out, size_t cap,
                              uint64_t *orows, uint64_t *ocols, unsigned *rflags) {
-  nwc_proto_req req = {0};
-  set_names(&req, op, model, tensor);
-  req.out = flags & NWC_CLIENT_BF16 ? NWC_OUT_BF16 : NWC_OUT_F32;
-  uint8_t *idx = NULL;
-  if (op == NWC_OP_GATHER) {
-    if (n == 0 || n > (NWC_PROTO_MAX_PAYLOAD - 4096) / 8)
-      return fail(-EINVAL, "gather of %zu rows (1..%u)", n, (NWC_PROTO_MAX_PAYLOAD - 4096) / 8);
-    if (!(idx = malloc(n * 8))) return fail(-ENOMEM, "out of memory");
-    for (size_t i = 0; i < n; i++)
-      for (int b = 0; b < 8; b++) idx[8 * i + b] = (uint8_t)(rows[i] >> (8 * b));
-    req.nrows = (uint32_t)n, req.rows = idx;
-  }
-  int rc = place_out(c, &req, cap, 0);
+  nwc_proto_req req;
+  uint8_t *idx;
+  int rc = dequant_gather_req(&req, op, model, tensor, rows, n, flags, &idx);
+  if (rc == 0) rc = place_out(c, &req, cap, 0);
   size_t len;
   if (rc == 0) rc = call(c, &req, NULL, 0, NULL, NULL, &len);
   free(idx);
   if (rc < 0) return rc;
   nwc_proto_compute pc;
-  if ((rc = compute_reply(c, len, out, cap, &pc)) < 0) return rc;
+  if ((rc = compute_reply(c, len, out, cap, 0, &pc)) < 0) return rc;
   if (orows) *orows = pc.rows;
   if (ocols) *ocols = pc.cols;
   if (rflags) *rflags = pc.rflags;
@@ -587,15 +711,23 @@ int nwc_client_gather(nwc_client *c, const char *model, const char *tensor, cons
                                      NULL, cols, rflags));
 }
 
+/* A matvec request, x inline. */
+static void matvec_req(nwc_proto_req *req, const char *model, const char *tensor, const char *bias,
+                       float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags) {
+  *req = (nwc_proto_req){0};
+  set_names(req, NWC_OP_MATVEC, model, tensor);
+  snprintf(req->bias, sizeof req->bias, "%s", bias ? bias : "");
+  req->scale = scale, req->ncols = ncols;
+  req->out = flags & NWC_CLIENT_BF16 ? NWC_OUT_BF16 : NWC_OUT_F32;
+  req->x_bytes = (uint64_t)ncols * K * 4;
+  req->x = (const uint8_t *)x; /* little-endian floats: the host's order on our targets */
+}
+
 static int do_matvec(nwc_client *c, const char *model, const char *tensor, const char *bias,
                      float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
                      void *y, size_t cap, unsigned *rflags) {
-  nwc_proto_req req = {0};
-  set_names(&req, NWC_OP_MATVEC, model, tensor);
-  snprintf(req.bias, sizeof req.bias, "%s", bias ? bias : "");
-  req.scale = scale, req.ncols = ncols;
-  req.out = flags & NWC_CLIENT_BF16 ? NWC_OUT_BF16 : NWC_OUT_F32;
-  req.x_bytes = (uint64_t)ncols * K * 4;
+  nwc_proto_req req;
+  matvec_req(&req, model, tensor, bias, scale, x, K, ncols, flags);
   int rc = 0;
   uint64_t yoff = 0;
   if (req.x_bytes > INLINE_MAX) {
@@ -604,8 +736,8 @@ static int do_matvec(nwc_client *c, const char *model, const char *tensor, const
     memcpy(c->shm, x, req.x_bytes);
     req.where = NWC_WHERE_SHM, req.in_off = 0;
     req.out_off = yoff, req.out_cap = cap;
+    req.x = NULL;
   } else {
-    req.x = (const uint8_t *)x; /* little-endian floats: the host's order on our targets */
     if ((rc = place_out(c, &req, cap, 0)) < 0) return rc;
     if (req.where == NWC_WHERE_SHM) {
       /* x inline but y in the region: the daemon takes one placement for both. */
@@ -618,31 +750,24 @@ static int do_matvec(nwc_client *c, const char *model, const char *tensor, const
   }
   size_t len;
   if ((rc = call(c, &req, NULL, 0, NULL, NULL, &len)) < 0) return rc;
-  nwc_pr r;
-  nwc_pr_init(&r, c->rbuf, len);
   nwc_proto_compute pc;
-  if (nwc_proto_get_compute(&r, &pc) < 0) return bad_reply();
-  if (pc.bytes > cap)
-    return fail(-ENOSPC, "the output takes %llu bytes, the buffer holds %zu",
-                (unsigned long long)pc.bytes, cap);
-  if (pc.where == NWC_WHERE_INLINE) {
-    const void *p = nwc_pr_bytes(&r, pc.bytes);
-    if (!p || nwc_pr_end(&r, "matvec") < 0) return bad_reply();
-    memcpy(y, p, pc.bytes);
-  } else {
-    if (nwc_pr_end(&r, "matvec") < 0 || yoff + pc.bytes > c->shm_size) return bad_reply();
-    memcpy(y, c->shm + yoff, pc.bytes);
-  }
+  if ((rc = compute_reply(c, len, y, cap, yoff, &pc)) < 0) return rc;
   if (rflags) *rflags = pc.rflags;
+  return 0;
+}
+
+static int check_matvec(const char *model, const char *tensor, const float *x, uint64_t K,
+                        unsigned ncols, const void *y) {
+  if (check_names(model, tensor) < 0 || !tensor || !x || !y || !ncols || !K ||
+      ncols > NWC_PROTO_MAX_COLS)
+    return fail(-EINVAL, "bad arguments (1..%u columns of K > 0 floats)", NWC_PROTO_MAX_COLS);
   return 0;
 }
 
 int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor, const char *bias,
                       float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
                       void *y, size_t cap, unsigned *rflags) {
-  if (check_names(model, tensor) < 0 || !tensor || !x || !y || !ncols || !K ||
-      ncols > NWC_PROTO_MAX_COLS)
-    return fail(-EINVAL, "bad arguments (1..%u columns of K > 0 floats)", NWC_PROTO_MAX_COLS);
+  if (check_matvec(model, tensor, x, K, ncols, y) < 0) return -EINVAL;
   return LOCKED(c, do_matvec(c, model, tensor, bias, scale, x, K, ncols, flags, y, cap, rflags));
 }
 
@@ -659,4 +784,103 @@ int nwc__client_call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned
   if (rc == 0) memcpy(*payload, c->rbuf, n), *len = n;
   pthread_mutex_unlock(&c->lock);
   return rc;
+}
+
+/* ---- pipelining ---------------------------------------------------------------------------- */
+
+/* Sends req (inline both ways, cap bytes of output into out) as a ticket.  Caller holds c->lock. */
+static int submit(nwc_client *c, nwc_proto_req *req, void *out, size_t cap, uint64_t *id) {
+  if (c->broken) return fail(-ENOTCONN, "the connection to nwcd was lost");
+  if (cap > NWC_PROTO_MAX_PAYLOAD - 64 || cap > MAX_TICKET_BYTES)
+    return fail(-E2BIG, "a pipelined output of %zu bytes is larger than a frame (%u); use the "
+                "synchronous call", cap, NWC_PROTO_MAX_PAYLOAD - 64);
+  if (c->ntickets == MAX_TICKETS)
+    return fail(-EBUSY, "%u tickets outstanding: collect some with nwc_client_wait",
+                MAX_TICKETS);
+  while (c->ticket_bytes + cap > MAX_TICKET_BYTES) { /* let replies in flight drain first */
+    nwc_proto_hdr h;
+    int rc = read_one(c, &h);
+    if (rc < 0) return rc;
+  }
+  req->id = ++c->next_id;
+  nwc_pw w;
+  nwc_pw_init(&w);
+  int64_t n = nwc_proto_req_encode(req, &w);
+  int rc = n < 0 ? fail((int)n, "request too large for one frame (%s)", strerror((int)-n))
+                 : send_all(c, w.buf, (size_t)n, NULL, 0);
+  nwc_pw_free(&w);
+  if (rc < 0) return rc;
+  c->tickets[c->ntickets++] = (pending){req->id, out, cap, false, 0, 0, NULL};
+  c->ticket_bytes += cap;
+  *id = req->id;
+  return 0;
+}
+
+int nwc_client_submit_matvec(nwc_client *c, const char *model, const char *tensor,
+                             const char *bias, float scale, const float *x, uint64_t K,
+                             unsigned ncols, unsigned flags, void *y, size_t cap,
+                             uint64_t *ticket) {
+  if (check_matvec(model, tensor, x, K, ncols, y) < 0 || !ticket) return -EINVAL;
+  nwc_proto_req req;
+  matvec_req(&req, model, tensor, bias, scale, x, K, ncols, flags);
+  if (req.x_bytes > NWC_PROTO_MAX_PAYLOAD - 4096)
+    return fail(-E2BIG, "a pipelined x of %llu bytes is larger than a frame; use nwc_client_matvec",
+                (unsigned long long)req.x_bytes);
+  return LOCKED(c, submit(c, &req, y, cap, ticket));
+}
+
+int nwc_client_submit_gather(nwc_client *c, const char *model, const char *tensor,
+                             const uint64_t *rows, size_t n, unsigned flags, void *out, size_t cap,
+                             uint64_t *ticket) {
+  if (check_names(model, tensor) < 0 || !tensor || !out || !ticket)
+    return fail(-EINVAL, "bad arguments");
+  nwc_proto_req req;
+  uint8_t *idx;
+  int rc = dequant_gather_req(&req, NWC_OP_GATHER, model, tensor, rows, n, flags, &idx);
+  if (rc == 0) rc = LOCKED(c, submit(c, &req, out, cap, ticket));
+  free(idx);
+  return rc;
+}
+
+/* Hands back ticket t's outcome and frees its slot. */
+static int collect(nwc_client *c, pending *t, uint64_t *id, unsigned *rflags) {
+  int rc = t->status;
+  if (rc < 0) fail(rc, "%s", t->msg ? t->msg : strerror(-rc));
+  if (id) *id = t->id;
+  if (rflags) *rflags = rc < 0 ? 0 : t->rflags;
+  free(t->msg);
+  *t = c->tickets[--c->ntickets];
+  return rc;
+}
+
+static int do_wait(nwc_client *c, uint64_t id, unsigned *rflags) {
+  if (!find_ticket(c, id))
+    return fail(-ENOENT, "no ticket %llu (never submitted, or collected already)",
+                (unsigned long long)id);
+  pending *t;
+  while (!(t = find_ticket(c, id))->done) {
+    nwc_proto_hdr h;
+    read_one(c, &h); /* a lost connection completes every ticket with its error */
+  }
+  return collect(c, t, NULL, rflags);
+}
+
+static int do_wait_any(nwc_client *c, uint64_t *id, unsigned *rflags) {
+  if (!c->ntickets) return fail(-ENOENT, "no tickets outstanding");
+  for (;;) {
+    pending *oldest = NULL;
+    for (unsigned i = 0; i < c->ntickets; i++)
+      if (c->tickets[i].done && (!oldest || c->tickets[i].id < oldest->id)) oldest = &c->tickets[i];
+    if (oldest) return collect(c, oldest, id, rflags);
+    nwc_proto_hdr h;
+    read_one(c, &h);
+  }
+}
+
+int nwc_client_wait(nwc_client *c, uint64_t ticket, unsigned *rflags) {
+  return LOCKED(c, do_wait(c, ticket, rflags));
+}
+
+int nwc_client_wait_any(nwc_client *c, uint64_t *ticket, unsigned *rflags) {
+  return LOCKED(c, do_wait_any(c, ticket, rflags));
 }

@@ -8,8 +8,9 @@
  *
  * Conventions: every fallible call returns 0 (or a count) or a negative errno; the daemon's
  * one-line message (or the library's own) is then in nwc_client_last_error(), which is
- * thread-local.  Calls on one nwc_client are synchronous and serialized by a mutex, so a client
- * may be shared by threads (they take turns); for parallel requests open one client per thread.
+ * thread-local.  Calls on one nwc_client are serialized by a mutex, so a client may be shared by
+ * threads (they take turns); for parallel requests open one client per thread, or pipeline them
+ * on one connection (nwc_client_submit_*, below).
  * Arrays returned through **out are malloc'ed and freed by the caller with free().  Bulk data
  * above 1 MiB travels through a shared memory region (a sealed memfd passed to the daemon once,
  * on first need); smaller data goes inline.  Tensors are named by model and tensor name.
@@ -209,6 +210,38 @@ NWC_CLIENT_API int nwc_client_map_gather(const nwc_client_mapping *m, const uint
 NWC_CLIENT_API int nwc_client_map_matvec(const nwc_client_mapping *m, const float *bias, float scale,
                                          const float *x, unsigned ncols, unsigned flags, void *y,
                                          size_t cap);
+
+/* ---- pipelining ------------------------------------------------------------------------------
+ * Many requests in flight on one connection: a submit sends the request and returns at once with
+ * a ticket; nwc_client_wait() collects one ticket's outcome, nwc_client_wait_any() the oldest of
+ * those already completed (reading replies as they arrive, in whatever order the daemon finishes
+ * them).  Until its ticket is collected, the output buffer belongs to the library: the reply is
+ * copied into it by whichever call on this client reads it (a wait, a submit, or a synchronous
+ * call, which may be mixed freely with tickets).  x and rows are sent before submit returns.
+ * Pipelined requests carry their data inline: x and the output must each fit one frame (16 MiB;
+ * -E2BIG otherwise: use the synchronous call, which goes through the shared region).  At most 64
+ * tickets may be outstanding (-EBUSY); while 32 MiB of output capacity is in flight a submit
+ * first reads replies.  Threads: every call locks the client, and a wait holds the lock while it
+ * blocks, so a connection is driven by one thread at a time; a ticket may be collected by any
+ * thread, once.  A daemon-side error fails only its own ticket (the others go on); a lost
+ * connection fails every outstanding ticket. */
+
+/* y = scale * (W x) + bias as nwc_client_matvec, without waiting: *ticket (> 0) names it. */
+NWC_CLIENT_API int nwc_client_submit_matvec(nwc_client *c, const char *model, const char *tensor,
+                                            const char *bias, float scale, const float *x,
+                                            uint64_t K, unsigned ncols, unsigned flags, void *y,
+                                            size_t cap, uint64_t *ticket);
+/* Rows by index as nwc_client_gather, without waiting. */
+NWC_CLIENT_API int nwc_client_submit_gather(nwc_client *c, const char *model, const char *tensor,
+                                            const uint64_t *rows, size_t n, unsigned flags,
+                                            void *out, size_t cap, uint64_t *ticket);
+/* Waits for ticket: 0 (the output is in its buffer; *rflags, may be NULL, as for the synchronous
+ * call) or the request's negative errno with the daemon's message in nwc_client_last_error().
+ * -ENOENT for a ticket that is not outstanding. */
+NWC_CLIENT_API int nwc_client_wait(nwc_client *c, uint64_t ticket, unsigned *rflags);
+/* Waits until some ticket completes and collects it: *ticket gets which, the return value is its
+ * outcome as for nwc_client_wait.  -ENOENT (and *ticket untouched) when none is outstanding. */
+NWC_CLIENT_API int nwc_client_wait_any(nwc_client *c, uint64_t *ticket, unsigned *rflags);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
  * nwcd.h - what the daemon's modules share (not installed).
  *
  *   main.c       flags -> nwcd_config, signals, startup and shutdown order
- *   server.c     libuv loop: listening socket, connections, framing, back-pressure, outbox
+ *   server.c     libuv loop: listening socket, connections, framing, back-pressure, replies
  *   ops.c        request handlers (run on worker threads), reply encoding, matvec batching
  *   pool.c       worker threads and their job queue (coalescing hook for batched matvec)
  *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
@@ -254,7 +254,7 @@ typedef struct nwcd_job {
   struct nwcd_job *next;
   struct nwcd_job *batch;    /* further matvec jobs sharing this one's pass */
   nwcd *d;
-  struct nwcd_conn *conn;    /* held by the loop thread for the job's life */
+  struct nwcd_conn *conn;    /* referenced for the job's life */
   uint8_t *shm;              /* the connection's shared region (or NULL), size shm_size */
   uint64_t shm_size;
   nwc_proto_req req;         /* rows, x point into payload */
@@ -280,8 +280,9 @@ void nwcd_ops_run(nwcd_job *j);
 bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b);
 void nwcd_job_free(nwcd_job *j);
 
-/* server.c: hands a finished frame (buf malloc'ed, ownership passes) for job j's connection;
- * final marks the job's last frame (the job is freed on the loop thread after it). */
+/* server.c, called on the worker: writes a finished frame (buf malloc'ed, ownership passes; NULL:
+ * none) to job j's connection, or queues it behind unsent ones; final marks the job's last frame,
+ * after which j is freed (do not touch it again). */
 void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
 int nwcd_server_run(nwcd *d);
 void nwcd_server_get_stats(nwcd *d, nwc_proto_stats *s);

@@ -2,6 +2,8 @@
  * pool.c - nwcd's worker threads and their job queue.
  *
  * Design: one FIFO under a mutex and a condition variable; the loop thread submits, workers pop.
+ * A submit signals only when a worker is idle, and after unlocking, so that the woken worker
+ * does not block on the mutex the submitter still holds (one futex wake per request at most).
  * When a worker pops a matvec job it also takes, from anywhere in the queue, the jobs that
  * nwcd_ops_can_batch() says may share its decoder pass (same tensor, bias, scale and output; up
  * to 8 columns in all), chained on job->batch: concurrent matvecs of several clients on one
@@ -31,7 +33,7 @@ struct nwcd_pool {
   pthread_cond_t cond;
   nwcd_job *head, *tail;
   bool stop;
-  unsigned nthreads;
+  unsigned nthreads, idle; /* idle: workers waiting on cond */
   void (*run)(nwcd_job *);
   pthread_t threads[];
 };
@@ -40,7 +42,11 @@ static void *worker(void *arg) {
   nwcd_pool *p = arg;
   pthread_mutex_lock(&p->lock);
   for (;;) {
-    while (!p->head && !p->stop && !p->regions) pthread_cond_wait(&p->cond, &p->lock);
+    while (!p->head && !p->stop && !p->regions) {
+      p->idle++;
+      pthread_cond_wait(&p->cond, &p->lock);
+      p->idle--;
+    }
     if (p->regions) { /* parts of a parallel region first */
       region *g = p->regions;
       uint64_t i = g->next_part++;
@@ -104,8 +110,9 @@ void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j) {
   if (p->tail) p->tail->next = j;
   else p->head = j;
   p->tail = j;
-  pthread_cond_signal(&p->cond);
+  bool wake = p->idle > 0; /* a busy worker finds the job when it comes back for the next */
   pthread_mutex_unlock(&p->lock);
+  if (wake) pthread_cond_signal(&p->cond); /* after unlocking: the woken worker gets the lock */
 }
 
 void nwcd_pool_parallel(nwcd_pool *p, uint64_t n, void (*fn)(void *ctx, uint64_t i), void *ctx) {

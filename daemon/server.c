@@ -11,14 +11,26 @@
  *
  * Connection life: refs counts the open socket (1) plus each job in flight.  Closing stops the
  * poll handle and uv_close()s it; the close callback closes the descriptor and drops the socket's
- * reference; the struct (with its shared-region mapping) is freed when refs reaches 0, so a
- * worker still running a request of a vanished client never touches freed memory, and its reply
- * is dropped.  Only the loop thread touches a connection, except a job's read of the shared
- * region, which stays mapped until the struct is freed.
+ * reference; the struct (with its shared-region mapping) is freed by whoever drops the last
+ * reference (the loop, or the worker finishing the connection's last job), so a worker still
+ * running a request of a vanished client never touches freed memory, and its reply is dropped.
+ *
+ * Replies (the latency path): a worker writes its reply frames to the socket itself, with no
+ * hand-off to the loop thread.  Each connection's output (the queue of unsent frames and the
+ * descriptor's write side) is guarded by its olock: a frame is sent at once when nothing is
+ * queued before it, otherwise (or for what a full socket buffer did not take) queued whole, in
+ * order, and the loop thread writes the queue as the socket becomes writable; frames never
+ * interleave.  odead, set under olock before the descriptor is closed, stops every later write.
+ * A worker wakes the loop (uv_async) only when the loop must act: it queued the first frame of
+ * an empty queue (the loop must poll for writability), a write failed, the connection's reading
+ * is paused for back-pressure, or the daemon is stopping.  Everything else about a connection
+ * (reading, framing, the descriptor queue, the connection list) is the loop thread's alone.
  *
  * Back-pressure: a connection stops being read while it has max_inflight requests in flight or
  * max_outq reply bytes queued (a client that stops reading its replies), and resumes as they
- * drain; everyone else is served meanwhile.  Framing errors (bad magic, oversized, unknown
+ * drain; everyone else is served meanwhile.  The loop sets paused before it stops reading for
+ * back-pressure and re-checks afterwards; a worker finishing a job drops inflight before it reads
+ * paused, so one of the two always sees the other (no lost wake-up).  Framing errors (bad magic, oversized, unknown
  * flags) get an error reply and a disconnect, since the stream cannot be resynchronized; a
  * malformed payload inside a good frame gets an error reply and the connection stays.
  */
@@ -48,14 +60,6 @@ typedef struct outbuf {
   size_t len, off;
 } outbuf;
 
-typedef struct outmsg {
-  struct outmsg *next;
-  nwcd_job *job;
-  uint8_t *buf;
-  size_t len;
-  bool final;
-} outmsg;
-
 typedef struct nwcd_server nwcd_server;
 
 typedef struct nwcd_conn {
@@ -65,19 +69,23 @@ typedef struct nwcd_conn {
   uid_t uid;
   gid_t gid;
   pid_t pid;
-  unsigned refs;
-  bool closing, hello, close_after_flush;
+  atomic_uint refs;
+  atomic_uint inflight;
+  atomic_bool paused; /* reading stopped for back-pressure: a finishing job wakes the loop */
+  bool closing, hello, close_after_flush; /* loop thread only, like everything down to next */
   int events;
   uint8_t *rbuf;
   size_t roff, rlen, rcap; /* unparsed bytes are rbuf[roff .. rlen) */
   int fdq[MAX_QUEUED_FDS];
   unsigned nfdq;
+  struct nwcd_conn *next, *prev;
+  pthread_mutex_t olock; /* the output: queue, odead, oerr, writes to fd */
   outbuf *oh, *ot;
-  size_t obytes;
-  unsigned inflight;
+  atomic_size_t obytes; /* queued, unsent reply bytes (written under olock) */
+  bool odead;           /* the descriptor is closing: nothing more is written */
+  bool oerr;            /* a write failed: the loop closes the connection */
   uint8_t *shm;
   uint64_t shm_size;
-  struct nwcd_conn *next, *prev;
 } nwcd_conn;
 
 struct nwcd_server {
@@ -88,11 +96,12 @@ struct nwcd_server {
   uv_async_t async;
   uv_signal_t sigint, sigterm;
   uv_timer_t deadline;
-  pthread_mutex_t lock;
-  outmsg *mh, *mt;
+  pthread_mutex_t lock; /* async_closed, so that no worker wakes a closed handle */
+  bool async_closed;
   nwcd_conn *conns;
-  bool stopping, closed_all;
-  uint64_t jobs; /* in flight on the pool, all connections */
+  atomic_bool stopping;
+  bool closed_all;
+  atomic_uint_fast64_t jobs; /* in flight on the pool, all connections */
   ino_t sock_ino;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
@@ -102,14 +111,23 @@ static void conn_update(nwcd_conn *c);
 static void conn_input(nwcd_conn *c);
 static void check_shutdown(nwcd_server *s);
 
+/* Drops a reference (any thread); the last one frees the struct. */
 static void conn_unref(nwcd_conn *c) {
-  if (--c->refs) return;
+  if (atomic_fetch_sub(&c->refs, 1) != 1) return;
   for (unsigned i = 0; i < c->nfdq; i++) close(c->fdq[i]);
   for (outbuf *o = c->oh, *n; o; o = n) n = o->next, free(o->buf), free(o);
   if (c->shm) munmap(c->shm, c->shm_size);
   free(c->rbuf);
+  pthread_mutex_destroy(&c->olock);
   atomic_fetch_sub(&c->srv->d->stats.connections, 1);
   free(c);
+}
+
+/* Wakes the loop thread (any thread) unless the daemon has closed its wake-up handle. */
+static void wake_loop(nwcd_server *s) {
+  pthread_mutex_lock(&s->lock);
+  if (!s->async_closed) uv_async_send(&s->async);
+  pthread_mutex_unlock(&s->lock);
 }
 
 static void on_conn_closed(uv_handle_t *h) {
@@ -126,53 +144,73 @@ static void on_conn_closed(uv_handle_t *h) {
 static void conn_close(nwcd_conn *c) {
   if (c->closing) return;
   c->closing = true;
+  pthread_mutex_lock(&c->olock);
+  c->odead = true;
+  pthread_mutex_unlock(&c->olock);
   uv_poll_stop(&c->poll);
   uv_close((uv_handle_t *)&c->poll, on_conn_closed);
 }
 
-/* Writes what the queue holds; 0, or -1 when the connection was closed. */
-static int conn_flush(nwcd_conn *c) {
-  while (c->oh && !c->closing) {
-    outbuf *o = c->oh;
-    ssize_t n = send(c->fd, o->buf + o->off, o->len - o->off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) break;
-      conn_close(c);
-      return -1;
-    }
-    o->off += (size_t)n;
-    c->obytes -= (size_t)n;
-    if (o->off == o->len) {
-      c->oh = o->next;
-      if (!c->oh) c->ot = NULL;
-      free(o->buf), free(o);
-    }
+/* Sends buf[*off .. len) until done or the socket is full; false when the write failed. */
+static bool send_some(int fd, const uint8_t *buf, size_t len, size_t *off) {
+  while (*off < len) {
+    ssize_t n = send(fd, buf + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    *off += (size_t)n;
   }
-  if (!c->oh && c->close_after_flush) {
-    conn_close(c);
-    return -1;
-  }
-  return 0;
+  return true;
 }
 
-/* Queues a frame (takes buf) and tries to write it at once. */
-static void conn_send(nwcd_conn *c, uint8_t *buf, size_t len) {
-  if (c->closing) {
-    free(buf);
-    return;
+/* Writes what the queue holds (caller holds olock); a failed write sets oerr. */
+static void flush_locked(nwcd_conn *c) {
+  while (c->oh && !c->odead && !c->oerr) {
+    outbuf *o = c->oh;
+    size_t off0 = o->off;
+    c->oerr = !send_some(c->fd, o->buf, o->len, &o->off);
+    atomic_fetch_sub(&c->obytes, o->off - off0);
+    if (o->off < o->len) break;
+    c->oh = o->next;
+    if (!c->oh) c->ot = NULL;
+    free(o->buf), free(o);
+  }
+}
+
+/* Writes a whole frame (takes buf), from any thread: at once when nothing is queued before it,
+ * else (or its unsent rest) at the end of the queue.  Returns true when the loop must look at c:
+ * the queue was empty before (it must poll for writability) or the connection failed. */
+static bool conn_put(nwcd_conn *c, uint8_t *buf, size_t len) {
+  bool wake = false;
+  size_t off = 0;
+  pthread_mutex_lock(&c->olock);
+  if (c->odead || c->oerr) goto drop;
+  if (!c->oh) {
+    if (!send_some(c->fd, buf, len, &off)) goto fail;
+    if (off == len) goto drop; /* all sent */
+    wake = true;
   }
   outbuf *o = malloc(sizeof *o);
-  if (!o) {
-    free(buf);
-    conn_close(c);
-    return;
-  }
-  *o = (outbuf){NULL, buf, len, 0};
+  if (!o) goto fail; /* part of the frame may have gone out: the stream cannot continue */
+  *o = (outbuf){NULL, buf, len, off};
   if (c->ot) c->ot->next = o;
   else c->oh = o;
   c->ot = o;
-  c->obytes += len;
-  if (conn_flush(c) == 0) conn_update(c);
+  atomic_fetch_add(&c->obytes, len - off);
+  pthread_mutex_unlock(&c->olock);
+  return wake;
+fail:
+  c->oerr = true;
+  wake = true;
+drop:
+  pthread_mutex_unlock(&c->olock);
+  free(buf);
+  return wake;
+}
+
+/* conn_put from the loop thread, which then polls as needed. */
+static void conn_send(nwcd_conn *c, uint8_t *buf, size_t len) {
+  conn_put(c, buf, len);
+  conn_update(c);
 }
 
 /* An error reply: status err, payload the message (detail or errno text). */
@@ -197,15 +235,30 @@ static void conn_error(nwcd_conn *c, const nwc_proto_hdr *h, int err, const char
 
 static bool conn_can_read(const nwcd_conn *c) {
   const nwcd_config *cfg = &c->srv->d->cfg;
-  return !c->closing && !c->close_after_flush && !c->srv->stopping &&
-         c->inflight < cfg->max_inflight && c->obytes < cfg->max_outq;
+  return !c->closing && !c->close_after_flush && !atomic_load(&c->srv->stopping) &&
+         atomic_load(&c->inflight) < cfg->max_inflight && atomic_load(&c->obytes) < cfg->max_outq;
 }
 
 static void on_conn_poll(uv_poll_t *h, int status, int events);
 
+/* Re-evaluates what c waits for (loop thread): closes it after a failed write, or once the
+ * reply that ends it is written; else polls for reading unless back-pressure holds it (then
+ * paused is set), and for writing while output is queued. */
 static void conn_update(nwcd_conn *c) {
   if (c->closing) return;
-  int ev = (conn_can_read(c) ? UV_READABLE : 0) | (c->oh ? UV_WRITABLE : 0);
+  pthread_mutex_lock(&c->olock);
+  bool queued = c->oh != NULL, err = c->oerr;
+  pthread_mutex_unlock(&c->olock);
+  if (err || (!queued && c->close_after_flush)) {
+    conn_close(c);
+    return;
+  }
+  bool rd = conn_can_read(c);
+  if (!rd && !atomic_load(&c->paused)) {
+    atomic_store(&c->paused, true);
+    if (conn_can_read(c)) uv_async_send(&c->srv->async); /* a job finished meanwhile */
+  }
+  int ev = (rd ? UV_READABLE : 0) | (queued ? UV_WRITABLE : 0);
   if (ev == c->events) return;
   c->events = ev;
   if (ev) uv_poll_start(&c->poll, ev, on_conn_poll);
@@ -325,7 +378,9 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   }
   j->conn = c, j->shm = c->shm, j->shm_size = c->shm_size;
   j->started_ns = nwcd_now_ns();
-  c->refs++, c->inflight++, c->srv->jobs++;
+  atomic_fetch_add(&c->refs, 1);
+  atomic_fetch_add(&c->inflight, 1);
+  atomic_fetch_add(&c->srv->jobs, 1);
   nwcd_pool_submit(d->pool, j);
 }
 
@@ -392,8 +447,17 @@ static void conn_read(nwcd_conn *c) {
       return;
     }
     c->rlen += (size_t)n;
+    bool drained = (size_t)n < iov.iov_len; /* a short read: nothing more is waiting now */
     conn_input(c);
+    if (drained) break;
   }
+}
+
+/* Parses what back-pressure held back once it lets go; otherwise just re-polls. */
+static void conn_resume(nwcd_conn *c) {
+  if (c->closing) return;
+  if (atomic_exchange(&c->paused, false)) conn_input(c); /* ends with conn_update */
+  else conn_update(c);
 }
 
 static void on_conn_poll(uv_poll_t *h, int status, int events) {
@@ -402,9 +466,13 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
     conn_close(c);
     return;
   }
-  if ((events & UV_WRITABLE) && conn_flush(c) < 0) return;
+  if (events & UV_WRITABLE) {
+    pthread_mutex_lock(&c->olock);
+    flush_locked(c);
+    pthread_mutex_unlock(&c->olock);
+  }
   if (events & UV_READABLE) conn_read(c);
-  if (!c->closing) conn_update(c);
+  conn_resume(c);
   check_shutdown(c->srv);
 }
 
@@ -417,7 +485,7 @@ static unsigned conns_of_uid(nwcd_server *s, uid_t uid) {
 static void on_listen(uv_poll_t *h, int status, int events) {
   nwcd_server *s = h->data;
   (void)events;
-  if (status < 0 || s->stopping) return;
+  if (status < 0 || atomic_load(&s->stopping)) return;
   for (int k = 0; k < 64; k++) {
     int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
@@ -452,7 +520,9 @@ static void on_listen(uv_poll_t *h, int status, int events) {
       close(fd);
       continue;
     }
-    c->srv = s, c->fd = fd, c->uid = cred.uid, c->gid = cred.gid, c->pid = cred.pid, c->refs = 1;
+    c->srv = s, c->fd = fd, c->uid = cred.uid, c->gid = cred.gid, c->pid = cred.pid;
+    atomic_init(&c->refs, 1);
+    pthread_mutex_init(&c->olock, NULL);
     uv_poll_init(&s->loop, &c->poll, fd);
     c->poll.data = c;
     c->next = s->conns;
@@ -464,41 +534,27 @@ static void on_listen(uv_poll_t *h, int status, int events) {
   }
 }
 
+/* Called on the worker: writes the frame itself (conn_put) and, after the final one, retires the
+ * job; wakes the loop only when it has something to do. */
 void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final) {
   nwcd_server *s = j->d->server;
-  outmsg *m = malloc(sizeof *m);
-  while (!m) { /* the job's completion must reach the loop: retry rather than leak it */
-    usleep(1000);
-    m = malloc(sizeof *m);
+  nwcd_conn *c = j->conn;
+  bool wake = buf && conn_put(c, buf, len);
+  if (final) {
+    nwcd_job_free(j);
+    atomic_fetch_sub(&c->inflight, 1);
+    wake |= atomic_load(&c->paused);
+    atomic_fetch_sub(&s->jobs, 1);
+    wake |= atomic_load(&s->stopping);
   }
-  *m = (outmsg){NULL, j, buf, len, final};
-  pthread_mutex_lock(&s->lock);
-  if (s->mt) s->mt->next = m;
-  else s->mh = m;
-  s->mt = m;
-  pthread_mutex_unlock(&s->lock);
-  uv_async_send(&s->async);
+  if (wake) wake_loop(s);
+  if (final) conn_unref(c);
 }
 
+/* A worker's wake-up: connections that queued output, failed, or may read again. */
 static void on_async(uv_async_t *a) {
   nwcd_server *s = a->data;
-  pthread_mutex_lock(&s->lock);
-  outmsg *m = s->mh;
-  s->mh = s->mt = NULL;
-  pthread_mutex_unlock(&s->lock);
-  while (m) {
-    outmsg *next = m->next;
-    nwcd_conn *c = m->job->conn;
-    if (m->buf) conn_send(c, m->buf, m->len);
-    if (m->final) {
-      c->inflight--, s->jobs--;
-      nwcd_job_free(m->job);
-      if (!c->closing) conn_input(c); /* frames held back by back-pressure */
-      conn_unref(c);
-    }
-    free(m);
-    m = next;
-  }
+  for (nwcd_conn *c = s->conns; c; c = c->next) conn_resume(c);
   check_shutdown(s);
 }
 
@@ -509,7 +565,10 @@ static void close_everything(nwcd_server *s) {
   s->closed_all = true;
   nwcd_service_close(); /* SIGHUP and watchdog handles, the service thread (notify.c) */
   for (nwcd_conn *c = s->conns; c; c = c->next) conn_close(c);
+  pthread_mutex_lock(&s->lock);
+  s->async_closed = true;
   uv_close((uv_handle_t *)&s->async, on_closed_quiet);
+  pthread_mutex_unlock(&s->lock);
   uv_close((uv_handle_t *)&s->sigint, on_closed_quiet);
   uv_close((uv_handle_t *)&s->sigterm, on_closed_quiet);
   uv_close((uv_handle_t *)&s->deadline, on_closed_quiet);
@@ -517,9 +576,9 @@ static void close_everything(nwcd_server *s) {
 
 /* While stopping: once no request is in flight and every reply is written, close all. */
 static void check_shutdown(nwcd_server *s) {
-  if (!s->stopping || s->closed_all || s->jobs) return;
+  if (!atomic_load(&s->stopping) || s->closed_all || atomic_load(&s->jobs)) return;
   for (nwcd_conn *c = s->conns; c; c = c->next)
-    if (c->inflight || (c->oh && !c->closing)) return;
+    if (atomic_load(&c->inflight) || (atomic_load(&c->obytes) && !c->closing)) return;
   close_everything(s);
 }
 
@@ -531,9 +590,9 @@ static void on_deadline(uv_timer_t *t) {
 
 static void on_signal(uv_signal_t *h, int signum) {
   nwcd_server *s = h->data;
-  if (s->stopping) return;
+  if (atomic_load(&s->stopping)) return;
   nwcd_log(NWCD_LOG_INFO, "%s: stopping (finishing requests in flight)", strsignal(signum));
-  s->stopping = true;
+  atomic_store(&s->stopping, true);
   nwcd_service_stopping(); /* STOPPING=1 (notify.c) */
   uv_close((uv_handle_t *)&s->listen, on_closed_quiet);
   close(s->lfd);
@@ -649,19 +708,10 @@ int nwcd_server_run(nwcd *d) {
   printf("nwcd: ready on %s\n", path);
   fflush(stdout);
   uv_run(&s->loop, UV_RUN_DEFAULT);
-  /* Workers may still run jobs of connections closed by the deadline: drain their outbox. */
+  /* Workers may still run jobs of connections closed by the deadline: their replies are
+   * dropped (odead) and the last job of each frees its connection. */
   nwcd_pool_free(d->pool);
   d->pool = NULL;
-  for (outmsg *m = s->mh, *n; m; m = n) {
-    n = m->next;
-    free(m->buf);
-    if (m->final) {
-      nwcd_conn *c = m->job->conn;
-      nwcd_job_free(m->job);
-      conn_unref(c);
-    }
-    free(m);
-  }
   uv_loop_close(&s->loop);
   pthread_mutex_destroy(&s->lock);
   free(s);
