@@ -28,11 +28,12 @@
  *
  * Back-pressure: a connection stops being read while it has max_inflight requests in flight or
  * max_outq reply bytes queued (a client that stops reading its replies), and resumes as they
- * drain; everyone else is served meanwhile.  The loop sets paused before it stops reading for
- * back-pressure and re-checks afterwards; a worker finishing a job drops inflight before it reads
- * paused, so one of the two always sees the other (no lost wake-up).  Framing errors (bad magic, oversized, unknown
- * flags) get an error reply and a disconnect, since the stream cannot be resynchronized; a
- * malformed payload inside a good frame gets an error reply and the connection stays.
+ * drain; everyone else is served meanwhile.  The loop sets paused before it holds frames back
+ * or stops polling for back-pressure and re-checks afterwards; a worker finishing a job drops
+ * inflight before it reads paused, so one of the two always sees the other (no lost wake-up).
+ * Framing errors (bad magic, oversized, unknown flags) get an error reply and a disconnect,
+ * since the stream cannot be resynchronized; a malformed payload inside a good frame gets an
+ * error reply and the connection stays.
  */
 #include "nwcd.h"
 #include "service.h"
@@ -254,9 +255,9 @@ static void conn_update(nwcd_conn *c) {
     return;
   }
   bool rd = conn_can_read(c);
-  if (!rd && !atomic_load(&c->paused)) {
+  if (!rd) {
     atomic_store(&c->paused, true);
-    if (conn_can_read(c)) uv_async_send(&c->srv->async); /* a job finished meanwhile */
+    if ((rd = conn_can_read(c))) uv_async_send(&c->srv->async); /* a job finished meanwhile */
   }
   int ev = (rd ? UV_READABLE : 0) | (queued ? UV_WRITABLE : 0);
   if (ev == c->events) return;
@@ -386,7 +387,12 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
 
 /* Parses the complete frames buffered on c while it may take more. */
 static void conn_input(nwcd_conn *c) {
-  while (!c->closing && conn_can_read(c) && c->rlen - c->roff >= NWC_PROTO_HEADER) {
+  while (!c->closing && c->rlen - c->roff >= NWC_PROTO_HEADER) {
+    if (!conn_can_read(c)) { /* held back: a finishing job wakes the loop, or one just did */
+      atomic_store(&c->paused, true);
+      if (!conn_can_read(c)) break;
+      atomic_store(&c->paused, false);
+    }
     nwc_proto_hdr h;
     int rc = nwc_proto_hdr_decode(c->rbuf + c->roff, &h);
     if (rc < 0) {
