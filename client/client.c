@@ -433,6 +433,7 @@ static int do_list(nwc_client *c, int op, const char *model, void **out, size_t 
       memcpy(o->model, p.model, sizeof o->model), memcpy(o->tensor, p.tensor, sizeof o->tensor);
       o->bytes = p.bytes, o->pinned = p.pinned, o->locked = p.locked, o->direct = p.direct;
       o->refs = p.refs, o->last_used_ms = p.last_used_ms, o->maps = p.maps;
+      o->device = p.device;
     }
   }
   if (nwc_pr_end(&r, "list") < 0) {
@@ -522,6 +523,24 @@ int nwc_client_load(nwc_client *c, const char *model, const char *tensor,
                     nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
   if (check_names(model, tensor) < 0) return -EINVAL;
   return LOCKED(c, do_simple(c, NWC_OP_LOAD, model, tensor, progress, ctx, res));
+}
+static int do_load_on(nwc_client *c, const char *model, const char *tensor, int device,
+                      nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
+  nwc_proto_req req = {0};
+  set_names(&req, NWC_OP_LOAD_ON, model, tensor);
+  req.device = device;
+  size_t len;
+  int rc = call(c, &req, NULL, 0, progress, ctx, &len);
+  if (rc < 0) return rc;
+  nwc_pr r;
+  if ((rc = get_result(c, len, res, &r)) < 0) return rc;
+  return nwc_pr_end(&r, "result") < 0 ? bad_reply() : 0;
+}
+int nwc_client_load_on(nwc_client *c, const char *model, const char *tensor, int device,
+                       nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
+  if (check_names(model, tensor) < 0) return -EINVAL;
+  if (device < NWC_CLIENT_CPU) return fail(-EINVAL, "device %d (-1 host, 0.. CUDA)", device);
+  return LOCKED(c, do_load_on(c, model, tensor, device, progress, ctx, res));
 }
 int nwc_client_evict(nwc_client *c, const char *model, const char *tensor, nwc_client_result *res) {
   if (check_names(model, tensor) < 0) return -EINVAL;
@@ -711,7 +730,7 @@ int nwc_client_gather(nwc_client *c, const char *model, const char *tensor, cons
                                      NULL, cols, rflags));
 }
 
-/* A matvec request, x inline. */
+/* A matvec request, x inline (matvec_ipc: x NULL, then the op changed). */
 static void matvec_req(nwc_proto_req *req, const char *model, const char *tensor, const char *bias,
                        float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags) {
   *req = (nwc_proto_req){0};
@@ -883,4 +902,69 @@ int nwc_client_wait(nwc_client *c, uint64_t ticket, unsigned *rflags) {
 
 int nwc_client_wait_any(nwc_client *c, uint64_t *ticket, unsigned *rflags) {
   return LOCKED(c, do_wait_any(c, ticket, rflags));
+}
+
+/* ---- CUDA IPC ----------------------------------------------------------------------------- */
+
+static int do_cuda(nwc_client *c, nwc_proto_req *req, const nwc_client_cuda_buf *x,
+                   const nwc_client_cuda_buf *y, const void *event, nwc_proto_compute *pc) {
+  if (x) {
+    memcpy(req->ipc_x, x->handle, NWC_PROTO_IPC_HANDLE);
+    req->in_off = x->offset;
+    if (x->bytes < req->x_bytes)
+      return fail(-EINVAL, "x buffer of %llu bytes; %u columns of K floats need %llu",
+                  (unsigned long long)x->bytes, req->ncols, (unsigned long long)req->x_bytes);
+  }
+  memcpy(req->ipc_y, y->handle, NWC_PROTO_IPC_HANDLE);
+  req->out_off = y->offset, req->out_cap = y->bytes;
+  if (event) memcpy(req->ipc_event, event, NWC_PROTO_IPC_HANDLE), req->has_event = 1;
+  size_t len;
+  int rc = call(c, req, NULL, 0, NULL, NULL, &len);
+  if (rc < 0) return rc;
+  nwc_pr r;
+  nwc_pr_init(&r, c->rbuf, len);
+  if (nwc_proto_get_compute(&r, pc) < 0 || nwc_pr_end(&r, "compute") < 0 ||
+      pc->where != NWC_WHERE_DEVICE)
+    return bad_reply();
+  return 0;
+}
+
+static int do_matvec_cuda(nwc_client *c, const char *model, const char *tensor, const char *bias,
+                          float scale, const nwc_client_cuda_buf *x, uint64_t K, unsigned ncols,
+                          const nwc_client_cuda_buf *y, unsigned flags, const void *event) {
+  nwc_proto_req req;
+  matvec_req(&req, model, tensor, bias, scale, NULL, K, ncols, flags);
+  req.op = NWC_OP_MATVEC_IPC;
+  nwc_proto_compute pc;
+  return do_cuda(c, &req, x, y, event, &pc);
+}
+
+int nwc_client_matvec_cuda(nwc_client *c, const char *model, const char *tensor, const char *bias,
+                           float scale, const nwc_client_cuda_buf *x, uint64_t K, unsigned ncols,
+                           const nwc_client_cuda_buf *y, unsigned flags, const void *event) {
+  if (check_names(model, tensor) < 0 || !tensor || !x || !y || !ncols || !K ||
+      ncols > NWC_PROTO_MAX_COLS)
+    return fail(-EINVAL, "bad arguments (1..%u columns of K > 0 floats, buffers required)",
+                NWC_PROTO_MAX_COLS);
+  return LOCKED(c, do_matvec_cuda(c, model, tensor, bias, scale, x, K, ncols, y, flags, event));
+}
+
+static int do_dequant_cuda(nwc_client *c, const char *model, const char *tensor, unsigned flags,
+                           const nwc_client_cuda_buf *out, const void *event, uint64_t *rows,
+                           uint64_t *cols) {
+  nwc_proto_req req = {0};
+  set_names(&req, NWC_OP_DEQUANT_IPC, model, tensor);
+  req.out = flags & NWC_CLIENT_BF16 ? NWC_OUT_BF16 : NWC_OUT_F32;
+  nwc_proto_compute pc;
+  int rc = do_cuda(c, &req, NULL, out, event, &pc);
+  if (rc == 0 && rows) *rows = pc.rows;
+  if (rc == 0 && cols) *cols = pc.cols;
+  return rc;
+}
+
+int nwc_client_dequant_cuda(nwc_client *c, const char *model, const char *tensor, unsigned flags,
+                            const nwc_client_cuda_buf *out, const void *event, uint64_t *rows,
+                            uint64_t *cols) {
+  if (check_names(model, tensor) < 0 || !tensor || !out) return fail(-EINVAL, "bad arguments");
+  return LOCKED(c, do_dequant_cuda(c, model, tensor, flags, out, event, rows, cols));
 }

@@ -91,7 +91,10 @@ typedef struct nwc_client_resident {
   unsigned refs;
   int64_t last_used_ms;
   unsigned maps; /* client mappings (nwc_client_map) holding it */
+  int device; /* NWC_CLIENT_CPU (host memory) or the CUDA device it lives on */
 } nwc_client_resident;
+
+#define NWC_CLIENT_CPU (-1) /* device of a tensor resident in host memory */
 
 typedef struct nwc_client_result {
   uint64_t tensors, bytes, skipped, micros;
@@ -106,6 +109,7 @@ typedef struct nwc_client_counters {
   uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
   uint64_t mlock_ok, mlock_failed, mapped_computes, batched_passes, batched_columns;
   uint64_t threads;
+  uint64_t gpu_budget, gpu_resident_bytes; /* summed over the daemon's CUDA devices */
   char backend[16];
 } nwc_client_counters;
 
@@ -134,6 +138,11 @@ NWC_CLIENT_API int nwc_client_remove(nwc_client *c, const char *model);
 NWC_CLIENT_API int nwc_client_load(nwc_client *c, const char *model, const char *tensor,
                                    nwc_client_progress_fn progress, void *ctx,
                                    nwc_client_result *res);
+/* load onto a given place: device NWC_CLIENT_CPU (host memory) or a CUDA device 0..; a tensor
+ * already resident elsewhere is -EEXIST, a device the daemon lacks -ENODEV. */
+NWC_CLIENT_API int nwc_client_load_on(nwc_client *c, const char *model, const char *tensor,
+                                      int device, nwc_client_progress_fn progress, void *ctx,
+                                      nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_evict(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *tensor,
@@ -242,6 +251,36 @@ NWC_CLIENT_API int nwc_client_wait(nwc_client *c, uint64_t ticket, unsigned *rfl
 /* Waits until some ticket completes and collects it: *ticket gets which, the return value is its
  * outcome as for nwc_client_wait.  -ENOENT (and *ticket untouched) when none is outstanding. */
 NWC_CLIENT_API int nwc_client_wait_any(nwc_client *c, uint64_t *ticket, unsigned *rflags);
+
+/*
+ * CUDA IPC (daemons with the cuda backend; the library itself needs no CUDA): the client's own
+ * device memory, named by the 64 bytes of a cudaIpcMemHandle_t from cudaIpcGetMemHandle(base)
+ * and the offset of the buffer inside that allocation (cuMemGetAddressRange gives the base of a
+ * pointer), with the bytes the buffer holds.  The daemon opens the handle for the request,
+ * checks offset and size against the allocation and the request, and replies when the output is
+ * written.  event (NULL or 64 bytes of a cudaIpcEventHandle_t of an event made with
+ * cudaEventInterprocess | cudaEventDisableTiming): the daemon waits for it before reading, so
+ * the client may record it after the kernels that write x instead of synchronizing.  The tensor
+ * must live on a device (it is loaded onto the default one if absent); -ENOTSUP if it is in
+ * host memory, -EOPNOTSUPP from a daemon without devices.
+ */
+typedef struct nwc_client_cuda_buf {
+  uint8_t handle[64]; /* cudaIpcMemHandle_t */
+  uint64_t offset;    /* of the buffer in the allocation */
+  uint64_t bytes;     /* the buffer's size */
+} nwc_client_cuda_buf;
+
+/* y = scale * (W x) + bias in the client's device memory: x ncols columns of K floats, y ncols
+ * columns of M floats (or BF16 with NWC_CLIENT_BF16). */
+NWC_CLIENT_API int nwc_client_matvec_cuda(nwc_client *c, const char *model, const char *tensor,
+                                          const char *bias, float scale,
+                                          const nwc_client_cuda_buf *x, uint64_t K, unsigned ncols,
+                                          const nwc_client_cuda_buf *y, unsigned flags,
+                                          const void *event);
+/* The whole tensor, dense rows x cols, BF16 (NWC_CLIENT_BF16) or float, into the client's buffer. */
+NWC_CLIENT_API int nwc_client_dequant_cuda(nwc_client *c, const char *model, const char *tensor,
+                                           unsigned flags, const nwc_client_cuda_buf *out,
+                                           const void *event, uint64_t *rows, uint64_t *cols);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,7 @@
 #define NWC_CAP_BATCH 4u    /* matvec of several columns */
 #define NWC_CAP_MAPPED 8u   /* compute on non-resident (mmap'ed) data */
 #define NWC_CAP_SHARE 16u   /* map: resident tensors shared read-only (sealed memfd) */
+#define NWC_CAP_CUDA_IPC 32u /* matvec_ipc / dequant_ipc on the client's CUDA memory */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -57,6 +58,9 @@ enum nwc_op {
   NWC_OP_STATS = 16,
   NWC_OP_PS = 17,
   NWC_OP_MAP = 18,
+  NWC_OP_MATVEC_IPC = 19,
+  NWC_OP_DEQUANT_IPC = 20,
+  NWC_OP_LOAD_ON = 21,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -64,7 +68,9 @@ const char *nwc_proto_op_name(unsigned op);
 
 /* Output element type and placement of bulk data. */
 enum { NWC_OUT_F32 = 0, NWC_OUT_BF16 = 1 };
-enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1 };
+enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies of _ipc ops */ };
+#define NWC_PROTO_IPC_HANDLE 64 /* bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t */
+#define NWC_DEVICE_CPU (-1) /* host memory; 0.. are CUDA devices */
 /* Reply flags of compute replies. */
 #define NWC_RF_MAPPED 1u  /* computed on the mmap'ed container, not a resident copy */
 #define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
@@ -159,6 +165,13 @@ typedef struct nwc_proto_req {
   uint32_t ncols;           /* matvec */
   const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
   uint64_t x_bytes;
+  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device) */
+  uint8_t pin;
+  int32_t device;
+  /* matvec_ipc (x: in_off, x_bytes; y: out_off, out_cap), dequant_ipc (y: out_off, out_cap):
+   * the client's buffers as cudaIpcMemHandle_t bytes, and optionally an event to wait for */
+  uint8_t has_event;
+  uint8_t ipc_x[NWC_PROTO_IPC_HANDLE], ipc_y[NWC_PROTO_IPC_HANDLE], ipc_event[NWC_PROTO_IPC_HANDLE];
 } nwc_proto_req;
 
 /* Encodes r as a complete frame into w (nwc_pw_init first).  Returns the frame size or <0. */
@@ -225,6 +238,7 @@ typedef struct nwc_proto_ps {
   uint32_t refs;
   int64_t last_used_ms;
   uint32_t maps; /* client mappings (map) holding it */
+  int32_t device; /* NWC_DEVICE_CPU or the CUDA device */
 } nwc_proto_ps;
 void nwc_proto_put_ps(nwc_pw *w, const nwc_proto_ps *p);
 int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p);
@@ -277,6 +291,7 @@ typedef struct nwc_proto_stats {
   uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
   uint64_t mlock_ok, mlock_failed, mapped_computes, batched_passes, batched_columns;
   uint64_t threads;
+  uint64_t gpu_budget, gpu_resident_bytes; /* summed over the CUDA devices */
   char backend[16];
 } nwc_proto_stats;
 void nwc_proto_put_stats(nwc_pw *w, const nwc_proto_stats *s);

@@ -19,6 +19,7 @@
 static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
+static const char *device_opt; /* load --device */
 
 static int die(int rc) {
   fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_client_last_error());
@@ -202,13 +203,15 @@ static int cmd_ps(nwc_client *c) {
   size_t n;
   int rc = nwc_client_ps(c, &p, &n);
   if (rc < 0) return die(rc);
-  char buf[32];
+  char buf[32], where[16];
   json_t *arr = json ? json_array() : NULL;
-  if (!json) printf("%-20s %-40s %10s %6s %6s %5s %5s %s\n", "MODEL", "TENSOR", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
+  if (!json) printf("%-20s %-40s %-7s %10s %6s %6s %5s %5s %s\n", "MODEL", "TENSOR", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
   for (size_t i = 0; i < n; i++) {
+    if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
+    else snprintf(where, sizeof where, "cuda:%d", p[i].device);
     if (json) {
-      json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
-                                           "tensor", p[i].tensor, "bytes", (json_int_t)p[i].bytes,
+      json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
+                                           "tensor", p[i].tensor, "where", where, "bytes", (json_int_t)p[i].bytes,
                                            "pinned", p[i].pinned, "locked", p[i].locked, "direct",
                                            p[i].direct, "refs", (int)p[i].refs, "maps", (int)p[i].maps,
                                            "last_used_ms", (json_int_t)p[i].last_used_ms));
@@ -216,7 +219,7 @@ static int cmd_ps(nwc_client *c) {
       char ago[32];
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
       else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
-      printf("%-20s %-40s %10s %6s %6s %5u %5u %s\n", p[i].model, p[i].tensor, human(p[i].bytes, buf),
+      printf("%-20s %-40s %-7s %10s %6s %6s %5u %5u %s\n", p[i].model, p[i].tensor, where, human(p[i].bytes, buf),
              p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago);
     }
   }
@@ -272,7 +275,20 @@ static int cmd_residency(nwc_client *c, const char *arg) {
   if (split(arg, model, sizeof model, &tensor) < 0) return 2;
   nwc_client_result r;
   int rc;
-  if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
+  int dev = NWC_CLIENT_CPU;
+  if (device_opt && strcmp(device_opt, "cpu")) {
+    char *end;
+    const char *num = !strncmp(device_opt, "cuda:", 5) ? device_opt + 5 : device_opt;
+    long v = strtol(num, &end, 10);
+    if (!*num || *end || v < 0 || v > 255) {
+      fprintf(stderr, "%s: --device: expected cpu or cuda:N, got '%s'\n", prog, device_opt);
+      return 2;
+    }
+    dev = (int)v;
+  }
+  if (!strcmp(cmd, "load") && device_opt)
+    rc = nwc_client_load_on(c, model, tensor, dev, progress_bar, (void *)arg, &r);
+  else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
   else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
   else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
   else rc = nwc_client_unpin(c, model, tensor, &r);
@@ -358,7 +374,8 @@ static int cmd_stats(nwc_client *c) {
                                 "budget", "resident_bytes", "pinned_bytes", "resident_tensors",
                                 "loads", "load_bytes", "load_us", "direct_loads", "buffered_loads",
                                 "evictions", "mlock_ok", "mlock_failed", "mapped_computes",
-                                "batched_passes", "batched_columns", "threads"};
+                                "batched_passes", "batched_columns", "threads", "gpu_budget",
+                                "gpu_resident_bytes"};
   json_t *o = json_object();
   json_object_set_new(o, "backend", json_string(s.backend));
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
@@ -444,9 +461,11 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
 static const char *const cmd_help[][2] = {
     {"ls", "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
            "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
-    {"ps", "ps [--json]: the resident tensors: bytes, pinned, mlock'ed, references, client mappings, last use"},
+    {"ps", "ps [--json]: the resident tensors: where (cpu, cuda:0, ...), bytes, pinned, mlock'ed,\n"
+           "  references, client mappings, last use"},
     {"info", "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
-    {"load", "load MODEL[/TENSOR]: read a model or one tensor into memory (io_uring, checksums checked);\n"
+    {"load", "load MODEL[/TENSOR] [--device cpu|cuda:N]: read a model or one tensor into memory (io_uring,\n"
+             "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
              "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
     {"evict", "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
     {"pin", "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
@@ -509,6 +528,7 @@ int main(int argc, char **argv) {
   for (; i < argc && nargs < 512; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(cmd, "load")) device_opt = argv[++i];
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return command_help();
     else args[nargs++] = argv[i];
   }

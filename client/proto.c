@@ -22,6 +22,8 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_PIN] = "pin",       [NWC_OP_UNPIN] = "unpin",   [NWC_OP_DEQUANT] = "dequant",
     [NWC_OP_GATHER] = "gather", [NWC_OP_MATVEC] = "matvec", [NWC_OP_VERIFY] = "verify",
     [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
+    [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
+    [NWC_OP_LOAD_ON] = "load_on",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -215,6 +217,10 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
     case NWC_OP_UNPIN:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       break;
+    case NWC_OP_LOAD_ON:
+      nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
+      nwc_pw_u8(w, r->pin), nwc_pw_u32(w, (uint32_t)r->device);
+      break;
     case NWC_OP_MAP: /* the descriptor: the mapping's socket */
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       flags |= NWC_PF_FDS;
@@ -243,6 +249,21 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       nwc_pw_u64(w, r->in_off), nwc_pw_u64(w, r->x_bytes);
       nwc_pw_u64(w, r->out_off), nwc_pw_u64(w, r->out_cap);
       if (r->where == NWC_WHERE_INLINE) nwc_pw_bytes(w, r->x, r->x_bytes);
+      break;
+    case NWC_OP_MATVEC_IPC:
+    case NWC_OP_DEQUANT_IPC:
+      nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
+      if (r->op == NWC_OP_MATVEC_IPC) {
+        nwc_pw_str(w, r->bias), nwc_pw_f32(w, r->scale), nwc_pw_u32(w, r->ncols);
+      }
+      nwc_pw_u8(w, r->out), nwc_pw_u8(w, r->has_event);
+      if (r->op == NWC_OP_MATVEC_IPC) {
+        nwc_pw_bytes(w, r->ipc_x, NWC_PROTO_IPC_HANDLE);
+        nwc_pw_u64(w, r->in_off), nwc_pw_u64(w, r->x_bytes);
+      }
+      nwc_pw_bytes(w, r->ipc_y, NWC_PROTO_IPC_HANDLE);
+      nwc_pw_u64(w, r->out_off), nwc_pw_u64(w, r->out_cap);
+      if (r->has_event) nwc_pw_bytes(w, r->ipc_event, NWC_PROTO_IPC_HANDLE);
       break;
     default:
       return nwc__fail(-EINVAL, "unknown opcode %u", r->op);
@@ -294,6 +315,15 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
     case NWC_OP_MAP:
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
       NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      break;
+    case NWC_OP_LOAD_ON:
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      r->pin = nwc_pr_u8(&p), r->device = (int32_t)nwc_pr_u32(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "load_on payload is truncated");
+      NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_on pin flag %u is not 0 or 1", r->pin);
+      NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "load_on device %d (-1 host, 0.. CUDA)",
+                    (int)r->device);
       break;
     case NWC_OP_IMPORT: {
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
@@ -355,6 +385,38 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
         r->x = nwc_pr_bytes(&p, r->x_bytes);
       }
       break;
+    case NWC_OP_MATVEC_IPC:
+    case NWC_OP_DEQUANT_IPC: {
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      if (h->op == NWC_OP_MATVEC_IPC) {
+        NWC_TRY(nwc_pr_str(&p, r->bias, sizeof r->bias));
+        r->scale = nwc_pr_f32(&p), r->ncols = nwc_pr_u32(&p);
+      }
+      r->out = nwc_pr_u8(&p), r->has_event = nwc_pr_u8(&p);
+      const void *hx = h->op == NWC_OP_MATVEC_IPC ? nwc_pr_bytes(&p, NWC_PROTO_IPC_HANDLE) : NULL;
+      if (hx) memcpy(r->ipc_x, hx, NWC_PROTO_IPC_HANDLE);
+      if (h->op == NWC_OP_MATVEC_IPC) r->in_off = nwc_pr_u64(&p), r->x_bytes = nwc_pr_u64(&p);
+      const void *hy = nwc_pr_bytes(&p, NWC_PROTO_IPC_HANDLE);
+      if (hy) memcpy(r->ipc_y, hy, NWC_PROTO_IPC_HANDLE);
+      r->out_off = nwc_pr_u64(&p), r->out_cap = nwc_pr_u64(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "%s payload is truncated", name);
+      NWC_RETURN_IF(r->out > NWC_OUT_BF16, -EBADMSG, "unknown output type %u", r->out);
+      NWC_RETURN_IF(r->has_event > 1, -EBADMSG, "%s event flag %u is not 0 or 1", name,
+                    r->has_event);
+      if (r->has_event) {
+        const void *he = nwc_pr_bytes(&p, NWC_PROTO_IPC_HANDLE);
+        if (he) memcpy(r->ipc_event, he, NWC_PROTO_IPC_HANDLE);
+      }
+      if (h->op == NWC_OP_MATVEC_IPC) {
+        NWC_RETURN_IF(r->ncols == 0 || r->ncols > NWC_PROTO_MAX_COLS, -EBADMSG,
+                      "matvec of %u columns (1..%u allowed)", r->ncols, NWC_PROTO_MAX_COLS);
+        NWC_RETURN_IF(r->x_bytes == 0 || r->x_bytes % (4ull * r->ncols), -EBADMSG,
+                      "matvec x of %llu bytes is not %u columns of floats",
+                      (unsigned long long)r->x_bytes, r->ncols);
+      }
+      break;
+    }
   }
   return nwc_pr_end(&p, name);
 }
@@ -427,6 +489,7 @@ void nwc_proto_put_ps(nwc_pw *w, const nwc_proto_ps *p) {
   nwc_pw_str(w, p->model), nwc_pw_str(w, p->tensor), nwc_pw_u64(w, p->bytes);
   nwc_pw_u8(w, p->pinned), nwc_pw_u8(w, p->locked), nwc_pw_u8(w, p->direct);
   nwc_pw_u32(w, p->refs), nwc_pw_i64(w, p->last_used_ms), nwc_pw_u32(w, p->maps);
+  nwc_pw_u32(w, (uint32_t)p->device);
 }
 int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p) {
   NWC_TRY(nwc_pr_str(r, p->model, sizeof p->model));
@@ -434,6 +497,7 @@ int nwc_proto_get_ps(nwc_pr *r, nwc_proto_ps *p) {
   p->bytes = nwc_pr_u64(r);
   p->pinned = nwc_pr_u8(r), p->locked = nwc_pr_u8(r), p->direct = nwc_pr_u8(r);
   p->refs = nwc_pr_u32(r), p->last_used_ms = nwc_pr_i64(r), p->maps = nwc_pr_u32(r);
+  p->device = (int32_t)nwc_pr_u32(r);
   return r->err;
 }
 
@@ -496,7 +560,7 @@ int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m) {
   X(uptime_ms) X(connections) X(conn_total) X(requests) X(errors) X(budget) X(resident_bytes)    \
   X(pinned_bytes) X(resident_tensors) X(loads) X(load_bytes) X(load_us) X(direct_loads)          \
   X(buffered_loads) X(evictions) X(mlock_ok) X(mlock_failed) X(mapped_computes)                  \
-  X(batched_passes) X(batched_columns) X(threads)
+  X(batched_passes) X(batched_columns) X(threads) X(gpu_budget) X(gpu_resident_bytes)
 
 void nwc_proto_put_stats(nwc_pw *w, const nwc_proto_stats *s) {
 #define PUT(f) nwc_pw_u64(w, s->f);

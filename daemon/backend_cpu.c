@@ -14,8 +14,10 @@
  * cost.  host_free unmaps and closes it; a client's mapping keeps the pages alive after that.
  * The memfd of each allocation is found by its address in a table under a mutex.
  *
- * The seam for #8: a "cuda" backend fills the same struct (cudaHostAlloc for host_alloc, kernels
- * for compute); until then --backend cuda is refused with a clear message and auto means cpu.
+ * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
+ * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
+ * and host-resident ones these decoders.  auto is cuda when the build has it and a device
+ * exists, else cpu.
  */
 #include "nwcd.h"
 
@@ -129,15 +131,52 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {"cpu",       cpu_host_alloc, cpu_host_free, cpu_dequant,
-                                         cpu_gather,  cpu_matvec,     cpu_host_share};
+static const nwcd_backend cpu_backend = {.name = "cpu", .host_alloc = cpu_host_alloc,
+                                         .host_free = cpu_host_free, .dequant = cpu_dequant,
+                                         .gather = cpu_gather, .matvec = cpu_matvec,
+                                         .host_share = cpu_host_share};
+
+#ifdef NWC_WITH_CUDA
+static nwcd_backend cuda_backend;
+
+/* 0 and the cuda backend, or -ENODEV (detail: why) without a device. */
+static int cuda_get(const nwcd_backend **out) {
+  int n = 0;
+  NWC_TRY(nwcd_cuda_devices(&n));
+  if (n > NWCD_MAX_DEVICES) n = NWCD_MAX_DEVICES;
+  cuda_backend = cpu_backend;
+  cuda_backend.name = "cuda";
+  cuda_backend.ndevices = n;
+  cuda_backend.dev_bytes = nwcd_cuda_copy_bytes;
+  cuda_backend.upload = nwcd_cuda_upload;
+  cuda_backend.dev_free = nwcd_cuda_free;
+  cuda_backend.dev_dequant = nwcd_cuda_dequant;
+  cuda_backend.dev_gather = nwcd_cuda_gather;
+  cuda_backend.dev_matvec = nwcd_cuda_matvec;
+  cuda_backend.dev_meminfo = nwcd_cuda_meminfo;
+  cuda_backend.dev_trim = nwcd_cuda_trim;
+  cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
+  cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;
+  *out = &cuda_backend;
+  return 0;
+}
+#endif
 
 int nwcd_backend_get(const char *name, const nwcd_backend **out) {
-  if (!name || !strcmp(name, "auto") || !strcmp(name, "cpu")) {
+  bool is_auto = !name || !strcmp(name, "auto");
+  if (is_auto || !strcmp(name, "cuda")) {
+#ifdef NWC_WITH_CUDA
+    int rc = cuda_get(out);
+    if (rc == 0 || !is_auto) return rc;
+#else
+    NWC_RETURN_IF(!is_auto, -ENOTSUP,
+                  "this build has no CUDA backend (configure with -DNWC_WITH_CUDA=ON); use "
+                  "--backend cpu or auto");
+#endif
+  }
+  if (is_auto || !strcmp(name, "cpu")) {
     *out = &cpu_backend;
     return 0;
   }
-  NWC_RETURN_IF(!strcmp(name, "cuda"), -ENOTSUP,
-                "this build has no CUDA backend yet (issue 8); use --backend cpu or auto");
   return nwc__fail(-EINVAL, "unknown backend '%s' (auto, cpu or cuda)", name);
 }

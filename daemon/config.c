@@ -2,7 +2,7 @@
  * config.c - /etc/nwc/nwcd.conf: nwcd's settings file, parsed with inih (Debian's libinih).
  *
  *   [daemon]   store, socket, socket_mode (octal), backend, threads, log_level, admin_group
- *   [memory]   host_budget (e.g. 8G), gpu_budget (per GPU; reserved for the CUDA backend)
+ *   [memory]   host_budget (e.g. 8G), gpu_budget (per GPU, for the CUDA backend)
  *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued)
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
@@ -15,7 +15,8 @@
  * line numbers come from our own line reader under ini_parse_stream (inih's handler does not
  * get them in Debian's build).
  *
- * Reload (loop thread, SIGHUP): applied at once are host_budget (residency evicts down to it),
+ * Reload (loop thread, SIGHUP): applied at once are host_budget and gpu_budget (residency evicts
+ * down to them),
  * the limits, log_level and admin_group; the preload list goes to the service thread
  * (notify.c).  store, socket, socket_mode, backend and threads need a restart: a change is
  * logged as not applied.  The active settings are kept until the next successful reload, since
@@ -228,6 +229,7 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
     case 'S': flags_set |= NWCD_SET_SOCKET; break;
     case 'b': flags_set |= NWCD_SET_BACKEND; break;
     case 'B': flags_set |= NWCD_SET_BUDGET; break;
+    case 'G': flags_set |= NWCD_SET_GPU; break;
     case 't': flags_set |= NWCD_SET_THREADS; break;
     case 'c': flags_set |= NWCD_SET_CONN; break;
     case 'v': case 'q': flags_set |= NWCD_SET_LOGLEVEL; break;
@@ -248,6 +250,7 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
 static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
   unsigned use = s->set & ~flags_set;
   if (use & NWCD_SET_BUDGET) __atomic_store_n(&cfg->budget, s->budget, __ATOMIC_RELAXED);
+  if (use & NWCD_SET_GPU) cfg->gpu_budget = s->gpu_budget;
   if (use & NWCD_SET_CONN) cfg->max_conn_per_uid = s->max_conn_per_uid;
   if (use & NWCD_SET_INFLIGHT) cfg->max_inflight = s->max_inflight;
   if (use & NWCD_SET_OUTQ) cfg->max_outq = s->max_outq;
@@ -281,9 +284,6 @@ int nwcd_config_load(nwcd_config *cfg) {
   if (use & NWCD_SET_THREADS) cfg->threads = active.threads;
   if (active.set & NWCD_SET_MODE) cfg->socket_mode = active.socket_mode;
   apply_runtime(cfg, &active);
-  if (active.set & NWCD_SET_GPU)
-    nwcd_log(NWCD_LOG_INFO, "config %s: gpu_budget %llu MiB is reserved for the CUDA backend",
-             path, (unsigned long long)(active.gpu_budget >> 20));
   nwcd_log(NWCD_LOG_INFO, "config %s read (%zu preload models)", path, active.npreload);
   nwcd_log(NWCD_LOG_DEBUG, "config: file sets 0x%x, flags 0x%x (flags win); budget %llu, "
            "max_conn_per_uid %u, max_inflight %u, max_outq %llu", active.set, flags_set,
@@ -354,8 +354,9 @@ int nwcd_config_reload(nwcd *d) {
     snprintf(a, sizeof a, "%04o", cfg->socket_mode), snprintf(b, sizeof b, "%04o", s.socket_mode);
     not_applied(path, "socket_mode", a, b, NWCD_SET_MODE);
   }
-  uint64_t old_budget = cfg->budget;
+  uint64_t old_budget = cfg->budget, old_gpu = cfg->gpu_budget;
   apply_runtime(cfg, &s);
+  if (cfg->gpu_budget != old_gpu) nwcd_res_set_gpu_budget(d->res, cfg->gpu_budget);
   if (cfg->budget != old_budget) {
     uint64_t used = 0;
     nwcd_res_set_budget(d->res, cfg->budget, &used);

@@ -75,14 +75,16 @@ static void usage(FILE *f) {
   char def[256];
   fprintf(f,
           "usage: nwcd --store DIR [--socket PATH] [--backend auto|cpu|cuda] [--budget SIZE]\n"
-          "            [--threads N] [--max-conn-per-uid N] [--verbose] [--quiet]\n"
+          "            [--gpu-budget SIZE] [--threads N] [--max-conn-per-uid N] [--verbose] [--quiet]\n"
           "            [--config FILE] [--log-level error|warning|info|debug]\n"
           "Serves the nwc store in DIR on a Unix socket, in the foreground.\n"
           "  --store DIR       the store (created if missing); one daemon per store\n"
           "  --socket PATH     listening socket (default %s;\n"
           "                    NWC_SOCKET overrides the default for daemon and clients)\n"
-          "  --backend B       compute backend: auto (cpu in this build), cpu, cuda\n"
-          "  --budget SIZE     bytes of resident tensors (e.g. 512M, 4G; default half of RAM)\n"
+          "  --backend B       compute backend: auto (cuda where a GPU exists, else cpu), cpu,\n"
+          "                    cuda\n"
+          "  --budget SIZE     bytes of host-resident tensors (e.g. 512M, 4G; default half of RAM)\n"
+          "  --gpu-budget SIZE bytes of tensors per GPU (default 90%% of its free memory)\n"
           "  --threads N       worker threads (default: online cores)\n"
           "  --config FILE     settings file (default $NWCD_CONFIG, else " NWCD_CONFIG_DEFAULT "\n"
           "                    where it exists; NWCD_CONFIG= for none);\n"
@@ -103,7 +105,8 @@ int main(int argc, char **argv) {
       {"threads", required_argument, 0, 't'}, {"max-conn-per-uid", required_argument, 0, 'c'},
       {"verbose", no_argument, 0, 'v'},       {"quiet", no_argument, 0, 'q'},
       {"help", no_argument, 0, 'h'},          {"config", required_argument, 0, 'C'},
-      {"log-level", required_argument, 0, 'L'}, {0, 0, 0, 0}};
+      {"log-level", required_argument, 0, 'L'}, {"gpu-budget", required_argument, 0, 'G'},
+      {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
     if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* service.h: flags over the file */
@@ -115,6 +118,12 @@ int main(int argc, char **argv) {
       case 'B':
         if (nwcd_parse_size(optarg, &d.cfg.budget) < 0 || !d.cfg.budget) {
           fprintf(stderr, "nwcd: --budget: bad size '%s' (e.g. 512M, 2G)\n", optarg);
+          return 2;
+        }
+        break;
+      case 'G':
+        if (nwcd_parse_size(optarg, &d.cfg.gpu_budget) < 0 || !d.cfg.gpu_budget) {
+          fprintf(stderr, "nwcd: --gpu-budget: bad size '%s' (e.g. 512M, 60G)\n", optarg);
           return 2;
         }
         break;
@@ -178,6 +187,7 @@ int main(int argc, char **argv) {
   }
   pthread_mutex_init(&d.store_lock, NULL);
   rc = nwcd_res_create(&d, d.cfg.budget, &d.res);
+  if (rc == 0) nwcd_res_set_gpu_budget(d.res, d.cfg.gpu_budget);
   if (rc == 0) rc = nwcd_pool_create(d.cfg.threads, nwcd_ops_run, &d.pool);
   if (rc == 0) {
     rc = nwcd_server_run(&d);

@@ -8,7 +8,8 @@
  *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
  *   loader.c     io_uring reads of blobs, chunk checksums checked as they land: into host
  *                memory, or through a ring of registered buffers to a sink (the GPU path)
- *   backend_cpu.c  the compute backend interface's CPU implementation
+ *   backend_cpu.c  the compute backend interface's CPU implementation (and the CUDA wiring)
+ *   backend_cuda.cu  the CUDA backend: device copies, streams per worker, the kernels, IPC
  *   config.c, notify.c, policy.c  the config file, systemd glue, access policy (service.h)
  *
  * Threads: the loop thread owns connections and sockets; worker threads run jobs; the store
@@ -19,6 +20,7 @@
 #ifndef NWCD_H
 #define NWCD_H
 
+#include "backend_cuda.h" /* nwcd_ipc_buf (declarations only) */
 #include "nwc.h"
 #include "nwc_proto.h"
 #include "nwc_store.h"
@@ -39,6 +41,7 @@ typedef struct nwcd_config {
   const char *socket_path; /* NULL: nwcd_default_socket() */
   const char *backend;     /* "auto", "cpu", "cuda" */
   uint64_t budget;         /* bytes of resident tensors; 0: half of physical memory */
+  uint64_t gpu_budget;     /* bytes of device copies per CUDA device; 0: 90% of its free memory */
   unsigned threads;        /* worker threads; 0: online cores */
   unsigned max_conn_per_uid;
   unsigned max_inflight;   /* requests in flight per connection before reading pauses */
@@ -78,7 +81,31 @@ typedef struct nwcd_backend {
    * a descriptor of its pages for clients to map (a sealed memfd, owned by the backend: valid
    * until host_free).  NULL where host copies cannot be shared (map is then refused). */
   int (*host_share)(void *p, size_t n);
+  /* Devices (cuda; 0 and NULLs for cpu): tensors resident on device n (0 <= n < ndevices) are
+   * device copies ("dcopy", made from a validated host view by upload: -ENOMEM when device
+   * memory runs out) that the dev_ functions compute on, results into host memory (dev_dequant:
+   * the whole tensor, row stride K16; dev_gather: rows all < M; dev_matvec: no bias). */
+  int ndevices;
+  uint64_t (*dev_bytes)(const nwc_tensor *t);
+  int (*upload)(const nwc_tensor *t, int dev, void **dcopy);
+  void (*dev_free)(void *dcopy);
+  int (*dev_dequant)(const void *dcopy, uint16_t *out);
+  int (*dev_gather)(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);
+  int (*dev_matvec)(const void *dcopy, const float *X, unsigned ncols, size_t ldx, float *Y,
+                    size_t ldy);
+  int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+  void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
+  /* CUDA IPC: the client's own device buffers (backend_cuda.h says what is checked). */
+  int (*dev_matvec_ipc)(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
+                        unsigned ncols, float scale, const float *bias, int bf16, const uint8_t *ev);
+  int (*dev_dequant_ipc)(const void *dcopy, const nwcd_ipc_buf *out, int bf16, const uint8_t *ev);
 } nwcd_backend;
+
+/* Where a tensor lives: NWCD_LOC_CPU (host memory) or device n >= 0 (cuda:n); requests may say
+ * NWCD_LOC_DEFAULT (the wire's -2): device 0 with a backend that has devices, else host. */
+#define NWCD_LOC_DEFAULT (-2)
+#define NWCD_LOC_CPU (-1)
+#define NWCD_MAX_DEVICES 16
 
 /* The backend called name ("auto", "cpu", "cuda"): 0 and *out, -ENOTSUP with a detail for one
  * this build lacks, -EINVAL for an unknown name. */
@@ -185,8 +212,10 @@ typedef struct nwcd_entry nwcd_entry;
 typedef struct nwcd_ref {
   nwcd_entry *e;          /* resident entry (refs held), or NULL when mapped */
   nwc_store_map *map;     /* mapped container (non-resident compute), or NULL */
-  nwc_tensor view;
+  nwc_tensor view;        /* shapes and scale always; the arrays only for host copies */
   const nwc_tensor_info *ti;
+  const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */
+  int loc;                /* NWCD_LOC_CPU or the device */
   bool loaded;            /* this acquire loaded it */
 } nwcd_ref;
 
@@ -195,9 +224,18 @@ enum {
   NWCD_ACQ_PIN = 2,    /* pin it (and keep no reference) */
   NWCD_ACQ_NOREF = 4,  /* load only (and keep no reference) */
 };
+/* Acquire flag naming where a load goes (loc: NWCD_LOC_CPU or a device; NWCD_LOC_DEFAULT is no
+ * flag: the default place).  A tensor resident elsewhere than a named place is -EEXIST. */
+#define NWCD_ACQ_AT(loc) ((unsigned)((loc) + 2) << 8)
 
 struct nwcd;
 int nwcd_res_create(struct nwcd *d, uint64_t budget, nwcd_res **out);
+/* The budget of every device (at start and on reload): per_device bytes, or with 0, 90% of the
+ * device memory free at the first call; evicts LRU copies down to it. */
+void nwcd_res_set_gpu_budget(nwcd_res *r, uint64_t per_device);
+/* The budget of loc (NWCD_LOC_DEFAULT, NWCD_LOC_CPU or a device): its bytes, or 0 for a device
+ * the backend lacks (*where gets its name: "cpu", "cuda:0"). */
+uint64_t nwcd_res_budget(nwcd_res *r, int loc, char where[16]);
 void nwcd_res_free(nwcd_res *r);
 /* Finds (loading if needed) model/tensor.  Returns 0 and *ref, -ENOENT, -ENOSPC when it cannot
  * fit (and mapping is not allowed), or a load error. */

@@ -222,10 +222,12 @@ static int op_remove(nwcd_job *j) {
   return 0;
 }
 
-/* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "". */
+/* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "";
+ * load_on is load or pin onto the place it names. */
 static int op_residency(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
+  int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op;
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
   if (r->tensor[0]) {
@@ -240,11 +242,18 @@ static int op_residency(nwcd_job *j) {
   }
   uint64_t total = 0, done = 0;
   for (size_t i = 0; i < n; i++) total += ti[i].length;
-  if ((r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) && total > d->cfg.budget) {
+  int loc = r->op == NWC_OP_LOAD_ON ? r->device : NWCD_LOC_DEFAULT;
+  char where[16];
+  uint64_t budget = nwcd_res_budget(d->res, loc, where);
+  if ((op == NWC_OP_LOAD || op == NWC_OP_PIN) && total > budget) {
     nwc_tensor_info_free(ti, n);
-    return nwc__fail(-ENOSPC, "%s%s%s needs %llu bytes, more than the memory budget (%llu); raise "
-                     "--budget or load single tensors", r->model, r->tensor[0] ? "/" : "",
-                     r->tensor, (unsigned long long)total, (unsigned long long)d->cfg.budget);
+    NWC_RETURN_IF(loc >= 0 && loc >= d->backend->ndevices, -ENODEV,
+                  "no device cuda:%d (backend %s has %d)", loc, d->backend->name,
+                  d->backend->ndevices);
+    return nwc__fail(-ENOSPC, "%s%s%s needs %llu bytes, more than the memory budget of %s "
+                     "(%llu); raise --budget / --gpu-budget or load single tensors", r->model,
+                     r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)total, where,
+                     (unsigned long long)budget);
   }
   nwc_proto_result res = {0};
   uint64_t t0 = nwcd_now_ns();
@@ -252,20 +261,20 @@ static int op_residency(nwcd_job *j) {
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
     const char *tn = ti[i].name;
-    if (r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) {
+    if (op == NWC_OP_LOAD || op == NWC_OP_PIN) {
       nwcd_ref ref;
       nwcd_load_info li;
       load_progress lp = {&pc, done, total};
       nwcd_load_observe(on_load_progress, &lp);
-      rc = nwcd_res_acquire(d->res, r->model, tn, r->op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF,
-                            &ref, &li);
+      unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
+      rc = nwcd_res_acquire(d->res, r->model, tn, fl, &ref, &li);
       nwcd_load_observe(NULL, NULL);
       if (rc == 0) {
         res.tensors++, res.bytes += ti[i].length;
         if (li.direct) res.direct++;
         else res.buffered++;
       }
-    } else if (r->op == NWC_OP_EVICT) {
+    } else if (op == NWC_OP_EVICT) {
       uint64_t b = 0;
       rc = nwcd_res_evict(d->res, r->model, tn, &b);
       if (rc == -EBUSY && n > 1) rc = 0, res.skipped++;
@@ -274,13 +283,13 @@ static int op_residency(nwcd_job *j) {
       if (nwcd_res_unpin(d->res, r->model, tn)) res.tensors++, res.bytes += ti[i].length;
     }
     done += ti[i].length;
-    if (r->op == NWC_OP_LOAD || r->op == NWC_OP_PIN) send_progress(&pc, done, total, i + 1 == n);
+    if (op == NWC_OP_LOAD || op == NWC_OP_PIN) send_progress(&pc, done, total, i + 1 == n);
   }
   nwc_tensor_info_free(ti, n);
   if (rc < 0) return rc;
   res.micros = (nwcd_now_ns() - t0) / 1000;
-  if (r->op == NWC_OP_LOAD || r->op == NWC_OP_EVICT)
-    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s", nwc_proto_op_name(r->op),
+  if (op == NWC_OP_LOAD || op == NWC_OP_EVICT)
+    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s", nwc_proto_op_name(op),
              r->model, r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)res.tensors,
              (unsigned long long)res.bytes, res.micros / 1e6);
   nwc_pw w;
@@ -395,8 +404,12 @@ static int op_dequant_gather(nwcd_job *j) {
                 ((uintptr_t)dst & 1) == 0;
   if (rc == 0 && !direct && !(tmp = malloc(n * K16 * 2 + 64))) rc = -ENOMEM;
   if (rc == 0 && r->op == NWC_OP_GATHER) {
-    rc = d->backend->gather(t, rows, n, tmp);
+    rc = ref.dcopy ? d->backend->dev_gather(ref.dcopy, rows, n, tmp)
+                   : d->backend->gather(t, rows, n, tmp);
     if (rc == 0) emit_rows(tmp, n, K, K16, r->out, dst);
+  } else if (rc == 0 && ref.dcopy) { /* one kernel for the whole tensor */
+    rc = d->backend->dev_dequant(ref.dcopy, direct ? (uint16_t *)dst : tmp);
+    if (rc == 0 && !direct) emit_rows(tmp, n, K, K16, r->out, dst);
   } else if (rc == 0) {
     /* Dequant: row-block ranges spread over the workers (parallel region). */
     uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem), nrb = (M + br - 1) / br;
@@ -459,7 +472,9 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
   uint64_t K16 = k16_of(t->cols);
   if (rc == 0 && (!(tmp = malloc(t->rows * K16 * 2 + 64)) || !(b = malloc(M * sizeof *b))))
     rc = -ENOMEM;
-  if (rc == 0) {
+  if (rc == 0 && ref.dcopy) {
+    rc = d->backend->dev_dequant(ref.dcopy, tmp);
+  } else if (rc == 0) {
     uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
     rc = d->backend->dequant(t, 0, (t->rows + br - 1) / br, tmp);
   }
@@ -516,7 +531,9 @@ static void op_matvec(nwcd_job *j) {
   }
   for (unsigned c = 0; rc == 0 && c < cols; c += 8) {
     unsigned nc = cols - c < 8 ? cols - c : 8;
-    rc = d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
+    rc = ref.dcopy ? d->backend->dev_matvec(ref.dcopy, X + (size_t)c * K16, nc, K16,
+                                            Y + (size_t)c * M, M)
+                   : d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
   }
   if (rc == 0) {
     float s = r->scale;
@@ -563,6 +580,53 @@ static void op_matvec(nwcd_job *j) {
 done:
   free(X), free(Y), free(bias);
   nwcd_res_release(d->res, &ref);
+}
+
+/* ---- CUDA IPC: compute into the client's device memory ------------------------------------ */
+
+/* matvec_ipc and dequant_ipc: the tensor must live on a device (loaded there if absent). */
+static int op_ipc(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  NWC_RETURN_IF(!d->backend->dev_matvec_ipc, -EOPNOTSUPP,
+                "%s needs the cuda backend (this daemon runs %s)", nwc_proto_op_name(r->op),
+                d->backend->name);
+  nwcd_ref ref;
+  NWC_TRY(nwcd_res_acquire(d->res, r->model, r->tensor, 0, &ref, NULL));
+  const nwc_tensor *t = &ref.view;
+  uint64_t M = t->rows, K = t->cols, esz = r->out == NWC_OUT_BF16 ? 2 : 4;
+  int rc = ref.dcopy ? 0
+                     : nwc__fail(-ENOTSUP, "%s/%s is resident in host memory, not on a device: "
+                                 "evict it, then load it onto a GPU", r->model, r->tensor);
+  float *bias = NULL;
+  nwc_proto_compute c = {.out = r->out, .where = NWC_WHERE_DEVICE};
+  const uint8_t *ev = r->has_event ? r->ipc_event : NULL;
+  nwcd_ipc_buf y = {{0}, r->out_off, r->out_cap};
+  memcpy(y.handle, r->ipc_y, sizeof y.handle);
+  if (rc == 0 && r->op == NWC_OP_MATVEC_IPC) {
+    if (r->x_bytes != (uint64_t)r->ncols * K * 4)
+      rc = nwc__fail(-EINVAL, "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats",
+                     (unsigned long long)r->x_bytes, r->model, r->tensor, r->ncols,
+                     (unsigned long long)K);
+    if (rc == 0) rc = bias_vector(d, r, M, &bias);
+    nwcd_ipc_buf x = {{0}, r->in_off, r->x_bytes};
+    memcpy(x.handle, r->ipc_x, sizeof x.handle);
+    if (rc == 0)
+      rc = d->backend->dev_matvec_ipc(ref.dcopy, &x, &y, r->ncols, r->scale, bias,
+                                      r->out == NWC_OUT_BF16, ev);
+    c.rows = r->ncols, c.cols = M, c.bytes = (uint64_t)r->ncols * M * esz;
+  } else if (rc == 0) {
+    rc = d->backend->dev_dequant_ipc(ref.dcopy, &y, r->out == NWC_OUT_BF16, ev);
+    c.rows = M, c.cols = K, c.bytes = M * K * esz;
+  }
+  free(bias);
+  nwcd_res_release(d->res, &ref);
+  if (rc < 0) return rc;
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_compute(&w, &c);
+  reply(j, &w);
+  return 0;
 }
 
 /* ---- verify, stats, ps -------------------------------------------------------------------- */
@@ -655,10 +719,13 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_LOAD:
     case NWC_OP_EVICT:
     case NWC_OP_PIN:
-    case NWC_OP_UNPIN: rc = op_residency(j); break;
+    case NWC_OP_UNPIN:
+    case NWC_OP_LOAD_ON: rc = op_residency(j); break;
     case NWC_OP_DEQUANT:
     case NWC_OP_GATHER: rc = op_dequant_gather(j); break;
     case NWC_OP_MATVEC: op_matvec(j); return;
+    case NWC_OP_MATVEC_IPC:
+    case NWC_OP_DEQUANT_IPC: rc = op_ipc(j); break;
     case NWC_OP_VERIFY: rc = op_verify(j); break;
     case NWC_OP_STATS: rc = op_stats(j); break;
     case NWC_OP_PS: rc = op_ps(j); break;

@@ -44,6 +44,17 @@
  *   - entries are freed only by nwcd_res_forget_model (a model being removed) with no entry of
  *     the model in use, mapped or loading; it and the catalog lookup of a new entry both run
  *     under the daemon's store lock, so an entry never outlives the catalog row it describes.
+ * Places: an entry lives in host memory (loc NWCD_LOC_CPU: the blob buffer, under the host
+ * budget) or on a device (loc = n: the backend's device copy of the blob, under device n's own
+ * budget; the host buffer it was read into is freed after the upload, so only the view's shapes
+ * and a copy of its per-row scale stay on the host, and such an entry cannot be mapped by
+ * clients).  Budgets, LRU eviction and the invariants above hold per place: make_room evicts
+ * only entries of the place that needs the bytes.  A device load reserves the blob length plus
+ * DEV_SLACK (an upper bound of the copy's size), and after the upload keeps the copy's exact
+ * size.  A device allocation that fails although the budget allowed it (device memory used by
+ * others) evicts LRU entries of that device for the size and retries once; a second failure
+ * fails the request with -ENOMEM.  When a device holds no tensor any more, the backend frees
+ * its idle work buffers (dev_trim), so evicting everything returns all device memory.
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
@@ -71,7 +82,11 @@ struct nwcd_entry {
   uint64_t hash;
   nwc_tensor_info *info; /* owned (nwc_tensor_info_free) */
   int state;
-  void *buf;
+  int loc;               /* NWCD_LOC_CPU or a device (meaningful while LOADING or RESIDENT) */
+  void *buf;             /* host copy (loc CPU) */
+  void *dcopy;           /* device copy (loc >= 0) */
+  float *scale;          /* host copy of a device copy's per-row scale, or NULL */
+  uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
   size_t len;
   bool locked, direct, pinned;
   nwc_tensor view;
@@ -94,7 +109,10 @@ struct nwcd_res {
   pthread_cond_t cond;
   nwcd_entry **e;
   size_t n, cap;
-  uint64_t budget, used, pinned_bytes;
+  uint64_t budget, used, pinned_bytes;             /* host memory */
+  uint64_t gbudget[NWCD_MAX_DEVICES], gused[NWCD_MAX_DEVICES]; /* device copies */
+  uint64_t gfree[NWCD_MAX_DEVICES]; /* device memory free when the default budget was set */
+  int default_loc;
   uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
   uint64_t mlock_ok, mlock_failed, mapped;
   nwcd_mapref maps[MAX_MAPS];
@@ -119,6 +137,7 @@ int nwcd_res_create(nwcd *d, uint64_t budget, nwcd_res **out) {
   nwcd_res *r = calloc(1, sizeof *r);
   if (!r) return -ENOMEM;
   r->d = d, r->budget = budget;
+  r->default_loc = d->backend->ndevices > 0 ? 0 : NWCD_LOC_CPU;
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->cond, NULL);
   *out = r;
@@ -153,11 +172,26 @@ static const char *map_pids(nwcd_res *r, const nwcd_entry *e, char *buf, size_t 
   return buf;
 }
 
+/* Upper bound of a device copy's bytes beyond the blob's: the lookup table and alignment. */
+#define DEV_SLACK (NWC_TAB_ENTRIES * 4 + 8 * 256)
+
+static uint64_t *used_at(nwcd_res *r, int loc) { return loc < 0 ? &r->used : &r->gused[loc]; }
+static uint64_t budget_at(nwcd_res *r, int loc) { return loc < 0 ? r->budget : r->gbudget[loc]; }
+/* Bytes e holds (or reserves) in its place. */
+static uint64_t held(const nwcd_entry *e) { return e->loc < 0 ? e->len : e->dbytes; }
+static void loc_name(int loc, char out[16]) {
+  if (loc < 0) snprintf(out, 16, "cpu");
+  else snprintf(out, 16, "cuda:%d", loc);
+}
+
 static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   if (e->state != NWC_RES_RESIDENT) return;
-  r->d->backend->host_free(e->buf, e->len, e->locked);
-  e->buf = NULL, e->fd = -1;
-  r->used -= e->len;
+  if (e->dcopy) r->d->backend->dev_free(e->dcopy);
+  else r->d->backend->host_free(e->buf, e->len, e->locked);
+  free(e->scale);
+  e->buf = e->dcopy = e->scale = NULL, e->fd = -1;
+  *used_at(r, e->loc) -= held(e);
+  if (e->loc >= 0 && !r->gused[e->loc]) r->d->backend->dev_trim(e->loc); /* nothing left there */
   if (e->pinned) r->pinned_bytes -= e->len, e->pinned = false;
   memset(&e->view, 0, sizeof e->view);
   e->state = NWC_RES_ABSENT;
@@ -180,26 +214,54 @@ void nwcd_res_free(nwcd_res *r) {
   free(r);
 }
 
-/* Evicts LRU entries until need more bytes fit; false if they cannot. */
-static bool make_room(nwcd_res *r, uint64_t need) {
-  if (need > r->budget) return false;
-  if (r->used + need > r->budget) reap_maps(r);
-  while (r->used + need > r->budget) {
-    nwcd_entry *victim = NULL;
-    for (size_t i = 0; i < r->n; i++) {
-      nwcd_entry *e = r->e[i];
-      if (e->state == NWC_RES_RESIDENT && !e->refs && !e->maps && !e->pinned &&
-          (!victim || e->last_used < victim->last_used))
-        victim = e;
-    }
-    if (!victim) return false;
-    uint64_t t0 = nwcd_now_ns();
-    entry_unload(r, victim);
-    nwcd_log(NWCD_LOG_INFO, "evicted %s/%s (%zu bytes, LRU) in %.3f ms", victim->model,
-             victim->tensor, victim->len, (nwcd_now_ns() - t0) / 1e6);
-    r->evictions++;
+/* Evicts the least recently used entry of loc that nothing uses, maps or pins: its bytes, 0 if
+ * none (r->lock held, mappings reaped). */
+static uint64_t evict_lru(nwcd_res *r, int loc) {
+  nwcd_entry *victim = NULL;
+  for (size_t i = 0; i < r->n; i++) {
+    nwcd_entry *e = r->e[i];
+    if (e->state == NWC_RES_RESIDENT && e->loc == loc && !e->refs && !e->maps && !e->pinned &&
+        (!victim || e->last_used < victim->last_used))
+      victim = e;
   }
+  if (!victim) return 0;
+  uint64_t t0 = nwcd_now_ns(), bytes = held(victim);
+  char where[16];
+  loc_name(loc, where);
+  entry_unload(r, victim);
+  nwcd_log(NWCD_LOG_INFO, "evicted %s/%s (%llu bytes on %s, LRU) in %.3f ms", victim->model,
+           victim->tensor, (unsigned long long)bytes, where, (nwcd_now_ns() - t0) / 1e6);
+  r->evictions++;
+  return bytes;
+}
+
+/* Evicts LRU entries of loc until need more bytes fit its budget; false if they cannot. */
+static bool make_room(nwcd_res *r, int loc, uint64_t need) {
+  if (need > budget_at(r, loc)) return false;
+  if (*used_at(r, loc) + need > budget_at(r, loc)) reap_maps(r);
+  while (*used_at(r, loc) + need > budget_at(r, loc))
+    if (!evict_lru(r, loc)) return false;
   return true;
+}
+
+/* The device copy of view on e->loc, evicting LRU copies of that device for its size and
+ * retrying once when the allocation fails (called without r->lock). */
+static int upload(nwcd_res *r, nwcd_entry *e, const nwc_tensor *view, void **dcopy) {
+  const nwcd_backend *b = r->d->backend;
+  int rc = b->upload(view, e->loc, dcopy);
+  if (rc != -ENOMEM) return rc;
+  uint64_t need = b->dev_bytes(view), freed = 0, got;
+  pthread_mutex_lock(&r->lock);
+  while (freed < need && (got = evict_lru(r, e->loc))) freed += got;
+  pthread_mutex_unlock(&r->lock);
+  rc = b->upload(view, e->loc, dcopy);
+  char where[16];
+  loc_name(e->loc, where);
+  if (rc == -ENOMEM)
+    rc = nwc__fail(-ENOMEM, "no device memory for %llu bytes of %s/%s on %s (after evicting %llu "
+                   "bytes and retrying)", (unsigned long long)need, e->model, e->tensor, where,
+                   (unsigned long long)freed);
+  return rc;
 }
 
 /* Finds or creates the entry of model/tensor; called with r->lock held, may drop and retake it
@@ -251,13 +313,21 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
   if (li) memset(li, 0, sizeof *li);
   pthread_mutex_lock(&r->lock);
   nwcd_entry *e;
+  int named = (int)(flags >> 8) - 2; /* NWCD_ACQ_AT */
+  int at = named == NWCD_LOC_DEFAULT ? r->default_loc : named;
+  if (at >= r->d->backend->ndevices || at < NWCD_LOC_CPU) {
+    pthread_mutex_unlock(&r->lock);
+    return nwc__fail(-ENODEV, "no device cuda:%d (this daemon has %d; backend %s)", at,
+                     r->d->backend->ndevices, r->d->backend->name);
+  }
   int rc = lookup(r, model, tensor, &e);
   while (rc == 0 && e->state != NWC_RES_RESIDENT) {
     if (e->state == NWC_RES_LOADING) {
       pthread_cond_wait(&r->cond, &r->lock);
       continue;
     }
-    if (!make_room(r, e->len)) {
+    uint64_t need = at < 0 ? e->len : e->len + DEV_SLACK;
+    if (!make_room(r, at, need)) {
       if (flags & NWCD_ACQ_MAP_OK) {
         const nwc_tensor_info *ti = e->info; /* stays valid: see the store-lock invariant */
         r->mapped++;
@@ -266,34 +336,61 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
         ref->ti = ti;
         return rc;
       }
+      char where[16];
+      loc_name(at, where);
       rc = nwc__fail(-ENOSPC,
-                     "%s/%s needs %zu bytes: budget %llu, %llu in use or pinned (%llu pinned)",
-                     model, tensor, e->len, (unsigned long long)r->budget,
-                     (unsigned long long)r->used, (unsigned long long)r->pinned_bytes);
+                     "%s/%s needs %llu bytes on %s: budget %llu, %llu in use or pinned (%llu "
+                     "pinned)", model, tensor, (unsigned long long)need, where,
+                     (unsigned long long)budget_at(r, at), (unsigned long long)*used_at(r, at),
+                     (unsigned long long)r->pinned_bytes);
       break;
     }
     e->state = NWC_RES_LOADING;
-    r->used += e->len;
+    e->loc = at, e->dbytes = need;
+    *used_at(r, at) += need;
     pthread_mutex_unlock(&r->lock);
     bool locked = false;
     nwcd_load_info l = {0};
-    void *buf = r->d->backend->host_alloc(e->len, &locked);
+    void *buf = r->d->backend->host_alloc(e->len, &locked), *dcopy = NULL;
+    float *scale = NULL;
     rc = buf ? nwcd_load_blob(e->info, buf, &l, NULL, NULL)
              : nwc__fail(-ENOMEM, "no memory for %zu bytes of %s/%s", e->len, model, tensor);
     nwc_tensor view;
     if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
     int fd = -1;
-    if (rc == 0 && r->d->backend->host_share && (fd = r->d->backend->host_share(buf, e->len)) < 0)
+    if (rc == 0 && at >= 0) { /* device: upload, keep the shapes and the scale, free the host copy */
+      if (view.scale && !(scale = malloc(view.rows * sizeof *scale))) rc = -ENOMEM;
+      if (rc == 0) rc = upload(r, e, &view, &dcopy);
+      if (rc == 0 && scale) memcpy(scale, view.scale, view.rows * sizeof *scale);
+      r->d->backend->host_free(buf, e->len, locked);
+      buf = NULL;
+      if (rc == 0) {
+        nwc_tensor v = {.elem = view.elem, .rows = view.rows, .cols = view.cols,
+                        .nblocks = view.nblocks, .data_bytes = view.data_bytes,
+                        .raw_bytes = view.raw_bytes, .scale = scale};
+        memcpy(v.psym, view.psym, sizeof v.psym);
+        view = v;
+      } else {
+        free(scale);
+      }
+    } else if (rc == 0 && r->d->backend->host_share &&
+               (fd = r->d->backend->host_share(buf, e->len)) < 0) {
       rc = fd;
+    }
     pthread_mutex_lock(&r->lock);
     if (rc < 0) {
       if (buf) r->d->backend->host_free(buf, e->len, locked);
-      r->used -= e->len;
+      *used_at(r, at) -= need;
       e->state = NWC_RES_ABSENT;
       pthread_cond_broadcast(&r->cond);
       break;
     }
-    e->buf = buf, e->locked = locked, e->direct = l.direct, e->view = view, e->fd = fd;
+    if (at >= 0) {
+      e->dbytes = r->d->backend->dev_bytes(&view);
+      *used_at(r, at) -= need - e->dbytes;
+    }
+    e->buf = buf, e->dcopy = dcopy, e->scale = scale;
+    e->locked = locked, e->direct = l.direct, e->view = view, e->fd = fd;
     e->state = NWC_RES_RESIDENT;
     r->loads++, r->load_bytes += l.bytes, r->load_us += l.micros;
     if (l.direct) r->direct_loads++;
@@ -308,6 +405,12 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
                l.micros / 1e3);
     pthread_cond_broadcast(&r->cond);
   }
+  if (rc == 0 && named != NWCD_LOC_DEFAULT && e->loc != at) {
+    char where[16], want[16];
+    loc_name(e->loc, where), loc_name(at, want);
+    rc = nwc__fail(-EEXIST, "%s/%s is resident on %s, not %s; evict it first", model, tensor,
+                   where, want);
+  }
   if (rc == 0) {
     e->last_used = nwcd_now_ns();
     if ((flags & NWCD_ACQ_PIN) && !e->pinned) e->pinned = true, r->pinned_bytes += e->len;
@@ -317,6 +420,8 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       e->refs++;
       ref->e = e;
       ref->view = e->view;
+      ref->dcopy = e->dcopy;
+      ref->loc = e->loc;
     }
   }
   pthread_mutex_unlock(&r->lock);
@@ -352,7 +457,7 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
   } else if (e && e->pinned) {
     rc = nwc__fail(-EBUSY, "%s/%s is pinned; unpin it first", model, tensor);
   } else if (e && e->state == NWC_RES_RESIDENT) {
-    *bytes = e->len;
+    *bytes = held(e);
     entry_unload(r, e);
     r->evictions++;
   }
@@ -366,9 +471,38 @@ void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used) {
   pthread_mutex_lock(&r->lock);
   r->budget = budget;
   reap_maps(r);
-  make_room(r, 0);
+  make_room(r, NWCD_LOC_CPU, 0);
   *used = r->used;
   pthread_mutex_unlock(&r->lock);
+}
+
+void nwcd_res_set_gpu_budget(nwcd_res *r, uint64_t per_device) {
+  const nwcd_backend *b = r->d->backend;
+  for (int dev = 0; dev < b->ndevices; dev++) {
+    uint64_t budget = per_device, free_bytes = 0, total = 0;
+    if (!budget) {
+      if (!r->gfree[dev] && b->dev_meminfo(dev, &free_bytes, &total) == 0)
+        r->gfree[dev] = free_bytes;
+      budget = r->gfree[dev] / 10 * 9;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->gbudget[dev] = budget;
+    reap_maps(r);
+    make_room(r, dev, 0);
+    pthread_mutex_unlock(&r->lock);
+    nwcd_log(NWCD_LOG_INFO, "cuda:%d: budget %llu MiB", dev, (unsigned long long)(budget >> 20));
+  }
+}
+
+uint64_t nwcd_res_budget(nwcd_res *r, int loc, char where[16]) {
+  if (loc == NWCD_LOC_DEFAULT) loc = r->default_loc;
+  if (loc >= r->d->backend->ndevices) loc = NWCD_LOC_CPU - 1;
+  loc_name(loc, where);
+  if (loc < NWCD_LOC_CPU) return 0;
+  pthread_mutex_lock(&r->lock);
+  uint64_t b = budget_at(r, loc);
+  pthread_mutex_unlock(&r->lock);
+  return b;
 }
 
 int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor) {
@@ -423,7 +557,7 @@ uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model) {
   uint64_t b = 0;
   pthread_mutex_lock(&r->lock);
   for (size_t i = 0; i < r->n; i++)
-    if (r->e[i]->state == NWC_RES_RESIDENT && !strcmp(r->e[i]->model, model)) b += r->e[i]->len;
+    if (r->e[i]->state == NWC_RES_RESIDENT && !strcmp(r->e[i]->model, model)) b += held(r->e[i]);
   pthread_mutex_unlock(&r->lock);
   return b;
 }
@@ -439,7 +573,8 @@ int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n) {
     nwc_proto_ps *p = &a[k++];
     snprintf(p->model, sizeof p->model, "%s", e->model);
     snprintf(p->tensor, sizeof p->tensor, "%s", e->tensor);
-    p->bytes = e->len, p->pinned = e->pinned, p->locked = e->locked, p->direct = e->direct;
+    p->bytes = held(e), p->pinned = e->pinned, p->locked = e->locked, p->direct = e->direct;
+    p->device = e->loc;
     p->refs = e->refs, p->maps = e->maps, p->last_used_ms = ago_ms(e->last_used);
   }
   pthread_mutex_unlock(&r->lock);
@@ -451,8 +586,14 @@ int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n) {
 void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s) {
   pthread_mutex_lock(&r->lock);
   s->budget = r->budget, s->resident_bytes = 0, s->resident_tensors = 0;
+  s->gpu_budget = s->gpu_resident_bytes = 0;
+  for (int dev = 0; dev < r->d->backend->ndevices; dev++)
+    s->gpu_budget += r->gbudget[dev], s->gpu_resident_bytes += r->gused[dev];
   for (size_t i = 0; i < r->n; i++)
-    if (r->e[i]->state == NWC_RES_RESIDENT) s->resident_bytes += r->e[i]->len, s->resident_tensors++;
+    if (r->e[i]->state == NWC_RES_RESIDENT) {
+      s->resident_tensors++;
+      if (r->e[i]->loc < 0) s->resident_bytes += r->e[i]->len;
+    }
   s->pinned_bytes = r->pinned_bytes;
   s->loads = r->loads, s->load_bytes = r->load_bytes, s->load_us = r->load_us;
   s->direct_loads = r->direct_loads, s->buffered_loads = r->buffered_loads;
@@ -505,7 +646,8 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   pid_t pid = 0;
   NWC_TRY(check_map_socket(sock, &pid));
   nwcd_ref ref;
-  NWC_TRY(nwcd_res_acquire(r, model, tensor, 0, &ref, NULL)); /* resident, or -ENOSPC */
+  /* resident in host memory (a device copy cannot be shared: -EEXIST), or -ENOSPC */
+  NWC_TRY(nwcd_res_acquire(r, model, tensor, NWCD_ACQ_AT(NWCD_LOC_CPU), &ref, NULL));
   nwcd_entry *e = ref.e;                                      /* fd fixed while refs > 0 */
   int keep = -1, rc = 0;
   pthread_mutex_lock(&r->lock);

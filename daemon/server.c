@@ -295,7 +295,8 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
   c->hello = true;
   nwc_proto_hello hello = {NWC_PROTO_VERSION,
                            NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
-                               (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0),
+                               (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0) |
+                               (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0),
                            NWC_PROTO_MAX_PAYLOAD, NWCD_VERSION, ""};
   snprintf(hello.backend, sizeof hello.backend, "%s", c->srv->d->backend->name);
   nwc_pw w;

@@ -5,7 +5,7 @@
  * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
  * 1e-5), bulk data through the shared region (a large dequant), load/evict/pin/unpin, remove.
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
- * clear error, a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
+ * clear error where there is no GPU (/dev/nvidia0), a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
  * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
  * a non-socket file at the path is left alone, and SIGTERM exits 0.
  */
@@ -123,10 +123,16 @@ int main(void) {
         rc, nwc_client_last_error());
   CHECK_RC(nwc_client_unpin(c, "use", td_t[0].name, &res));
   CHECK_RC(nwc_client_evict(c, "use", td_t[0].name, &res));
+  /* Places: host memory by name; no GPU on the cpu backend */
+  rc = nwc_client_load_on(c, "use", td_t[0].name, 0, NULL, NULL, &res);
+  CHECK(rc == -ENODEV, "load onto cuda:0 with the cpu backend: %d %s", rc, nwc_client_last_error());
+  CHECK_RC(nwc_client_load_on(c, "use", td_t[0].name, NWC_CLIENT_CPU, NULL, NULL, &res));
+  CHECK(res.tensors == 1, "load_on cpu: %llu tensors", (unsigned long long)res.tensors);
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, &res));
   nwc_client_resident *ps;
   CHECK_RC(nwc_client_ps(c, &ps, &n));
   CHECK(n == td_nt, "ps after load: %zu", n);
+  for (size_t i = 0; i < n; i++) CHECK(ps[i].device == NWC_CLIENT_CPU, "ps: device %d", ps[i].device);
   free(ps);
   CHECK_RC(nwc_client_verify(c, NULL, NULL, NULL, &res));
   CHECK(res.problems == 0 && res.tensors == td_nt, "verify");
@@ -141,7 +147,8 @@ int main(void) {
     char sock2[400];
     snprintf(sock2, sizeof sock2, "%.200s/cuda.sock", td_dir);
     const char *cuda[] = {"--backend", "cuda", NULL};
-    CHECK(td_daemon_refuses(sock2, cuda) == 1, "--backend cuda not refused");
+    if (access("/dev/nvidia0", F_OK) != 0)
+      CHECK(td_daemon_refuses(sock2, cuda) == 1, "--backend cuda not refused without a GPU");
     CHECK(td_daemon_refuses(td_sock, NULL) == 1, "a daemon took over a live socket");
     char reg[400];
     snprintf(reg, sizeof reg, "%.200s/regular", td_dir);

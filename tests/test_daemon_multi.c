@@ -12,15 +12,24 @@
  *                                tensor is computed on the mapped container (reported so), and
  *                                every reply is still right; explicit loads that cannot fit get
  *                                ENOSPC with a clear message.
+ *   ... --cuda                   either of them with --backend cuda (exit 77 without a GPU): the
+ *                                same checks (matvec within the kernels' 1e-5 of fp64), every
+ *                                resident tensor on cuda:0 in ps, and in budget mode a 2 MiB
+ *                                --gpu-budget, so that the device evicts and the largest tensor
+ *                                runs on the CPU over the mapped container.
  * The parent checks that the daemon counted batched passes / evictions and still serves.
  */
 #include "test_daemon_util.h"
 
 #include "nwc_client.h"
 
+#ifdef NWC_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #define NCHILD 8
 
-static int budget_mode;
+static int budget_mode, cuda_mode;
 
 static int child(const char *sock, double seconds) {
   nwc_client *c;
@@ -88,6 +97,15 @@ static int child(const char *sock, double seconds) {
       if (rc == -EBUSY) busy++;
       CHECK(rc == 0 || rc == -EBUSY, "evict %s: %d %s", t->name, rc, nwc_client_last_error());
       ops[4]++;
+    } else if (op == 8 && cuda_mode) { /* everything resident lives on the GPU */
+      nwc_client_resident *p;
+      size_t n;
+      rc = nwc_client_ps(c, &p, &n);
+      CHECK(rc == 0, "ps: %d", rc);
+      for (size_t k = 0; rc == 0 && k < n; k++)
+        CHECK(p[k].device == 0, "ps: %s on device %d, not cuda:0", p[k].tensor, p[k].device);
+      if (rc == 0) free(p);
+      ops[6]++;
     } else {
       nwc_client_model *m;
       size_t n;
@@ -100,8 +118,9 @@ static int child(const char *sock, double seconds) {
     batched += !!(rf & NWC_CLIENT_BATCHED);
   }
   printf("child %d: %lu matvec, %lu dequant, %lu gather, %lu load (%lu ENOSPC), %lu evict (%lu busy),"
-         " %lu ls; %lu mapped, %lu batched\n",
-         (int)getpid(), ops[0], ops[1], ops[2], ops[3], nospc, ops[4], busy, ops[5], mapped, batched);
+         " %lu ls, %lu ps; %lu mapped, %lu batched\n",
+         (int)getpid(), ops[0], ops[1], ops[2], ops[3], nospc, ops[4], busy, ops[5], ops[6], mapped,
+         batched);
   nwc_client_free(c);
   return test_failures ? 1 : 0;
 }
@@ -110,19 +129,39 @@ int main(int argc, char **argv) {
   int skip = td_open_sample();
   if (argc >= 5 && !strcmp(argv[1], "child")) {
     if (skip) return 1;
-    budget_mode = atoi(argv[4]);
+    budget_mode = atoi(argv[4]) & 1, cuda_mode = atoi(argv[4]) >> 1;
     char seed[32];
     snprintf(seed, sizeof seed, "%s", argv[3]);
     setenv("NWC_SEED", seed, 1);
     test_seed("test_daemon_multi child");
     return child(argv[2], 4.0);
   }
-  budget_mode = argc > 1 && !strcmp(argv[1], "--budget");
-  uint64_t seed = test_seed(budget_mode ? "test_daemon_multi --budget" : "test_daemon_multi");
+  for (int i = 1; i < argc; i++) {
+    budget_mode |= !strcmp(argv[i], "--budget");
+    cuda_mode |= !strcmp(argv[i], "--cuda");
+  }
+  char name[64];
+  snprintf(name, sizeof name, "test_daemon_multi%s%s", budget_mode ? " --budget" : "",
+           cuda_mode ? " --cuda" : "");
+  uint64_t seed = test_seed(name);
   if (skip) return skip;
+  if (cuda_mode) {
+#ifdef NWC_TEST_CUDA
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+      printf("SKIP: no CUDA device\n");
+      return 77;
+    }
+#else
+    printf("SKIP: built without CUDA\n");
+    return 77;
+#endif
+    td_backend = "cuda";
+  }
   if (td_mkdir("nwc-multi") < 0) return 1;
   const char *bud[] = {"--budget", "2M", NULL};
-  pid_t d = td_start_daemon(budget_mode ? bud : NULL);
+  const char *gbud[] = {"--gpu-budget", "2M", NULL};
+  pid_t d = td_start_daemon(budget_mode ? (cuda_mode ? gbud : bud) : NULL);
   CHECK(d > 0, "nwcd did not start");
   if (d <= 0) return td_show_log(), 1;
   nwc_client *c;
@@ -140,7 +179,7 @@ int main(int argc, char **argv) {
     if (kids[i] == 0) {
       char s[32], m[8];
       snprintf(s, sizeof s, "%llu", (unsigned long long)(seed + (uint64_t)i + 1));
-      snprintf(m, sizeof m, "%d", budget_mode);
+      snprintf(m, sizeof m, "%d", budget_mode | cuda_mode << 1);
       execl("/proc/self/exe", argv[0], "child", td_sock, s, m, (char *)NULL);
       _exit(127);
     }
@@ -158,13 +197,19 @@ int main(int argc, char **argv) {
          (unsigned long long)s.evictions, (unsigned long long)s.mapped_computes,
          (unsigned long long)s.batched_passes, (unsigned long long)s.batched_columns,
          (unsigned long long)s.resident_bytes, (unsigned long long)s.budget);
+  if (cuda_mode)
+    printf("daemon: backend %s, %llu bytes on the GPU of budget %llu\n", s.backend,
+           (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.gpu_budget);
+  CHECK(!strcmp(s.backend, cuda_mode ? "cuda" : "cpu"), "backend %s", s.backend);
   if (budget_mode) {
     CHECK(s.resident_bytes <= s.budget, "resident %llu over budget", (unsigned long long)s.resident_bytes);
+    CHECK(s.gpu_resident_bytes <= s.gpu_budget, "GPU resident %llu over budget",
+          (unsigned long long)s.gpu_resident_bytes);
     CHECK(s.evictions > 0 && s.mapped_computes > 0, "budget mode: no evictions or no mapped computes");
   }
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();
   td_cleanup();
-  return test_exit(budget_mode ? "test_daemon_multi --budget" : "test_daemon_multi");
+  return test_exit(name);
 }

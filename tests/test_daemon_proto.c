@@ -167,6 +167,27 @@ int main(void) {
   r.id = 24, r.where = NWC_WHERE_SHM, r.x = NULL, r.in_off = 0, r.out_off = 64, r.out_cap = 4096;
   check_request("req_matvec_shm", &r);
 
+  /* Issue 8: placement and CUDA IPC. */
+  memset(&r, 0, sizeof r);
+  strcpy(r.model, "use-lite"), strcpy(r.tensor, "W");
+  r.op = NWC_OP_LOAD_ON, r.id = 25, r.pin = 1, r.device = 0;
+  check_request("req_load_on", &r);
+  r.id = 26, r.pin = 0, r.device = NWC_DEVICE_CPU;
+  check_request("req_load_on_cpu", &r);
+  memset(&r, 0, sizeof r);
+  strcpy(r.model, "use-lite"), strcpy(r.tensor, "W"), strcpy(r.bias, "b");
+  r.op = NWC_OP_MATVEC_IPC, r.id = 27, r.scale = 0.5f, r.ncols = 2, r.out = NWC_OUT_BF16;
+  for (int i = 0; i < NWC_PROTO_IPC_HANDLE; i++)
+    r.ipc_x[i] = (uint8_t)i, r.ipc_y[i] = (uint8_t)(0x80 + i), r.ipc_event[i] = (uint8_t)(0xff - i);
+  r.in_off = 256, r.x_bytes = 2 * 1536 * 4, r.out_off = 65536, r.out_cap = 2 * 512 * 2;
+  r.has_event = 1;
+  check_request("req_matvec_ipc", &r);
+  r.op = NWC_OP_DEQUANT_IPC, r.id = 28, r.has_event = 0, r.out = NWC_OUT_F32;
+  r.bias[0] = 0, r.scale = 0, r.ncols = 0, r.in_off = r.x_bytes = 0;
+  memset(r.ipc_x, 0, sizeof r.ipc_x), memset(r.ipc_event, 0, sizeof r.ipc_event);
+  r.out_cap = 512 * 1536 * 4;
+  check_request("req_dequant_ipc", &r);
+
   /* Replies. */
   nwc_pw w;
   nwc_pw_init(&w);
@@ -251,14 +272,21 @@ int main(void) {
   nwc_pw_free(&w);
 
   nwc_pw_init(&w);
-  nwc_proto_ps ps = {"use-lite", "W", 1081344, 1, 1, 1, 0, 250, 2};
+  nwc_proto_ps ps = {"use-lite", "W", 1081344, 1, 1, 1, 0, 250, 2, 0};
   nwc_pw_u32(&w, 1);
   nwc_proto_put_ps(&w, &ps);
   check_reply("rep_ps", &w, NWC_OP_PS, 0, 0, 5);
   nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
   nwc_proto_ps ps2;
   CHECK(nwc_pr_u32(&pr) == 1 && nwc_proto_get_ps(&pr, &ps2) == 0 && nwc_pr_end(&pr, "ps") == 0 &&
-        ps2.maps == 2 && ps2.bytes == 1081344 && ps2.last_used_ms == 250, "ps decode");
+        ps2.maps == 2 && ps2.bytes == 1081344 && ps2.last_used_ms == 250 && ps2.device == 0,
+        "ps decode");
+  nwc_pw_free(&w);
+
+  nwc_pw_init(&w);
+  nwc_proto_compute cd = {2, 512, NWC_OUT_BF16, NWC_WHERE_DEVICE, 0, 2048};
+  nwc_proto_put_compute(&w, &cd);
+  check_reply("rep_matvec_ipc", &w, NWC_OP_MATVEC_IPC, 0, 0, 27);
   nwc_pw_free(&w);
 
   /* Header checks. */

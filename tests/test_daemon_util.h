@@ -24,6 +24,8 @@
 #include <sys/wait.h>
 
 static char td_dir[256], td_sock[300], td_store[300];
+/* The backend the tests start nwcd with (before their own flags); the CUDA tests set "cuda". */
+static const char *td_backend = "cpu";
 
 /* Waits up to tries x 10 ms for pid to exit: its exit status, or -1 after a crash or a timeout
  * (then it is killed). */
@@ -71,8 +73,9 @@ static pid_t td_start_daemon_at(const char *sock, const char *const *extra, int 
   snprintf(log, sizeof log, "%s/nwcd.log", td_dir);
   pid_t pid = fork();
   if (pid == 0) {
-    const char *argv[32] = {NWCD_PATH, "--store", td_store, "--socket", sock, "--threads", "2"};
-    int n = 7;
+    const char *argv[32] = {NWCD_PATH, "--store", td_store, "--socket", sock, "--threads", "2",
+                            "--backend", td_backend};
+    int n = 9;
     for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);

@@ -1,0 +1,499 @@
+/*
+ * backend_cuda.cu - the CUDA compute backend of nwcd (issue 8): device copies of resident
+ * tensors and the layout-0 kernels of kernels/ (nwc_kernels.h) for dequant, gather and matvec,
+ * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
+ *
+ * Design:
+ *   - A device copy is nwc_k_tensor_upload's single cudaMalloc (table, bases, hdr, data, raw,
+ *     scale) plus what matvec needs to know (K16, scratch floats).  cudaMalloc failing is -ENOMEM
+ *     (residency.c evicts and retries once).
+ *   - A request leases a context of its device from that device's pool (one short mutex hold):
+ *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
+ *     scratch, output, row indices, bias; pinned host: in, out).  It enqueues copy-in, kernels
+ *     and copy-out on that stream, records the event and waits on it (cudaEventSynchronize),
+ *     copies out of the pinned buffer and gives the context back.  So concurrent requests run on
+ *     their own streams, and there are never more contexts than requests that ran at once.
+ *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
+ *     tensor any more), so evicting everything gives all device memory back.
+ *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
+ *     as back-to-back launches (the kernels take one right-hand side) and come back in one copy:
+ *     one round trip and one wait for all of them.
+ *   - IPC: the client's handles are opened on the copy's device for the request only; their
+ *     allocation's real size comes from the driver (cuMemGetAddressRange, fetched at run time so
+ *     that nwcd needs no libcuda at link time) and every offset and size is checked against it.
+ *     An epilogue kernel applies the request's scale and bias and writes float or BF16.
+ */
+#include "backend_cuda.h"
+
+#include "nwc_kernels.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <new>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" int nwc__fail(int err, const char *fmt, ...);
+
+namespace {
+
+constexpr int kMaxDev = 16;
+
+struct Copy {
+  nwc_k_tensor k;
+  int dev;
+  uint64_t k16, scratch;
+};
+
+/* A grow-only buffer, device or pinned host. */
+struct Buf {
+  void *p = nullptr;
+  size_t n = 0;
+};
+
+struct Ctx {
+  bool ready = false;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  Buf dx, dy, ds, dout, drows, dbias, hin, hout;
+};
+
+/* 0 for cudaSuccess, else -ENOMEM (out of memory) or -EIO with a detail naming what failed. */
+int fail_cuda(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError(); /* clear a non-sticky error so that the next request starts clean */
+  if (e == cudaErrorMemoryAllocation)
+    return nwc__fail(-ENOMEM, "CUDA: %s: out of device memory", what);
+  return nwc__fail(-EIO, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+#define TRY(expr)                                                                                \
+  do {                                                                                           \
+    int try__rc = (expr);                                                                        \
+    if (try__rc < 0) return try__rc;                                                             \
+  } while (0)
+#define CU_TRY(expr, what)                                                                       \
+  do {                                                                                           \
+    int cu__rc = fail_cuda((expr), what);                                                        \
+    if (cu__rc < 0) return cu__rc;                                                               \
+  } while (0)
+
+/* A kernel entry point's status (nwc_kernels.h) as one with a detail. */
+int kstatus(int rc, const char *what) {
+  if (rc == -EIO) {
+    int r = fail_cuda((cudaError_t)nwc_k_last_cuda_error(), what);
+    return r ? r : nwc__fail(-EIO, "CUDA: %s failed", what);
+  }
+  if (rc < 0) return nwc__fail(rc, "CUDA kernel %s refused the tensor (%d)", what, rc);
+  return 0;
+}
+
+void free_buf(Buf &b, bool host) {
+  if (b.p) host ? (void)cudaFreeHost(b.p) : (void)cudaFree(b.p);
+  b.p = nullptr, b.n = 0;
+}
+
+/* Idle contexts of one device; a request takes one and gives it back (so each worker computes on
+ * its own stream, and no more contexts exist than requests ever ran at once). */
+constexpr int kMaxIdle = 256;
+struct Pool {
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  Ctx *idle[kMaxIdle];
+  int n = 0;
+};
+Pool pools[kMaxDev];
+
+void ctx_destroy(Ctx *c) {
+  if (c->ready) {
+    cudaStreamSynchronize(c->stream);
+    for (Buf *b : {&c->dx, &c->dy, &c->ds, &c->dout, &c->drows, &c->dbias}) free_buf(*b, false);
+    free_buf(c->hin, true), free_buf(c->hout, true);
+    cudaEventDestroy(c->done);
+    cudaStreamDestroy(c->stream);
+  }
+  delete c;
+}
+
+/* A context of dev (made current) for the calling request; given back when it goes out of scope. */
+struct Lease {
+  Ctx *c = nullptr;
+  int dev = 0;
+  Lease() = default;
+  Lease(const Lease &) = delete;
+  ~Lease() {
+    if (!c) return;
+    Pool &p = pools[dev];
+    pthread_mutex_lock(&p.lock);
+    bool keep = p.n < kMaxIdle;
+    if (keep) p.idle[p.n++] = c;
+    pthread_mutex_unlock(&p.lock);
+    if (!keep) ctx_destroy(c);
+  }
+  int take(int d) {
+    if (d < 0 || d >= kMaxDev) return nwc__fail(-EINVAL, "CUDA device %d out of range", d);
+    CU_TRY(cudaSetDevice(d), "cudaSetDevice");
+    Pool &p = pools[d];
+    pthread_mutex_lock(&p.lock);
+    Ctx *got = p.n ? p.idle[--p.n] : nullptr;
+    pthread_mutex_unlock(&p.lock);
+    if (!got && !(got = new (std::nothrow) Ctx))
+      return nwc__fail(-ENOMEM, "no memory for a CUDA context record");
+    c = got, dev = d;
+    if (!c->ready) {
+      CU_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      cudaError_t e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        cudaStreamDestroy(c->stream);
+        return fail_cuda(e, "cudaEventCreate");
+      }
+      c->ready = true;
+    }
+    return 0;
+  }
+};
+
+/* b holds at least n bytes (grown by doubling; contents not kept). */
+int grow(Buf &b, size_t n, bool host) {
+  if (b.n >= n) return 0;
+  size_t want = b.n ? b.n : 4096;
+  while (want < n) want *= 2;
+  free_buf(b, host);
+  cudaError_t e = host ? cudaHostAlloc(&b.p, want, cudaHostAllocDefault) : cudaMalloc(&b.p, want);
+  if (e != cudaSuccess) {
+    b.p = nullptr;
+    return fail_cuda(e, host ? "cudaHostAlloc of a staging buffer" : "cudaMalloc of a work buffer");
+  }
+  b.n = want;
+  return 0;
+}
+
+/* Records the completion event on c's stream and waits for it. */
+int finish(Ctx &c, const char *what) {
+  CU_TRY(cudaEventRecord(c.done, c.stream), "cudaEventRecord");
+  CU_TRY(cudaEventSynchronize(c.done), what);
+  return 0;
+}
+
+/* ---- kernels of this file: the IPC paths' epilogue and compaction ------------------------- */
+
+/* y[c * M + i] = scale * t[c * M + i] + bias[i], as float or BF16 (round to nearest even). */
+__global__ void epilogue_kernel(const float *t, uint64_t M, uint64_t n, float scale,
+                                const float *bias, void *y, int bf16) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    float v = scale * t[i] + (bias ? bias[i % M] : 0.0f);
+    if (bf16) {
+      uint32_t u = __float_as_uint(v);
+      uint16_t h = (v != v) ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      static_cast<uint16_t *>(y)[i] = h;
+    } else {
+      static_cast<float *>(y)[i] = v;
+    }
+  }
+}
+
+/* Dense rows x K (BF16 or float) from BF16 rows of stride K16. */
+__global__ void compact_kernel(const uint16_t *src, uint64_t M, uint64_t K, uint64_t K16, void *dst,
+                               int bf16) {
+  uint64_t n = M * K;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    uint16_t h = src[(i / K) * K16 + i % K];
+    if (bf16) static_cast<uint16_t *>(dst)[i] = h;
+    else static_cast<float *>(dst)[i] = __uint_as_float((uint32_t)h << 16);
+  }
+}
+
+unsigned grid_for(uint64_t n) {
+  uint64_t g = (n + 255) / 256;
+  return (unsigned)(g < 4096 ? (g ? g : 1) : 4096);
+}
+
+/* ---- IPC ----------------------------------------------------------------------------------- */
+
+typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+addr_range_fn addr_range;
+pthread_once_t addr_once = PTHREAD_ONCE_INIT;
+void find_addr_range() {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    addr_range = reinterpret_cast<addr_range_fn>(fn);
+}
+
+/* A client buffer opened for one request. */
+struct Mapped {
+  void *base = nullptr;
+  uint8_t *p = nullptr;
+  ~Mapped() {
+    if (base) cudaIpcCloseMemHandle(base);
+  }
+};
+
+/* Opens b's handle on the current device and checks that need bytes at b.off fit both the
+ * size the client gave and the allocation itself. */
+int open_buf(const nwcd_ipc_buf &b, uint64_t need, const char *what, Mapped &m) {
+  if (need > b.bytes)
+    return nwc__fail(-EINVAL, "IPC %s buffer of %llu bytes; the request needs %llu", what,
+                     (unsigned long long)b.bytes, (unsigned long long)need);
+  cudaIpcMemHandle_t h;
+  memcpy(&h, b.handle, sizeof h);
+  cudaError_t e = cudaIpcOpenMemHandle(&m.base, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    m.base = nullptr;
+    cudaGetLastError();
+    return nwc__fail(-EINVAL, "IPC %s handle does not open on this device: %s", what,
+                     cudaGetErrorString(e));
+  }
+  pthread_once(&addr_once, find_addr_range);
+  if (!addr_range) return nwc__fail(-EIO, "the CUDA driver lacks cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (addr_range(&base, &size, (CUdeviceptr)m.base) != CUDA_SUCCESS)
+    return nwc__fail(-EINVAL, "IPC %s: the driver does not know the opened allocation", what);
+  uint64_t avail = size - ((CUdeviceptr)m.base - base);
+  if (b.off > avail || b.bytes > avail - b.off)
+    return nwc__fail(-EINVAL,
+                     "IPC %s buffer of %llu bytes at offset %llu overruns its allocation of %llu "
+                     "bytes",
+                     what, (unsigned long long)b.bytes, (unsigned long long)b.off,
+                     (unsigned long long)avail);
+  m.p = static_cast<uint8_t *>(m.base) + b.off;
+  return 0;
+}
+
+/* Makes c's stream wait for the client's event (64 bytes of cudaIpcEventHandle_t), if any. */
+int wait_client_event(Ctx &c, const uint8_t *ev) {
+  if (!ev) return 0;
+  cudaIpcEventHandle_t h;
+  memcpy(&h, ev, sizeof h);
+  cudaEvent_t e;
+  cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return nwc__fail(-EINVAL, "IPC event handle does not open: %s", cudaGetErrorString(err));
+  }
+  err = cudaStreamWaitEvent(c.stream, e, 0);
+  cudaEventDestroy(e);
+  CU_TRY(err, "cudaStreamWaitEvent on the client's event");
+  return 0;
+}
+
+}  // namespace
+
+/* ---- C entry points ------------------------------------------------------------------------ */
+
+extern "C" int nwcd_cuda_devices(int *n) {
+  int k = 0;
+  cudaError_t e = cudaGetDeviceCount(&k);
+  if (e != cudaSuccess || k < 1) {
+    cudaGetLastError();
+    return nwc__fail(-ENODEV, "no CUDA device (%s)",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+  }
+  *n = k < kMaxDev ? k : kMaxDev;
+  return 0;
+}
+
+extern "C" void nwcd_cuda_trim(int dev) {
+  if (dev < 0 || dev >= kMaxDev) return;
+  Pool &p = pools[dev];
+  pthread_mutex_lock(&p.lock);
+  int n = p.n;
+  Ctx *idle[kMaxIdle];
+  memcpy(idle, p.idle, sizeof(Ctx *) * n);
+  p.n = 0;
+  pthread_mutex_unlock(&p.lock);
+  if (n && cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
+  for (int i = 0; i < n; i++) ctx_destroy(idle[i]);
+}
+
+extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes) {
+  CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
+  size_t f = 0, t = 0;
+  CU_TRY(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+  *free_bytes = f, *total_bytes = t;
+  return 0;
+}
+
+extern "C" uint64_t nwcd_cuda_copy_bytes(const nwc_tensor *t) {
+  /* nwc_k_tensor_upload's layout: table, bases, hdr, data, raw, scale, each 256-aligned */
+  auto a = [](uint64_t v) { return (v + 255) & ~UINT64_C(255); };
+  return a(NWC_TAB_ENTRIES * 4) + a((t->nblocks + 1) * 8) + a(t->nblocks * NWC_LANES) +
+         a(t->data_bytes) + a(t->raw_bytes) + (t->scale ? t->rows * 4 : 0);
+}
+
+extern "C" int nwcd_cuda_upload(const nwc_tensor *t, int dev, void **out) {
+  Lease lease;
+  int rc = lease.take(dev);
+  Ctx *c = lease.c;
+  if (rc < 0) return rc;
+  uint64_t lay[4];
+  if ((rc = nwc_layout(t->rows, t->cols, t->elem, lay)) < 0) return rc;
+  Copy *cp = new (std::nothrow) Copy;
+  if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
+  rc = nwc_k_tensor_upload(t, &cp->k, c->stream);
+  if (rc < 0) {
+    delete cp;
+    if (rc == -ENOMEM) {
+      cudaGetLastError();
+      return nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
+                       (unsigned long long)nwcd_cuda_copy_bytes(t), dev);
+    }
+    return kstatus(rc, "upload");
+  }
+  cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
+  *out = cp;
+  return 0;
+}
+
+extern "C" void nwcd_cuda_free(void *dcopy) {
+  Copy *cp = static_cast<Copy *>(dcopy);
+  if (!cp) return;
+  cudaSetDevice(cp->dev);
+  nwc_k_tensor_free(&cp->k);
+  delete cp;
+}
+
+/* Device output of bytes copied back through the pinned buffer into out, after the wait. */
+static int copy_back(Ctx *c, const void *dsrc, size_t bytes, void *out, const char *what) {
+  int rc = grow(c->hout, bytes, true);
+  if (rc == 0)
+    rc = fail_cuda(cudaMemcpyAsync(c->hout.p, dsrc, bytes, cudaMemcpyDeviceToHost, c->stream), what);
+  if (rc == 0) rc = finish(*c, what);
+  if (rc == 0) memcpy(out, c->hout.p, bytes);
+  return rc;
+}
+
+extern "C" int nwcd_cuda_dequant(const void *dcopy, uint16_t *out) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  Lease lease;
+  int rc = lease.take(cp->dev);
+  Ctx *c = lease.c;
+  size_t bytes = cp->k.rows * cp->k16 * 2;
+  if (rc == 0) rc = grow(c->dout, bytes, false);
+  if (rc == 0) rc = kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant");
+  if (rc == 0) rc = copy_back(c, c->dout.p, bytes, out, "dequant");
+  return rc;
+}
+
+extern "C" int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  Lease lease;
+  int rc = lease.take(cp->dev);
+  Ctx *c = lease.c;
+  size_t bytes = n * cp->k16 * 2;
+  if (rc == 0) rc = grow(c->drows, n * 8, false);
+  if (rc == 0) rc = grow(c->hin, n * 8, true);
+  if (rc == 0) rc = grow(c->dout, bytes, false);
+  if (rc == 0) {
+    memcpy(c->hin.p, rows, n * 8);
+    rc = fail_cuda(cudaMemcpyAsync(c->drows.p, c->hin.p, n * 8, cudaMemcpyHostToDevice, c->stream),
+                   "copy of gather rows");
+  }
+  if (rc == 0)
+    rc = kstatus(nwc_k_gather(&cp->k, (const uint64_t *)c->drows.p, n, (uint16_t *)c->dout.p,
+                              c->stream),
+                 "gather");
+  if (rc == 0) rc = copy_back(c, c->dout.p, bytes, out, "gather");
+  return rc;
+}
+
+/* ncols matvecs of the columns already in c->dx (stride K16) into c->dy (stride M). */
+static int run_matvecs(Ctx *c, const Copy *cp, unsigned ncols) {
+  const uint64_t M = cp->k.rows, K16 = cp->k16;
+  int rc = grow(c->dy, (size_t)ncols * M * 4, false);
+  if (rc == 0) rc = grow(c->ds, cp->scratch * 4, false);
+  for (unsigned col = 0; rc == 0 && col < ncols; col++)
+    rc = kstatus(nwc_k_matvec(&cp->k, (const float *)c->dx.p + col * K16, NULL,
+                              (float *)c->dy.p + col * M, (float *)c->ds.p, c->stream),
+                 "matvec");
+  return rc;
+}
+
+extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx,
+                                float *Y, size_t ldy) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  const uint64_t M = cp->k.rows, K16 = cp->k16;
+  Lease lease;
+  int rc = lease.take(cp->dev);
+  Ctx *c = lease.c;
+  size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
+  if (rc == 0) rc = grow(c->dx, xb, false);
+  if (rc == 0) rc = grow(c->hin, xb, true);
+  if (rc == 0) {
+    for (unsigned col = 0; col < ncols; col++)
+      memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
+    rc = fail_cuda(cudaMemcpyAsync(c->dx.p, c->hin.p, xb, cudaMemcpyHostToDevice, c->stream),
+                   "copy of matvec x");
+  }
+  if (rc == 0) rc = run_matvecs(c, cp, ncols);
+  if (rc == 0) rc = grow(c->hout, yb, true);
+  if (rc == 0)
+    rc = fail_cuda(cudaMemcpyAsync(c->hout.p, c->dy.p, yb, cudaMemcpyDeviceToHost, c->stream),
+                   "copy of matvec y");
+  if (rc == 0) rc = finish(*c, "matvec");
+  for (unsigned col = 0; rc == 0 && col < ncols; col++)
+    memcpy(Y + col * ldy, (const float *)c->hout.p + col * M, M * 4);
+  return rc;
+}
+
+extern "C" int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
+                                    unsigned ncols, float scale, const float *bias, int bf16,
+                                    const uint8_t *ev) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
+  Lease lease;
+  int rc = lease.take(cp->dev);
+  Ctx *c = lease.c;
+  if (rc < 0) return rc;
+  Mapped mx, my;
+  TRY(open_buf(*x, (uint64_t)ncols * K * 4, "x", mx));
+  TRY(open_buf(*y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
+  TRY(wait_client_event(*c, ev));
+  TRY(grow(c->dx, (size_t)ncols * K16 * 4, false));
+  if (K16 != K) CU_TRY(cudaMemsetAsync(c->dx.p, 0, (size_t)ncols * K16 * 4, c->stream), "memset");
+  CU_TRY(cudaMemcpy2DAsync(c->dx.p, K16 * 4, mx.p, K * 4, K * 4, ncols, cudaMemcpyDeviceToDevice,
+                           c->stream),
+         "copy of the client's x");
+  if (bias) {
+    TRY(grow(c->dbias, M * 4, false));
+    TRY(grow(c->hin, M * 4, true));
+    memcpy(c->hin.p, bias, M * 4);
+    CU_TRY(cudaMemcpyAsync(c->dbias.p, c->hin.p, M * 4, cudaMemcpyHostToDevice, c->stream),
+           "copy of the bias");
+  }
+  TRY(run_matvecs(c, cp, ncols));
+  uint64_t n = (uint64_t)ncols * M;
+  epilogue_kernel<<<grid_for(n), 256, 0, c->stream>>>((const float *)c->dy.p, M, n, scale,
+                                                      bias ? (const float *)c->dbias.p : nullptr,
+                                                      my.p, bf16);
+  CU_TRY(cudaGetLastError(), "epilogue launch");
+  return finish(*c, "matvec into the client's buffer");
+}
+
+extern "C" int nwcd_cuda_dequant_ipc(const void *dcopy, const nwcd_ipc_buf *out, int bf16,
+                                     const uint8_t *ev) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
+  Lease lease;
+  int rc = lease.take(cp->dev);
+  Ctx *c = lease.c;
+  if (rc < 0) return rc;
+  Mapped mo;
+  TRY(open_buf(*out, M * K * (bf16 ? 2 : 4), "output", mo));
+  TRY(wait_client_event(*c, ev));
+  if (bf16 && K16 == K) { /* straight into the client's buffer */
+    TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)mo.p, c->stream), "dequant"));
+  } else {
+    TRY(grow(c->dout, M * K16 * 2, false));
+    TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
+    compact_kernel<<<grid_for(M * K), 256, 0, c->stream>>>((const uint16_t *)c->dout.p, M, K, K16,
+                                                           mo.p, bf16);
+    CU_TRY(cudaGetLastError(), "compact launch");
+  }
+  return finish(*c, "dequant into the client's buffer");
+}

@@ -1,0 +1,66 @@
+/*
+ * backend_cuda.h - the CUDA backend's entry points (backend_cuda.cu), in plain C types so that
+ * backend_cpu.c wires them into the nwcd_backend struct without CUDA headers (and nwcd.h, which
+ * uses C11 atomics, stays out of C++; it includes this one for nwcd_ipc_buf).  The definitions
+ * are built only with NWC_WITH_CUDA.
+ *
+ * A device copy ("dcopy") is an opaque handle made by nwcd_cuda_upload and freed by
+ * nwcd_cuda_free.  Every compute call runs on a stream of its own (a context leased from the
+ * device's pool), waits for its own completion event and returns 0 or a
+ * negative errno with a detail (nwc_error_detail): -ENOMEM when device memory runs out, -EIO
+ * for any other CUDA error (the detail names it), -EINVAL for a bad IPC handle or size.
+ */
+#ifndef NWCD_BACKEND_CUDA_H
+#define NWCD_BACKEND_CUDA_H
+
+#include "nwc.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The number of CUDA devices: 0 and *n >= 1, or -ENODEV (detail: why) when there are none. */
+int nwcd_cuda_devices(int *n);
+/* Device memory of dev: free and total bytes (cudaMemGetInfo). */
+int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+/* Frees dev's idle work contexts (streams, events, work and staging buffers). */
+void nwcd_cuda_trim(int dev);
+/* The device bytes a copy of t takes (its arrays, lookup table, alignment). */
+uint64_t nwcd_cuda_copy_bytes(const nwc_tensor *t);
+/* A device copy of validated host tensor t on dev: 0 and *out, -ENOMEM (cudaMalloc failed), -EIO. */
+int nwcd_cuda_upload(const nwc_tensor *t, int dev, void **out);
+void nwcd_cuda_free(void *dcopy);
+/* BF16 rows of the whole tensor into host out, row stride K16. */
+int nwcd_cuda_dequant(const void *dcopy, uint16_t *out);
+/* Rows rows[0..n) (each < M: the caller checked) into host out, row stride K16. */
+int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);
+/* Y[c * ldy ..] = W X[c * ldx ..] for ncols columns (host arrays; ldx >= K16, X zero padded):
+ * the columns go up in one copy, run as back-to-back launches on one stream, come back in one
+ * copy (the kernels take one right-hand side each). */
+int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx, float *Y,
+                     size_t ldy);
+
+/* CUDA IPC (zero copy): a client's device buffer as cudaIpcMemHandle_t bytes, the offset of the
+ * buffer inside that allocation and its size in bytes.  The daemon opens the handle on the
+ * copy's device, checks offset + bytes against the allocation's real size, and closes it again
+ * when the request is done. */
+typedef struct nwcd_ipc_buf {
+  uint8_t handle[64];
+  uint64_t off, bytes;
+} nwcd_ipc_buf;
+/* y = scale * (W x) + bias (bias: M host floats or NULL) for ncols columns of K floats in the
+ * client's x, into its y (float, or BF16 when bf16); ev (64 bytes of cudaIpcEventHandle_t, or
+ * NULL): the daemon's stream waits for it before reading x.  Returns when y is written. */
+int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
+                         unsigned ncols, float scale, const float *bias, int bf16,
+                         const uint8_t *ev);
+/* The whole tensor, dense rows x cols (no K16 padding), BF16 or float, into the client's buffer. */
+int nwcd_cuda_dequant_ipc(const void *dcopy, const nwcd_ipc_buf *out, int bf16, const uint8_t *ev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

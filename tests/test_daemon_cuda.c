@@ -1,0 +1,293 @@
+/*
+ * test_daemon_cuda.c - nwcd with --backend cuda (exit 77 without a GPU): CUDA IPC and device
+ * budgets, against the original weights of the sample model.
+ *
+ *   1. A client process (this program re-executed as "ipc") that owns CUDA memory: matvec from
+ *      its device x into its device y (offsets inside one allocation, an IPC event to wait for,
+ *      y poisoned first), checked against fp64; BF16 output with a scale bit-equal to rounding
+ *      the fp32 result; dequant into its own buffer, BF16 bit for bit and fp32 exactly; and the
+ *      refusals: a garbage handle, a buffer too small, an offset past the allocation, a tensor
+ *      resident in host memory.
+ *   2. A device budget (4 MiB) smaller than the model (9.4 MiB): loads onto cuda:0 and into host
+ *      memory, evictions and requests interleaved at random, every reply checked, ps showing
+ *      where each tensor lives, the device never over its budget; then after evicting everything
+ *      the GPU's free memory (cudaMemGetInfo) is back exactly where it was before.
+ */
+#include "test_daemon_util.h"
+
+#include "nwc_client.h"
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+
+#define CU(expr)                                                                                 \
+  do {                                                                                           \
+    cudaError_t cu__e = (expr);                                                                  \
+    CHECK(cu__e == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(cu__e));                     \
+  } while (0)
+
+static const td_tensor *find_tensor(bool k_aligned) {
+  const td_tensor *best = NULL;
+  for (size_t i = 0; i < td_nt; i++) {
+    const td_tensor *t = &td_t[i];
+    if (t->rows < 2 || (t->cols % 16 == 0) != k_aligned) continue;
+    if (!best || t->rows * t->cols > best->rows * best->cols) best = t;
+  }
+  return best;
+}
+
+/* Matvec and dequant of t through IPC into this process's device memory. */
+static void ipc_tensor(nwc_client *c, const td_tensor *t) {
+  const uint64_t M = t->rows, K = t->cols;
+  const unsigned ncols = 1 + (unsigned)test_below(4);
+  size_t xoff = 256, xb = (size_t)ncols * K * 4, yoff = (xoff + xb + 511) & ~(size_t)255;
+  size_t yb = (size_t)ncols * M * 4, total = yoff + yb + 4096;
+  uint8_t *mem = NULL;
+  CU(cudaMalloc((void **)&mem, total));
+  float *x = malloc(xb), *y = malloc(yb);
+  uint16_t *yh = malloc(yb / 2);
+  for (size_t k = 0; k < (size_t)ncols * K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  cudaIpcMemHandle_t mh;
+  CU(cudaIpcGetMemHandle(&mh, mem));
+  cudaEvent_t ev;
+  CU(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t eh;
+  CU(cudaIpcGetEventHandle(&eh, ev));
+  CU(cudaMemcpy(mem + xoff, x, xb, cudaMemcpyHostToDevice));
+  CU(cudaMemset(mem + yoff, 0xff, yb)); /* NaN: every element must be written */
+  CU(cudaEventRecord(ev, 0));
+  nwc_client_cuda_buf bx = {.offset = xoff, .bytes = xb}, by = {.offset = yoff, .bytes = yb};
+  memcpy(bx.handle, &mh, 64), memcpy(by.handle, &mh, 64);
+  int rc = nwc_client_matvec_cuda(c, "use", t->name, NULL, 1.0f, &bx, K, ncols, &by, 0, &eh);
+  CHECK(rc == 0, "matvec_cuda %s: %d %s", t->name, rc, nwc_client_last_error());
+  CU(cudaMemcpy(y, mem + yoff, yb, cudaMemcpyDeviceToHost));
+  for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+    double e = td_matvec_err(t, x + col * K, 1.0, NULL, y + col * M);
+    CHECK(e <= 1e-5, "matvec_cuda %s [%llux%llu] col %u/%u: error %.3g", t->name,
+          (unsigned long long)M, (unsigned long long)K, col, ncols, e);
+  }
+  /* BF16 with a scale: the same fp32 sums, scaled and rounded by the daemon's epilogue */
+  CU(cudaMemset(mem + yoff, 0xff, yb));
+  by.bytes = yb / 2;
+  rc = nwc_client_matvec_cuda(c, "use", t->name, NULL, 0.5f, &bx, K, ncols, &by, NWC_CLIENT_BF16,
+                              NULL);
+  CHECK(rc == 0, "matvec_cuda bf16 %s: %d %s", t->name, rc, nwc_client_last_error());
+  CU(cudaMemcpy(yh, mem + yoff, yb / 2, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; rc == 0 && i < (size_t)ncols * M; i++) bad += yh[i] != nwc_f32_to_bf16(0.5f * y[i]);
+  CHECK(bad == 0, "matvec_cuda bf16 %s: %zu of %llu values differ from rounding 0.5 y", t->name,
+        bad, (unsigned long long)(ncols * M));
+  printf("ipc matvec %s [%llux%llu], %u columns: ok\n", t->name, (unsigned long long)M,
+         (unsigned long long)K, ncols);
+  /* dequant into a buffer of its own at an offset */
+  size_t db = M * K * 4, doff = 512;
+  uint8_t *dmem = NULL;
+  CU(cudaMalloc((void **)&dmem, doff + db));
+  cudaIpcMemHandle_t dh;
+  CU(cudaIpcGetMemHandle(&dh, dmem));
+  nwc_client_cuda_buf bd = {.offset = doff, .bytes = M * K * 2};
+  memcpy(bd.handle, &dh, 64);
+  uint8_t *host = malloc(db);
+  for (int f32 = 0; f32 < 2; f32++) {
+    CU(cudaMemset(dmem, 0xff, doff + db));
+    bd.bytes = M * K * (f32 ? 4 : 2);
+    uint64_t rows = 0, cols = 0;
+    rc = nwc_client_dequant_cuda(c, "use", t->name, f32 ? 0 : NWC_CLIENT_BF16, &bd, NULL, &rows, &cols);
+    CHECK(rc == 0 && rows == M && cols == K, "dequant_cuda %s (%s): %d %s", t->name,
+          f32 ? "f32" : "bf16", rc, nwc_client_last_error());
+    CU(cudaMemcpy(host, dmem + doff, bd.bytes, cudaMemcpyDeviceToHost));
+    if (!f32) {
+      CHECK(rc == 0 && !memcmp(host, t->w, M * K * 2), "dequant_cuda %s: BF16 bits differ", t->name);
+    } else {
+      size_t diff = 0;
+      for (size_t i = 0; rc == 0 && i < M * K; i++) {
+        float v;
+        memcpy(&v, host + 4 * i, 4);
+        diff += v != nwc_bf16_to_f32(td_w(t, i));
+      }
+      CHECK(diff == 0, "dequant_cuda %s f32: %zu values differ", t->name, diff);
+    }
+  }
+  printf("ipc dequant %s: bf16 and f32 ok\n", t->name);
+  /* refusals */
+  nwc_client_cuda_buf junk = by;
+  junk.bytes = yb;
+  for (int i = 0; i < 64; i++) junk.handle[i] = (uint8_t)test_rand();
+  rc = nwc_client_matvec_cuda(c, "use", t->name, NULL, 1.0f, &bx, K, ncols, &junk, 0, NULL);
+  CHECK(rc == -EINVAL, "garbage y handle: %d %s", rc, nwc_client_last_error());
+  printf("garbage handle: %s\n", nwc_client_last_error());
+  nwc_client_cuda_buf small = bd;
+  small.bytes = M * K * 2 - 2;
+  rc = nwc_client_dequant_cuda(c, "use", t->name, NWC_CLIENT_BF16, &small, NULL, NULL, NULL);
+  CHECK(rc == -EINVAL, "dequant into a buffer 2 bytes short: %d %s", rc, nwc_client_last_error());
+  printf("short buffer: %s\n", nwc_client_last_error());
+  nwc_client_cuda_buf past = bd;
+  past.offset = doff + db + (4u << 20); /* beyond any rounding of the allocation */
+  rc = nwc_client_dequant_cuda(c, "use", t->name, NWC_CLIENT_BF16, &past, NULL, NULL, NULL);
+  CHECK(rc == -EINVAL && strstr(nwc_client_last_error(), "overruns"),
+        "buffer past its allocation: %d %s", rc, nwc_client_last_error());
+  printf("past the allocation: %s\n", nwc_client_last_error());
+  free(host), free(x), free(y), free(yh);
+  cudaEventDestroy(ev);
+  cudaFree(dmem), cudaFree(mem);
+}
+
+static int ipc_child(const char *sock) {
+  nwc_client *c;
+  if (nwc_client_connect(sock, &c) < 0) {
+    fprintf(stderr, "ipc: connect: %s\n", nwc_client_last_error());
+    return 1;
+  }
+  const td_tensor *a = find_tensor(true), *b = find_tensor(false);
+  if (a) ipc_tensor(c, a);
+  if (b) ipc_tensor(c, b);
+  CHECK(a != NULL, "no tensor with K a multiple of 16 in the sample");
+  /* a tensor in host memory cannot serve IPC */
+  const td_tensor *h = a;
+  CHECK_RC(nwc_client_evict(c, "use", h->name, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", h->name, NWC_CLIENT_CPU, NULL, NULL, NULL));
+  nwc_client_cuda_buf z = {.bytes = 1 << 20};
+  int rc = nwc_client_dequant_cuda(c, "use", h->name, NWC_CLIENT_BF16, &z, NULL, NULL, NULL);
+  CHECK(rc == -ENOTSUP, "dequant_cuda of a host-resident tensor: %d %s", rc, nwc_client_last_error());
+  printf("host-resident: %s\n", nwc_client_last_error());
+  rc = nwc_client_load_on(c, "use", h->name, 0, NULL, NULL, NULL);
+  CHECK(rc == -EEXIST, "load onto cuda:0 of a tensor in host memory: %d %s", rc,
+        nwc_client_last_error());
+  rc = nwc_client_load_on(c, "use", h->name, 7, NULL, NULL, NULL);
+  CHECK(rc == -ENODEV || rc == -EEXIST, "load onto cuda:7: %d %s", rc, nwc_client_last_error());
+  CHECK_RC(nwc_client_evict(c, "use", h->name, NULL));
+  nwc_client_free(c);
+  return test_failures ? 1 : 0;
+}
+
+static uint64_t gpu_free(void) {
+  size_t f = 0, t = 0;
+  CU(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+/* One random step of the budget workload; checks the reply. */
+static void budget_step(nwc_client *c, bool *on_cpu) {
+  size_t ti = test_below(td_nt);
+  const td_tensor *t = &td_t[ti];
+  int op = (int)test_below(8), rc;
+  if (op == 0) {
+    rc = nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL);
+    CHECK(rc == 0 || (rc == -EEXIST && on_cpu[ti]) || rc == -ENOSPC, "load cuda:0 %s: %d %s",
+          t->name, rc, nwc_client_last_error());
+  } else if (op == 1) {
+    rc = nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, NULL);
+    CHECK(rc == 0 || rc == -EEXIST, "load cpu %s: %d %s", t->name, rc, nwc_client_last_error());
+    if (rc == 0) on_cpu[ti] = true;
+  } else if (op == 2) {
+    CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+    on_cpu[ti] = false;
+  } else if (op <= 4 && t->rows >= 2) {
+    float *x = malloc(t->cols * 4), *y = malloc(t->rows * 4);
+    for (uint64_t k = 0; k < t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+    rc = nwc_client_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols, 1, 0, y, t->rows * 4, NULL);
+    CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
+    double e = rc == 0 ? td_matvec_err(t, x, 1.0, NULL, y) : 1;
+    CHECK(e <= 1e-5, "matvec %s: error %.3g", t->name, e);
+    free(x), free(y);
+  } else if (op <= 6) {
+    size_t n = t->rows * t->cols;
+    uint16_t *b = malloc(n * 2);
+    rc = nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, b, n * 2, NULL, NULL, NULL);
+    CHECK(rc == 0 && !memcmp(b, t->w, n * 2), "dequant %s: %d %s", t->name, rc,
+          rc ? nwc_client_last_error() : "bytes differ");
+    free(b);
+  } else {
+    uint64_t idx[4];
+    for (int k = 0; k < 4; k++) idx[k] = test_below(t->rows);
+    uint16_t *g = malloc(4 * t->cols * 2);
+    rc = nwc_client_gather(c, "use", t->name, idx, 4, NWC_CLIENT_BF16, g, 4 * t->cols * 2, NULL, NULL);
+    CHECK(rc == 0, "gather %s: %s", t->name, nwc_client_last_error());
+    for (int k = 0; rc == 0 && k < 4; k++)
+      CHECK(!memcmp(g + k * t->cols, (const uint8_t *)t->w + idx[k] * t->cols * 2, t->cols * 2),
+            "gather %s row %llu", t->name, (unsigned long long)idx[k]);
+    free(g);
+  }
+}
+
+int main(int argc, char **argv) {
+  int skip = td_open_sample();
+  if (argc >= 4 && !strcmp(argv[1], "ipc")) {
+    setenv("NWC_SEED", argv[3], 1);
+    test_seed("test_daemon_cuda ipc");
+    return skip ? 1 : ipc_child(argv[2]);
+  }
+  uint64_t seed = test_seed("test_daemon_cuda");
+  if (skip) return skip;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  td_backend = "cuda";
+  if (td_mkdir("nwc-cuda") < 0) return 1;
+  const char *extra[] = {"--gpu-budget", "4M", NULL};
+  pid_t d = td_start_daemon(extra);
+  CHECK(d > 0, "nwcd did not start");
+  if (d <= 0) return td_show_log(), 1;
+  nwc_client *c;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  CHECK(!strcmp(nwc_client_backend(c), "cuda"), "backend %s", nwc_client_backend(c));
+  CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
+  /* 1. the IPC client process */
+  pid_t kid = fork();
+  if (kid == 0) {
+    char s[32];
+    snprintf(s, sizeof s, "%llu", (unsigned long long)(seed + 1));
+    execl("/proc/self/exe", argv[0], "ipc", td_sock, s, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  waitpid(kid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the IPC client failed (status 0x%x)", st);
+  /* 2. budget: warm up every kernel once, evict everything, then the baseline */
+  bool on_cpu[64] = {0};
+  for (size_t i = 0; i < td_nt; i++) budget_step(c, on_cpu);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  memset(on_cpu, 0, sizeof on_cpu);
+  uint64_t free0 = gpu_free();
+  nwc_client_counters s;
+  unsigned steps = 0;
+  for (; steps < 600 && test_failures < 5; steps++) {
+    budget_step(c, on_cpu);
+    if (steps % 50 == 0) {
+      CHECK_RC(nwc_client_stats(c, &s));
+      CHECK(s.gpu_resident_bytes <= s.gpu_budget, "GPU resident %llu over its budget %llu",
+            (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.gpu_budget);
+      nwc_client_resident *p;
+      size_t n;
+      CHECK_RC(nwc_client_ps(c, &p, &n));
+      for (size_t k = 0; k < n; k++) {
+        size_t ti = 0;
+        while (ti < td_nt && strcmp(td_t[ti].name, p[k].tensor)) ti++;
+        CHECK(ti < td_nt && p[k].device == (on_cpu[ti] ? -1 : 0), "ps: %s on device %d",
+              p[k].tensor, p[k].device);
+      }
+      free(p);
+    }
+  }
+  CHECK_RC(nwc_client_stats(c, &s));
+  printf("budget: %u steps, %llu loads, %llu evictions, %llu mapped computes, GPU budget %llu\n",
+         steps, (unsigned long long)s.loads, (unsigned long long)s.evictions,
+         (unsigned long long)s.mapped_computes, (unsigned long long)s.gpu_budget);
+  CHECK(s.evictions > 0, "no evictions under a budget smaller than the model");
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_stats(c, &s));
+  uint64_t free1 = gpu_free();
+  printf("GPU free memory: %llu before, %llu after evicting everything (%+lld)\n",
+         (unsigned long long)free0, (unsigned long long)free1, (long long)(free1 - free0));
+  CHECK(s.gpu_resident_bytes == 0 && s.resident_bytes == 0, "resident after evicting all: %llu %llu",
+        (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.resident_bytes);
+  CHECK(free1 == free0, "device memory did not come back: %llu -> %llu",
+        (unsigned long long)free0, (unsigned long long)free1);
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  if (test_failures) td_show_log();
+  td_cleanup();
+  return test_exit("test_daemon_cuda");
+}
