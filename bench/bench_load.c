@@ -17,7 +17,8 @@
  *   gpu       (--device N, CUDA builds) nwcd_load_to_device of every tensor into device memory
  *             through a 256 MiB ring of registered, pinned slots (cold and warm)
  * One JSON line per item with the median seconds and GB/s (of the bytes each reads: whole files
- * for cat and read, blobs for the others), then a summary line with the ratios the issue asks
+ * for cat and read, blobs for the others) and the median CPU seconds (every thread of the bench,
+ * io_uring's workers included, and cat's), then a summary line with the ratios the issue asks
  * for: loader / cat (target >= 0.9), loader / read, loader / pread_dst, cold loader / odirect.
  * Resident buffers are mapped with MAP_POPULATE and mlock'ed, as nwcd's host copies are.
  */
@@ -36,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -241,6 +243,17 @@ static const item items[ITEMS] = {
 #endif
 };
 
+/* CPU seconds of this process (all its threads, io_uring's workers included) and of the waited-for
+ * children (cat): what the machine's other load does not inflate the way it inflates wall time. */
+static double cpu_seconds(void) {
+  struct rusage a, c;
+  getrusage(RUSAGE_SELF, &a);
+  getrusage(RUSAGE_CHILDREN, &c);
+  return (double)(a.ru_utime.tv_sec + a.ru_stime.tv_sec + c.ru_utime.tv_sec + c.ru_stime.tv_sec) +
+         1e-6 * (double)(a.ru_utime.tv_usec + a.ru_stime.tv_usec + c.ru_utime.tv_usec +
+                         c.ru_stime.tv_usec);
+}
+
 static int cmp_double(const void *x, const void *y) {
   double a = *(const double *)x, c = *(const double *)y;
   return (a > c) - (a < c);
@@ -300,25 +313,29 @@ int nwc_bench_load(int argc, char **argv) {
     rc = fail("--device", -ENOTSUP);
 #endif
   }
-  double secs[ITEMS][ROUNDS_MAX];
+  double secs[ITEMS][ROUNDS_MAX], cpu[ITEMS][ROUNDS_MAX];
   for (unsigned r = 0; rc == 0 && r < rounds; r++)
     for (int it = 0; rc == 0 && it < nitems; it++) {
       if (it == CAT) rc = run_read(&b); /* the last round's cold items left the cache cold */
       if (items[it].cold) drop_caches(&b);
-      double t0 = nwc_bench_now();
+      double t0 = nwc_bench_now(), c0 = cpu_seconds();
       if (rc == 0) rc = items[it].run(&b);
       secs[it][r] = nwc_bench_now() - t0;
+      cpu[it][r] = cpu_seconds() - c0;
     }
   double gbps[ITEMS] = {0};
   for (int it = 0; rc == 0 && it < nitems; it++) {
     qsort(secs[it], rounds, sizeof secs[it][0], cmp_double);
+    qsort(cpu[it], rounds, sizeof cpu[it][0], cmp_double);
     double med = secs[it][rounds / 2];
     uint64_t bytes = items[it].file_bytes ? b.file_bytes : b.blob_bytes;
     gbps[it] = (double)bytes / med * 1e-9;
     printf("{\"bench\":\"load\",\"item\":\"%s\",\"cache\":\"%s\",\"files\":%zu,\"tensors\":%zu,"
-           "\"bytes\":%llu,\"rounds\":%u,\"seconds\":%.6f,\"best_seconds\":%.6f,\"gbps\":%.3f}\n",
+           "\"bytes\":%llu,\"rounds\":%u,\"seconds\":%.6f,\"best_seconds\":%.6f,\"gbps\":%.3f,"
+           "\"cpu_seconds\":%.6f,\"gb_per_cpu_second\":%.3f}\n",
            items[it].name, items[it].cold ? "cold" : "warm", b.nfiles, b.nti,
-           (unsigned long long)bytes, rounds, med, secs[it][0], gbps[it]);
+           (unsigned long long)bytes, rounds, med, secs[it][0], gbps[it], cpu[it][rounds / 2],
+           cpu[it][rounds / 2] > 0 ? (double)bytes / cpu[it][rounds / 2] * 1e-9 : 0.0);
   }
   if (rc == 0) {
     printf("{\"bench\":\"load\",\"summary\":true,\"bytes\":%llu,\"file_bytes\":%llu,"
