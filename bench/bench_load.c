@@ -1,7 +1,8 @@
 /*
  * bench_load.c - `nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]
- * [--depth D] [--read-size BYTES]`: nwcd's loader (daemon/loader.c, in-process) against plain
- * reads of the same container files, in one run, cold and warm.
+ * [--depth D] [--read-size BYTES] [--mode auto|direct|buffered] [--device N]`: nwcd's loader
+ * (daemon/loader.c, in-process, with those options) against plain reads of the same container
+ * files, in one run, cold and warm.
  *
  * A safetensors file is imported --copies times (default 24) into a temporary store, so that the
  * containers hold a few hundred MB; a store directory is used as it is (read-only).  Then, R
@@ -261,7 +262,8 @@ static int cmp_double(const void *x, const void *y) {
 
 static void usage(void) {
   fputs("usage: nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]\n"
-        "                      [--depth D] [--read-size BYTES] [--device N]\n",
+        "                      [--depth D] [--read-size BYTES] [--mode auto|direct|buffered]\n"
+        "                      [--device N]\n",
         stderr);
 }
 
@@ -277,6 +279,12 @@ int nwc_bench_load(int argc, char **argv) {
     else if (!strcmp(argv[i], "--read-size") && i + 1 < argc)
       b.opts.read_size = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+      const char *m = argv[++i];
+      if (!strcmp(m, "direct")) b.opts.mode = NWCD_LOAD_DIRECT;
+      else if (!strcmp(m, "buffered")) b.opts.mode = NWCD_LOAD_BUFFERED;
+      else if (strcmp(m, "auto")) return usage(), 2;
+    }
     else if (!strcmp(argv[i], "--help")) return usage(), 0;
     else if (argv[i][0] != '-' && !src) src = argv[i];
     else return usage(), 2;
@@ -339,11 +347,12 @@ int nwc_bench_load(int argc, char **argv) {
   }
   if (rc == 0) {
     printf("{\"bench\":\"load\",\"summary\":true,\"bytes\":%llu,\"file_bytes\":%llu,"
-           "\"depth\":%u,\"read_size\":%llu,\"warm_loader_vs_cat\":%.3f,"
+           "\"mode\":%u,\"depth\":%u,\"read_size\":%llu,\"warm_loader_vs_cat\":%.3f,"
            "\"warm_loader_vs_read\":%.3f,\"warm_loader_vs_pread_dst\":%.3f,"
            "\"cold_loader_vs_cat\":%.3f,\"cold_loader_vs_read\":%.3f,"
            "\"cold_loader_vs_odirect\":%.3f,\"loader_direct_share\":%.3f,\"target\":0.9}\n",
-           (unsigned long long)b.blob_bytes, (unsigned long long)b.file_bytes, b.opts.depth,
+           (unsigned long long)b.blob_bytes, (unsigned long long)b.file_bytes, b.opts.mode,
+           b.opts.depth,
            (unsigned long long)b.opts.read_size, gbps[LOADER] / gbps[CAT],
            gbps[LOADER] / gbps[READ], gbps[LOADER] / gbps[PREAD_DST],
            gbps[LOADER_COLD] / gbps[CAT_COLD], gbps[LOADER_COLD] / gbps[READ_COLD],

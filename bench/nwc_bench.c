@@ -52,7 +52,7 @@ static void usage(FILE *f) {
         "        import into a temporary store on 1..N threads; JSON line per thread count\n"
         "  daemon FILE.safetensors [...]\n"
         "        nwcd round trips against in-process calls, throughput, load\n"
-        "  load STORE_DIR|FILE.safetensors [--copies N] [--repeat R] [--depth D]\n"
+        "  load STORE_DIR|FILE.safetensors [--copies N] [--repeat R] [--depth D] [--mode M]\n"
         "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
