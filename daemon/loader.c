@@ -20,9 +20,12 @@
  * O_DIRECT refused at open (EINVAL: tmpfs on old kernels, ramfs, some FUSE) or by a read
  * (EINVAL: file systems that accept the flag and refuse the I/O) sends the reads buffered for
  * the rest of the load; a short O_DIRECT read whose rest is not page aligned finishes buffered.
- * Blobs of at most 1 MiB are read through the page cache with no probe (the second descriptor
- * and the mapping cost more than O_DIRECT saves there; what they leave cached is small), and a
- * load of a single read is submitted inline (no IOSQE_ASYNC: no worker hand-off for one copy).
+ * Blobs of at most 4 MiB are read buffered with no probe and no IOSQE_ASYNC: the reads are
+ * submitted inline, so a cached one is copied at once by the submitting thread (for them the
+ * second descriptor, the mapping and the hand-offs to workers cost more than they save: measured
+ * in CPU time on the sample model, whose tensors are 4 KiB to 3 MiB) and an uncached one goes
+ * to io_uring's workers, still several in flight; what they leave in the page cache is small,
+ * and the bytes of a large model are in larger tensors, which take the path above.
  * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.
  *
  * States of one read (up to depth of them in flight, 32 by default, 1-4 MiB each):
@@ -60,7 +63,7 @@
 #define RING_DEFAULT (256u << 20)
 #define RING_SLOTS_MAX 1024u  /* registered buffers (UIO_MAXIOV) */
 #define PAGE 4096u
-#define SMALL_BLOB (1u << 20) /* auto mode reads blobs up to this through the page cache */
+#define SMALL_BLOB (4u << 20) /* read whole, inline, through the page cache (auto, buffered) */
 
 typedef struct engine {
   struct io_uring uring;
@@ -366,6 +369,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
                     (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)),
                 -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu (chunks)",
                 L->depth, ENTRIES, o->mode, (unsigned long long)o->read_size);
+  bool small = o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB;
   if (o->read_size) {
     L->read_size = o->read_size;
   } else { /* at least 8 reads over the blob, 1 chunk to 4 MiB each */
@@ -373,9 +377,9 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     L->read_size = r < L->cs ? L->cs : r > READ_MAX ? (READ_MAX / L->cs) * L->cs : r;
     if (!L->read_size) L->read_size = L->cs;
   }
-  L->async = ti->length > L->read_size;
+  L->async = !small && ti->length > L->read_size;
   for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
-  if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && ti->length > SMALL_BLOB)) {
+  if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && !small)) {
     L->fd_direct = open(ti->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     NWC_RETURN_IF(L->fd_direct < 0 && errno != EINVAL, -errno, "%s: model '%s' tensor '%s': %s",
                   ti->path, ti->model, ti->name, strerror(errno));
