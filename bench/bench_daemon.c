@@ -3,16 +3,23 @@
  * going through nwcd costs.  Starts a real nwcd (NWCD_PATH, or --nwcd PATH) on a temporary store,
  * imports FILE through libnwc-client, picks the matrix closest to 512 x 1536, and prints JSON
  * lines:
- *   {"bench":"roundtrip", op matvec|dequant, path inproc|socket, p50_us, p99_us, n}
- *   {"bench":"overhead", op, p50_us, p99_us}          socket minus in-process
- *   {"bench":"throughput", clients 1|4|16, matvec_per_s}   client processes in parallel
+ *   {"bench":"roundtrip", op matvec|dequant|stats, path inproc|socket|echo, p50_us, p99_us, n}
+ *   {"bench":"overhead", op, p50_us, p99_us, floor_*}  socket minus in-process; floor: echo
+ *   {"bench":"throughput", clients 1|4|16, mode sync|pipelined, depth, matvec_per_s}
+ *                                                     client processes in parallel
  *   {"bench":"load", bytes, load_gbps, read_gbps, ratio}  nwcd load vs a plain read() of the
  *                                                         same container files, same run (warm)
  * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
+ * The paths of one op take turns in blocks of 16 calls, so that they see the same machine (a
+ * shared VM's noise moves them together) while each keeps its weights in cache within a block.  "echo" is the floor of any socket design: a second process
+ * that reads the matvec's request bytes and writes back its reply bytes over a socketpair, no
+ * daemon; "stats" is nwcd's fixed cost per request (an op that computes nothing).  Pipelined
+ * throughput keeps depth matvecs in flight per process (nwc_client_submit_matvec).
  */
 #include "bench.h"
 
 #include "nwc_client.h"
+#include "nwc_proto.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -36,6 +43,68 @@ static void pct(double *t, size_t n, double *p50, double *p99) {
   qsort(t, n, sizeof *t, cmp_d);
   *p50 = t[n / 2] * 1e6;
   *p99 = t[(size_t)((double)n * 0.99)] * 1e6;
+}
+
+/* The echo floor: a child that reads req bytes and answers rep bytes until EOF.  Returns our
+ * end of the socketpair (-1 on failure) and *pid. */
+static int echo_start(size_t req, size_t rep, pid_t *pid) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return -1;
+  if ((*pid = fork()) == 0) {
+    close(sv[0]);
+    uint8_t *b = calloc(1, req > rep ? req : rep);
+    for (;;) {
+      for (size_t off = 0; off < req;) {
+        ssize_t n = read(sv[1], b + off, req - off);
+        if (n <= 0) _exit(0);
+        off += (size_t)n;
+      }
+      if (write(sv[1], b, rep) != (ssize_t)rep) _exit(1);
+    }
+  }
+  close(sv[1]);
+  return sv[0];
+}
+
+static int echo_once(int fd, uint8_t *b, size_t req, size_t rep) {
+  if (write(fd, b, req) != (ssize_t)req) return -1;
+  for (size_t off = 0; off < rep;) {
+    ssize_t n = read(fd, b + off, rep - off);
+    if (n <= 0) return -1;
+    off += (size_t)n;
+  }
+  return 0;
+}
+
+/* Matvecs one client process completes in seconds: synchronous (depth 0) or with depth requests
+ * in flight. */
+static uint64_t client_matvecs(const char *sock, const char *tensor, const float *x, uint64_t K,
+                               uint64_t M, unsigned depth, double seconds) {
+  nwc_client *cc;
+  uint64_t count = 0;
+  if (nwc_client_connect(sock, &cc) < 0) return 0;
+  float *y = malloc((depth ? depth : 1) * M * 4);
+  uint64_t tk[64];
+  double t_end = nwc_bench_now() + seconds;
+  if (!depth) {
+    while (nwc_bench_now() < t_end &&
+           nwc_client_matvec(cc, "bench", tensor, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL) == 0)
+      count++;
+  } else {
+    unsigned n = 0;
+    for (; n < depth; n++)
+      if (nwc_client_submit_matvec(cc, "bench", tensor, NULL, 1.0f, x, K, 1, 0, y + n * M, M * 4,
+                                   &tk[n]) < 0)
+        break;
+    for (unsigned i = 0; n == depth && nwc_bench_now() < t_end; i = (i + 1) % depth, count++)
+      if (nwc_client_wait(cc, tk[i], NULL) < 0 ||
+          nwc_client_submit_matvec(cc, "bench", tensor, NULL, 1.0f, x, K, 1, 0, y + i * M, M * 4,
+                                   &tk[i]) < 0)
+        break;
+  }
+  nwc_client_free(cc); /* what is still in flight is dropped with the connection */
+  free(y);
+  return count;
 }
 
 static int connectable(const char *path) {
@@ -110,62 +179,99 @@ int nwc_bench_daemon(int argc, char **argv) {
   float *x = calloc(K16, 4), *y = malloc(M * 4);
   uint16_t *deq = malloc(M * K16 * 2), *deq2 = malloc(M * K * 2);
   for (uint64_t k = 0; k < K; k++) x[k] = (float)sin((double)k);
-  size_t iters = (size_t)(seconds * 2000) + 100;
-  double *tv = malloc(iters * sizeof *tv), p50, p99, in50[2], in99[2];
-  const char *ops[2] = {"matvec", "dequant"};
   nwc_client_load(c, "bench", best->name, NULL, NULL, NULL);
+  /* The echo floor moves the matvec's own request and reply bytes. */
+  nwc_proto_req mreq = {.op = NWC_OP_MATVEC, .ncols = 1, .scale = 1.0f, .x_bytes = K * 4,
+                        .x = (const uint8_t *)x};
+  snprintf(mreq.model, sizeof mreq.model, "bench");
+  snprintf(mreq.tensor, sizeof mreq.tensor, "%s", best->name);
+  nwc_pw pw;
+  nwc_pw_init(&pw);
+  size_t req_bytes = (size_t)nwc_proto_req_encode(&mreq, &pw);
+  nwc_pw_free(&pw);
+  size_t rep_bytes = NWC_PROTO_HEADER + 28 + M * 4; /* header, compute record, y */
+  pid_t echo_pid = -1;
+  int efd = echo_start(req_bytes, rep_bytes, &echo_pid);
+  uint8_t *ebuf = calloc(1, req_bytes > rep_bytes ? req_bytes : rep_bytes);
+  /* Round trips: per op, its paths in turns of 16 calls (0 in-process, 1 socket, 2 echo). */
+  size_t iters = (size_t)(seconds * 2000) + 100;
+  double *tv[3];
+  for (int p = 0; p < 3; p++) tv[p] = malloc(iters * sizeof **tv);
+  static const char *ops[2] = {"matvec", "dequant"}, *paths[3] = {"inproc", "socket", "echo"};
   for (int op = 0; op < 2; op++) {
-    for (int path = 0; path < 2; path++) {
-      size_t n = op == 0 ? iters : iters / 8 + 20;
-      for (size_t i = 0; i < n + 10; i++) {
-        double t0 = nwc_bench_now();
-        if (path == 0) op == 0 ? nwc_matvec(&t, x, NULL, y, NULL) : nwc_dequant(&t, deq);
-        else if (op == 0) nwc_client_matvec(c, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
-        else nwc_client_dequant(c, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2, NULL, NULL, NULL);
-        if (i >= 10) tv[i - 10] = nwc_bench_now() - t0;
-      }
-      pct(tv, n, &p50, &p99);
-      if (path == 0) in50[op] = p50, in99[op] = p99;
+    size_t n = (op == 0 ? iters : iters / 8 + 20) / 16 * 16;
+    int npath = op == 0 ? 3 : 2;
+    for (size_t i0 = 0; i0 < n + 16; i0 += 16) { /* the first turn warms up */
+      for (int path = 0; path < npath; path++)
+        for (size_t i = i0; i < i0 + 16; i++) {
+          double t0 = nwc_bench_now();
+          if (path == 0 && op == 0) nwc_matvec(&t, x, NULL, y, NULL);
+          else if (path == 0) nwc_dequant(&t, deq);
+          else if (path == 1 && op == 0)
+            nwc_client_matvec(c, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+          else if (path == 1)
+            nwc_client_dequant(c, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2, NULL, NULL,
+                               NULL);
+          else if (efd >= 0)
+            echo_once(efd, ebuf, req_bytes, rep_bytes);
+          if (i >= 16) tv[path][i - 16] = nwc_bench_now() - t0;
+        }
+    }
+    double p50[3], p99[3];
+    for (int path = 0; path < npath; path++) {
+      pct(tv[path], n, &p50[path], &p99[path]);
       printf("{\"bench\":\"roundtrip\",\"op\":\"%s\",\"path\":\"%s\",\"rows\":%llu,\"cols\":%llu,"
-             "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu}\n", ops[op], path ? "socket" : "inproc",
-             (unsigned long long)M, (unsigned long long)K, p50, p99, n);
-      if (path == 1)
-        printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"p50_us\":%.2f,\"p99_us\":%.2f,"
-               "\"target_p50_us\":20,\"target_p99_us\":100}\n", ops[op], p50 - in50[op], p99 - in99[op]);
+             "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu}\n", ops[op], paths[path],
+             (unsigned long long)M, (unsigned long long)K, p50[path], p99[path], n);
+    }
+    printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"p50_us\":%.2f,\"p99_us\":%.2f,", ops[op],
+           p50[1] - p50[0], p99[1] - p99[0]);
+    if (op == 0) printf("\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,", p50[2], p99[2]);
+    printf("\"target_p50_us\":20,\"target_p99_us\":100}\n");
+    fflush(stdout);
+  }
+  /* nwcd's fixed cost per request: stats computes nothing. */
+  for (size_t i = 0; i < iters + 10; i++) {
+    nwc_client_counters sc;
+    double t0 = nwc_bench_now();
+    nwc_client_stats(c, &sc);
+    if (i >= 10) tv[0][i - 10] = nwc_bench_now() - t0;
+  }
+  double s50, s99;
+  pct(tv[0], iters, &s50, &s99);
+  printf("{\"bench\":\"roundtrip\",\"op\":\"stats\",\"path\":\"socket\",\"p50_us\":%.2f,"
+         "\"p99_us\":%.2f,\"n\":%zu}\n", s50, s99, iters);
+  fflush(stdout);
+  if (efd >= 0) close(efd), waitpid(echo_pid, NULL, 0);
+  free(ebuf);
+  /* Throughput with 1, 4, 16 client processes, synchronous and pipelined. */
+  static const int clients[3] = {1, 4, 16};
+  static const unsigned depths[2] = {0, 8};
+  for (int ci = 0; ci < 3; ci++) {
+    for (int di = 0; di < 2; di++) {
+      int pfd[2];
+      if (pipe(pfd) < 0) break;
+      pid_t kids[16];
+      for (int k = 0; k < clients[ci]; k++) {
+        if ((kids[k] = fork()) == 0) {
+          uint64_t count = client_matvecs(sock, best->name, x, K, M, depths[di], seconds);
+          if (write(pfd[1], &count, sizeof count) != sizeof count) _exit(1);
+          _exit(0);
+        }
+      }
+      close(pfd[1]);
+      uint64_t total = 0, v;
+      while (read(pfd[0], &v, sizeof v) == sizeof v) total += v;
+      close(pfd[0]);
+      for (int k = 0; k < clients[ci]; k++) waitpid(kids[k], NULL, 0);
+      nwc_client_counters s;
+      nwc_client_stats(c, &s);
+      printf("{\"bench\":\"throughput\",\"clients\":%d,\"mode\":\"%s\",\"depth\":%u,"
+             "\"matvec_per_s\":%.0f,\"batched_passes_total\":%llu}\n", clients[ci],
+             depths[di] ? "pipelined" : "sync", depths[di] ? depths[di] : 1,
+             (double)total / seconds, (unsigned long long)s.batched_passes);
       fflush(stdout);
     }
-  }
-  /* Throughput with 1, 4, 16 client processes. */
-  int clients[3] = {1, 4, 16};
-  for (int ci = 0; ci < 3; ci++) {
-    int pfd[2];
-    if (pipe(pfd) < 0) break;
-    pid_t kids[16];
-    for (int k = 0; k < clients[ci]; k++) {
-      if ((kids[k] = fork()) == 0) {
-        nwc_client *cc;
-        uint64_t count = 0;
-        if (nwc_client_connect(sock, &cc) == 0) {
-          double t_end = nwc_bench_now() + seconds;
-          while (nwc_bench_now() < t_end &&
-                 nwc_client_matvec(cc, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL) == 0)
-            count++;
-          nwc_client_free(cc);
-        }
-        if (write(pfd[1], &count, sizeof count) != sizeof count) _exit(1);
-        _exit(0);
-      }
-    }
-    close(pfd[1]);
-    uint64_t total = 0, v;
-    while (read(pfd[0], &v, sizeof v) == sizeof v) total += v;
-    close(pfd[0]);
-    for (int k = 0; k < clients[ci]; k++) waitpid(kids[k], NULL, 0);
-    nwc_client_counters s;
-    nwc_client_stats(c, &s);
-    printf("{\"bench\":\"throughput\",\"clients\":%d,\"matvec_per_s\":%.0f,\"batched_passes_total\":%llu}\n",
-           clients[ci], (double)total / seconds, (unsigned long long)s.batched_passes);
-    fflush(stdout);
   }
   /* Load vs a plain read of the container files. */
   nwc_client_tensor *ts;
@@ -206,7 +312,8 @@ int nwc_bench_daemon(int argc, char **argv) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "nwc-bench daemon: could not remove %s\n", dir);
   nwc_tensor_release(&t);
-  free(w), free(x), free(y), free(deq), free(deq2), free(tv);
+  free(w), free(x), free(y), free(deq), free(deq2);
+  for (int p = 0; p < 3; p++) free(tv[p]);
   nwc_st_close(st);
   return 0;
 }
