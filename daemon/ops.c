@@ -1,6 +1,6 @@
 /*
  * ops.c - the request handlers: each runs on a worker thread with a decoded request (job->req)
- * and sends progress events and one final reply through nwcd_server_send().
+ * and sends progress events and one final reply through nwcd_server_send(), which frees the job.
  *
  * Design: every handler returns 0 after sending its reply, or a negative errno, in which case
  * nwcd_ops_run() sends the error reply with nwc_error_detail() as the message; so a handler
@@ -493,10 +493,12 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
   return rc;
 }
 
-/* Runs j and the jobs chained on j->batch in one pass; each gets its own reply. */
+/* Runs j and the jobs chained on j->batch in one pass; each gets its own reply (which frees that
+ * job: nothing of j is read after its reply). */
 static void op_matvec(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
+  const float scale = r->scale;
   nwcd_job *jobs[8];
   unsigned nj = 0;
   for (nwcd_job *b = j; b && nj < 8; b = b->batch) jobs[nj++] = b;
@@ -536,7 +538,7 @@ static void op_matvec(nwcd_job *j) {
                    : d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
   }
   if (rc == 0) {
-    float s = r->scale;
+    float s = scale;
     for (unsigned c = 0; c < cols; c++)
       for (uint64_t i = 0; i < M; i++) {
         float *y = &Y[(size_t)c * M + i];
