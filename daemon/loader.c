@@ -36,6 +36,12 @@
  *   IN FLIGHT ──all bytes──► chunks checked ──► (ring: slot to the sink) ──► FREE, progress
  *   IN FLIGHT ──error, 0 bytes (file ends early)──► FREE, the load FAILS
  *
+ * Checks: the reads that one wait for completions returned are checked together, chunk by chunk,
+ * by the submitting thread and (on machines of 8 cores and more: one per 8, at most 3) helper
+ * threads of the engine, so that one thread's hashing does not cap a warm load; the submitter
+ * waits for the batch, then hands slots on and reports.  A mismatch is recorded in its read and
+ * checked again by the submitter, whose thread-local detail then names the chunk.
+ *
  * Once the load has failed nothing new is submitted; what is in flight is reaped (and ring slots
  * taken back) before returning.  Invariants: blob offsets and lengths are multiples of 4096 (the
  * store guarantees it) and destinations are 4096-aligned, so every read is O_DIRECT-legal; a
@@ -50,6 +56,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -64,10 +71,27 @@
 #define RING_SLOTS_MAX 1024u  /* registered buffers (UIO_MAXIOV) */
 #define PAGE 4096u
 #define SMALL_BLOB (4u << 20) /* read whole, inline, through the page cache (auto, buffered) */
+#define CHECKERS_MAX 4u
+
+struct load;
+
+/* Threads that check chunks with the submitting thread: each batch of completed reads is split
+ * over them chunk by chunk (fork and join: the submitter takes part and waits for the rest). */
+typedef struct team {
+  pthread_t th[CHECKERS_MAX - 1];
+  unsigned n; /* helpers running */
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  uint64_t gen;       /* batches started */
+  unsigned busy;      /* helpers still on the current batch */
+  bool stop;
+  struct load *batch; /* the load whose ready reads are being checked */
+} team;
 
 typedef struct engine {
   struct io_uring uring;
   bool broken; /* io_uring_enter failed in a way that left the queue unusable */
+  team tm;
 } engine;
 
 struct nwcd_ring {
@@ -89,6 +113,7 @@ typedef struct rd {
   int slot;           /* ring slot, -1 for a host load */
   uint8_t via;
   bool busy;
+  _Atomic uint64_t bad; /* the first chunk that failed its check, or UINT64_MAX */
 } rd;
 
 typedef struct load {
@@ -106,6 +131,11 @@ typedef struct load {
   nwcd_progress_fn progress;
   void *ctx;
   int err;
+  unsigned checkers;             /* threads checking chunks, this one included */
+  unsigned nready;               /* reads whose bytes are all in, to check */
+  rd *ready[ENTRIES];
+  uint64_t ready_start[ENTRIES + 1]; /* their chunks, numbered in a row */
+  atomic_uint_fast64_t next_chunk;   /* of those, the next to check */
   unsigned free_rd[ENTRIES];
   rd rds[ENTRIES];
 } load;
@@ -127,6 +157,90 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* ---- checking chunks ---------------------------------------------------------------------- */
+
+/* Checks the ready reads' chunks that no thread has taken yet; a mismatch is recorded in its
+ * read (the submitting thread names it afterwards: the detail is thread-local). */
+static void check_chunks(struct load *L) {
+  uint64_t total = L->ready_start[L->nready];
+  unsigned k = 0;
+  for (uint64_t i; (i = atomic_fetch_add(&L->next_chunk, 1)) < total;) {
+    while (L->ready_start[k + 1] <= i) k++;
+    rd *r = L->ready[k];
+    uint64_t c = r->off / L->cs + (i - L->ready_start[k]);
+    if (nwc_store_chunk_check(L->ti, c, r->dst + (c * L->cs - r->off)) == 0) continue;
+    uint64_t was = atomic_load(&r->bad);
+    while (c < was && !atomic_compare_exchange_weak(&r->bad, &was, c)) {}
+  }
+}
+
+static void *helper_main(void *arg) {
+  team *t = arg;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    while (!t->stop && t->gen == seen) pthread_cond_wait(&t->go, &t->mu);
+    if (t->stop) break;
+    seen = t->gen;
+    pthread_mutex_unlock(&t->mu);
+    check_chunks(t->batch);
+    pthread_mutex_lock(&t->mu);
+    if (--t->busy == 0) pthread_cond_signal(&t->done);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+/* Grows the team to n helpers (as many as can be started). */
+static void team_grow(team *t, unsigned n) {
+  if (!t->n && n) {
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->done, NULL);
+  }
+  while (t->n < n && pthread_create(&t->th[t->n], NULL, helper_main, t) == 0) t->n++;
+}
+
+static void team_stop(team *t) {
+  if (!t->n) return;
+  pthread_mutex_lock(&t->mu);
+  t->stop = true;
+  pthread_cond_broadcast(&t->go);
+  pthread_mutex_unlock(&t->mu);
+  for (unsigned i = 0; i < t->n; i++) pthread_join(t->th[i], NULL);
+  pthread_cond_destroy(&t->go);
+  pthread_cond_destroy(&t->done);
+  pthread_mutex_destroy(&t->mu);
+  t->n = 0;
+}
+
+/* Checks every chunk of the ready reads, on the team when there is more than one chunk. */
+static void check_ready(struct load *L) {
+  L->ready_start[0] = 0;
+  for (unsigned k = 0; k < L->nready; k++) {
+    rd *r = L->ready[k];
+    atomic_store(&r->bad, UINT64_MAX);
+    L->ready_start[k + 1] = L->ready_start[k] + (r->len + L->cs - 1) / L->cs;
+  }
+  atomic_store(&L->next_chunk, 0);
+  team *t = &L->eng->tm;
+  if (L->checkers > 1 && L->ready_start[L->nready] > 1) team_grow(t, L->checkers - 1);
+  if (L->checkers < 2 || !t->n || L->ready_start[L->nready] < 2) {
+    check_chunks(L);
+    return;
+  }
+  pthread_mutex_lock(&t->mu);
+  t->batch = L, t->busy = t->n, t->gen++;
+  pthread_cond_broadcast(&t->go);
+  pthread_mutex_unlock(&t->mu);
+  check_chunks(L);
+  pthread_mutex_lock(&t->mu);
+  while (t->busy) pthread_cond_wait(&t->done, &t->mu);
+  pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- engines ------------------------------------------------------------------------------ */
+
 static int engine_init(engine *e) {
   e->broken = false;
   int rc = io_uring_queue_init(ENTRIES, &e->uring, 0);
@@ -134,10 +248,14 @@ static int engine_init(engine *e) {
   return 0;
 }
 
-static void engine_free(void *p) {
-  engine *e = p;
+static void engine_close(engine *e) {
+  team_stop(&e->tm);
   io_uring_queue_exit(&e->uring);
-  free(e);
+}
+
+static void engine_free(void *p) {
+  engine_close(p);
+  free(p);
 }
 
 static void make_engine_key(void) { pthread_key_create(&tl_engine_key, engine_free); }
@@ -223,16 +341,19 @@ static void start_reads(load *L) {
   }
 }
 
-/* All of r's bytes are in: checks its chunks, hands a ring slot to the sink, reports. */
+/* r's chunks were checked: names a bad one, or hands a ring slot to the sink, and reports. */
 static void finish(load *L, rd *r) {
-  const nwc_tensor_info *ti = L->ti;
-  for (uint64_t c = r->off / L->cs; c * L->cs < r->off + r->len; c++) {
-    int rc = nwc_store_chunk_check(ti, c, r->dst + (c * L->cs - r->off));
-    if (rc < 0) {
-      fail(L, rc);
-      drop(L, r);
-      return;
-    }
+  uint64_t bad = atomic_load(&r->bad);
+  if (bad != UINT64_MAX) { /* checked again here, for the detail naming it */
+    int rc = nwc_store_chunk_check(L->ti, bad, r->dst + (bad * L->cs - r->off));
+    fail(L, rc < 0 ? rc : nwc__fail(-EIO, "chunk %llu checked differently twice",
+                                    (unsigned long long)bad));
+    drop(L, r);
+    return;
+  }
+  if (L->err) {
+    drop(L, r);
+    return;
   }
   if (L->ring) {
     nwcd_slot s = {(unsigned)r->slot, r->dst, r->off, r->len};
@@ -278,7 +399,7 @@ static void complete(load *L, rd *r, int res) {
       if (r->done % PAGE) r->via = VIA_CACHE;
       prep(L, r);
     } else {
-      finish(L, r);
+      L->ready[L->nready++] = r; /* checked with the others of this batch */
     }
   }
 }
@@ -340,6 +461,9 @@ static void run(load *L) {
       complete(L, &L->rds[cqe->user_data], cqe->res);
     }
     io_uring_cq_advance(u, seen);
+    check_ready(L);
+    for (unsigned k = 0; k < L->nready; k++) finish(L, L->ready[k]);
+    L->nready = 0;
   }
   if (!L->ring) return;
   while (L->ring->nfree < L->ring->nslots) { /* the sink's work on its slots finishes */
@@ -361,14 +485,22 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   L->fd_direct = L->fd_cache = -1;
   L->cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
   L->depth = o->depth ? o->depth : DEPTH_DEFAULT;
+  static unsigned auto_checkers;
+  if (!auto_checkers) { /* one more checking thread per 8 cores: a core hashes ~20-60 GB/s */
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned c = 1 + (unsigned)(n > 0 ? n / 8 : 0);
+    auto_checkers = c < CHECKERS_MAX ? c : CHECKERS_MAX;
+  }
+  L->checkers = o->checkers ? o->checkers : auto_checkers;
   NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || L->cs % PAGE ||
                     ti->nchunks != (ti->length + L->cs - 1) / L->cs,
                 -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
                 ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
-  NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED ||
+  NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED || L->checkers > CHECKERS_MAX ||
                     (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)),
-                -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu (chunks)",
-                L->depth, ENTRIES, o->mode, (unsigned long long)o->read_size);
+                -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu (chunks), "
+                "checkers %u (1..%u)", L->depth, ENTRIES, o->mode,
+                (unsigned long long)o->read_size, L->checkers, CHECKERS_MAX);
   bool small = o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB;
   if (o->read_size) {
     L->read_size = o->read_size;
@@ -482,7 +614,7 @@ int nwcd_ring_create(uint64_t bytes, uint64_t slot_size, nwcd_ring **out) {
 
 void nwcd_ring_free(nwcd_ring *r) {
   if (!r) return;
-  io_uring_queue_exit(&r->eng.uring);
+  engine_close(&r->eng);
   munmap(r->mem, r->slot_size * r->nslots);
   pthread_mutex_destroy(&r->lock);
   free(r->free_slots);

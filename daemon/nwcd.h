@@ -135,6 +135,8 @@ typedef struct nwcd_load_opts {
   unsigned depth;     /* reads in flight, 1..64; 0: 32 */
   uint64_t read_size; /* bytes per read, a multiple of the chunk size (1 MiB); 0: 1-4 MiB by
                          blob size (ring loads: the slot size) */
+  unsigned checkers;  /* threads checking chunks, the loading one included, 1..4; 0: one more
+                         per 8 online cores */
   nwcd_progress_fn progress; /* may be NULL */
   void *ctx;
 } nwcd_load_opts;

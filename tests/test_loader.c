@@ -3,10 +3,11 @@
  * from random BF16 weights (fresh seed), every blob loaded in every mode (auto, O_DIRECT,
  * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
  * sizes, from several threads at once, and through a ring of registered buffers to a sink that
- * holds and gives back slots in random order.  Each load must give exactly the container's bytes
- * (read independently with pread) and decode to the original weights; progress must be monotonic,
- * chunk by chunk, ending at the length; a thread keeps one io_uring across loads.  A byte flipped
- * in a container fails the load naming the chunk; a truncated container fails naming the end.
+ * holds and gives back slots in random order, with one to four threads checking chunks.  Each
+ * load must give exactly the container's bytes (read independently with pread) and decode to the
+ * original weights; progress must be monotonic, read by read, ending at the length; a thread
+ * keeps one io_uring across loads; bad options are refused.  A byte flipped in a container fails
+ * the load naming the chunk; a truncated container fails naming the end.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -135,13 +136,15 @@ static const char *mode_name(unsigned m) {
 static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsigned mode,
                              nwcd_load_info *li, const char *what) {
   nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
-                      .read_size = test_below(3) ? 0 : MIB * (1 + test_below(4))};
+                      .read_size = test_below(3) ? 0 : MIB * (1 + test_below(4)),
+                      .checkers = (unsigned)test_below(5)};
   prog p = {0};
   o.progress = on_progress, o.ctx = &p;
   uint8_t *buf = aligned_garbage(t->length);
   int rc = nwcd_load(t, buf, &o, li);
-  CHECK(rc == 0, "%s %s (%s, depth %u, read %llu): %s: %s", what, t->name, mode_name(mode),
-        o.depth, (unsigned long long)o.read_size, nwc_strerror(rc), nwc_error_detail());
+  CHECK(rc == 0, "%s %s (%s, depth %u, read %llu, checkers %u): %s: %s", what, t->name,
+        mode_name(mode), o.depth, (unsigned long long)o.read_size, o.checkers, nwc_strerror(rc),
+        nwc_error_detail());
   CHECK(rc || !memcmp(buf, ref, t->length), "%s %s (%s): bytes differ", what, t->name,
         mode_name(mode));
   if (rc == 0) check_progress(&p, t, what);
@@ -258,7 +261,8 @@ static void *worker_main(void *arg) {
   for (int k = 0; k < w->loads; k++) {
     const nwc_tensor_info *t = &ti[(size_t)rand() % nti];
     uint8_t *ref = file_bytes(t), *buf = aligned_garbage(t->length);
-    nwcd_load_opts o = {.mode = (unsigned)(rand() % 3), .depth = 1 + (unsigned)(rand() % 64)};
+    nwcd_load_opts o = {.mode = (unsigned)(rand() % 3), .depth = 1 + (unsigned)(rand() % 64),
+                        .checkers = (unsigned)(rand() % 5)};
     if (nwcd_load(t, buf, &o, NULL) < 0 || memcmp(buf, ref, t->length)) w->failures++;
     free(ref), free(buf);
   }
@@ -270,6 +274,9 @@ static void test_threads(void) {
   int before = count_uring_fds();
   uint8_t *buf = aligned_garbage(ti[0].length + 4096);
   CHECK(nwcd_load_blob(&ti[0], buf + 8, NULL, NULL, NULL) == -EINVAL, "unaligned buffer taken");
+  nwcd_load_opts bad[3] = {{.depth = 65}, {.checkers = 5}, {.read_size = MIB + 4096}};
+  for (int k = 0; k < 3; k++)
+    CHECK(nwcd_load(&ti[0], buf, &bad[k], NULL) == -EINVAL, "bad options %d taken", k);
   for (int k = 0; k < 10; k++) CHECK_RC(nwcd_load_blob(&ti[k % nti], buf, NULL, NULL, NULL));
   free(buf);
   int after = count_uring_fds();
@@ -335,6 +342,7 @@ static void test_ring(void) {
     nwcd_sink sk = {hs_consume, hs_reclaim, &h};
     prog p = {0};
     nwcd_load_opts o = {.mode = (unsigned)test_below(3), .depth = 1 + (unsigned)test_below(64),
+                        .checkers = (unsigned)test_below(5),
                         .progress = on_progress, .ctx = &p};
     nwcd_load_info li;
     int rc = nwcd_ring_load(r, t, &o, &sk, &li);
@@ -362,7 +370,8 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
   uint8_t *buf = aligned_garbage(t->length);
   for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
     drop_cache(t->path);
-    nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64)};
+    nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
+                        .checkers = 1 + (unsigned)test_below(4)};
     int rc = nwcd_load(t, buf, &o, NULL);
     const char *d = nwc_error_detail();
     CHECK(rc == want && strstr(d, text), "%s (%s): %d (%s), want %d naming '%s'", what,
