@@ -70,7 +70,7 @@
 #define RING_DEFAULT (256u << 20)
 #define RING_SLOTS_MAX 1024u  /* registered buffers (UIO_MAXIOV) */
 #define PAGE 4096u
-#define SMALL_BLOB (4u << 20) /* read whole, inline, through the page cache (auto, buffered) */
+#define SMALL_BLOB (4u << 20) /* read buffered, submitted inline, no probe (auto mode) */
 #define CHECKERS_MAX 4u
 
 struct load;
@@ -485,13 +485,13 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   L->fd_direct = L->fd_cache = -1;
   L->cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
   L->depth = o->depth ? o->depth : DEPTH_DEFAULT;
-  static unsigned auto_checkers;
-  if (!auto_checkers) { /* one more checking thread per 8 cores: a core hashes ~20-60 GB/s */
+  static atomic_uint auto_checkers;
+  if (!atomic_load(&auto_checkers)) { /* one more checker per 8 cores: a core hashes 20-60 GB/s */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned c = 1 + (unsigned)(n > 0 ? n / 8 : 0);
-    auto_checkers = c < CHECKERS_MAX ? c : CHECKERS_MAX;
+    atomic_store(&auto_checkers, c < CHECKERS_MAX ? c : CHECKERS_MAX);
   }
-  L->checkers = o->checkers ? o->checkers : auto_checkers;
+  L->checkers = o->checkers ? o->checkers : atomic_load(&auto_checkers);
   NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || L->cs % PAGE ||
                     ti->nchunks != (ti->length + L->cs - 1) / L->cs,
                 -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
