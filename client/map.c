@@ -51,32 +51,6 @@ __attribute__((format(printf, 2, 3))) static int mfail(int err, const char *fmt,
   return nwc__client_fail(err, msg);
 }
 
-/* The memfd nwcd sent over sock for the request with id token (already queued: no waiting). */
-static int recv_memfd(int sock, uint64_t token, int *fd) {
-  uint8_t tok[NWC_PROTO_MAP_TOKEN];
-  struct iovec iov = {tok, sizeof tok};
-  union {
-    char b[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } cm;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-                       .msg_controllen = sizeof cm.b};
-  ssize_t n = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  struct cmsghdr *h = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-  if (!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS ||
-      h->cmsg_len != CMSG_LEN(sizeof(int)))
-    return mfail(-EBADMSG, "nwcd replied to map but sent no memfd (%s)",
-                 n < 0 ? strerror(errno) : "no descriptor");
-  memcpy(fd, CMSG_DATA(h), sizeof *fd);
-  uint64_t t = 0;
-  for (int i = 0; i < NWC_PROTO_MAP_TOKEN; i++) t |= (uint64_t)tok[i] << (8 * i);
-  if (n != (ssize_t)sizeof tok || (msg.msg_flags & MSG_CTRUNC) || t != token) {
-    close(*fd);
-    return mfail(-EBADMSG, "the memfd nwcd sent belongs to another request");
-  }
-  return 0;
-}
-
 /* Maps the memfd read-only after checking its seals and size. */
 static int map_memfd(int fd, uint64_t size, void **base) {
   struct stat st;
@@ -135,7 +109,8 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
   free(payload);
   nwc_client_mapping *m = NULL;
   int fd = -1;
-  if (rc == 0) rc = recv_memfd(sv[0], req.id, &fd);
+  if (rc == 0 && (rc = nwc_proto_map_recv(sv[0], req.id, &fd)) < 0)
+    rc = mfail(rc, "%s", nwc_error_detail());
   if (rc == 0 && !(m = calloc(1, sizeof *m))) rc = mfail(-ENOMEM, "out of memory");
   if (rc == 0) {
     m->base = MAP_FAILED;

@@ -284,6 +284,12 @@ typedef struct nwc_proto_map {
 } nwc_proto_map;
 void nwc_proto_put_map(nwc_pw *w, const nwc_proto_map *m);
 int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m);
+/* The map socket's one message: the token with the memfd (SCM_RIGHTS).  send never blocks
+ * (-EAGAIN when the socket is full); recv takes what is already queued, checks the token, and
+ * returns the descriptor (O_CLOEXEC) in *memfd: 0, or -EBADMSG when nothing or something else
+ * came. */
+int nwc_proto_map_send(int sock, int memfd, uint64_t token);
+int nwc_proto_map_recv(int sock, uint64_t token, int *memfd);
 
 typedef struct nwc_proto_stats {
   uint64_t uptime_ms, connections, conn_total, requests, errors;

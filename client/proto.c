@@ -14,6 +14,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_HELLO] = "hello",   [NWC_OP_SHM] = "shm",       [NWC_OP_MODELS] = "models",
@@ -554,6 +556,56 @@ int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m) {
   NWC_RETURN_IF(!r->err && m->length > m->size, -EBADMSG, "map: blob of %llu bytes in a memfd of %llu",
                 (unsigned long long)m->length, (unsigned long long)m->size);
   return r->err;
+}
+
+/* The message of the map socket: tok (the token, little-endian) with room for one descriptor. */
+typedef union map_cmsg {
+  char b[CMSG_SPACE(sizeof(int))];
+  struct cmsghdr align;
+} map_cmsg;
+
+static void map_msg(struct msghdr *msg, struct iovec *iov, uint8_t tok[NWC_PROTO_MAP_TOKEN],
+                    map_cmsg *cm) {
+  *iov = (struct iovec){tok, NWC_PROTO_MAP_TOKEN};
+  *msg = (struct msghdr){.msg_iov = iov, .msg_iovlen = 1, .msg_control = cm->b,
+                         .msg_controllen = sizeof cm->b};
+}
+
+int nwc_proto_map_send(int sock, int memfd, uint64_t token) {
+  uint8_t tok[NWC_PROTO_MAP_TOKEN];
+  put_le(tok, token, NWC_PROTO_MAP_TOKEN);
+  struct msghdr msg;
+  struct iovec iov;
+  map_cmsg cm;
+  map_msg(&msg, &iov, tok, &cm);
+  struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+  h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(h), &memfd, sizeof memfd);
+  ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  NWC_RETURN_IF(n != NWC_PROTO_MAP_TOKEN, n < 0 ? -errno : -EIO,
+                "sending the memfd over the map socket: %s", n < 0 ? strerror(errno) : "short");
+  return 0;
+}
+
+int nwc_proto_map_recv(int sock, uint64_t token, int *memfd) {
+  uint8_t tok[NWC_PROTO_MAP_TOKEN];
+  struct msghdr msg;
+  struct iovec iov;
+  map_cmsg cm;
+  map_msg(&msg, &iov, tok, &cm);
+  ssize_t n = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  struct cmsghdr *h = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+  NWC_RETURN_IF(!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS ||
+                    h->cmsg_len != CMSG_LEN(sizeof(int)),
+                -EBADMSG, "no memfd came over the map socket (%s)",
+                n < 0 ? strerror(errno) : "no descriptor");
+  memcpy(memfd, CMSG_DATA(h), sizeof *memfd);
+  if (n != NWC_PROTO_MAP_TOKEN || (msg.msg_flags & MSG_CTRUNC) ||
+      get_le(tok, NWC_PROTO_MAP_TOKEN) != token) {
+    close(*memfd);
+    return nwc__fail(-EBADMSG, "the memfd on the map socket belongs to another request");
+  }
+  return 0;
 }
 
 #define STATS_FIELDS(X)                                                                          \

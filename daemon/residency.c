@@ -621,26 +621,6 @@ static int check_map_socket(int sock, pid_t *pid) {
   return 0;
 }
 
-/* Sends the memfd fd and the token over sock without blocking. */
-static int send_memfd(int sock, int fd, uint64_t token) {
-  uint8_t tok[NWC_PROTO_MAP_TOKEN];
-  for (int i = 0; i < NWC_PROTO_MAP_TOKEN; i++) tok[i] = (uint8_t)(token >> (8 * i));
-  struct iovec iov = {tok, sizeof tok};
-  union {
-    char b[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } cm;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-                       .msg_controllen = sizeof cm.b};
-  struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-  h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(h), &fd, sizeof fd);
-  ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  NWC_RETURN_IF(n != (ssize_t)sizeof tok, n < 0 ? -errno : -EIO,
-                "sending the memfd over the map socket: %s", n < 0 ? strerror(errno) : "short");
-  return 0;
-}
-
 int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
                  nwc_proto_map *out) {
   pid_t pid = 0;
@@ -661,7 +641,7 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   else if ((keep = fcntl(sock, F_DUPFD_CLOEXEC, 3)) < 0)
     rc = nwc__fail(-errno, "dup of the map socket: %s", strerror(errno));
   pthread_mutex_unlock(&r->lock);
-  if (rc == 0) rc = send_memfd(sock, e->fd, token);
+  if (rc == 0) rc = nwc_proto_map_send(sock, e->fd, token);
   if (rc == 0) {
     pthread_mutex_lock(&r->lock);
     if (r->nmaps == MAX_MAPS) {
