@@ -25,5 +25,6 @@ int nwc_bench_codec(int argc, char **argv);
 int nwc_bench_import(int argc, char **argv); /* bench_import.c */
 int nwc_bench_daemon(int argc, char **argv); /* bench_daemon.c */
 int nwc_bench_load(int argc, char **argv);   /* bench_load.c */
+int nwc_bench_map(int argc, char **argv);    /* bench_map.c */
 
 #endif

@@ -54,6 +54,8 @@ static void usage(FILE *f) {
         "        nwcd round trips against in-process calls, throughput, load\n"
         "  load STORE_DIR|FILE.safetensors [--copies N] [--repeat R] [--depth D] [--mode M]\n"
         "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
+        "  map FILE.safetensors [...]\n"
+        "        calls on a mapped tensor against the socket, memory of N mapping processes\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
 }
@@ -67,6 +69,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "codec")) return nwc_bench_codec(argc - 1, argv + 1);
   if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
   if (!strcmp(argv[1], "load")) return nwc_bench_load(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "map")) return nwc_bench_map(argc - 1, argv + 1);
   fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);
   usage(stderr);
   return 2;
