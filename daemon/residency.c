@@ -24,6 +24,8 @@
  * Nothing waits for that: reap_maps() polls every mapping socket without blocking, under the
  * lock, before each decision that depends on mappings (making room, evict, remove, budget, ps),
  * so a client that has unmapped is never counted, and no thread or event-loop handle is needed.
+ * Each resident tensor and each mapping holds a descriptor, so the soft limit on open files is
+ * raised to the hard one at start, and mappings are capped (MAX_MAPS).
  *
  * Invariants (all under r->lock):
  *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
@@ -70,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -136,6 +139,16 @@ static nwcd_entry *find(nwcd_res *r, const char *model, const char *tensor) {
 int nwcd_res_create(nwcd *d, uint64_t budget, nwcd_res **out) {
   nwcd_res *r = calloc(1, sizeof *r);
   if (!r) return -ENOMEM;
+  /* A descriptor per resident tensor (its memfd) and per mapping: the soft limit on open files
+   * goes up to the hard one (systemd's default soft limit is 1024). */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      nwcd_log(NWCD_LOG_DEBUG, "open files limit %llu -> %llu", (unsigned long long)was,
+               (unsigned long long)rl.rlim_max);
+  }
   r->d = d, r->budget = budget;
   r->default_loc = d->backend->ndevices > 0 ? 0 : NWCD_LOC_CPU;
   pthread_mutex_init(&r->lock, NULL);
