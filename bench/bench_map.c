@@ -81,7 +81,8 @@ static void g_local(void *p) {
 static void g_socket(void *p) {
   call_ctx *c = p;
   c->row = (c->row * 7 + 1) % c->M;
-  nwc_client_gather(c->c, "bench", c->name, &c->row, 1, NWC_CLIENT_BF16, c->out, c->K * 2, NULL, NULL);
+  nwc_client_gather(c->c, "bench", c->name, &c->row, 1, NWC_CLIENT_BF16, c->out, c->K * 2, NULL,
+                    NULL);
 }
 static void g_inproc(void *p) {
   call_ctx *c = p;
@@ -115,7 +116,8 @@ static uint64_t memfd_pss(pid_t pid) {
 }
 
 /* N processes map every tensor and read every page; then the Pss of all of them and nwcd. */
-static void memory(const char *sock, pid_t nwcd, const nwc_client_tensor *ts, size_t nt, int procs) {
+static void memory(const char *sock, pid_t nwcd, const nwc_client_tensor *ts, size_t nt,
+                   int procs) {
   int go[2], ready[2];
   if (pipe(go) < 0 || pipe(ready) < 0) return;
   pid_t *kids = calloc((size_t)procs, sizeof *kids);
@@ -200,7 +202,8 @@ int nwc_bench_map(int argc, char **argv) {
   }
   if (!file || procs < 1) return fputs(usage, stderr), 2;
   nwc_st_file *st;
-  if (nwc_st_open(file, &st) < 0) return fprintf(stderr, "nwc-bench map: cannot read %s\n", file), 1;
+  if (nwc_st_open(file, &st) < 0)
+    return fprintf(stderr, "nwc-bench map: cannot read %s\n", file), 1;
   const nwc_st_tensor *best = NULL;
   double bestd = 1e300;
   call_ctx cc = {0};
@@ -270,10 +273,10 @@ int nwc_bench_map(int argc, char **argv) {
   void *src = malloc(an);
   memset(src, 0x3c, an);
   double anon = host_alloc(an, 0, src), mfd = host_alloc(an, 1, src);
-  printf("{\"bench\":\"host_alloc\",\"path\":\"anon\",\"bytes\":%zu,\"gbps\":%.3f,\"ratio\":1}\n", an,
-         anon);
-  printf("{\"bench\":\"host_alloc\",\"path\":\"memfd\",\"bytes\":%zu,\"gbps\":%.3f,\"ratio\":%.3f}\n",
-         an, mfd, anon > 0 ? mfd / anon : 0.0);
+  static const char line[] = "{\"bench\":\"host_alloc\",\"path\":\"%s\",\"bytes\":%zu,"
+                             "\"gbps\":%.3f,\"ratio\":%.3f}\n";
+  printf(line, "anon", an, anon, 1.0);
+  printf(line, "memfd", an, mfd, anon > 0 ? mfd / anon : 0.0);
   free(src);
 
   nwc_client_free(cc.c);

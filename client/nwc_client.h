@@ -185,9 +185,10 @@ NWC_CLIENT_API int nwc_client_matvec(nwc_client *c, const char *model, const cha
  * maps it) nor remove its model; nwc_client_unmap, or the end of this process, releases it.
  * A mapping does not depend on the nwc_client it came from (which may be freed first), and its
  * compute calls may run from any number of threads at once.  A child forked while a mapping
- * exists inherits both its pages and its reference (the daemon sees it until both let go).  Outputs are as for the daemon's
- * calls above: dense rows of cols, float or (NWC_CLIENT_BF16) BF16 bits; -ENOSPC if cap is too
- * small.  Tensors of fp8 dequantize to their unscaled fp8 values; matvec applies their scales. */
+ * exists inherits both its pages and its reference (the daemon sees it until both let go).
+ * Outputs are as for the daemon's calls above: dense rows of cols, float or (NWC_CLIENT_BF16)
+ * BF16 bits; -ENOSPC if cap is too small.  Tensors of fp8 dequantize to their unscaled fp8
+ * values; matvec applies their scales. */
 typedef struct nwc_client_mapping nwc_client_mapping;
 
 typedef struct nwc_client_map_info {

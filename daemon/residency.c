@@ -181,7 +181,8 @@ static void reap_maps(nwcd_res *r) {
 static const char *map_pids(nwcd_res *r, const nwcd_entry *e, char *buf, size_t n) {
   size_t off = snprintf(buf, n, "pid");
   for (size_t i = 0; i < r->nmaps && off < n; i++)
-    if (r->maps[i].e == e) off += snprintf(buf + off, n - off, "%s %d", off > 3 ? "," : "", (int)r->maps[i].pid);
+    if (r->maps[i].e == e)
+      off += snprintf(buf + off, n - off, "%s %d", off > 3 ? "," : "", (int)r->maps[i].pid);
   return buf;
 }
 

@@ -6,7 +6,8 @@
  *     page neither holds a private or anonymous page of the mapping (smaps);
  *   - local dequant and gather (BF16 and fp32) are bit for bit the original bytes of the sample
  *     model, local matvec (1, 3 and 11 columns, scale) within 1e-5 of an fp64 reference, for
- *     layouts 0 and 2, with a bias exactly y + bias, and BF16 output the rounding of fp32;
+ *     layouts 0 and 2, with a bias exactly y + bias, and BF16 output the rounding of fp32; on
+ *     fp8 with per-row scales, local dequant and matvec equal the daemon's own;
  *   - the memfd refuses every write: write(), pwrite(), a writable shared mmap, mprotect to
  *     PROT_WRITE of the mapping, truncation, growth, hole punching, new seals;
  *   - evict and remove of a mapped tensor are refused naming the mapping pids, a model-wide
@@ -242,6 +243,29 @@ static void check_seals(const nwc_client_mapping *m) {
   CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EPERM, "a new seal: errno %d", errno);
 }
 
+/* fp8 with per-row scales (the blob's scale section): local calls equal the daemon's. */
+static void check_fp8(nwc_client *c, const td_tensor *t) {
+  nwc_client_mapping *m = NULL;
+  CHECK_RC(nwc_client_map(c, "use8", t->name, &m));
+  if (!m) return;
+  CHECK(NWC_ELEM_TYPE(nwc_client_mapping_info(m)->elem) == NWC_ELEM_FP8, "use8 is not fp8");
+  uint64_t M = t->rows, K = t->cols;
+  uint16_t *a = malloc(M * K * 2), *b = malloc(M * K * 2);
+  CHECK_RC(nwc_client_map_dequant(m, NWC_CLIENT_BF16, a, M * K * 2));
+  CHECK_RC(nwc_client_dequant(c, "use8", t->name, NWC_CLIENT_BF16, b, M * K * 2, NULL, NULL, NULL));
+  CHECK(!memcmp(a, b, M * K * 2), "fp8: local dequant differs from the daemon's");
+  float *x = malloc(K * 4), *y = malloc(M * 4), *yd = malloc(M * 4);
+  for (uint64_t k = 0; k < K; k++) x[k] = (float)(2 * test_uniform() - 1);
+  CHECK_RC(nwc_client_map_matvec(m, NULL, 1.0f, x, 1, 0, y, M * 4));
+  CHECK_RC(nwc_client_matvec(c, "use8", t->name, NULL, 1.0f, x, K, 1, 0, yd, M * 4, NULL));
+  double num = 0, den = 0;
+  for (uint64_t i = 0; i < M; i++) num += (y[i] - yd[i]) * (y[i] - yd[i]), den += yd[i] * yd[i];
+  CHECK(den > 0 && sqrt(num / den) <= 1e-5, "fp8: local matvec against the daemon's: %.3g",
+        sqrt(num / (den > 0 ? den : 1)));
+  free(a), free(b), free(x), free(y), free(yd);
+  nwc_client_unmap(m);
+}
+
 int main(void) {
   test_seed("test_daemon_map");
   int rc = td_open_sample();
@@ -254,8 +278,9 @@ int main(void) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   nwc_client_result res;
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, &res));
-  nwc_client_import_opts l2 = {0, 2, NULL, NULL};
+  nwc_client_import_opts l2 = {0, 2, NULL, NULL}, f8 = {1, 0, NULL, NULL};
   CHECK_RC(nwc_client_import(c, "use2", getenv("NWC_SAMPLE"), &l2, &res));
+  CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &f8, &res));
   const td_tensor *T = &td_t[0];
   for (size_t i = 1; i < td_nt; i++)
     if (td_t[i].rows * td_t[i].cols > T->rows * T->cols) T = &td_t[i];
@@ -318,6 +343,7 @@ int main(void) {
   nwc_client_mapping *m = NULL;
   CHECK_RC(nwc_client_map(c, "use2", T->name, &m));
   if (m) check_local(m, T, "layout 2"), nwc_client_unmap(m), m = NULL;
+  check_fp8(c, T);
   CHECK_RC(nwc_client_map(c, "use", T->name, &m));
   if (m) check_seals(m);
   nwc_client_free(c);
