@@ -5,7 +5,8 @@
  *   server.c     libuv loop: listening socket, connections, framing, back-pressure, replies
  *   ops.c        request handlers (run on worker threads), reply encoding, matvec batching
  *   pool.c       worker threads and their job queue (coalescing hook for batched matvec)
- *   residency.c  resident tensors: states, budget, LRU, reference counts (design comment there)
+ *   residency.c  resident tensors: states, budget, LRU, reference counts, client mappings (map)
+ *                (design comment there)
  *   loader.c     io_uring reads of blobs, chunk checksums checked as they land: into host
  *                memory, or through a ring of registered buffers to a sink (the GPU path)
  *   backend_cpu.c  the compute backend interface's CPU implementation (and the CUDA wiring)
