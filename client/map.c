@@ -59,9 +59,9 @@ static int map_memfd(int fd, uint64_t size, void **base) {
   if (fstat(fd, &st) < 0 || seals < 0 || (seals & need) != need ||
       !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
     return mfail(-EPERM, "the tensor's memfd is not sealed against writes and resizing");
-  if (size == 0 || (uint64_t)st.st_size < size)
-    return mfail(-EBADMSG, "the tensor's memfd holds %lld bytes, the reply says %llu",
-                 (long long)st.st_size, (unsigned long long)size);
+  if (size < 4096 || size % 4096 || (uint64_t)st.st_size < size) /* blobs are whole pages */
+    return mfail(-EBADMSG, "the reply's size %llu is not whole pages within the tensor's memfd "
+                 "of %lld bytes", (unsigned long long)size, (long long)st.st_size);
   *base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
   if (*base == MAP_FAILED) return mfail(-errno, "mmap of the tensor: %s", strerror(errno));
   return 0;
