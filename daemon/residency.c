@@ -642,7 +642,7 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   nwcd_ref ref;
   /* resident in host memory (a device copy cannot be shared: -EEXIST), or -ENOSPC */
   NWC_TRY(nwcd_res_acquire(r, model, tensor, NWCD_ACQ_AT(NWCD_LOC_CPU), &ref, NULL));
-  nwcd_entry *e = ref.e;                                      /* fd fixed while refs > 0 */
+  nwcd_entry *e = ref.e; /* its fd stays while refs > 0 */
   int keep = -1, rc = 0;
   pthread_mutex_lock(&r->lock);
   reap_maps(r);
