@@ -25,6 +25,8 @@
  * an empty queue (the loop must poll for writability), a write failed, the connection's reading
  * is paused for back-pressure, or the daemon is stopping.  Everything else about a connection
  * (reading, framing, the descriptor queue, the connection list) is the loop thread's alone.
+ * A small matvec or gather from the only active connection, while the pool is idle, runs on the
+ * loop thread itself (run_inline): no hand-off at all, and no one waits behind it.
  *
  * Back-pressure: a connection stops being read while it has max_inflight requests in flight or
  * max_outq reply bytes queued (a client that stops reading its replies), and resumes as they
@@ -54,6 +56,8 @@
 
 #define MAX_QUEUED_FDS 64
 #define READ_CHUNK (64u << 10)
+#define INLINE_MAX_BYTES (4u << 20)
+#define INLINE_QUIET_NS 2000000
 
 typedef struct outbuf {
   struct outbuf *next;
@@ -102,7 +106,9 @@ struct nwcd_server {
   nwcd_conn *conns;
   atomic_bool stopping;
   bool closed_all;
-  atomic_uint_fast64_t jobs; /* in flight on the pool, all connections */
+  atomic_uint_fast64_t jobs; /* in flight, all connections */
+  nwcd_conn *last_conn;      /* whose request came last, and when (run_inline); only compared */
+  uint64_t last_ns;
   ino_t sock_ino;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
@@ -329,6 +335,26 @@ static int do_shm(nwcd_conn *c, const nwc_proto_req *r, int fd) {
   return 0;
 }
 
+/* Whether job j (just read from c) runs on the loop thread itself, saving the hand-off to a
+ * worker: only when that delays no one.  It must be a matvec or gather on resident tensors (no
+ * load can block the loop), small (INLINE_MAX_BYTES of blob, a few milliseconds at most), from
+ * the one connection with work: nothing in flight anywhere (the pool is idle), nothing more
+ * buffered on c, and no other connection's request in the last INLINE_QUIET_NS.  Pipelined
+ * requests and concurrent clients go to the workers, where concurrent matvecs share a pass. */
+static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool more) {
+  nwcd_server *s = c->srv;
+  const nwc_proto_req *r = &j->req;
+  bool quiet = s->last_conn == c || j->started_ns - s->last_ns > INLINE_QUIET_NS;
+  s->last_conn = c, s->last_ns = j->started_ns;
+  if ((r->op != NWC_OP_MATVEC || r->ncols > 8) && (r->op != NWC_OP_GATHER || r->nrows > 1024))
+    return false;
+  if (!quiet || more || atomic_load(&s->jobs) || atomic_load(&c->inflight)) return false;
+  nwcd_res *res = s->d->res;
+  uint64_t bytes = nwcd_res_resident_bytes(res, r->model, r->tensor);
+  return bytes && bytes <= INLINE_MAX_BYTES &&
+         (r->op != NWC_OP_MATVEC || !r->bias[0] || nwcd_res_resident_bytes(res, r->model, r->bias));
+}
+
 /* Handles one complete frame whose payload is rbuf[off .. off + h->length). */
 static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payload) {
   nwcd *d = c->srv->d;
@@ -380,10 +406,13 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   }
   j->conn = c, j->shm = c->shm, j->shm_size = c->shm_size;
   j->started_ns = nwcd_now_ns();
+  bool more = payload + h->length < c->rbuf + c->rlen; /* another request is buffered */
+  bool inline_ok = run_inline(c, j, more);
   atomic_fetch_add(&c->refs, 1);
   atomic_fetch_add(&c->inflight, 1);
   atomic_fetch_add(&c->srv->jobs, 1);
-  nwcd_pool_submit(d->pool, j);
+  if (inline_ok) nwcd_ops_run(j); /* its reply retires it, as on a worker */
+  else nwcd_pool_submit(d->pool, j);
 }
 
 /* Parses the complete frames buffered on c while it may take more. */
