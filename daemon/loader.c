@@ -77,16 +77,24 @@ struct load;
 
 /* Threads that check chunks with the submitting thread: each batch of completed reads is split
  * over them chunk by chunk (fork and join: the submitter takes part and waits for the rest). */
-typedef struct team {
-  pthread_t th[CHECKERS_MAX - 1];
-  unsigned n; /* helpers running */
+typedef struct team team;
+typedef struct helper {
+  team *t;
+  unsigned id;
+  pthread_t th;
+} helper;
+
+struct team {
+  helper h[CHECKERS_MAX - 1];
+  unsigned n;    /* helpers running */
+  unsigned want; /* of them, how many check the current batch (ids below it) */
   pthread_mutex_t mu;
   pthread_cond_t go, done;
   uint64_t gen;       /* batches started */
   unsigned busy;      /* helpers still on the current batch */
   bool stop;
   struct load *batch; /* the load whose ready reads are being checked */
-} team;
+};
 
 typedef struct engine {
   struct io_uring uring;
@@ -175,15 +183,17 @@ static void check_chunks(struct load *L) {
 }
 
 static void *helper_main(void *arg) {
-  team *t = arg;
+  helper *h = arg;
+  team *t = h->t;
   uint64_t seen = 0;
   pthread_mutex_lock(&t->mu);
   for (;;) {
     while (!t->stop && t->gen == seen) pthread_cond_wait(&t->go, &t->mu);
     if (t->stop) break;
     seen = t->gen;
+    bool mine = h->id < t->want;
     pthread_mutex_unlock(&t->mu);
-    check_chunks(t->batch);
+    if (mine) check_chunks(t->batch);
     pthread_mutex_lock(&t->mu);
     if (--t->busy == 0) pthread_cond_signal(&t->done);
   }
@@ -198,7 +208,11 @@ static void team_grow(team *t, unsigned n) {
     pthread_cond_init(&t->go, NULL);
     pthread_cond_init(&t->done, NULL);
   }
-  while (t->n < n && pthread_create(&t->th[t->n], NULL, helper_main, t) == 0) t->n++;
+  while (t->n < n) {
+    t->h[t->n] = (helper){t, t->n, 0};
+    if (pthread_create(&t->h[t->n].th, NULL, helper_main, &t->h[t->n])) break;
+    t->n++;
+  }
 }
 
 static void team_stop(team *t) {
@@ -207,14 +221,14 @@ static void team_stop(team *t) {
   t->stop = true;
   pthread_cond_broadcast(&t->go);
   pthread_mutex_unlock(&t->mu);
-  for (unsigned i = 0; i < t->n; i++) pthread_join(t->th[i], NULL);
+  for (unsigned i = 0; i < t->n; i++) pthread_join(t->h[i].th, NULL);
   pthread_cond_destroy(&t->go);
   pthread_cond_destroy(&t->done);
   pthread_mutex_destroy(&t->mu);
   t->n = 0;
 }
 
-/* Checks every chunk of the ready reads, on the team when there is more than one chunk. */
+/* Checks every chunk of the ready reads, on the team when there are two chunks per checker. */
 static void check_ready(struct load *L) {
   L->ready_start[0] = 0;
   for (unsigned k = 0; k < L->nready; k++) {
@@ -224,13 +238,15 @@ static void check_ready(struct load *L) {
   }
   atomic_store(&L->next_chunk, 0);
   team *t = &L->eng->tm;
-  if (L->checkers > 1 && L->ready_start[L->nready] > 1) team_grow(t, L->checkers - 1);
-  if (L->checkers < 2 || !t->n || L->ready_start[L->nready] < 2) {
+  bool share = L->checkers > 1 && L->ready_start[L->nready] >= 2 * L->checkers; /* worth a wake */
+  if (share) team_grow(t, L->checkers - 1);
+  if (!share || !t->n) {
     check_chunks(L);
     return;
   }
   pthread_mutex_lock(&t->mu);
   t->batch = L, t->busy = t->n, t->gen++;
+  t->want = L->checkers - 1; /* helpers beyond it (grown by an earlier load) sit this one out */
   pthread_cond_broadcast(&t->go);
   pthread_mutex_unlock(&t->mu);
   check_chunks(L);
