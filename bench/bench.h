@@ -26,5 +26,6 @@ int nwc_bench_import(int argc, char **argv); /* bench_import.c */
 int nwc_bench_daemon(int argc, char **argv); /* bench_daemon.c */
 int nwc_bench_load(int argc, char **argv);   /* bench_load.c */
 int nwc_bench_map(int argc, char **argv);    /* bench_map.c */
+int nwc_bench_gpu_daemon(int argc, char **argv); /* bench_gpu_daemon.c (CUDA builds) */
 
 #endif

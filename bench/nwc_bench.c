@@ -56,6 +56,9 @@ static void usage(FILE *f) {
         "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
         "  map FILE.safetensors [...]\n"
         "        calls on a mapped tensor against the socket, memory of N mapping processes\n"
+        "  gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R] [--iters N]   (CUDA builds)\n"
+        "        nwcd --backend cuda: GPU loads vs O_DIRECT and BF16 read + cudaMemcpy, matvec\n"
+        "        through the socket vs the bare kernel, 8 clients at once vs in a row\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",
         f);
 }
@@ -70,6 +73,9 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
   if (!strcmp(argv[1], "load")) return nwc_bench_load(argc - 1, argv + 1);
   if (!strcmp(argv[1], "map")) return nwc_bench_map(argc - 1, argv + 1);
+#ifdef NWC_BENCH_CUDA
+  if (!strcmp(argv[1], "gpu-daemon")) return nwc_bench_gpu_daemon(argc - 1, argv + 1);
+#endif
   fprintf(stderr, "nwc-bench: unknown subcommand '%s'\n", argv[1]);
   usage(stderr);
   return 2;

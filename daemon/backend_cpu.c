@@ -138,6 +138,35 @@ static const nwcd_backend cpu_backend = {.name = "cpu", .host_alloc = cpu_host_a
 
 #ifdef NWC_WITH_CUDA
 static nwcd_backend cuda_backend;
+static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES]; /* made at a device's first load; kept to exit */
+static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* dev_load: a device copy whose blob the loader streams through dev's ring (256 MiB). */
+static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
+                         nwcd_load_info *li) {
+  *dcopy = NULL, *scale = NULL;
+  pthread_mutex_lock(&rings_lock);
+  int rc = rings[dev] ? 0 : nwcd_gpu_ring_create(dev, 0, 0, &rings[dev]);
+  nwcd_gpu_ring *g = rings[dev];
+  pthread_mutex_unlock(&rings_lock);
+  if (rc < 0) return rc;
+  nwcd_blob_desc b = {.elem = ti->elem, .rows = ti->rows, .cols = ti->cols,
+                      .nblocks = ti->nblocks, .length = ti->length, .off_bases = ti->off_bases,
+                      .off_hdr = ti->off_hdr, .off_data = ti->off_data, .off_raw = ti->off_raw,
+                      .off_scale = ti->off_scale};
+  memcpy(b.psym, ti->psym, sizeof b.psym);
+  void *blob = NULL;
+  NWC_TRY(nwcd_cuda_blob_alloc(&b, dev, dcopy, &blob));
+  if (ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
+    rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
+  if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, NULL, li);
+  if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
+  if (rc < 0) {
+    nwcd_cuda_free(*dcopy), free(*scale);
+    *dcopy = NULL, *scale = NULL;
+  }
+  return rc;
+}
 
 /* 0 and the cuda backend, or -ENODEV (detail: why) without a device. */
 static int cuda_get(const nwcd_backend **out) {
@@ -147,8 +176,8 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend = cpu_backend;
   cuda_backend.name = "cuda";
   cuda_backend.ndevices = n;
-  cuda_backend.dev_bytes = nwcd_cuda_copy_bytes;
-  cuda_backend.upload = nwcd_cuda_upload;
+  cuda_backend.dev_load = cuda_dev_load;
+  cuda_backend.dev_size = nwcd_cuda_copy_size;
   cuda_backend.dev_free = nwcd_cuda_free;
   cuda_backend.dev_dequant = nwcd_cuda_dequant;
   cuda_backend.dev_gather = nwcd_cuda_gather;

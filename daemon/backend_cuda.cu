@@ -4,9 +4,13 @@
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
  * Design:
- *   - A device copy is nwc_k_tensor_upload's single cudaMalloc (table, bases, hdr, data, raw,
- *     scale) plus what matvec needs to know (K16, scratch floats).  cudaMalloc failing is -ENOMEM
- *     (residency.c evicts and retries once).
+ *   - A device copy is one cudaMalloc: the 16 KiB lookup table built here from the catalog's
+ *     exp_of_rank, then the blob exactly as the container holds it, which the loader streams
+ *     into device memory through its pinned ring (chunk checksums checked on the way); the
+ *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
+ *     256-aligned).  The blob's structure was validated at import and its bytes are the
+ *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  cudaMalloc
+ *     failing is -ENOMEM (residency.c evicts and retries once).
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host: in, out).  It enqueues copy-in, kernels
@@ -41,10 +45,13 @@ namespace {
 
 constexpr int kMaxDev = 16;
 
+/* A device copy: one cudaMalloc holding the lookup table (kTabSpace bytes), then the blob as it
+ * is on disk; the kernel tensor's arrays point at the blob's sections. */
+constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
 struct Copy {
   nwc_k_tensor k;
   int dev;
-  uint64_t k16, scratch;
+  uint64_t k16, scratch, bytes;
 };
 
 /* A grow-only buffer, device or pinned host. */
@@ -319,35 +326,59 @@ extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_
   return 0;
 }
 
-extern "C" uint64_t nwcd_cuda_copy_bytes(const nwc_tensor *t) {
-  /* nwc_k_tensor_upload's layout: table, bases, hdr, data, raw, scale, each 256-aligned */
-  auto a = [](uint64_t v) { return (v + 255) & ~UINT64_C(255); };
-  return a(NWC_TAB_ENTRIES * 4) + a((t->nblocks + 1) * 8) + a(t->nblocks * NWC_LANES) +
-         a(t->data_bytes) + a(t->raw_bytes) + (t->scale ? t->rows * 4 : 0);
-}
-
-extern "C" int nwcd_cuda_upload(const nwc_tensor *t, int dev, void **out) {
+extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void **dcopy, void **blob) {
   Lease lease;
-  int rc = lease.take(dev);
-  Ctx *c = lease.c;
-  if (rc < 0) return rc;
+  TRY(lease.take(dev));
   uint64_t lay[4];
-  if ((rc = nwc_layout(t->rows, t->cols, t->elem, lay)) < 0) return rc;
+  TRY(nwc_layout(b->rows, b->cols, b->elem, lay));
+  if (lay[NWC_LAYOUT_BLOCKS] != b->nblocks)
+    return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
+                     (unsigned long long)b->nblocks, (unsigned long long)b->rows,
+                     (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
+  uint32_t tab[NWC_TAB_ENTRIES];
+  TRY(nwc_build_tab(b->psym, b->elem, tab));
   Copy *cp = new (std::nothrow) Copy;
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
-  rc = nwc_k_tensor_upload(t, &cp->k, c->stream);
-  if (rc < 0) {
+  memset(&cp->k, 0, sizeof cp->k);
+  cp->bytes = kTabSpace + b->length;
+  uint8_t *mem = nullptr;
+  cudaError_t e = cudaMalloc((void **)&mem, cp->bytes);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(mem, tab, sizeof tab, cudaMemcpyHostToDevice, lease.c->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(lease.c->stream);
+  if (e != cudaSuccess) {
+    if (mem) cudaFree(mem);
     delete cp;
-    if (rc == -ENOMEM) {
-      cudaGetLastError();
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
       return nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
-                       (unsigned long long)nwcd_cuda_copy_bytes(t), dev);
-    }
-    return kstatus(rc, "upload");
+                       (unsigned long long)(kTabSpace + b->length), dev);
+    return fail_cuda(e, "the lookup table of a device copy");
   }
   cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
-  *out = cp;
+  cp->k.owned = mem;
+  *dcopy = cp, *blob = mem + kTabSpace;
   return 0;
+}
+
+extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale) {
+  Copy *cp = static_cast<Copy *>(dcopy);
+  uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
+  nwc_k_tensor &k = cp->k;
+  k.elem = b->elem, k.rows = b->rows, k.cols = b->cols, k.nblocks = b->nblocks;
+  k.tab = reinterpret_cast<const uint32_t *>(mem);
+  k.bases = reinterpret_cast<const uint64_t *>(blob + b->off_bases);
+  k.hdr = blob + b->off_hdr, k.data = blob + b->off_data, k.raw = blob + b->off_raw;
+  k.scale = b->off_scale ? reinterpret_cast<const float *>(blob + b->off_scale) : nullptr;
+  if (scale && k.scale) {
+    CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
+    CU_TRY(cudaMemcpy(scale, k.scale, b->rows * 4, cudaMemcpyDeviceToHost), "copy of the scales");
+  }
+  return 0;
+}
+
+extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
+  return static_cast<const Copy *>(dcopy)->bytes;
 }
 
 extern "C" void nwcd_cuda_free(void *dcopy) {

@@ -4,7 +4,7 @@
  * uses C11 atomics, stays out of C++; it includes this one for nwcd_ipc_buf).  The definitions
  * are built only with NWC_WITH_CUDA.
  *
- * A device copy ("dcopy") is an opaque handle made by nwcd_cuda_upload and freed by
+ * A device copy ("dcopy") is an opaque handle made by nwcd_cuda_blob_alloc and freed by
  * nwcd_cuda_free.  Every compute call runs on a stream of its own (a context leased from the
  * device's pool), waits for its own completion event and returns 0 or a
  * negative errno with a detail (nwc_error_detail): -ENOMEM when device memory runs out, -EIO
@@ -28,10 +28,22 @@ int nwcd_cuda_devices(int *n);
 int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 /* Frees dev's idle work contexts (streams, events, work and staging buffers). */
 void nwcd_cuda_trim(int dev);
-/* The device bytes a copy of t takes (its arrays, lookup table, alignment). */
-uint64_t nwcd_cuda_copy_bytes(const nwc_tensor *t);
-/* A device copy of validated host tensor t on dev: 0 and *out, -ENOMEM (cudaMalloc failed), -EIO. */
-int nwcd_cuda_upload(const nwc_tensor *t, int dev, void **out);
+/* The catalog's description of a blob (nwc_tensor_info's decoder parameters). */
+typedef struct nwcd_blob_desc {
+  unsigned elem;
+  uint64_t rows, cols, nblocks, length; /* length: the blob's bytes */
+  uint8_t psym[16];
+  uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no scales */
+} nwcd_blob_desc;
+/* A device copy on dev whose blob the caller fills: *blob gets where its length bytes go (device
+ * memory).  The lookup table is built and copied here.  -ENOMEM when cudaMalloc fails, -EBADMSG
+ * for a shape the catalog's block count does not match.  Free with nwcd_cuda_free. */
+int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void **dcopy, void **blob);
+/* After the blob is in place: points the copy's arrays at its sections and, when it has
+ * per-row scales, copies them (rows floats) to host scale. */
+int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale);
+/* Device bytes a copy holds. */
+uint64_t nwcd_cuda_copy_size(const void *dcopy);
 void nwcd_cuda_free(void *dcopy);
 /* BF16 rows of the whole tensor into host out, row stride K16. */
 int nwcd_cuda_dequant(const void *dcopy, uint16_t *out);

@@ -63,6 +63,8 @@ extern int nwcd_log_level;
 
 /* ---- compute backend ------------------------------------------------------------------- */
 
+struct nwcd_load_info;
+
 /* What a compute backend provides; #8 adds a CUDA one next to cpu.  Every function returns 0 or
  * a negative errno and may be called from any worker thread at once. */
 typedef struct nwcd_backend {
@@ -83,12 +85,15 @@ typedef struct nwcd_backend {
    * until host_free).  NULL where host copies cannot be shared (map is then refused). */
   int (*host_share)(void *p, size_t n);
   /* Devices (cuda; 0 and NULLs for cpu): tensors resident on device n (0 <= n < ndevices) are
-   * device copies ("dcopy", made from a validated host view by upload: -ENOMEM when device
-   * memory runs out) that the dev_ functions compute on, results into host memory (dev_dequant:
-   * the whole tensor, row stride K16; dev_gather: rows all < M; dev_matvec: no bias). */
+   * device copies ("dcopy") that the dev_ functions compute on, results into host memory
+   * (dev_dequant: the whole tensor, row stride K16; dev_gather: rows all < M; dev_matvec: no
+   * bias).  dev_load streams ti's blob onto dev through the loader's pinned ring (nwcd_gpu_ring,
+   * chunk checksums checked): 0 and *dcopy, *scale (a malloc'ed host copy of the per-row
+   * scales, or NULL) and *li; -ENOMEM when device memory runs out.  dev_size: its bytes. */
   int ndevices;
-  uint64_t (*dev_bytes)(const nwc_tensor *t);
-  int (*upload)(const nwc_tensor *t, int dev, void **dcopy);
+  int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
+                  struct nwcd_load_info *li);
+  uint64_t (*dev_size)(const void *dcopy);
   void (*dev_free)(void *dcopy);
   int (*dev_dequant)(const void *dcopy, uint16_t *out);
   int (*dev_gather)(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);

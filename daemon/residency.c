@@ -48,15 +48,16 @@
  *     under the daemon's store lock, so an entry never outlives the catalog row it describes.
  * Places: an entry lives in host memory (loc NWCD_LOC_CPU: the blob buffer, under the host
  * budget) or on a device (loc = n: the backend's device copy of the blob, under device n's own
- * budget; the host buffer it was read into is freed after the upload, so only the view's shapes
- * and a copy of its per-row scale stay on the host, and such an entry cannot be mapped by
- * clients).  Budgets, LRU eviction and the invariants above hold per place: make_room evicts
- * only entries of the place that needs the bytes.  A device load reserves the blob length plus
- * DEV_SLACK (an upper bound of the copy's size), and after the upload keeps the copy's exact
- * size.  A device allocation that fails although the budget allowed it (device memory used by
- * others) evicts LRU entries of that device for the size and retries once; a second failure
- * fails the request with -ENOMEM.  When a device holds no tensor any more, the backend frees
- * its idle work buffers (dev_trim), so evicting everything returns all device memory.
+ * budget, streamed there by the loader through a bounded pinned ring, so no host copy of the
+ * whole tensor is ever made: the host keeps only the view's shapes and a copy of its per-row
+ * scales, and such an entry cannot be mapped by clients).  Budgets, LRU eviction and the
+ * invariants above hold per place: make_room evicts only entries of the place that needs the
+ * bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
+ * then holds the copy's exact size.  A device allocation that fails although the budget
+ * allowed it (device memory used by others) evicts LRU entries of that device for the size and
+ * retries once; a second failure fails the request with -ENOMEM.  When a device holds no
+ * tensor any more, the backend frees its idle work buffers (dev_trim), so evicting everything
+ * returns all device memory but the loader's ring (pinned host memory, kept).
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
@@ -186,8 +187,8 @@ static const char *map_pids(nwcd_res *r, const nwcd_entry *e, char *buf, size_t 
   return buf;
 }
 
-/* Upper bound of a device copy's bytes beyond the blob's: the lookup table and alignment. */
-#define DEV_SLACK (NWC_TAB_ENTRIES * 4 + 8 * 256)
+/* A device copy holds the lookup table, then the blob. */
+#define DEV_SLACK (NWC_TAB_ENTRIES * 4)
 
 static uint64_t *used_at(nwcd_res *r, int loc) { return loc < 0 ? &r->used : &r->gused[loc]; }
 static uint64_t budget_at(nwcd_res *r, int loc) { return loc < 0 ? r->budget : r->gbudget[loc]; }
@@ -258,17 +259,18 @@ static bool make_room(nwcd_res *r, int loc, uint64_t need) {
   return true;
 }
 
-/* The device copy of view on e->loc, evicting LRU copies of that device for its size and
- * retrying once when the allocation fails (called without r->lock). */
-static int upload(nwcd_res *r, nwcd_entry *e, const nwc_tensor *view, void **dcopy) {
+/* Loads e onto its device (the backend streams the blob there), evicting LRU copies of that
+ * device for need bytes and retrying once when the allocation fails (called without r->lock). */
+static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy, float **scale,
+                       nwcd_load_info *l) {
   const nwcd_backend *b = r->d->backend;
-  int rc = b->upload(view, e->loc, dcopy);
+  int rc = b->dev_load(e->info, e->loc, dcopy, scale, l);
   if (rc != -ENOMEM) return rc;
-  uint64_t need = b->dev_bytes(view), freed = 0, got;
+  uint64_t freed = 0, got;
   pthread_mutex_lock(&r->lock);
   while (freed < need && (got = evict_lru(r, e->loc))) freed += got;
   pthread_mutex_unlock(&r->lock);
-  rc = b->upload(view, e->loc, dcopy);
+  rc = b->dev_load(e->info, e->loc, dcopy, scale, l);
   char where[16];
   loc_name(e->loc, where);
   if (rc == -ENOMEM)
@@ -276,6 +278,14 @@ static int upload(nwcd_res *r, nwcd_entry *e, const nwc_tensor *view, void **dco
                    "bytes and retrying)", (unsigned long long)need, e->model, e->tensor, where,
                    (unsigned long long)freed);
   return rc;
+}
+
+/* The host-side view of a device copy: shapes and the scales' host copy, no arrays. */
+static nwc_tensor shape_view(const nwc_tensor_info *ti, const float *scale) {
+  nwc_tensor v = {.elem = ti->elem, .rows = ti->rows, .cols = ti->cols, .nblocks = ti->nblocks,
+                  .data_bytes = ti->data_bytes, .raw_bytes = ti->raw_plane_bytes, .scale = scale};
+  memcpy(v.psym, ti->psym, sizeof v.psym);
+  return v;
 }
 
 /* Finds or creates the entry of model/tensor; called with r->lock held, may drop and retake it
@@ -365,31 +375,20 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     pthread_mutex_unlock(&r->lock);
     bool locked = false;
     nwcd_load_info l = {0};
-    void *buf = r->d->backend->host_alloc(e->len, &locked), *dcopy = NULL;
+    void *buf = NULL, *dcopy = NULL;
     float *scale = NULL;
-    rc = buf ? nwcd_load_blob(e->info, buf, &l, NULL, NULL)
-             : nwc__fail(-ENOMEM, "no memory for %zu bytes of %s/%s", e->len, model, tensor);
     nwc_tensor view;
-    if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
     int fd = -1;
-    if (rc == 0 && at >= 0) { /* device: upload, keep the shapes and the scale, free the host copy */
-      if (view.scale && !(scale = malloc(view.rows * sizeof *scale))) rc = -ENOMEM;
-      if (rc == 0) rc = upload(r, e, &view, &dcopy);
-      if (rc == 0 && scale) memcpy(scale, view.scale, view.rows * sizeof *scale);
-      r->d->backend->host_free(buf, e->len, locked);
-      buf = NULL;
-      if (rc == 0) {
-        nwc_tensor v = {.elem = view.elem, .rows = view.rows, .cols = view.cols,
-                        .nblocks = view.nblocks, .data_bytes = view.data_bytes,
-                        .raw_bytes = view.raw_bytes, .scale = scale};
-        memcpy(v.psym, view.psym, sizeof v.psym);
-        view = v;
-      } else {
-        free(scale);
-      }
-    } else if (rc == 0 && r->d->backend->host_share &&
-               (fd = r->d->backend->host_share(buf, e->len)) < 0) {
-      rc = fd;
+    if (at >= 0) { /* device: the blob streams there; the host keeps shapes and scales */
+      rc = load_device(r, e, need, &dcopy, &scale, &l);
+      if (rc == 0) view = shape_view(e->info, scale);
+    } else {
+      buf = r->d->backend->host_alloc(e->len, &locked);
+      rc = buf ? nwcd_load_blob(e->info, buf, &l, NULL, NULL)
+               : nwc__fail(-ENOMEM, "no memory for %zu bytes of %s/%s", e->len, model, tensor);
+      if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
+      if (rc == 0 && r->d->backend->host_share && (fd = r->d->backend->host_share(buf, e->len)) < 0)
+        rc = fd;
     }
     pthread_mutex_lock(&r->lock);
     if (rc < 0) {
@@ -400,7 +399,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       break;
     }
     if (at >= 0) {
-      e->dbytes = r->d->backend->dev_bytes(&view);
+      e->dbytes = r->d->backend->dev_size(dcopy);
       *used_at(r, at) -= need - e->dbytes;
     }
     e->buf = buf, e->dcopy = dcopy, e->scale = scale;

@@ -1,0 +1,378 @@
+/*
+ * bench_gpu_daemon.c - `nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R]
+ * [--iters N]` (CUDA builds): nwcd's cuda backend against its baselines, in one run (issue 8).
+ *
+ * Writes a synthetic BF16 safetensors file (T tensors of M x K, default 32 of 4096 x 4096 = 1 GiB,
+ * normal weights of sigma 0.02: four distinct matrices repeated), starts a real nwcd --backend
+ * cuda on a temporary store, imports it through libnwc-client, then prints JSON lines and a table
+ * (stderr):
+ *   load   odirect      the container files read with O_DIRECT, 4 MiB at a time (dd iflag=direct)
+ *          nwcd_cold    `load_on cuda:0` of the whole model after dropping the page cache
+ *          nwcd_warm    the same with the containers in the page cache
+ *          bf16_cold    the BF16 safetensors file read() in 64 MiB pieces, each cudaMemcpy'd to
+ *          bf16_warm    device memory (the uncompressed alternative), cold and warm
+ *          (median of R rounds; GB/s of the bytes each moves: container blobs or the BF16 file)
+ *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs
+ *          kernel       the bare nwc_k_matvec of the same tensor in this process (CUDA events)
+ *   clients serial      one client, 8 matvecs one after the other (µs per 8, p50)
+ *           concurrent  8 clients (threads, one connection each), one matvec each at once
+ * and a summary line with the issue's ratios: cold nwcd / odirect (>= 0.9), BF16 cold time /
+ * nwcd cold time (>= 1.3), warm GB/s (>= 40), socket p50 - kernel p50 (<= 15 µs), concurrent /
+ * serial (< 1).  The page cache is dropped with /proc/sys/vm/drop_caches (root), else with
+ * POSIX_FADV_DONTNEED on each file (the summary says which).
+ */
+#include "bench.h"
+
+#include "nwc_client.h"
+#include "nwc_kernels.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NCLIENTS 8
+
+static char dir[64] = "/tmp/nwc-bench-gpu-XXXXXX", sock[128], store[128], file[128];
+static uint64_t M = 4096, K = 4096;
+static const char *drop_how = "drop_caches";
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double median(double *t, size_t n) { return qsort(t, n, sizeof *t, cmp_d), t[n / 2]; }
+static double pctl(double *t, size_t n, double p) {
+  qsort(t, n, sizeof *t, cmp_d);
+  return t[(size_t)((double)(n - 1) * p)];
+}
+
+/* Normal BF16 weights (sigma 0.02) from a xorshift generator. */
+static void synth(uint16_t *w, uint64_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (uint64_t i = 0; i < n; i += 2) {
+    double u[2];
+    for (int k = 0; k < 2; k++) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      u[k] = ((double)(s >> 11) + 0.5) * 0x1p-53;
+    }
+    double r = 0.02 * sqrt(-2 * log(u[0]));
+    w[i] = nwc_f32_to_bf16((float)(r * cos(6.283185307179586 * u[1])));
+    if (i + 1 < n) w[i + 1] = nwc_f32_to_bf16((float)(r * sin(6.283185307179586 * u[1])));
+  }
+}
+
+/* The safetensors file: T tensors "w.i" of M x K, matrices[i % 4]. */
+static int write_model(unsigned T, uint16_t *const mats[4]) {
+  json_t *h = json_object();
+  uint64_t bytes = M * K * 2;
+  char name[32];
+  for (unsigned i = 0; i < T; i++) {
+    snprintf(name, sizeof name, "w.%u", i);
+    json_object_set_new(h, name, json_pack("{s:s,s:[I,I],s:[I,I]}", "dtype", "BF16", "shape",
+                                           (json_int_t)M, (json_int_t)K, "data_offsets",
+                                           (json_int_t)(i * bytes), (json_int_t)((i + 1) * bytes)));
+  }
+  char *hs = json_dumps(h, JSON_COMPACT);
+  json_decref(h);
+  uint64_t hl = (strlen(hs) + 7) & ~7ull;
+  FILE *f = fopen(file, "wb");
+  int ok = f && fwrite(&hl, 8, 1, f) == 1 && fprintf(f, "%-*s", (int)hl, hs) == (int)hl;
+  for (unsigned i = 0; ok && i < T; i++) ok = fwrite(mats[i % 4], 2, M * K, f) == M * K;
+  if (f && fclose(f) != 0) ok = 0;
+  free(hs);
+  return ok ? 0 : -EIO;
+}
+
+static int connectable(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+/* Drops the page cache (all of it as root, else the pages of files[]). */
+static void drop_cache(char **files, size_t n) {
+  sync();
+  FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+  if (f && fputs("3\n", f) >= 0 && fclose(f) == 0) return;
+  if (f) fclose(f);
+  drop_how = "fadvise";
+  for (size_t i = 0; i < n; i++) {
+    int fd = open(files[i], O_RDONLY);
+    if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), close(fd);
+  }
+}
+
+/* Reads path whole: O_DIRECT 4 MiB at a time, or buffered (for warming); returns bytes. */
+static uint64_t read_file(const char *path, bool direct, void *buf) {
+  int fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
+  uint64_t total = 0;
+  ssize_t got;
+  while (fd >= 0 && (got = pread(fd, buf, 4u << 20, (off_t)total)) > 0) total += (uint64_t)got;
+  if (fd >= 0) close(fd);
+  return total;
+}
+
+/* The BF16 file into device memory: read() 64 MiB at a time, cudaMemcpy each piece. */
+static double bf16_to_gpu(void *host, uint8_t *dev) {
+  double t0 = nwc_bench_now();
+  int fd = open(file, O_RDONLY);
+  uint64_t off = 0;
+  ssize_t got;
+  while (fd >= 0 && (got = read(fd, host, 64u << 20)) > 0) {
+    cudaMemcpy(dev + off, host, (size_t)got, cudaMemcpyHostToDevice);
+    off += (uint64_t)got;
+  }
+  if (fd >= 0) close(fd);
+  return nwc_bench_now() - t0;
+}
+
+typedef struct client_ctx {
+  pthread_barrier_t *go, *done;
+  const char *tensor;
+  const float *x;
+  unsigned rounds;
+  int rc;
+} client_ctx;
+
+static void *client_thread(void *p) {
+  client_ctx *c = p;
+  nwc_client *cl = NULL;
+  c->rc = nwc_client_connect(sock, &cl);
+  float *y = malloc(M * 4);
+  for (unsigned r = 0; r < c->rounds; r++) {
+    pthread_barrier_wait(c->go);
+    if (c->rc == 0) c->rc = nwc_client_matvec(cl, "m", c->tensor, NULL, 1.0f, c->x, K, 1, 0, y, M * 4, NULL);
+    pthread_barrier_wait(c->done);
+  }
+  free(y);
+  nwc_client_free(cl);
+  return NULL;
+}
+
+static void line(const char *bench, const char *item, double seconds, double bytes) {
+  printf("{\"bench\":\"%s\",\"item\":\"%s\",\"seconds\":%.6f,\"bytes\":%.0f,\"gbps\":%.3f}\n", bench,
+         item, seconds, bytes, bytes / seconds / 1e9);
+  fprintf(stderr, "%-8s %-11s %10.3f ms %8.2f GB/s\n", bench, item, seconds * 1e3, bytes / seconds / 1e9);
+}
+
+int nwc_bench_gpu_daemon(int argc, char **argv) {
+  unsigned T = 32, R = 3, iters = 2000;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--tensors") && i + 1 < argc) T = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) M = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--cols") && i + 1 < argc) K = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) R = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = (unsigned)atoi(argv[++i]);
+    else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
+                                "[--rounds R] [--iters N]\n"), 2;
+  }
+  if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) return fprintf(stderr, "no GPU\n"), 77;
+  if (!mkdtemp(dir)) return 1;
+  snprintf(sock, sizeof sock, "%s/nwcd.sock", dir);
+  snprintf(store, sizeof store, "%s/store", dir);
+  snprintf(file, sizeof file, "%s/model.safetensors", dir);
+  uint16_t *mats[4];
+  for (int i = 0; i < 4; i++) mats[i] = malloc(M * K * 2), synth(mats[i], M * K, (uint64_t)i + 1);
+  int rc = write_model(T, mats);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int nul = open("/dev/null", O_WRONLY);
+    dup2(nul, 1);
+    execl(NWCD_PATH, NWCD_PATH, "--store", store, "--socket", sock, "--backend", "cuda", "--quiet",
+          (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 1000 && !connectable(sock); i++) usleep(10000);
+  nwc_client *c = NULL;
+  if (rc == 0) rc = nwc_client_connect(sock, &c);
+  double t0 = nwc_bench_now();
+  if (rc == 0) rc = nwc_client_import(c, "m", file, NULL, NULL);
+  if (rc < 0) {
+    fprintf(stderr, "nwc-bench gpu-daemon: %s\n", nwc_client_last_error());
+    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    return 1;
+  }
+  fprintf(stderr, "import of %u x %llux%llu: %.2f s\n", T, (unsigned long long)M,
+          (unsigned long long)K, nwc_bench_now() - t0);
+  /* The container files and blob bytes. */
+  nwc_client_tensor *ts;
+  size_t nt;
+  char **files = calloc(T + 1, sizeof *files);
+  size_t nfiles = 0;
+  uint64_t blob_bytes = 0, file_bytes = 0;
+  if (nwc_client_tensors(c, "m", &ts, &nt) < 0) return 1;
+  for (size_t i = 0; i < nt; i++) {
+    nwc_client_tensor_info in;
+    if (nwc_client_info(c, "m", ts[i].name, &in) < 0) return 1;
+    blob_bytes += in.length;
+    bool seen = false;
+    for (size_t k = 0; k < nfiles; k++) seen |= !strcmp(files[k], in.path);
+    if (!seen) files[nfiles++] = strdup(in.path);
+  }
+  void *dbuf = NULL, *host = NULL;
+  struct stat st;
+  stat(file, &st);
+  uint64_t bf16_bytes = (uint64_t)st.st_size;
+  uint8_t *dev = NULL;
+  if (posix_memalign(&dbuf, 4096, 4u << 20) != 0 || !(host = malloc(64u << 20)) ||
+      cudaMalloc((void **)&dev, bf16_bytes) != cudaSuccess)
+    return fprintf(stderr, "nwc-bench gpu-daemon: no memory for the buffers\n"), 1;
+  char *all_files[2] = {file, NULL};
+  double tv[5][64];
+  for (unsigned r = 0; r < R; r++) {
+    drop_cache(files, nfiles), drop_cache(all_files, 1);
+    t0 = nwc_bench_now();
+    file_bytes = 0;
+    for (size_t k = 0; k < nfiles; k++) file_bytes += read_file(files[k], true, dbuf);
+    tv[0][r] = nwc_bench_now() - t0;
+    nwc_client_evict(c, "m", NULL, NULL);
+    drop_cache(files, nfiles);
+    t0 = nwc_bench_now();
+    rc = nwc_client_load_on(c, "m", NULL, 0, NULL, NULL, NULL);
+    tv[1][r] = nwc_bench_now() - t0;
+    if (rc < 0) return fprintf(stderr, "load: %s\n", nwc_client_last_error()), 1;
+    for (size_t k = 0; k < nfiles; k++) read_file(files[k], false, dbuf);
+    nwc_client_evict(c, "m", NULL, NULL);
+    t0 = nwc_bench_now();
+    rc = nwc_client_load_on(c, "m", NULL, 0, NULL, NULL, NULL);
+    tv[2][r] = nwc_bench_now() - t0;
+    drop_cache(all_files, 1);
+    tv[3][r] = bf16_to_gpu(host, dev);
+    tv[4][r] = bf16_to_gpu(host, dev);
+  }
+  static const char *items[5] = {"odirect", "nwcd_cold", "nwcd_warm", "bf16_cold", "bf16_warm"};
+  double med[5];
+  fprintf(stderr, "%u tensors, containers %.1f MB (%zu files), BF16 %.1f MB, %u rounds (median)\n",
+          T, file_bytes / 1e6, nfiles, bf16_bytes / 1e6, R);
+  for (int i = 0; i < 5; i++) {
+    med[i] = median(tv[i], R);
+    line("load", items[i], med[i], i == 0 ? (double)file_bytes : i < 3 ? (double)blob_bytes : (double)bf16_bytes);
+  }
+  cudaFree(dev);
+  /* matvec through the socket and the bare kernel */
+  const char *tn = "w.0";
+  nwc_client_load_on(c, "m", tn, 0, NULL, NULL, NULL);
+  uint64_t K16 = (K + 15) & ~15ull;
+  float *x = calloc(K16, 4), *y = malloc(M * 4);
+  for (uint64_t k = 0; k < K; k++) x[k] = (float)sin((double)k);
+  double *sv = malloc(iters * sizeof *sv), *kv = malloc(iters * sizeof *kv);
+  for (unsigned i = 0; i < iters + 20; i++) {
+    t0 = nwc_bench_now();
+    rc = nwc_client_matvec(c, "m", tn, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+    if (i >= 20) sv[i - 20] = nwc_bench_now() - t0;
+    if (rc < 0) return fprintf(stderr, "matvec: %s\n", nwc_client_last_error()), 1;
+  }
+  nwc_tensor t;
+  nwc_k_tensor kt;
+  float *dx, *dy, *ds;
+  uint64_t lay[4];
+  nwc_layout(M, K, NWC_ELEM_BF16, lay);
+  cudaStream_t s;
+  cudaEvent_t e0, e1;
+  cudaStreamCreate(&s), cudaEventCreate(&e0), cudaEventCreate(&e1);
+  if (nwc_tensor_encode(mats[0], M, K, NWC_ELEM_BF16, NULL, &t) < 0 || nwc_k_tensor_upload(&t, &kt, s) < 0)
+    return fprintf(stderr, "kernel tensor: %s\n", nwc_error_detail()), 1;
+  cudaMalloc((void **)&dx, K16 * 4), cudaMalloc((void **)&dy, M * 4);
+  cudaMalloc((void **)&ds, lay[NWC_LAYOUT_SCRATCH] * 4);
+  cudaMemcpy(dx, x, K16 * 4, cudaMemcpyHostToDevice);
+  double wall8[64];
+  if (nwc_k_matvec(&kt, dx, NULL, dy, ds, s) < 0 || cudaStreamSynchronize(s) != cudaSuccess)
+    return fprintf(stderr, "bare kernel: CUDA error %d\n", nwc_k_last_cuda_error()), 1;
+  for (unsigned i = 0; i < iters + 20; i++) {
+    cudaEventRecord(e0, s);
+    nwc_k_matvec(&kt, dx, NULL, dy, ds, s);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 20) kv[i - 20] = ms / 1e3;
+  }
+  for (unsigned r = 0; r < 64; r++) { /* 8 separate launches, each waited for */
+    t0 = nwc_bench_now();
+    for (int k = 0; k < NCLIENTS; k++) nwc_k_matvec(&kt, dx, NULL, dy, ds, s), cudaStreamSynchronize(s);
+    wall8[r] = nwc_bench_now() - t0;
+  }
+  double s50 = pctl(sv, iters, 0.5) * 1e6, s99 = pctl(sv, iters, 0.99) * 1e6;
+  double k50 = pctl(kv, iters, 0.5) * 1e6, k99 = pctl(kv, iters, 0.99) * 1e6;
+  double l8 = median(wall8, 64) * 1e6;
+  printf("{\"bench\":\"matvec\",\"rows\":%llu,\"cols\":%llu,\"socket_p50_us\":%.2f,\"socket_p99_us\":%.2f,"
+         "\"kernel_p50_us\":%.2f,\"kernel_p99_us\":%.2f,\"launches8_wall_us\":%.2f}\n",
+         (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, l8);
+  fprintf(stderr, "matvec %llux%llu: socket p50 %.1f us (p99 %.1f), bare kernel p50 %.1f us (p99 %.1f)\n",
+          (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99);
+  /* 8 clients at once vs one client's 8 in a row */
+  unsigned rounds = 200;
+  double *ser = malloc(rounds * sizeof *ser), *con = malloc(rounds * sizeof *con);
+  for (unsigned r = 0; r < rounds; r++) {
+    t0 = nwc_bench_now();
+    for (int k = 0; k < NCLIENTS; k++) nwc_client_matvec(c, "m", tn, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+    ser[r] = nwc_bench_now() - t0;
+  }
+  nwc_client_counters before, after;
+  nwc_client_stats(c, &before);
+  pthread_barrier_t go, done;
+  pthread_barrier_init(&go, NULL, NCLIENTS + 1), pthread_barrier_init(&done, NULL, NCLIENTS + 1);
+  pthread_t th[NCLIENTS];
+  client_ctx cc[NCLIENTS];
+  for (int k = 0; k < NCLIENTS; k++) {
+    cc[k] = (client_ctx){&go, &done, tn, x, rounds, 0};
+    pthread_create(&th[k], NULL, client_thread, &cc[k]);
+  }
+  for (unsigned r = 0; r < rounds; r++) {
+    pthread_barrier_wait(&go);
+    t0 = nwc_bench_now();
+    pthread_barrier_wait(&done);
+    con[r] = nwc_bench_now() - t0;
+  }
+  for (int k = 0; k < NCLIENTS; k++) pthread_join(th[k], NULL), rc |= cc[k].rc;
+  nwc_client_stats(c, &after);
+  double ser50 = median(ser, rounds) * 1e6, con50 = median(con, rounds) * 1e6;
+  printf("{\"bench\":\"clients\",\"clients\":%d,\"serial_p50_us\":%.2f,\"concurrent_p50_us\":%.2f,"
+         "\"batched_passes\":%llu,\"batched_columns\":%llu,\"launches8_wall_us\":%.2f,\"errors\":%d}\n",
+         NCLIENTS, ser50, con50, (unsigned long long)(after.batched_passes - before.batched_passes),
+         (unsigned long long)(after.batched_columns - before.batched_columns), l8, rc);
+  fprintf(stderr, "8 matvecs: one client in a row %.1f us, 8 clients at once %.1f us (%llu batched "
+          "passes, %llu columns), 8 bare launches %.1f us\n", ser50, con50,
+          (unsigned long long)(after.batched_passes - before.batched_passes),
+          (unsigned long long)(after.batched_columns - before.batched_columns), l8);
+  printf("{\"bench\":\"summary\",\"cold_vs_odirect\":%.3f,\"target_cold\":0.9,"
+         "\"bf16_time_over_nwcd_time\":%.3f,\"target_sooner\":1.3,\"warm_gbps\":%.2f,"
+         "\"target_warm_gbps\":40,\"socket_minus_kernel_p50_us\":%.2f,\"target_us\":15,"
+         "\"concurrent_over_serial\":%.3f,\"drop\":\"%s\"}\n",
+         (blob_bytes / med[1]) / (file_bytes / med[0]), med[3] / med[1], blob_bytes / med[2] / 1e9,
+         s50 - k50, con50 / ser50, drop_how);
+  fprintf(stderr, "summary: cold nwcd / O_DIRECT %.2f (>= 0.9); BF16 file time / nwcd time %.2f "
+          "(>= 1.3); warm %.1f GB/s (>= 40); socket - kernel p50 %.1f us (<= 15); 8 clients at "
+          "once / in a row %.2f (< 1); cache dropped by %s\n",
+          (blob_bytes / med[1]) / (file_bytes / med[0]), med[3] / med[1], blob_bytes / med[2] / 1e9,
+          s50 - k50, con50 / ser50, drop_how);
+  nwc_client_free(c);
+  kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+  nwc_k_tensor_free(&kt), nwc_tensor_release(&t);
+  cudaFree(dx), cudaFree(dy), cudaFree(ds), cudaStreamDestroy(s);
+  for (int i = 0; i < 4; i++) free(mats[i]);
+  for (size_t k = 0; k < nfiles; k++) free(files[k]);
+  free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(kv), free(ser), free(con);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  return rc ? 1 : 0;
+}
