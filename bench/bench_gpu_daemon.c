@@ -310,14 +310,29 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     for (int k = 0; k < NCLIENTS; k++) nwc_k_matvec(&kt, dx, NULL, dy, ds, s), cudaStreamSynchronize(s);
     wall8[r] = nwc_bench_now() - t0;
   }
+  /* the same through CUDA IPC: x and y stay in this process's device memory */
+  double *iv = malloc(iters * sizeof *iv);
+  cudaIpcMemHandle_t hx, hy;
+  nwc_client_cuda_buf bx = {.offset = 0, .bytes = K * 4}, by = {.offset = 0, .bytes = M * 4};
+  int ipc = cudaIpcGetMemHandle(&hx, dx) == cudaSuccess && cudaIpcGetMemHandle(&hy, dy) == cudaSuccess;
+  memcpy(bx.handle, &hx, 64), memcpy(by.handle, &hy, 64);
+  for (unsigned i = 0; ipc && i < iters + 20; i++) {
+    t0 = nwc_bench_now();
+    rc = nwc_client_matvec_cuda(c, "m", tn, NULL, 1.0f, &bx, K, 1, &by, 0, NULL);
+    if (i >= 20) iv[i - 20] = nwc_bench_now() - t0;
+    if (rc < 0) return fprintf(stderr, "matvec_cuda: %s\n", nwc_client_last_error()), 1;
+  }
+  double i50 = ipc ? pctl(iv, iters, 0.5) * 1e6 : -1;
   double s50 = pctl(sv, iters, 0.5) * 1e6, s99 = pctl(sv, iters, 0.99) * 1e6;
   double k50 = pctl(kv, iters, 0.5) * 1e6, k99 = pctl(kv, iters, 0.99) * 1e6;
   double l8 = median(wall8, 64) * 1e6;
   printf("{\"bench\":\"matvec\",\"rows\":%llu,\"cols\":%llu,\"socket_p50_us\":%.2f,\"socket_p99_us\":%.2f,"
-         "\"kernel_p50_us\":%.2f,\"kernel_p99_us\":%.2f,\"launches8_wall_us\":%.2f}\n",
-         (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, l8);
-  fprintf(stderr, "matvec %llux%llu: socket p50 %.1f us (p99 %.1f), bare kernel p50 %.1f us (p99 %.1f)\n",
-          (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99);
+         "\"kernel_p50_us\":%.2f,\"kernel_p99_us\":%.2f,\"launches8_wall_us\":%.2f,"
+         "\"ipc_p50_us\":%.2f}\n",
+         (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, l8, i50);
+  fprintf(stderr, "matvec %llux%llu: socket p50 %.1f us (p99 %.1f), bare kernel p50 %.1f us (p99 %.1f), "
+          "IPC (device x, y) p50 %.1f us\n",
+          (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, i50);
   /* 8 clients at once vs one client's 8 in a row */
   unsigned rounds = 200;
   double *ser = malloc(rounds * sizeof *ser), *con = malloc(rounds * sizeof *con);
@@ -370,7 +385,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   cudaFree(dx), cudaFree(dy), cudaFree(ds), cudaStreamDestroy(s);
   for (int i = 0; i < 4; i++) free(mats[i]);
   for (size_t k = 0; k < nfiles; k++) free(files[k]);
-  free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(kv), free(ser), free(con);
+  free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(kv), free(iv), free(ser), free(con);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

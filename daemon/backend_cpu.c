@@ -138,17 +138,42 @@ static const nwcd_backend cpu_backend = {.name = "cpu", .host_alloc = cpu_host_a
 
 #ifdef NWC_WITH_CUDA
 static nwcd_backend cuda_backend;
-static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES]; /* made at a device's first load; kept to exit */
+/* Staging rings per device: 8 of 32 MiB (256 MiB in all), so that eight loads stream at once
+ * (ops.c's load lanes); made at a device's first load, kept until exit. */
+#define RINGS 8
+static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES][RINGS];
+static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
 static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ring_free = PTHREAD_COND_INITIALIZER;
 
-/* dev_load: a device copy whose blob the loader streams through dev's ring (256 MiB). */
+/* A ring of dev for one load (waits while all are busy); -errno if it cannot be made. */
+static int ring_take(int dev, unsigned *k) {
+  pthread_mutex_lock(&rings_lock);
+  for (;;) {
+    for (*k = 0; *k < RINGS && ring_busy[dev][*k]; (*k)++) {
+    }
+    if (*k < RINGS) break;
+    pthread_cond_wait(&ring_free, &rings_lock);
+  }
+  int rc = rings[dev][*k] ? 0 : nwcd_gpu_ring_create(dev, 32u << 20, 0, &rings[dev][*k]);
+  ring_busy[dev][*k] = rc == 0;
+  pthread_mutex_unlock(&rings_lock);
+  return rc;
+}
+
+static void ring_give(int dev, unsigned k) {
+  pthread_mutex_lock(&rings_lock);
+  ring_busy[dev][k] = false;
+  pthread_cond_signal(&ring_free);
+  pthread_mutex_unlock(&rings_lock);
+}
+
+/* dev_load: a device copy whose blob the loader streams through one of dev's rings. */
 static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
                          nwcd_load_info *li) {
   *dcopy = NULL, *scale = NULL;
-  pthread_mutex_lock(&rings_lock);
-  int rc = rings[dev] ? 0 : nwcd_gpu_ring_create(dev, 0, 0, &rings[dev]);
-  nwcd_gpu_ring *g = rings[dev];
-  pthread_mutex_unlock(&rings_lock);
+  unsigned k;
+  int rc = ring_take(dev, &k);
   if (rc < 0) return rc;
   nwcd_blob_desc b = {.elem = ti->elem, .rows = ti->rows, .cols = ti->cols,
                       .nblocks = ti->nblocks, .length = ti->length, .off_bases = ti->off_bases,
@@ -156,10 +181,11 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
                       .off_scale = ti->off_scale};
   memcpy(b.psym, ti->psym, sizeof b.psym);
   void *blob = NULL;
-  NWC_TRY(nwcd_cuda_blob_alloc(&b, dev, dcopy, &blob));
-  if (ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
+  rc = nwcd_cuda_blob_alloc(&b, dev, dcopy, &blob);
+  if (rc == 0 && ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
     rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
-  if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, NULL, li);
+  if (rc == 0) rc = nwcd_load_to_device(rings[dev][k], ti, blob, NULL, li);
+  ring_give(dev, k);
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
   if (rc < 0) {
     nwcd_cuda_free(*dcopy), free(*scale);

@@ -22,7 +22,8 @@
 extern "C" {
 #endif
 
-/* The number of CUDA devices: 0 and *n >= 1, or -ENODEV (detail: why) when there are none. */
+/* The number of CUDA devices: 0 and *n >= 1, or -ENODEV (detail: why) when there are none.
+ * Sets every device to spin while waiting (cudaDeviceScheduleSpin): call before any other. */
 int nwcd_cuda_devices(int *n);
 /* Device memory of dev: free and total bytes (cudaMemGetInfo). */
 int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes);

@@ -222,6 +222,53 @@ static int op_remove(nwcd_job *j) {
   return 0;
 }
 
+/* Loads of a model onto a device run in NWCD_LOAD_LANES parallel lanes (the backend has as many
+ * staging rings per device), each lane taking the next tensor; the request's own worker is one
+ * of them and alone sends progress. */
+#define NWCD_LOAD_LANES 8
+
+typedef struct lanes_ctx {
+  nwcd *d;
+  const nwc_proto_req *r;
+  const nwc_tensor_info *ti;
+  size_t n;
+  unsigned flags;
+  pthread_t owner;
+  progress_ctx *pc;
+  pthread_mutex_t lock;
+  size_t next;
+  uint64_t done, total;
+  nwc_proto_result res;
+  int rc;
+  char msg[NWC_PROTO_MAX_MSG];
+} lanes_ctx;
+
+static void load_lane(void *ctx, uint64_t lane) {
+  (void)lane;
+  lanes_ctx *c = ctx;
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    size_t i = c->rc == 0 && c->next < c->n ? c->next++ : c->n;
+    pthread_mutex_unlock(&c->lock);
+    if (i == c->n) return;
+    nwcd_ref ref;
+    nwcd_load_info li;
+    int rc = nwcd_res_acquire(c->d->res, c->r->model, c->ti[i].name, c->flags, &ref, &li);
+    pthread_mutex_lock(&c->lock);
+    if (rc < 0 && c->rc == 0) {
+      c->rc = rc;
+      snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
+    } else if (rc == 0) {
+      c->res.tensors++, c->res.bytes += c->ti[i].length;
+      if (li.direct) c->res.direct++;
+      else c->res.buffered++;
+    }
+    c->done += c->ti[i].length;
+    if (pthread_equal(pthread_self(), c->owner)) send_progress(c->pc, c->done, c->total, false);
+    pthread_mutex_unlock(&c->lock);
+  }
+}
+
 /* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "";
  * load_on is load or pin onto the place it names. */
 static int op_residency(nwcd_job *j) {
@@ -259,14 +306,26 @@ static int op_residency(nwcd_job *j) {
   uint64_t t0 = nwcd_now_ns();
   progress_ctx pc = {j, 0};
   int rc = 0;
-  for (size_t i = 0; i < n && rc == 0; i++) {
+  unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
+  bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1 && d->backend->ndevices > 0 &&
+               loc != NWCD_LOC_CPU;
+  if (laned) {
+    lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
+                    .pc = &pc, .total = total};
+    pthread_mutex_init(&lc.lock, NULL);
+    nwcd_pool_parallel(d->pool, n < NWCD_LOAD_LANES ? n : NWCD_LOAD_LANES, load_lane, &lc);
+    pthread_mutex_destroy(&lc.lock);
+    res = lc.res, rc = lc.rc;
+    if (rc < 0) nwc__fail(rc, "%s", lc.msg);
+    else send_progress(&pc, total, total, true);
+  }
+  for (size_t i = 0; !laned && i < n && rc == 0; i++) {
     const char *tn = ti[i].name;
     if (op == NWC_OP_LOAD || op == NWC_OP_PIN) {
       nwcd_ref ref;
       nwcd_load_info li;
       load_progress lp = {&pc, done, total};
       nwcd_load_observe(on_load_progress, &lp);
-      unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
       rc = nwcd_res_acquire(d->res, r->model, tn, fl, &ref, &li);
       nwcd_load_observe(NULL, NULL);
       if (rc == 0) {
