@@ -8,11 +8,10 @@
  * parameters, so the memfd is waiting when the reply arrives.  The kept end is the mapping's
  * reference in the daemon: nwc_client_unmap closes it (as does this process's exit), and only
  * then may nwcd evict the tensor.  The memfd (kept open for the caller: nwc_client_map_info)
- * must be sealed against shrinking and writes (so
- * that nobody can truncate it under us or change the weights), is mapped PROT_READ MAP_SHARED,
- * and its blob header is checked against the parameters and the tensor validated
- * (nwc_store_blob_view), so the decoders never read outside the mapping whatever the daemon
- * sent.  A mapping is immutable once made: its compute calls share nothing and may run from
+ * must be sealed against shrinking and writes (so that nobody can truncate it under us or
+ * change the weights); it is mapped PROT_READ MAP_SHARED, and its blob header is checked
+ * against the parameters and the tensor validated (nwc_store_blob_view), so the decoders never
+ * read outside the mapping whatever the daemon sent.  A mapping is immutable once made: its compute calls share nothing and may run from
  * any number of threads at once, and it does not depend on the nwc_client it came from.
  */
 #include "client_internal.h"
