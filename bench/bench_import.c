@@ -6,11 +6,17 @@
  * (until the last progress report) and publishing (fsync, rename, the SQLite commit).  The
  * default thread counts are 1 and all online cores, to show the scaling.  The page cache is warm
  * after the first run (a first pass imports once untimed).
+ *
+ * `nwc-bench import --write-synth OUT.safetensors` writes the synthetic test file instead: 1.0 GiB
+ * of BF16 weights shaped like one transformer layer plus a large embedding (six tensors, the
+ * largest 512 MiB), each row normal with a log-normal scale, so that one tensor dominates.
  */
 #include "nwc_store.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +61,70 @@ static void rm_tree(const char *path) {
   rmdir(path);
 }
 
+/* ---- the synthetic file -------------------------------------------------------------------- */
+
+static uint64_t synth_rng = 0x243f6a8885a308d3ull;
+static inline uint64_t synth_next(void) { /* xorshift64 */
+  synth_rng ^= synth_rng << 13, synth_rng ^= synth_rng >> 7, synth_rng ^= synth_rng << 17;
+  return synth_rng;
+}
+/* About standard normal: the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled. */
+static inline float synth_normal(void) {
+  uint64_t r = synth_next();
+  unsigned s = (unsigned)(r & 0xffff) + (unsigned)((r >> 16) & 0xffff) +
+               (unsigned)((r >> 32) & 0xffff) + (unsigned)(r >> 48);
+  return ((float)s - 131070.0f) * (1.0f / 37837.0f); /* sd of the sum: 65536 * sqrt(4 / 12) */
+}
+
+static int write_synth(const char *path) {
+  static const struct { const char *name; uint64_t rows, cols; } t[] = {
+      {"embed_tokens.weight", 32768, 8192}, {"mlp.up_proj.weight", 28672, 4096},
+      {"mlp.down_proj.weight", 4096, 28672}, {"attn.qkv_proj.weight", 6144, 4096},
+      {"attn.o_proj.weight", 4096, 4096}, {"norm.weight", 1, 4096}};
+  const size_t n = sizeof t / sizeof t[0];
+  json_t *root = json_object();
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t bytes = t[i].rows * t[i].cols * 2;
+    json_t *e = json_pack("{s:s, s:[I, I], s:[I, I]}", "dtype", "BF16", "shape",
+                          (json_int_t)t[i].rows, (json_int_t)t[i].cols, "data_offsets",
+                          (json_int_t)off, (json_int_t)(off + bytes));
+    if (t[i].rows == 1) json_object_set_new(e, "shape", json_pack("[I]", (json_int_t)t[i].cols));
+    json_object_set_new(root, t[i].name, e);
+    off += bytes;
+  }
+  char *h = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  json_decref(root);
+  FILE *f = h ? fopen(path, "wb") : NULL;
+  if (!f) {
+    perror(path);
+    free(h);
+    return 1;
+  }
+  size_t hl = strlen(h), hp = (hl + 7) / 8 * 8;
+  uint64_t hp64 = hp;
+  int ok = fwrite(&hp64, 8, 1, f) == 1 && fwrite(h, 1, hl, f) == hl;
+  for (size_t k = hl; ok && k < hp; k++) ok = fputc(' ', f) != EOF;
+  free(h);
+  uint16_t *row = malloc(32768 * sizeof *row); /* the widest row */
+  for (size_t i = 0; ok && row && i < n; i++)
+    for (uint64_t r = 0; ok && r < t[i].rows; r++) {
+      float s = 0.02f * expf(0.5f * synth_normal());
+      for (uint64_t c = 0; c < t[i].cols; c++) row[c] = nwc_f32_to_bf16(s * synth_normal());
+      ok = fwrite(row, 2, t[i].cols, f) == t[i].cols;
+    }
+  free(row);
+  if (fclose(f) != 0 || !ok || !row) {
+    fprintf(stderr, "nwc-bench import: %s: write failed\n", path);
+    return 1;
+  }
+  return 0;
+}
+
 static void usage(void) {
   fputs("usage: nwc-bench import FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout N]\n"
-        "                        [--threads N[,N...]] [--store DIR]\n",
+        "                        [--threads N[,N...]] [--store DIR]\n"
+        "       nwc-bench import --write-synth OUT.safetensors\n",
         stderr);
 }
 
@@ -73,6 +140,8 @@ int nwc_bench_import(int argc, char **argv) {
       o.layout = (unsigned)atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads_arg = argv[++i];
+    } else if (!strcmp(argv[i], "--write-synth") && i + 1 < argc) {
+      return write_synth(argv[i + 1]);
     } else if (!strcmp(argv[i], "--store") && i + 1 < argc) {
       store_dir = argv[++i];
     } else if (argv[i][0] != '-' && !file) {

@@ -7,9 +7,17 @@
  * block, recording each lane's length and each block's offset as it goes.  Only a caller that asks
  * nwc_encode for the exact size first pays a third pass (plan_lengths).  The code of every input
  * byte is looked up in a 256-entry table (BF16: the high byte; fp8: the whole byte).
+ *
+ * Several threads (nwc__enc_*): the tensor is cut into bands of whole row blocks, which the
+ * threads take one at a time.  Each band counts its own symbols (so, once the codes are fixed,
+ * its own bound of the bytes it can take); band i writes its blocks at the sum of the bounds of
+ * bands 0..i-1, and the bands are then moved down, in order, to where they end up back to back,
+ * their bases shifted.  Block offsets are relative to the data start and blocks depend only on
+ * their own weights, so the output is byte for byte that of one thread.
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +33,8 @@ typedef struct plan {
   code codes[256];     /* by input byte (BF16: high byte) */
   uint8_t len[256];    /* codes[].len */
   uint8_t nib[256];    /* fp8: raw nibble by input byte */
+  unsigned sym_of[256]; /* fp8: symbol by input byte (NWC_FP8_SYMBOLS: NaN) */
+  uint8_t sym_len[128]; /* code length by symbol (fillers: 2) */
   uint64_t code_bits;  /* all codes of the tensor, fillers included */
   uint64_t data_bytes; /* set by plan_lengths */
 } plan;
@@ -42,20 +52,42 @@ static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
   }
 }
 
-static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
-  uint64_t freq[128] = {0};
+/* Adds the symbols of rows [r0, r1) to freq (128 counters for BF16, NWC_FP8_SYMBOLS for fp8);
+ * -EINVAL for an fp8 NaN (the detail's weight index counts from row r0). */
+static int count_rows(const plan *p, uint64_t r0, uint64_t r1, uint64_t *freq) {
+  uint64_t n = (r1 - r0) * p->g.K;
+  if (!p->w16) return nwc__fp8_count(p->w8 + r0 * p->g.K, n, p->g.K, p->sym_of, NWC_FP8_SYMBOLS, freq);
+  uint64_t f4[4][128] = {{0}}; /* four tables: runs of one exponent do not serialize */
+  const uint16_t *w = p->w16 + r0 * p->g.K;
+  uint64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (unsigned k = 0; k < 4; k++) f4[k][(w[i + k] >> 8) & 0x7f]++;
+  for (; i < n; i++) f4[0][(w[i] >> 8) & 0x7f]++;
+  for (unsigned s = 0; s < 128; s++) freq[s] += f4[0][s] + f4[1][s] + f4[2][s] + f4[3][s];
+  return 0;
+}
+
+/* Bits of the codes of rows [r0, r1) whose symbols freq counted, fillers included. */
+static uint64_t rows_code_bits(const plan *p, const uint64_t *freq, uint64_t r0, uint64_t r1) {
+  uint64_t bits = 2 * (r1 - r0) * (p->g.K16 - p->g.K);
+  for (unsigned s = 0; s < (p->w16 ? 128u : NWC_FP8_SYMBOLS); s++) bits += freq[s] * p->sym_len[s];
+  return bits;
+}
+
+/* The fp8 symbol and nibble of every byte (before counting). */
+static void plan_fp8_split(plan *p) {
+  for (unsigned b = 0; b < 256; b++) {
+    unsigned s = 0, nib = 0;
+    p->sym_of[b] = nwc__fp8_split((uint8_t)b, &s, &nib) < 0 ? NWC_FP8_SYMBOLS : s;
+    p->nib[b] = (uint8_t)nib;
+  }
+}
+
+/* Ranks the tensor's symbols (freq, all of its weights) into psym and the codes. */
+static void plan_codes(plan *p, const uint64_t *freq, uint8_t psym[16]) {
   unsigned order[128], rank_of[128];
-  const nwc__geom *g = &p->g;
-  uint64_t n = g->M * g->K;
   memset(psym, 0, NWC_RANKS);
   if (p->w16) {
-    uint64_t f4[4][128] = {{0}}; /* four tables: runs of one exponent do not serialize */
-    const uint16_t *w = p->w16;
-    uint64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-      for (unsigned k = 0; k < 4; k++) f4[k][(w[i + k] >> 8) & 0x7f]++;
-    for (; i < n; i++) f4[0][(w[i] >> 8) & 0x7f]++;
-    for (unsigned s = 0; s < 128; s++) freq[s] = f4[0][s] + f4[1][s] + f4[2][s] + f4[3][s];
     rank_symbols(freq, 128, order);
     for (unsigned r = 0; r < 128; r++) rank_of[order[r]] = r;
     for (unsigned r = 0; r < NWC_BF16_CODED_RANKS; r++) psym[r] = (uint8_t)order[r];
@@ -66,37 +98,38 @@ static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
       else
         p->codes[b] = (code){0x100u | b, 24}; /* 15 zeros, a one, the byte */
     }
-    for (unsigned sym = 0; sym < 128; sym++) p->code_bits += freq[sym] * p->codes[sym].len;
-    p->code_bits += 2 * g->M * (g->K16 - g->K); /* fillers */
-    if (freq_out) memcpy(freq_out, freq, 128 * sizeof *freq);
-    return 0;
+    for (unsigned sym = 0; sym < 128; sym++) p->sym_len[sym] = (uint8_t)p->codes[sym].len;
+  } else {
+    rank_symbols(freq, NWC_FP8_SYMBOLS, order);
+    for (unsigned r = 0; r < NWC_FP8_SYMBOLS; r++) {
+      rank_of[order[r]] = r;
+      psym[r] = nwc__fp8_sym_byte[order[r]];
+    }
+    for (unsigned b = 0; b < 256; b++) {
+      unsigned r = p->sym_of[b] < NWC_FP8_SYMBOLS ? rank_of[p->sym_of[b]] : 0; /* NaNs never reach here */
+      p->codes[b] = (code){2u | (b >> 7), r + 2};
+    }
+    for (unsigned sym = 0; sym < NWC_FP8_SYMBOLS; sym++) p->sym_len[sym] = (uint8_t)(rank_of[sym] + 2);
   }
-  unsigned sym_of[256];
-  for (unsigned b = 0; b < 256; b++) {
-    unsigned s = 0, nib = 0;
-    sym_of[b] = nwc__fp8_split((uint8_t)b, &s, &nib) < 0 ? NWC_FP8_SYMBOLS : s;
-    p->nib[b] = (uint8_t)nib;
-  }
-  NWC_TRY(nwc__fp8_count(p->w8, n, g->K, sym_of, NWC_FP8_SYMBOLS, freq));
-  rank_symbols(freq, NWC_FP8_SYMBOLS, order);
-  for (unsigned r = 0; r < NWC_FP8_SYMBOLS; r++) {
-    rank_of[order[r]] = r;
-    psym[r] = nwc__fp8_sym_byte[order[r]];
-  }
-  for (unsigned b = 0; b < 256; b++) {
-    unsigned r = sym_of[b] < NWC_FP8_SYMBOLS ? rank_of[sym_of[b]] : 0; /* NaNs never reach here */
-    p->codes[b] = (code){2u | (b >> 7), r + 2};
-  }
-  for (unsigned sym = 0; sym < NWC_FP8_SYMBOLS; sym++) p->code_bits += freq[sym] * (rank_of[sym] + 2);
-  p->code_bits += 2 * g->M * (g->K16 - g->K); /* fillers */
-  if (freq_out) memcpy(freq_out, freq, NWC_FP8_SYMBOLS * sizeof *freq);
+  p->code_bits = rows_code_bits(p, freq, 0, p->g.M);
+}
+
+static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
+  uint64_t freq[128] = {0};
+  if (!p->w16) plan_fp8_split(p);
+  NWC_TRY(count_rows(p, 0, p->g.M, freq));
+  plan_codes(p, freq, psym);
+  if (freq_out) memcpy(freq_out, freq, (p->w16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
   return 0;
 }
 
-/* Upper bound of data_bytes: the codes, plus at most 15 bits of padding per lane, 16 per block
- * to a whole word and 7 bytes of alignment per block, plus the slack. */
+/* Padding a block may add to its codes: at most 15 bits per lane, 16 to a whole word, 7 bytes of
+ * alignment. */
+#define BLOCK_PAD_BYTES (NWC_LANES * 2 + 2 + 7)
+
+/* Upper bound of data_bytes: the codes, the padding of every block, the slack. */
 static uint64_t plan_bound(const plan *p) {
-  return nwc__ceil_div(p->code_bits, 8) + p->g.nblocks * (NWC_LANES * 2 + 2 + 7) + NWC_DATA_SLACK;
+  return nwc__ceil_div(p->code_bits, 8) + p->g.nblocks * BLOCK_PAD_BYTES + NWC_DATA_SLACK;
 }
 
 /* The exact sizes without writing: sums code lengths per lane, fills hdr[] and bases[], sets
@@ -183,17 +216,18 @@ static inline void put_lane_row(bitw *w, const code *codes, const uint16_t *w16,
   for (unsigned j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
 }
 
-/* Writes every block's lane streams one after the other, filling hdr[] and bases[]; returns
- * data_bytes.  data must hold plan_bound(p) bytes. */
-static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+/* Writes the lane streams of blocks [b0, b1) one after the other from data, filling their hdr[]
+ * and bases[] (relative to data); returns the bytes written.  data must hold their bound. */
+static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, uint64_t *bases, uint8_t *hdr,
+                             uint8_t *data) {
   const nwc__geom *g = &p->g;
   /* Locals, not p->...: the byte stores below may alias anything behind a pointer. */
-  const uint64_t K = g->K, K16 = g->K16, M = g->M, cbs = g->col_blocks, nblocks = g->nblocks;
+  const uint64_t K = g->K, K16 = g->K16, M = g->M, cbs = g->col_blocks;
   const uint16_t *w16 = p->w16;
   const uint8_t *w8 = p->w8;
   const code *codes = p->codes;
   uint64_t off = 0;
-  for (uint64_t b = 0; b < nblocks; b++) {
+  for (uint64_t b = b0; b < b1; b++) {
     uint64_t rb = b / cbs, cb = b % cbs;
     uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < M ? r0 + NWC_BLOCK_ROWS : M;
     uint8_t *blk = data + off;
@@ -217,23 +251,32 @@ static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint
     memset(w.dst, 0, (size_t)(data + end - w.dst)); /* alignment padding */
     off = end;
   }
-  bases[nblocks] = off;
+  return off;
+}
+
+/* Every block's streams, bases[nblocks] and the slack; returns data_bytes.  data must hold
+ * plan_bound(p) bytes. */
+static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+  uint64_t off = write_blocks(p, 0, p->g.nblocks, bases, hdr, data);
+  bases[p->g.nblocks] = off;
   memset(data + off, 0, NWC_DATA_SLACK);
   return off + NWC_DATA_SLACK;
 }
 
-static void write_raw(const plan *p, uint8_t *raw) {
+/* The raw plane's rows [r0, r1). */
+static void write_raw(const plan *p, uint64_t r0, uint64_t r1, uint8_t *raw) {
   const nwc__geom *g = &p->g;
-  const uint64_t K = g->K;
-  memset(raw, 0, g->M * g->raw_stride);
-  for (uint64_t r = 0; r < g->M; r++) {
-    uint8_t *row = raw + r * g->raw_stride;
-    if (p->w16) { /* K in a local: byte stores may alias *g */
+  const uint64_t K = g->K, stride = g->raw_stride; /* locals: byte stores may alias *g */
+  for (uint64_t r = r0; r < r1; r++) {
+    uint8_t *row = raw + r * stride;
+    if (p->w16) {
       const uint16_t *src = p->w16 + r * K;
       for (uint64_t c = 0; c < K; c++) row[c] = (uint8_t)src[c];
+      memset(row + K, 0, stride - K);
     } else {
-      const uint8_t *src = p->w8 + r * g->K;
-      for (uint64_t c = 0; c < g->K; c++) {
+      const uint8_t *src = p->w8 + r * K;
+      memset(row, 0, stride);
+      for (uint64_t c = 0; c < K; c++) {
         unsigned j = (unsigned)(c % NWC_LANE_COLS);
         row[(c / NWC_LANE_COLS) * 8 + nwc__fp8_nib_byte(j)] |=
             (uint8_t)(p->nib[src[c]] << nwc__fp8_nib_shift(j));
@@ -274,7 +317,7 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
   if (rc == 0 && data) {
     NWC_RETURN_IF(!raw, -EINVAL, "nwc_encode: no raw plane");
     rc = (int64_t)write_streams(p, bases, hdr, data);
-    write_raw(p, raw);
+    write_raw(p, 0, p->g.M, raw);
   }
   free(p);
   return rc;
@@ -306,7 +349,7 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
       t->bases = bases;
       t->hdr = hdr;
       p->data_bytes = write_streams(p, bases, hdr, data);
-      write_raw(p, raw);
+      write_raw(p, 0, rows, raw);
       if (scale) {
         memcpy(raw + nwc__round_up(raw_bytes, 8), scale, scale_bytes);
         t->scale = (const float *)(raw + nwc__round_up(raw_bytes, 8));
@@ -330,6 +373,171 @@ void nwc_tensor_release(nwc_tensor *t) {
   if (!t) return;
   free(t->owned);
   memset(t, 0, sizeof *t);
+}
+
+/* ---- on several threads (store/internal.h) ---------------------------------------------------- */
+
+typedef struct band {
+  uint64_t rb0, rb1;   /* row blocks */
+  uint64_t freq[128];  /* symbols of its rows */
+  uint64_t at, bytes;  /* where its streams are written first, their length */
+  int err;
+} band;
+
+struct nwc__enc {
+  plan p;
+  unsigned threads;
+  uint64_t nbands;
+  band *band;
+  uint64_t bound;
+  nwc__enc_read_fn read; /* fills the band's rows of the input first, or NULL */
+  void *read_ctx;
+  uint64_t *bases;       /* the streams task's output arrays */
+  uint8_t *hdr, *data, *raw;
+};
+
+typedef struct team {
+  void (*fn)(void *ctx, uint64_t task);
+  void *ctx;
+  uint64_t ntasks, next; /* next: taken atomically */
+} team;
+
+static void *team_main(void *arg) {
+  team *t = arg;
+  for (uint64_t i; (i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED)) < t->ntasks;) t->fn(t->ctx, i);
+  return NULL;
+}
+
+void nwc__parallel_for(unsigned threads, uint64_t ntasks, void (*fn)(void *ctx, uint64_t task),
+                       void *ctx) {
+  team t = {fn, ctx, ntasks, 0};
+  pthread_t tid[NWC__MAX_THREADS];
+  unsigned n = 0;
+  if (threads > ntasks) threads = ntasks > 0 ? (unsigned)ntasks : 1;
+  if (threads > NWC__MAX_THREADS) threads = NWC__MAX_THREADS;
+  while (n + 1 < threads && pthread_create(&tid[n], NULL, team_main, &t) == 0) n++;
+  team_main(&t); /* a thread that could not start leaves its tasks to the others */
+  for (unsigned i = 0; i < n; i++) pthread_join(tid[i], NULL);
+}
+
+static void task_count(void *ctx, uint64_t i) {
+  nwc__enc *e = ctx;
+  band *b = &e->band[i];
+  uint64_t r0 = b->rb0 * NWC_BLOCK_ROWS, r1 = b->rb1 * NWC_BLOCK_ROWS;
+  if (r1 > e->p.g.M) r1 = e->p.g.M;
+  uint64_t row_bytes = e->p.g.K * (e->p.w16 ? 2 : 1);
+  const uint8_t *w = e->p.w16 ? (const uint8_t *)e->p.w16 : e->p.w8;
+  if (e->read) b->err = e->read(e->read_ctx, r0 * row_bytes, (r1 - r0) * row_bytes, (uint8_t *)w + r0 * row_bytes);
+  if (b->err == 0) b->err = count_rows(&e->p, r0, r1, b->freq);
+}
+
+static void task_streams(void *ctx, uint64_t i) {
+  nwc__enc *e = ctx;
+  band *b = &e->band[i];
+  uint64_t cbs = e->p.g.col_blocks;
+  b->bytes = write_blocks(&e->p, b->rb0 * cbs, b->rb1 * cbs, e->bases, e->hdr, e->data + b->at);
+}
+
+static void task_raw(void *ctx, uint64_t i) {
+  nwc__enc *e = ctx;
+  uint64_t r1 = e->band[i].rb1 * NWC_BLOCK_ROWS;
+  write_raw(&e->p, e->band[i].rb0 * NWC_BLOCK_ROWS, r1 < e->p.g.M ? r1 : e->p.g.M, e->raw);
+}
+
+/* Bands per thread (more than one, so that a thread that is descheduled delays little) and the
+ * fewest weights worth a band of their own. */
+#define BANDS_PER_THREAD 4
+#define BAND_MIN_WEIGHTS (UINT64_C(1) << 18)
+
+int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, unsigned threads,
+                   nwc__enc_read_fn read, void *read_ctx, uint64_t *freq, uint8_t psym[16],
+                   nwc__enc **out) {
+  NWC_RETURN_IF(!out || !psym, -EINVAL, "nwc__enc_begin: missing argument");
+  *out = NULL;
+  NWC_RETURN_IF(NWC_ELEM_LAYOUT(elem) != 0, -ENOTSUP, "nwc__enc_begin: layout 0 only");
+  NWC_TRY(nwc__encode_args(w, rows * cols, cols));
+  nwc__enc *e = calloc(1, sizeof *e);
+  if (!e) return -ENOMEM;
+  int rc = nwc__geom_init(&e->p.g, rows, cols, elem);
+  const nwc__geom *g = &e->p.g;
+  uint64_t nb = threads > 1 ? (uint64_t)threads * BANDS_PER_THREAD : 1;
+  if (rc == 0) {
+    if (nb > rows * cols / BAND_MIN_WEIGHTS) nb = rows * cols / BAND_MIN_WEIGHTS;
+    if (nb > g->row_blocks) nb = g->row_blocks;
+    if (nb == 0) nb = 1;
+    e->band = calloc(nb, sizeof *e->band);
+    if (!e->band) rc = -ENOMEM;
+  }
+  if (rc < 0) {
+    nwc__enc_free(e);
+    return rc;
+  }
+  if (g->type == NWC_ELEM_BF16)
+    e->p.w16 = w;
+  else
+    e->p.w8 = w, plan_fp8_split(&e->p);
+  e->threads = threads ? threads : 1;
+  e->nbands = nb;
+  e->read = read;
+  e->read_ctx = read_ctx;
+  for (uint64_t i = 0; i < nb; i++) {
+    e->band[i].rb0 = g->row_blocks * i / nb;
+    e->band[i].rb1 = g->row_blocks * (i + 1) / nb;
+  }
+  nwc__parallel_for(e->threads, nb, task_count, e);
+  uint64_t total[128] = {0};
+  for (uint64_t i = 0; i < nb; i++) {
+    if (e->band[i].err && !rc) rc = e->band[i].err;
+    for (unsigned s = 0; s < 128; s++) total[s] += e->band[i].freq[s];
+  }
+  if (rc == -EINVAL && e->p.w8) { /* an fp8 NaN: name it on this thread, counting from row 0 */
+    memset(total, 0, sizeof total);
+    rc = count_rows(&e->p, 0, rows, total);
+  }
+  if (rc < 0) {
+    nwc__enc_free(e);
+    return rc;
+  }
+  plan_codes(&e->p, total, psym);
+  for (uint64_t i = 0; i < nb; i++) {
+    band *b = &e->band[i];
+    uint64_t r1 = b->rb1 * NWC_BLOCK_ROWS < rows ? b->rb1 * NWC_BLOCK_ROWS : rows;
+    b->at = e->bound;
+    e->bound += nwc__ceil_div(rows_code_bits(&e->p, b->freq, b->rb0 * NWC_BLOCK_ROWS, r1), 8) +
+                (b->rb1 - b->rb0) * g->col_blocks * BLOCK_PAD_BYTES;
+  }
+  e->bound += NWC_DATA_SLACK;
+  if (freq) memcpy(freq, total, (e->p.w16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
+  *out = e;
+  return 0;
+}
+
+uint64_t nwc__enc_bound(const nwc__enc *e) { return e->bound; }
+
+uint64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+  e->bases = bases, e->hdr = hdr, e->data = data;
+  nwc__parallel_for(e->threads, e->nbands, task_streams, e);
+  uint64_t off = 0, cbs = e->p.g.col_blocks;
+  for (uint64_t i = 0; i < e->nbands; i++) { /* down to their places, in order: never overlaps */
+    band *b = &e->band[i];
+    if (b->at != off) memmove(data + off, data + b->at, b->bytes);
+    for (uint64_t k = b->rb0 * cbs; off && k < b->rb1 * cbs; k++) bases[k] += off;
+    off += b->bytes;
+  }
+  bases[e->p.g.nblocks] = off;
+  memset(data + off, 0, NWC_DATA_SLACK);
+  return off + NWC_DATA_SLACK;
+}
+
+void nwc__enc_raw(nwc__enc *e, uint8_t *raw) {
+  e->raw = raw;
+  nwc__parallel_for(e->threads, e->nbands, task_raw, e);
+}
+
+void nwc__enc_free(nwc__enc *e) {
+  if (!e) return;
+  free(e->band);
+  free(e);
 }
 
 /* ---- shared with layouts 1 and 2 (store/internal.h, store/layouts.h) ------------------------ */

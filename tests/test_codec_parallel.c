@@ -1,0 +1,163 @@
+/*
+ * test_codec_parallel.c - the layout-0 encoder on several threads (nwc__enc_*, store/encode.c)
+ * writes byte for byte what the one-thread encoder (nwc_tensor_encode) writes: psym, bases, hdr,
+ * data and raw plane, on random shapes (some cut into many bands), BF16 and fp8 inputs of every
+ * generator, 1..8 threads; the histogram equals nwc_encode's; every tensor decodes to its input.
+ * The read callback is asked for each input byte exactly once before any is used; an fp8 NaN in
+ * a late band is named by its row and column as by one thread; a read error comes back as it is.
+ */
+#include "codec_util.h"
+#include "internal.h"
+
+typedef struct reader {
+  const uint8_t *src;
+  uint8_t *seen; /* times each byte was asked for */
+  uint64_t len;
+  int fail;      /* return this from the first call at an offset past len / 2 */
+} reader;
+
+static int read_cb(void *ctx, uint64_t off, uint64_t len, void *dst) {
+  reader *r = ctx;
+  if (r->fail && off + len > r->len / 2) return r->fail;
+  if (off > r->len || len > r->len - off) return -ERANGE;
+  memcpy(dst, r->src + off, len);
+  for (uint64_t i = off; i < off + len; i++) r->seen[i]++; /* bands are disjoint: no race */
+  return 0;
+}
+
+/* Encodes w (rows x cols, elem) on `threads` threads into fresh arrays and compares them with
+ * want (nwc_tensor_encode's output); with_read: the input arrives through read_cb. */
+static void check_one(const void *w, uint64_t rows, uint64_t cols, unsigned elem, unsigned threads,
+                      int with_read, const nwc_tensor *want, const char *what) {
+  unsigned type = NWC_ELEM_TYPE(elem);
+  uint64_t ibytes = rows * cols * (type == NWC_ELEM_BF16 ? 2 : 1);
+  uint8_t *in = (uint8_t *)w;
+  reader r = {w, NULL, ibytes, 0};
+  if (with_read) {
+    in = cu_malloc(ibytes);
+    memset(in, 0xa5, ibytes);
+    r.seen = calloc(ibytes, 1);
+  }
+  uint8_t psym[16];
+  uint64_t freq[128] = {0}, want_freq[128] = {0};
+  nwc__enc *e = NULL;
+  int rc = nwc__enc_begin(in, rows, cols, elem, threads, with_read ? read_cb : NULL, &r, freq,
+                          psym, &e);
+  CHECK(rc == 0, "%s, %u threads: nwc__enc_begin: %d (%s)", what, threads, rc, nwc_error_detail());
+  if (rc == 0) {
+    uint64_t lay[4];
+    CHECK_RC(nwc_layout(rows, cols, elem, lay));
+    uint64_t nb = lay[NWC_LAYOUT_BLOCKS], bound = nwc__enc_bound(e);
+    uint64_t *bases = cu_malloc((nb + 1) * 8);
+    uint8_t *hdr = cu_malloc(nb * NWC_LANES), *data = cu_malloc(bound);
+    uint8_t *raw = cu_malloc(lay[NWC_LAYOUT_RAW_BYTES]);
+    memset(data, 0x5a, bound); /* garbage where the bands land first */
+    memset(raw, 0x5a, lay[NWC_LAYOUT_RAW_BYTES]);
+    uint64_t db = nwc__enc_streams(e, bases, hdr, data);
+    nwc__enc_raw(e, raw);
+    uint64_t *qbases = cu_malloc((nb + 1) * 8);
+    uint8_t *qhdr = cu_malloc(nb * NWC_LANES), qpsym[16];
+    int64_t q = nwc_encode(w, rows * cols, cols, elem, want_freq, qpsym, qbases, qhdr, NULL, 0,
+                           NULL); /* a size query: the histogram and the exact data_bytes */
+    free(qbases);
+    free(qhdr);
+    CHECK(q == (int64_t)db, "%s, %u threads: data_bytes %llu, nwc_encode says %lld", what,
+          threads, (unsigned long long)db, (long long)q);
+    CHECK(!memcmp(freq, want_freq, sizeof freq), "%s, %u threads: histogram differs", what, threads);
+    CHECK(!memcmp(psym, want->psym, 16), "%s, %u threads: psym differs", what, threads);
+    CHECK(db == want->data_bytes && !memcmp(data, want->data, db), "%s, %u threads: data differs",
+          what, threads);
+    CHECK(!memcmp(bases, want->bases, (nb + 1) * 8), "%s, %u threads: bases differ", what, threads);
+    CHECK(!memcmp(hdr, want->hdr, nb * NWC_LANES), "%s, %u threads: hdr differs", what, threads);
+    CHECK(!memcmp(raw, want->raw, want->raw_bytes), "%s, %u threads: raw plane differs", what,
+          threads);
+    free(bases);
+    free(hdr);
+    free(data);
+    free(raw);
+  }
+  nwc__enc_free(e);
+  if (with_read) {
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < ibytes; i++) bad += r.seen[i] != 1;
+    CHECK(bad == 0, "%s, %u threads: %llu input bytes not read exactly once", what, threads,
+          (unsigned long long)bad);
+    free(r.seen);
+    free(in);
+  }
+}
+
+static void check_shape(uint64_t rows, uint64_t cols, unsigned type, int dist, unsigned max_threads) {
+  uint64_t n = rows * cols;
+  void *w = cu_malloc(n * 2);
+  char what[96];
+  if (type == NWC_ELEM_BF16) {
+    cu_gen_bf16(w, rows, cols, dist);
+    snprintf(what, sizeof what, "bf16 %s %llux%llu", cu_dist_name[dist], (unsigned long long)rows,
+             (unsigned long long)cols);
+  } else {
+    cu_gen_fp8(w, rows, cols, dist & 1);
+    snprintf(what, sizeof what, "fp8 %s %llux%llu", dist & 1 ? "quantized" : "uniform",
+             (unsigned long long)rows, (unsigned long long)cols);
+  }
+  nwc_tensor want;
+  CHECK_RC(nwc_tensor_encode(w, rows, cols, NWC_ELEM(type, 0), NULL, &want));
+  uint16_t *expect = cu_expected(w, rows, cols, type, want.psym[0]);
+  cu_check_dequant(&want, expect, what);
+  free(expect);
+  for (unsigned t = 1; t <= max_threads; t++)
+    check_one(w, rows, cols, NWC_ELEM(type, 0), t, t % 2 == 0, &want, what);
+  nwc_tensor_release(&want);
+  free(w);
+}
+
+/* An fp8 NaN in the last band: the same error and detail as nwc_tensor_encode gives. */
+static void check_fp8_nan(void) {
+  uint64_t rows = 1000, cols = 1100, n = rows * cols, at = n - 1 - test_below(cols * 8);
+  uint8_t *w = cu_malloc(n);
+  cu_gen_fp8(w, rows, cols, 0);
+  w[at] = test_below(2) ? 0x7f : 0xff;
+  nwc_tensor t;
+  int want = nwc_tensor_encode(w, rows, cols, NWC_ELEM_FP8, NULL, &t);
+  char want_detail[256];
+  snprintf(want_detail, sizeof want_detail, "%s", nwc_error_detail());
+  uint8_t psym[16];
+  nwc__enc *e = NULL;
+  int rc = nwc__enc_begin(w, rows, cols, NWC_ELEM_FP8, 4, NULL, NULL, NULL, psym, &e);
+  CHECK(want == -EINVAL && rc == want && !e, "fp8 NaN: %d and %d", want, rc);
+  CHECK(!strcmp(want_detail, nwc_error_detail()), "fp8 NaN: '%s', want '%s'", nwc_error_detail(),
+        want_detail);
+  free(w);
+}
+
+/* A failing read: its status, nothing to free. */
+static void check_read_error(void) {
+  uint64_t rows = 800, cols = 1024, n = rows * cols;
+  uint16_t *w = cu_malloc(n * 2), *in = cu_malloc(n * 2);
+  cu_gen_bf16(w, rows, cols, CU_NORMAL);
+  reader r = {(const uint8_t *)w, calloc(n * 2, 1), n * 2, -EIO};
+  uint8_t psym[16];
+  nwc__enc *e = NULL;
+  int rc = nwc__enc_begin(in, rows, cols, NWC_ELEM_BF16, 3, read_cb, &r, NULL, psym, &e);
+  CHECK(rc == -EIO && !e, "read error: %d", rc);
+  free(r.seen);
+  free(w);
+  free(in);
+}
+
+int main(void) {
+  test_seed("test_codec_parallel");
+  /* Fixed shapes: one band, many bands, a ragged last row block and column block. */
+  static const uint64_t fixed[][2] = {{1, 1}, {7, 13}, {8, 512}, {1000, 4100}, {2049, 1536}, {4097, 77}};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+    for (unsigned type = 0; type < 2; type++)
+      check_shape(fixed[i][0], fixed[i][1], type, (int)test_below(type ? 2 : CU_NDIST), 8);
+  for (int k = 0; k < 12; k++) {
+    uint64_t rows = 1 + test_below(2500), cols = 1 + test_below(k % 3 ? 1500 : 5000);
+    unsigned type = (unsigned)test_below(2);
+    check_shape(rows, cols, type, (int)test_below(type ? 2 : CU_NDIST), 1 + (unsigned)test_below(8));
+  }
+  check_fp8_nan();
+  check_read_error();
+  return test_exit("test_codec_parallel");
+}
