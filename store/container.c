@@ -129,7 +129,7 @@ void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *
   for (int i = 0; i < 5; i++) {
     if (!len[i] && i == 4) break;
     memset(blob + at, 0, off[i] - at);
-    memcpy(blob + off[i], src[i], len[i]);
+    if (src[i] != blob + off[i]) memcpy(blob + off[i], src[i], len[i]); /* else encoded in place */
     at = off[i] + len[i];
   }
   memset(blob + at, 0, L->length - at);

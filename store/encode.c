@@ -28,8 +28,8 @@ typedef struct code {
 
 typedef struct plan {
   nwc__geom g;
-  const uint8_t *w8;   /* fp8 input */
-  const uint16_t *w16; /* BF16 input */
+  const void *w;       /* the input: uint16_t BF16 or uint8_t fp8 (NULL: read band by band) */
+  int bf16;            /* g.type == NWC_ELEM_BF16 */
   code codes[256];     /* by input byte (BF16: high byte) */
   uint8_t len[256];    /* codes[].len */
   uint8_t nib[256];    /* fp8: raw nibble by input byte */
@@ -38,6 +38,12 @@ typedef struct plan {
   uint64_t code_bits;  /* all codes of the tensor, fillers included */
   uint64_t data_bytes; /* set by plan_lengths */
 } plan;
+
+/* The error for an fp8 NaN at weight i of rows of K weights. */
+static int fp8_nan(uint64_t i, uint64_t K) {
+  return nwc__fail(-EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN", (unsigned long long)i,
+                   (unsigned long long)(i / K), (unsigned long long)(i % K));
+}
 
 /* Ranks symbols by descending count, ties by ascending symbol; writes order[0..nsym). */
 static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
@@ -52,13 +58,13 @@ static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
   }
 }
 
-/* Adds the symbols of rows [r0, r1) to freq (128 counters for BF16, NWC_FP8_SYMBOLS for fp8);
- * -EINVAL for an fp8 NaN (the detail's weight index counts from row r0). */
-static int count_rows(const plan *p, uint64_t r0, uint64_t r1, uint64_t *freq) {
-  uint64_t n = (r1 - r0) * p->g.K;
-  if (!p->w16) return nwc__fp8_count(p->w8 + r0 * p->g.K, n, p->g.K, p->sym_of, NWC_FP8_SYMBOLS, freq);
+/* Adds the symbols of `rows` rows at src to freq (128 counters for BF16, NWC_FP8_SYMBOLS for
+ * fp8); -EINVAL for an fp8 NaN (the detail's weight index counts from src). */
+static int count_rows(const plan *p, const void *src, uint64_t rows, uint64_t *freq) {
+  uint64_t n = rows * p->g.K;
+  if (!p->bf16) return nwc__fp8_count(src, n, p->g.K, p->sym_of, NWC_FP8_SYMBOLS, freq);
   uint64_t f4[4][128] = {{0}}; /* four tables: runs of one exponent do not serialize */
-  const uint16_t *w = p->w16 + r0 * p->g.K;
+  const uint16_t *w = src;
   uint64_t i = 0;
   for (; i + 4 <= n; i += 4)
     for (unsigned k = 0; k < 4; k++) f4[k][(w[i + k] >> 8) & 0x7f]++;
@@ -70,7 +76,7 @@ static int count_rows(const plan *p, uint64_t r0, uint64_t r1, uint64_t *freq) {
 /* Bits of the codes of rows [r0, r1) whose symbols freq counted, fillers included. */
 static uint64_t rows_code_bits(const plan *p, const uint64_t *freq, uint64_t r0, uint64_t r1) {
   uint64_t bits = 2 * (r1 - r0) * (p->g.K16 - p->g.K);
-  for (unsigned s = 0; s < (p->w16 ? 128u : NWC_FP8_SYMBOLS); s++) bits += freq[s] * p->sym_len[s];
+  for (unsigned s = 0; s < (p->bf16 ? 128u : NWC_FP8_SYMBOLS); s++) bits += freq[s] * p->sym_len[s];
   return bits;
 }
 
@@ -87,7 +93,7 @@ static void plan_fp8_split(plan *p) {
 static void plan_codes(plan *p, const uint64_t *freq, uint8_t psym[16]) {
   unsigned order[128], rank_of[128];
   memset(psym, 0, NWC_RANKS);
-  if (p->w16) {
+  if (p->bf16) {
     rank_symbols(freq, 128, order);
     for (unsigned r = 0; r < 128; r++) rank_of[order[r]] = r;
     for (unsigned r = 0; r < NWC_BF16_CODED_RANKS; r++) psym[r] = (uint8_t)order[r];
@@ -116,10 +122,10 @@ static void plan_codes(plan *p, const uint64_t *freq, uint8_t psym[16]) {
 
 static int plan_symbols(plan *p, uint64_t *freq_out, uint8_t psym[16]) {
   uint64_t freq[128] = {0};
-  if (!p->w16) plan_fp8_split(p);
-  NWC_TRY(count_rows(p, 0, p->g.M, freq));
+  if (!p->bf16) plan_fp8_split(p);
+  NWC_TRY(count_rows(p, p->w, p->g.M, freq));
   plan_codes(p, freq, psym);
-  if (freq_out) memcpy(freq_out, freq, (p->w16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
+  if (freq_out) memcpy(freq_out, freq, (p->bf16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
   return 0;
 }
 
@@ -147,10 +153,10 @@ static int plan_lengths(plan *p, uint64_t *bases, uint8_t *hdr) {
     for (uint64_t r = r0; r < r1; r++) /* per lane: a sum in a register, one store */
       for (uint64_t c0 = 0; c0 < g->K; c0 += NWC_LANE_COLS) {
         unsigned n = g->K - c0 < NWC_LANE_COLS ? (unsigned)(g->K - c0) : NWC_LANE_COLS, sum = 0;
-        if (p->w16)
-          for (unsigned j = 0; j < n; j++) sum += p->len[p->w16[r * g->K + c0 + j] >> 8];
+        if (p->bf16)
+          for (unsigned j = 0; j < n; j++) sum += p->len[((const uint16_t *)p->w)[r * g->K + c0 + j] >> 8];
         else
-          for (unsigned j = 0; j < n; j++) sum += p->len[p->w8[r * g->K + c0 + j]];
+          for (unsigned j = 0; j < n; j++) sum += p->len[((const uint8_t *)p->w)[r * g->K + c0 + j]];
         bits[c0 / NWC_LANE_COLS] += sum;
       }
     for (uint64_t l = 0; l < lanes_per_band; l++) {
@@ -216,17 +222,17 @@ static inline void put_lane_row(bitw *w, const code *codes, const uint16_t *w16,
   for (unsigned j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
 }
 
-/* Writes the lane streams of blocks [b0, b1) one after the other from data, filling their hdr[]
- * and bases[] (relative to data); returns the bytes written.  data must hold their bound. */
-static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, uint64_t *bases, uint8_t *hdr,
-                             uint8_t *data) {
+/* Writes the lane streams of blocks [b0, b1) one after the other from data + off, filling their
+ * hdr[] and bases[] (relative to data) from the weights at src (row row0 on); returns the offset
+ * after them.  data must hold their bound. */
+static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, const void *src, uint64_t row0,
+                             uint64_t off, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
   const nwc__geom *g = &p->g;
   /* Locals, not p->...: the byte stores below may alias anything behind a pointer. */
   const uint64_t K = g->K, K16 = g->K16, M = g->M, cbs = g->col_blocks;
-  const uint16_t *w16 = p->w16;
-  const uint8_t *w8 = p->w8;
+  const uint16_t *w16 = p->bf16 ? src : NULL;
+  const uint8_t *w8 = p->bf16 ? NULL : src;
   const code *codes = p->codes;
-  uint64_t off = 0;
   for (uint64_t b = b0; b < b1; b++) {
     uint64_t rb = b / cbs, cb = b % cbs;
     uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < M ? r0 + NWC_BLOCK_ROWS : M;
@@ -239,9 +245,9 @@ static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, uint64_t *
       unsigned n = c0 >= K ? 0 : K - c0 < NWC_LANE_COLS ? (unsigned)(K - c0) : NWC_LANE_COLS;
       for (uint64_t r = r0; r < r1 && c0 < K16; r++) {
         if (w16)
-          put_lane_row(&w, codes, w16 + r * K + c0, NULL, n);
+          put_lane_row(&w, codes, w16 + (r - row0) * K + c0, NULL, n);
         else
-          put_lane_row(&w, codes, NULL, w8 + r * K + c0, n);
+          put_lane_row(&w, codes, NULL, w8 + (r - row0) * K + c0, n);
       }
       bitw_pad(&w, NWC_UNIT_BITS);
       hdr[b * NWC_LANES + l] = (uint8_t)(((uint64_t)(w.dst - blk) * 8 + w.n - start) / NWC_UNIT_BITS);
@@ -257,24 +263,24 @@ static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, uint64_t *
 /* Every block's streams, bases[nblocks] and the slack; returns data_bytes.  data must hold
  * plan_bound(p) bytes. */
 static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
-  uint64_t off = write_blocks(p, 0, p->g.nblocks, bases, hdr, data);
+  uint64_t off = write_blocks(p, 0, p->g.nblocks, p->w, 0, 0, bases, hdr, data);
   bases[p->g.nblocks] = off;
   memset(data + off, 0, NWC_DATA_SLACK);
   return off + NWC_DATA_SLACK;
 }
 
-/* The raw plane's rows [r0, r1). */
-static void write_raw(const plan *p, uint64_t r0, uint64_t r1, uint8_t *raw) {
+/* The raw plane's rows [r0, r1) from the weights at w (row r0 on). */
+static void write_raw(const plan *p, const void *w, uint64_t r0, uint64_t r1, uint8_t *raw) {
   const nwc__geom *g = &p->g;
   const uint64_t K = g->K, stride = g->raw_stride; /* locals: byte stores may alias *g */
   for (uint64_t r = r0; r < r1; r++) {
     uint8_t *row = raw + r * stride;
-    if (p->w16) {
-      const uint16_t *src = p->w16 + r * K;
+    if (p->bf16) {
+      const uint16_t *src = (const uint16_t *)w + (r - r0) * K;
       for (uint64_t c = 0; c < K; c++) row[c] = (uint8_t)src[c];
       memset(row + K, 0, stride - K);
     } else {
-      const uint8_t *src = p->w8 + r * K;
+      const uint8_t *src = (const uint8_t *)w + (r - r0) * K;
       memset(row, 0, stride);
       for (uint64_t c = 0; c < K; c++) {
         unsigned j = (unsigned)(c % NWC_LANE_COLS);
@@ -290,10 +296,8 @@ static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned el
   NWC_TRY(nwc__encode_args(w, n, K));
   memset(p, 0, sizeof *p);
   NWC_TRY(nwc__geom_init(&p->g, n / K, K, elem));
-  if (p->g.type == NWC_ELEM_BF16)
-    p->w16 = w;
-  else
-    p->w8 = w;
+  p->w = w;
+  p->bf16 = p->g.type == NWC_ELEM_BF16;
   return plan_symbols(p, freq, psym);
 }
 
@@ -317,7 +321,7 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
   if (rc == 0 && data) {
     NWC_RETURN_IF(!raw, -EINVAL, "nwc_encode: no raw plane");
     rc = (int64_t)write_streams(p, bases, hdr, data);
-    write_raw(p, 0, p->g.M, raw);
+    write_raw(p, p->w, 0, p->g.M, raw);
   }
   free(p);
   return rc;
@@ -349,7 +353,7 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
       t->bases = bases;
       t->hdr = hdr;
       p->data_bytes = write_streams(p, bases, hdr, data);
-      write_raw(p, 0, rows, raw);
+      write_raw(p, p->w, 0, rows, raw);
       if (scale) {
         memcpy(raw + nwc__round_up(raw_bytes, 8), scale, scale_bytes);
         t->scale = (const float *)(raw + nwc__round_up(raw_bytes, 8));
@@ -381,6 +385,7 @@ typedef struct band {
   uint64_t rb0, rb1;   /* row blocks */
   uint64_t freq[128];  /* symbols of its rows */
   uint64_t at, bytes;  /* where its streams are written first, their length */
+  uint64_t nan_at;     /* err -EINVAL: the weight that is an fp8 NaN */
   int err;
 } band;
 
@@ -390,27 +395,32 @@ struct nwc__enc {
   uint64_t nbands;
   band *band;
   uint64_t bound;
-  nwc__enc_read_fn read; /* fills the band's rows of the input first, or NULL */
+  nwc__enc_read_fn read; /* the input comes from it, a piece at a time, or is p.w */
   void *read_ctx;
+  uint64_t piece_rbs;    /* row blocks per piece read */
+  uint8_t **buf;         /* a piece buffer per thread (read only) */
   uint64_t *bases;       /* the streams task's output arrays */
   uint8_t *hdr, *data, *raw;
 };
 
 typedef struct team {
-  void (*fn)(void *ctx, uint64_t task);
+  void (*fn)(void *ctx, uint64_t task, unsigned thread);
   void *ctx;
   uint64_t ntasks, next; /* next: taken atomically */
+  unsigned nthreads;     /* handed out atomically */
 } team;
 
 static void *team_main(void *arg) {
   team *t = arg;
-  for (uint64_t i; (i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED)) < t->ntasks;) t->fn(t->ctx, i);
+  unsigned me = __atomic_fetch_add(&t->nthreads, 1, __ATOMIC_RELAXED);
+  for (uint64_t i; (i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED)) < t->ntasks;)
+    t->fn(t->ctx, i, me);
   return NULL;
 }
 
-void nwc__parallel_for(unsigned threads, uint64_t ntasks, void (*fn)(void *ctx, uint64_t task),
-                       void *ctx) {
-  team t = {fn, ctx, ntasks, 0};
+void nwc__parallel_for(unsigned threads, uint64_t ntasks,
+                       void (*fn)(void *ctx, uint64_t task, unsigned thread), void *ctx) {
+  team t = {fn, ctx, ntasks, 0, 0};
   pthread_t tid[NWC__MAX_THREADS];
   unsigned n = 0;
   if (threads > ntasks) threads = ntasks > 0 ? (unsigned)ntasks : 1;
@@ -420,34 +430,90 @@ void nwc__parallel_for(unsigned threads, uint64_t ntasks, void (*fn)(void *ctx, 
   for (unsigned i = 0; i < n; i++) pthread_join(tid[i], NULL);
 }
 
-static void task_count(void *ctx, uint64_t i) {
+/* The rows of row blocks [rb, rb + n) clipped to M: their first row, their count. */
+static uint64_t piece_rows(const plan *p, uint64_t rb, uint64_t n, uint64_t *r0) {
+  uint64_t r1 = (rb + n) * NWC_BLOCK_ROWS;
+  *r0 = rb * NWC_BLOCK_ROWS;
+  return (r1 < p->g.M ? r1 : p->g.M) - *r0;
+}
+
+/* The weights of row blocks [rb, rb + n): p.w's, or read into the thread's buffer. */
+static int piece(nwc__enc *e, unsigned thread, uint64_t rb, uint64_t n, const void **src) {
+  uint64_t r0, rows = piece_rows(&e->p, rb, n, &r0), row_bytes = e->p.g.K * (e->p.bf16 ? 2 : 1);
+  if (!e->read) {
+    *src = (const uint8_t *)e->p.w + r0 * row_bytes;
+    return 0;
+  }
+  *src = e->buf[thread];
+  return e->read(e->read_ctx, r0 * row_bytes, rows * row_bytes, e->buf[thread]);
+}
+
+/* Row blocks of the piece of band b that starts at row block rb. */
+static uint64_t piece_len(const nwc__enc *e, const band *b, uint64_t rb) {
+  return b->rb1 - rb < e->piece_rbs ? b->rb1 - rb : e->piece_rbs;
+}
+
+static void task_count(void *ctx, uint64_t i, unsigned thread) {
   nwc__enc *e = ctx;
   band *b = &e->band[i];
-  uint64_t r0 = b->rb0 * NWC_BLOCK_ROWS, r1 = b->rb1 * NWC_BLOCK_ROWS;
-  if (r1 > e->p.g.M) r1 = e->p.g.M;
-  uint64_t row_bytes = e->p.g.K * (e->p.w16 ? 2 : 1);
-  const uint8_t *w = e->p.w16 ? (const uint8_t *)e->p.w16 : e->p.w8;
-  if (e->read) b->err = e->read(e->read_ctx, r0 * row_bytes, (r1 - r0) * row_bytes, (uint8_t *)w + r0 * row_bytes);
-  if (b->err == 0) b->err = count_rows(&e->p, r0, r1, b->freq);
+  for (uint64_t rb = b->rb0, n; rb < b->rb1 && !b->err; rb += n) {
+    const void *src;
+    uint64_t r0;
+    n = piece_len(e, b, rb);
+    b->err = piece(e, thread, rb, n, &src);
+    uint64_t rows = piece_rows(&e->p, rb, n, &r0), j = 0;
+    if (!b->err) b->err = count_rows(&e->p, src, rows, b->freq);
+    if (b->err == -EINVAL) { /* fp8: find the NaN, for the caller's thread to name */
+      while (e->p.sym_of[((const uint8_t *)src)[j]] != NWC_FP8_SYMBOLS) j++;
+      b->nan_at = r0 * e->p.g.K + j;
+    }
+  }
 }
 
-static void task_streams(void *ctx, uint64_t i) {
+static void task_streams(void *ctx, uint64_t i, unsigned thread) {
   nwc__enc *e = ctx;
   band *b = &e->band[i];
-  uint64_t cbs = e->p.g.col_blocks;
-  b->bytes = write_blocks(&e->p, b->rb0 * cbs, b->rb1 * cbs, e->bases, e->hdr, e->data + b->at);
+  uint64_t cbs = e->p.g.col_blocks, off = 0;
+  for (uint64_t rb = b->rb0, n; rb < b->rb1 && !b->err; rb += n) {
+    const void *src;
+    n = piece_len(e, b, rb);
+    b->err = piece(e, thread, rb, n, &src);
+    if (!b->err)
+      off = write_blocks(&e->p, rb * cbs, (rb + n) * cbs, src, rb * NWC_BLOCK_ROWS, off, e->bases,
+                         e->hdr, e->data + b->at);
+  }
+  b->bytes = off;
 }
 
-static void task_raw(void *ctx, uint64_t i) {
+static void task_raw(void *ctx, uint64_t i, unsigned thread) {
   nwc__enc *e = ctx;
-  uint64_t r1 = e->band[i].rb1 * NWC_BLOCK_ROWS;
-  write_raw(&e->p, e->band[i].rb0 * NWC_BLOCK_ROWS, r1 < e->p.g.M ? r1 : e->p.g.M, e->raw);
+  band *b = &e->band[i];
+  for (uint64_t rb = b->rb0, n; rb < b->rb1 && !b->err; rb += n) {
+    const void *src;
+    uint64_t r0;
+    n = piece_len(e, b, rb);
+    b->err = piece(e, thread, rb, n, &src);
+    uint64_t rows = piece_rows(&e->p, rb, n, &r0);
+    if (!b->err) write_raw(&e->p, src, r0, r0 + rows, e->raw);
+  }
 }
 
-/* Bands per thread (more than one, so that a thread that is descheduled delays little) and the
- * fewest weights worth a band of their own. */
+/* The first error of any band (0: none), each band's cleared. */
+static int bands_error(nwc__enc *e) {
+  int rc = 0;
+  for (uint64_t i = 0; i < e->nbands; i++) {
+    if (!rc) rc = e->band[i].err;
+    e->band[i].err = 0;
+  }
+  return rc;
+}
+
+/* Bands per thread (more than one, so that a thread that is descheduled delays little), the
+ * fewest weights worth a band of their own, and the bytes of input read at a time (whole row
+ * blocks, at least one). */
 #define BANDS_PER_THREAD 4
 #define BAND_MIN_WEIGHTS (UINT64_C(1) << 18)
+#define PIECE_BYTES (UINT64_C(1) << 20)
 
 int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, unsigned threads,
                    nwc__enc_read_fn read, void *read_ctx, uint64_t *freq, uint8_t psym[16],
@@ -455,28 +521,38 @@ int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, u
   NWC_RETURN_IF(!out || !psym, -EINVAL, "nwc__enc_begin: missing argument");
   *out = NULL;
   NWC_RETURN_IF(NWC_ELEM_LAYOUT(elem) != 0, -ENOTSUP, "nwc__enc_begin: layout 0 only");
-  NWC_TRY(nwc__encode_args(w, rows * cols, cols));
+  NWC_TRY(nwc__encode_args(read ? (const void *)out : w, rows * cols, cols));
   nwc__enc *e = calloc(1, sizeof *e);
   if (!e) return -ENOMEM;
   int rc = nwc__geom_init(&e->p.g, rows, cols, elem);
   const nwc__geom *g = &e->p.g;
-  uint64_t nb = threads > 1 ? (uint64_t)threads * BANDS_PER_THREAD : 1;
+  e->threads = threads ? threads : 1;
+  if (e->threads > NWC__MAX_THREADS) e->threads = NWC__MAX_THREADS;
+  uint64_t nb = e->threads > 1 ? (uint64_t)e->threads * BANDS_PER_THREAD : 1;
+  e->p.bf16 = g->type == NWC_ELEM_BF16;
+  uint64_t rb_bytes = NWC_BLOCK_ROWS * cols * (e->p.bf16 ? 2 : 1);
+  e->piece_rbs = read ? (PIECE_BYTES > rb_bytes ? PIECE_BYTES / rb_bytes : 1) : UINT64_MAX;
   if (rc == 0) {
     if (nb > rows * cols / BAND_MIN_WEIGHTS) nb = rows * cols / BAND_MIN_WEIGHTS;
     if (nb > g->row_blocks) nb = g->row_blocks;
     if (nb == 0) nb = 1;
+    if (e->threads > nb) e->threads = (unsigned)nb;
     e->band = calloc(nb, sizeof *e->band);
     if (!e->band) rc = -ENOMEM;
+  }
+  if (rc == 0 && read) {
+    e->buf = calloc(e->threads, sizeof *e->buf);
+    uint64_t piece_bytes = (e->piece_rbs < g->row_blocks ? e->piece_rbs : g->row_blocks) * rb_bytes;
+    for (unsigned t = 0; e->buf && t < e->threads; t++)
+      if (!(e->buf[t] = malloc(piece_bytes))) rc = -ENOMEM;
+    if (!e->buf) rc = -ENOMEM;
   }
   if (rc < 0) {
     nwc__enc_free(e);
     return rc;
   }
-  if (g->type == NWC_ELEM_BF16)
-    e->p.w16 = w;
-  else
-    e->p.w8 = w, plan_fp8_split(&e->p);
-  e->threads = threads ? threads : 1;
+  e->p.w = read ? NULL : w;
+  if (!e->p.bf16) plan_fp8_split(&e->p);
   e->nbands = nb;
   e->read = read;
   e->read_ctx = read_ctx;
@@ -486,14 +562,11 @@ int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, u
   }
   nwc__parallel_for(e->threads, nb, task_count, e);
   uint64_t total[128] = {0};
-  for (uint64_t i = 0; i < nb; i++) {
-    if (e->band[i].err && !rc) rc = e->band[i].err;
+  for (uint64_t i = 0; i < nb; i++)
     for (unsigned s = 0; s < 128; s++) total[s] += e->band[i].freq[s];
-  }
-  if (rc == -EINVAL && e->p.w8) { /* an fp8 NaN: name it on this thread, counting from row 0 */
-    memset(total, 0, sizeof total);
-    rc = count_rows(&e->p, 0, rows, total);
-  }
+  for (uint64_t i = 0; i < nb && !rc; i++) /* the first error; an fp8 NaN named on this thread */
+    if (e->band[i].err)
+      rc = e->band[i].err == -EINVAL ? fp8_nan(e->band[i].nan_at, cols) : e->band[i].err;
   if (rc < 0) {
     nwc__enc_free(e);
     return rc;
@@ -501,22 +574,23 @@ int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, u
   plan_codes(&e->p, total, psym);
   for (uint64_t i = 0; i < nb; i++) {
     band *b = &e->band[i];
-    uint64_t r1 = b->rb1 * NWC_BLOCK_ROWS < rows ? b->rb1 * NWC_BLOCK_ROWS : rows;
+    uint64_t r0, brows = piece_rows(&e->p, b->rb0, b->rb1 - b->rb0, &r0);
     b->at = e->bound;
-    e->bound += nwc__ceil_div(rows_code_bits(&e->p, b->freq, b->rb0 * NWC_BLOCK_ROWS, r1), 8) +
+    e->bound += nwc__ceil_div(rows_code_bits(&e->p, b->freq, r0, r0 + brows), 8) +
                 (b->rb1 - b->rb0) * g->col_blocks * BLOCK_PAD_BYTES;
   }
   e->bound += NWC_DATA_SLACK;
-  if (freq) memcpy(freq, total, (e->p.w16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
+  if (freq) memcpy(freq, total, (e->p.bf16 ? 128 : NWC_FP8_SYMBOLS) * sizeof *freq);
   *out = e;
   return 0;
 }
 
 uint64_t nwc__enc_bound(const nwc__enc *e) { return e->bound; }
 
-uint64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+int64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
   e->bases = bases, e->hdr = hdr, e->data = data;
   nwc__parallel_for(e->threads, e->nbands, task_streams, e);
+  NWC_TRY(bands_error(e));
   uint64_t off = 0, cbs = e->p.g.col_blocks;
   for (uint64_t i = 0; i < e->nbands; i++) { /* down to their places, in order: never overlaps */
     band *b = &e->band[i];
@@ -526,16 +600,19 @@ uint64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *d
   }
   bases[e->p.g.nblocks] = off;
   memset(data + off, 0, NWC_DATA_SLACK);
-  return off + NWC_DATA_SLACK;
+  return (int64_t)(off + NWC_DATA_SLACK);
 }
 
-void nwc__enc_raw(nwc__enc *e, uint8_t *raw) {
+int nwc__enc_raw(nwc__enc *e, uint8_t *raw) {
   e->raw = raw;
   nwc__parallel_for(e->threads, e->nbands, task_raw, e);
+  return bands_error(e);
 }
 
 void nwc__enc_free(nwc__enc *e) {
   if (!e) return;
+  for (unsigned t = 0; e->buf && t < e->threads; t++) free(e->buf[t]);
+  free(e->buf);
   free(e->band);
   free(e);
 }
@@ -554,8 +631,7 @@ int nwc__fp8_count(const uint8_t *w, uint64_t n, uint64_t K, const unsigned sym_
                    unsigned nan_sym, uint64_t *freq) {
   for (uint64_t i = 0; i < n; i++) {
     unsigned s = sym_of[w[i]];
-    NWC_RETURN_IF(s == nan_sym, -EINVAL, "fp8 weight %llu (row %llu, column %llu) is NaN",
-                  (unsigned long long)i, (unsigned long long)(i / K), (unsigned long long)(i % K));
+    if (NWC__UNLIKELY(s == nan_sym)) return fp8_nan(i, K);
     freq[s]++;
   }
   return 0;
@@ -572,10 +648,8 @@ int nwc__prefix_codes(const void *w, uint64_t M, uint64_t K, unsigned elem, uint
   memset(p, 0, sizeof *p);
   int rc = nwc__geom_init(&p->g, M, K, elem);
   if (rc == 0) {
-    if (p->g.type == NWC_ELEM_BF16)
-      p->w16 = w;
-    else
-      p->w8 = w;
+    p->w = w;
+    p->bf16 = p->g.type == NWC_ELEM_BF16;
     rc = plan_symbols(p, freq, psym);
   }
   for (unsigned b = 0; rc == 0 && b < 256; b++) {

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -42,6 +43,19 @@ typedef struct src_file {
 
 enum conv { CONV_NONE, CONV_F16, CONV_F32 };
 
+/* A buffer reused from tensor to tensor; busy while the writer thread has a blob of it queued. */
+typedef struct wbuf {
+  uint8_t *p;
+  uint64_t cap;
+  int busy;
+} wbuf;
+
+/* An encoder's buffers: two for blobs (one encodes while the other is written), the source, the
+ * BF16 conversion. */
+typedef struct wbufs {
+  wbuf blob[2], src, conv;
+} wbufs;
+
 typedef struct job {
   const nwc_st_tensor *st;
   unsigned source;
@@ -52,6 +66,7 @@ typedef struct job {
   int fold;                     /* fold the companion into the per-row scale */
   char conversion[80];
   nwc__pub_tensor pub;
+  wbuf *buf;                    /* its blob, while queued for the writer */
 } job;
 
 typedef struct imp {
@@ -65,7 +80,10 @@ typedef struct imp {
   size_t *order;
   uint64_t total;
   /* encode phase */
-  int fd;
+  int fd, direct;               /* direct: fd is O_DIRECT */
+  job **wq;                     /* blobs to write, in file order: [wq_head, wq_tail) pending */
+  size_t wq_head, wq_tail;
+  int writer_stop;
   uint64_t cid, file_end;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -118,30 +136,44 @@ static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off) {
   return 0;
 }
 
-/* A worker's buffer, reused from tensor to tensor (no page faults on every tensor). */
-typedef struct wbuf {
-  uint8_t *p;
-  uint64_t cap;
-} wbuf;
+/* A buffer reused from tensor to tensor (no page faults on every tensor).  Large ones are 2 MiB
+ * aligned and asked for huge pages: a fresh 500 MB buffer then faults 250 times, not 125000. */
+#define HUGE_BYTES (UINT64_C(2) << 20)
 
-static int wbuf_reserve(wbuf *b, uint64_t n, uint64_t align) {
+static int wbuf_reserve(wbuf *b, uint64_t n) {
   if (n <= b->cap && b->p) return 0;
   void *p = NULL;
   free(b->p);
   b->p = NULL, b->cap = 0;
-  if (posix_memalign(&p, align, n ? n : 1)) return -ENOMEM;
+  uint64_t align = n >= 2 * HUGE_BYTES ? HUGE_BYTES : NWC_STORE_ALIGN;
+  n = nwc__round_up(n ? n : 1, align);
+  if (posix_memalign(&p, align, n)) return -ENOMEM;
+  if (align == HUGE_BYTES) (void)madvise(p, n, MADV_HUGEPAGE);
   b->p = p, b->cap = n;
   return 0;
+}
+
+static int read_error(const src_file *sf, const nwc_st_tensor *st, int rc) {
+  return nwc__fail(rc == -EIO ? -EBADMSG : rc,
+                   "%s: tensor '%s': cannot read its %llu bytes (did the file shrink?)", sf->label,
+                   st->name, (unsigned long long)(st->end - st->begin));
 }
 
 /* Reads a tensor's bytes from its source file into dst. */
 static int read_tensor(const src_file *sf, const nwc_st_tensor *st, void *dst) {
   int rc = nwc__pread_full(sf->fd, dst, st->end - st->begin, sf->f->data_offset + st->begin);
-  if (rc < 0)
-    return nwc__fail(rc == -EIO ? -EBADMSG : rc,
-                     "%s: tensor '%s': cannot read its %llu bytes (did the file shrink?)",
-                     sf->label, st->name, (unsigned long long)(st->end - st->begin));
-  return 0;
+  return rc < 0 ? read_error(sf, st, rc) : 0;
+}
+
+/* The encoder's read callback: bytes [off, off + len) of one tensor (nwc__enc_read_fn). */
+typedef struct part_src {
+  const src_file *sf;
+  const nwc_st_tensor *st;
+} part_src;
+
+static int read_part(void *ctx, uint64_t off, uint64_t len, void *dst) {
+  const part_src *ps = ctx;
+  return nwc__pread_full(ps->sf->fd, dst, len, ps->sf->f->data_offset + ps->st->begin + off);
 }
 
 /* The per-row companion scale of an F8_E4M3 tensor as floats (malloc'ed into *out). */
@@ -157,23 +189,79 @@ static int read_scale(const imp *im, const job *j, float **out) {
   return rc;
 }
 
-typedef struct wbufs {
-  wbuf blob, src, conv;
-} wbufs;
+/*
+ * Layout 0: encodes w (read through rd first when not NULL) on `threads` threads straight into
+ * the blob buffer, whose arrays *t then points into: the data area is the encoder's bound, the
+ * raw plane goes where the exact data size puts it.
+ */
+static int encode_in_place(const imp *im, const job *j, const void *w, part_src *rd,
+                           const float *scale, unsigned threads, wbuf *blob, nwc_tensor *t,
+                           nwc__blob_layout *L) {
+  uint64_t lay[4];
+  uint8_t psym[16];
+  nwc__enc *e = NULL;
+  NWC_TRY(nwc_layout(j->pub.rows, j->pub.cols, j->pub.elem, lay));
+  NWC_TRY(nwc__enc_begin(rd ? NULL : w, j->pub.rows, j->pub.cols, j->pub.elem, threads,
+                         rd ? read_part : NULL, rd, NULL, psym, &e));
+  *t = (nwc_tensor){.elem = j->pub.elem, .rows = j->pub.rows, .cols = j->pub.cols,
+                    .nblocks = lay[NWC_LAYOUT_BLOCKS], .data_bytes = nwc__enc_bound(e),
+                    .raw_bytes = lay[NWC_LAYOUT_RAW_BYTES], .scale = scale};
+  memcpy(t->psym, psym, 16);
+  nwc__blob_layout_of(t, L); /* with the bound: the buffer's size */
+  int rc = wbuf_reserve(blob, L->length);
+  if (rc == 0) {
+    uint8_t *b = blob->p;
+    t->bases = (const uint64_t *)(b + L->off_bases);
+    t->hdr = b + L->off_hdr;
+    t->data = b + L->off_data;
+    int64_t db = nwc__enc_streams(e, (uint64_t *)(b + L->off_bases), b + L->off_hdr,
+                                  b + L->off_data);
+    rc = db < 0 ? (int)db : 0;
+    t->data_bytes = (uint64_t)db;
+  }
+  if (rc == 0) {
+    nwc__blob_layout_of(t, L);
+    t->raw = blob->p + L->off_raw;
+    rc = nwc__enc_raw(e, blob->p + L->off_raw);
+  }
+  if (rc == 0) nwc__blob_write(t, im->cid, L, blob->p);
+  nwc__enc_free(e);
+  return rc;
+}
 
-/* Encodes job j into the worker's blob buffer. */
-static int encode_job(imp *im, job *j, wbufs *wb) {
+typedef struct sum_task {
+  const uint8_t *blob;
+  uint64_t length, *sums;
+} sum_task;
+
+static void sum_chunk(void *ctx, uint64_t i, unsigned thread) {
+  (void)thread;
+  const sum_task *c = ctx;
+  uint64_t o = i * NWC_STORE_CHUNK, n = c->length - o < NWC_STORE_CHUNK ? c->length - o
+                                                                      : NWC_STORE_CHUNK;
+  c->sums[i] = XXH3_64bits(c->blob + o, n);
+}
+
+/* Encodes job j into blob on `threads` threads (layouts 1 and 2: on one, then copied). */
+static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) {
   const src_file *sf = &im->src[j->source];
   const nwc_st_tensor *st = j->st;
   uint64_t rows = j->pub.rows, cols = j->pub.cols, n = st->numel;
+  int layout0 = NWC_ELEM_LAYOUT(j->pub.elem) == 0;
+  /* Plain BF16 or fp8 into layout 0: the encoder reads the file itself, band by band. */
+  int direct = layout0 && j->conv == CONV_NONE && !j->quantize;
+  part_src rd = {sf, st};
+  int read_failed = 0;
   uint8_t *q = NULL;
   float *scale = NULL;
-  NWC_TRY(wbuf_reserve(&wb->src, st->end - st->begin, 64));
-  NWC_TRY(read_tensor(sf, st, wb->src.p));
+  if (!direct) {
+    NWC_TRY(wbuf_reserve(&wb->src, st->end - st->begin));
+    NWC_TRY(read_tensor(sf, st, wb->src.p));
+  }
   const void *w = wb->src.p;
   int rc = 0;
   if (j->conv != CONV_NONE) {
-    NWC_TRY(wbuf_reserve(&wb->conv, n * 2, 64));
+    NWC_TRY(wbuf_reserve(&wb->conv, n * 2));
     uint16_t *bf = (uint16_t *)wb->conv.p;
     for (uint64_t i = 0; i < n; i++) bf[i] = nwc_f32_to_bf16(load_float(st->dtype, wb->src.p, i));
     w = bf;
@@ -187,63 +275,125 @@ static int encode_job(imp *im, job *j, wbufs *wb) {
     rc = read_scale(im, j, &scale);
   }
   nwc_tensor t = {0};
-  if (rc == 0) rc = nwc_tensor_encode(w, rows, cols, j->pub.elem, scale, &t);
+  nwc__pub_tensor *pt = &j->pub;
+  if (rc == 0 && layout0) {
+    rc = encode_in_place(im, j, w, direct ? &rd : NULL, scale, threads, blob, &t, &pt->L);
+    if (rc < 0 && direct && rc != -ENOMEM && rc != -EINVAL) read_failed = rc = read_error(sf, st, rc);
+  } else if (rc == 0) {
+    rc = nwc_tensor_encode(w, rows, cols, j->pub.elem, scale, &t);
+    if (rc == 0) nwc__blob_layout_of(&t, &pt->L);
+    if (rc == 0) rc = wbuf_reserve(blob, pt->L.length);
+    if (rc == 0) nwc__blob_write(&t, im->cid, &pt->L, blob->p);
+  }
   free(q);
   free(scale);
-  if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
-  nwc__pub_tensor *pt = &j->pub;
-  nwc__blob_layout_of(&t, &pt->L);
-  pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
-  if (!pt->checksums || wbuf_reserve(&wb->blob, pt->L.length, NWC_STORE_ALIGN) < 0) {
-    nwc_tensor_release(&t);
-    return -ENOMEM;
+  if (rc == 0) {
+    memcpy(pt->psym, t.psym, 16);
+    pt->nblocks = t.nblocks;
+    pt->data_bytes = t.data_bytes;
+    pt->raw_plane_bytes = t.raw_bytes;
+    pt->length = pt->L.length;
   }
-  nwc__blob_write(&t, im->cid, &pt->L, wb->blob.p);
-  nwc__blob_checksums(wb->blob.p, pt->L.length, pt->checksums);
-  memcpy(pt->psym, t.psym, 16);
-  pt->nblocks = t.nblocks;
-  pt->data_bytes = t.data_bytes;
-  pt->raw_plane_bytes = t.raw_bytes;
-  pt->length = pt->L.length;
-  nwc_tensor_release(&t);
+  if (!layout0) nwc_tensor_release(&t);
+  if (rc < 0 && (rc == -ENOMEM || read_failed)) return rc;
+  if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
+  pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
+  if (!pt->checksums) return -ENOMEM;
+  sum_task c = {blob->p, pt->L.length, pt->checksums};
+  nwc__parallel_for(threads, nwc__chunks(pt->L.length, NWC_STORE_CHUNK), sum_chunk, &c);
   return 0;
+}
+
+/* ---- the writer thread: blobs go to the file while the next tensors encode ------------------ */
+
+/* Writes p[len] at off.  O_DIRECT where the file system takes it (no copy into the page cache);
+ * where it refuses (EINVAL), the file goes on buffered.  0 or a negative errno. */
+static int write_at(imp *im, const uint8_t *p, uint64_t len, uint64_t off) {
+  int rc = pwrite_full(im->fd, p, len, off);
+  if (rc == -EINVAL && im->direct) {
+    im->direct = 0;
+    int fl = fcntl(im->fd, F_GETFL);
+    if (fl >= 0 && fcntl(im->fd, F_SETFL, fl & ~O_DIRECT) == 0) rc = pwrite_full(im->fd, p, len, off);
+  }
+  /* Buffered: start writeback of big blobs now, so that the fsync before publishing has little
+   * left to do (small ones are left to that fsync: a syscall each would cost more). */
+  if (rc == 0 && !im->direct && len >= NWC_STORE_CHUNK)
+    (void)sync_file_range(im->fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE);
+  return rc;
+}
+
+static void set_error(imp *im, int rc) { /* with im->mu held */
+  if (rc < 0 && !im->err) {
+    im->err = rc;
+    snprintf(im->errmsg, sizeof im->errmsg, "%s", nwc_error_detail());
+  }
+}
+
+static void *writer(void *arg) {
+  imp *im = arg;
+  pthread_mutex_lock(&im->mu);
+  for (;;) {
+    while (im->wq_head == im->wq_tail && !im->writer_stop) pthread_cond_wait(&im->cv, &im->mu);
+    if (im->wq_head == im->wq_tail) break;
+    job *j = im->wq[im->wq_head++];
+    int skip = im->err != 0;
+    pthread_mutex_unlock(&im->mu);
+    int rc = skip ? 0 : write_at(im, j->buf->p, j->pub.length, j->pub.offset);
+    if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
+    pthread_mutex_lock(&im->mu);
+    set_error(im, rc);
+    j->buf->busy = 0;
+    pthread_cond_broadcast(&im->cv);
+  }
+  pthread_mutex_unlock(&im->mu);
+  return NULL;
+}
+
+/* Waits (im->mu held) until no write is pending from b. */
+static void wbuf_wait(imp *im, wbuf *b) {
+  while (b->busy) pthread_cond_wait(&im->cv, &im->mu);
+}
+
+/* Records an encoded job (im->mu held): its place in the file, its write, its progress. */
+static void job_done(imp *im, job *j, wbuf *b, int rc) {
+  set_error(im, rc);
+  if (rc == 0) {
+    j->pub.offset = im->file_end;
+    im->file_end += j->pub.length;
+    j->buf = b;
+    b->busy = 1;
+    im->wq[im->wq_tail++] = j;
+  }
+  im->done += j->st->end - j->st->begin;
+  pthread_cond_broadcast(&im->cv);
+}
+
+static void wbufs_free(wbufs *wb) {
+  for (int k = 0; k < 2; k++) free(wb->blob[k].p);
+  free(wb->src.p);
+  free(wb->conv.p);
+  memset(wb, 0, sizeof *wb);
 }
 
 static void *worker(void *arg) {
   imp *im = arg;
-  wbufs wb = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+  wbufs wb = {0};
+  unsigned k = 0;
   pthread_mutex_lock(&im->mu);
   while (!im->err && !im->cancel && im->next < im->njobs) {
     job *j = &im->jobs[im->order[im->next++]];
+    wbuf *b = &wb.blob[k++ & 1];
+    wbuf_wait(im, b);
     pthread_mutex_unlock(&im->mu);
-    int rc = encode_job(im, j, &wb);
+    int rc = encode_job(im, j, &wb, b, 1);
     pthread_mutex_lock(&im->mu);
-    if (rc == 0) {
-      j->pub.offset = im->file_end;
-      im->file_end += j->pub.length;
-      pthread_mutex_unlock(&im->mu);
-      rc = pwrite_full(im->fd, wb.blob.p, j->pub.length, j->pub.offset);
-      if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
-      /* Start writeback of big blobs now, so that the fsync before publishing has little left
-       * to do (small ones are left to that fsync: a syscall each would cost more). */
-      if (rc == 0 && j->pub.length >= NWC_STORE_CHUNK)
-        (void)sync_file_range(im->fd, (off64_t)j->pub.offset, (off64_t)j->pub.length,
-                              SYNC_FILE_RANGE_WRITE);
-      pthread_mutex_lock(&im->mu);
-    }
-    if (rc < 0 && !im->err) {
-      im->err = rc;
-      snprintf(im->errmsg, sizeof im->errmsg, "%s", nwc_error_detail());
-    }
-    im->done += j->st->end - j->st->begin;
-    pthread_cond_broadcast(&im->cv);
+    job_done(im, j, b, rc);
   }
+  for (int i = 0; i < 2; i++) wbuf_wait(im, &wb.blob[i]);
   im->running--;
   pthread_cond_broadcast(&im->cv);
   pthread_mutex_unlock(&im->mu);
-  free(wb.blob.p);
-  free(wb.src.p);
-  free(wb.conv.p);
+  wbufs_free(&wb);
   return NULL;
 }
 
@@ -253,9 +403,29 @@ static int cmp_job_size(const void *a, const void *b, void *ctx) {
   return (nx < ny) - (nx > ny);
 }
 
+/* Reports progress from the calling thread (im->mu held) when it moved; 1 if it did. */
+static int report(imp *im, uint64_t *last) {
+  if (!im->o.progress || im->done == *last || im->cancel) return 0;
+  uint64_t d = *last = im->done;
+  pthread_mutex_unlock(&im->mu);
+  int stop = im->o.progress(im->o.progress_ctx, d, im->total);
+  pthread_mutex_lock(&im->mu);
+  if (stop) im->cancel = 1;
+  return 1;
+}
+
+/*
+ * Tensors of at least TEAM_BYTES come first, one at a time, each encoded by all threads (a
+ * model's largest tensors would otherwise hold one core each until the end); the rest go to one
+ * worker thread each.  A writer thread writes each blob while the next tensors encode; each
+ * encoder alternates between two blob buffers.
+ */
+#define TEAM_BYTES (UINT64_C(16) << 20)
+
 static int encode_all(imp *im) {
   im->order = malloc(im->njobs * sizeof *im->order);
-  if (!im->order) return -ENOMEM;
+  im->wq = malloc(im->njobs * sizeof *im->wq);
+  if (!im->order || !im->wq) return -ENOMEM;
   for (size_t i = 0; i < im->njobs; i++) im->order[i] = i;
   qsort_r(im->order, im->njobs, sizeof *im->order, cmp_job_size, im->jobs);
   unsigned nt = im->o.threads;
@@ -263,33 +433,49 @@ static int encode_all(imp *im) {
     long c = sysconf(_SC_NPROCESSORS_ONLN);
     nt = c > 0 ? (unsigned)c : 1;
   }
-  if (nt > im->njobs) nt = (unsigned)im->njobs;
-  if (nt > 256) nt = 256;
-  pthread_t tid[256];
+  if (nt > NWC__MAX_THREADS) nt = NWC__MAX_THREADS;
+  pthread_t tid[NWC__MAX_THREADS], wtid;
   pthread_mutex_init(&im->mu, NULL);
   pthread_cond_init(&im->cv, NULL);
   pthread_mutex_lock(&im->mu);
+  int writing = pthread_create(&wtid, NULL, writer, im) == 0;
+  if (!writing) im->err = nwc__fail(-EAGAIN, "import: cannot start the writer thread");
+  uint64_t last = UINT64_MAX;
+  wbufs team = {0};
+  for (unsigned k = 0; nt > 1 && !im->err && !im->cancel && im->next < im->njobs; k++) {
+    job *j = &im->jobs[im->order[im->next]];
+    if (j->st->end - j->st->begin < TEAM_BYTES) break;
+    im->next++;
+    wbuf *b = &team.blob[k & 1];
+    wbuf_wait(im, b);
+    pthread_mutex_unlock(&im->mu);
+    int rc = encode_job(im, j, &team, b, nt);
+    pthread_mutex_lock(&im->mu);
+    job_done(im, j, b, rc);
+    report(im, &last);
+  }
+  for (int i = 0; i < 2; i++) wbuf_wait(im, &team.blob[i]);
+  pthread_mutex_unlock(&im->mu);
+  wbufs_free(&team);
+  pthread_mutex_lock(&im->mu);
+  if (nt > im->njobs - im->next) nt = (unsigned)(im->njobs - im->next);
   unsigned started = 0;
-  for (; started < nt; started++) {
+  for (; !im->err && started < nt; started++) {
     if (pthread_create(&tid[started], NULL, worker, im)) break;
     im->running++;
   }
-  if (started == 0) im->err = nwc__fail(-EAGAIN, "import: cannot start a worker thread");
-  uint64_t last = UINT64_MAX;
+  if (started == 0 && im->next < im->njobs && !im->err)
+    im->err = nwc__fail(-EAGAIN, "import: cannot start a worker thread");
   for (;;) {
-    if (im->o.progress && im->done != last && !im->cancel) {
-      uint64_t d = last = im->done;
-      pthread_mutex_unlock(&im->mu);
-      int stop = im->o.progress(im->o.progress_ctx, d, im->total);
-      pthread_mutex_lock(&im->mu);
-      if (stop) im->cancel = 1;
-      continue;
-    }
+    if (report(im, &last)) continue;
     if (im->running == 0) break;
     pthread_cond_wait(&im->cv, &im->mu);
   }
+  im->writer_stop = 1;
+  pthread_cond_broadcast(&im->cv);
   pthread_mutex_unlock(&im->mu);
   for (unsigned i = 0; i < started; i++) pthread_join(tid[i], NULL);
+  if (writing) pthread_join(wtid, NULL);
   pthread_cond_destroy(&im->cv);
   pthread_mutex_destroy(&im->mu);
   if (im->err) return nwc__fail(im->err, "%s", im->errmsg);
@@ -498,11 +684,22 @@ static int run(imp *im) {
   char tmp[32], fin[32];
   nwc__container_name(im->cid, 1, tmp);
   nwc__container_name(im->cid, 0, fin);
-  im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+  /* O_DIRECT: blobs are 4096-aligned in the file and in memory; a file system that refuses it
+   * here (tmpfs) or at the first write gets buffered writes. */
+  im->direct = 1;
+  im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0640);
+  if (im->fd < 0 && errno == EINVAL) {
+    im->direct = 0;
+    im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+  }
   if (im->fd < 0) return nwc__fail(-errno, "%s/containers/%s: cannot create", im->s->dir, tmp);
-  uint8_t hdr[NWC__CONTAINER_HEADER];
-  nwc__container_header(im->cid, hdr);
-  rc = pwrite_full(im->fd, hdr, sizeof hdr, 0);
+  wbuf hb = {0}; /* the header from an aligned buffer, for O_DIRECT */
+  rc = wbuf_reserve(&hb, NWC__CONTAINER_HEADER);
+  if (rc == 0) {
+    nwc__container_header(im->cid, hb.p);
+    rc = write_at(im, hb.p, NWC__CONTAINER_HEADER, 0);
+  }
+  free(hb.p);
   im->file_end = NWC__CONTAINER_HEADER;
   if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write", im->s->dir, tmp);
   if (rc == 0) rc = encode_all(im);
@@ -539,6 +736,7 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   for (size_t i = 0; i < im.njobs; i++) free(im.jobs[i].pub.checksums);
   free(im.jobs);
   free(im.order);
+  free(im.wq);
   return rc;
 }
 

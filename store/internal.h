@@ -94,35 +94,36 @@ static inline unsigned nwc__fp8_nib_shift(unsigned j) { return (j & 4u) ? 4u : 0
 #define NWC__MAX_THREADS 256
 
 /* Runs fn(ctx, 0 .. ntasks-1) on up to `threads` threads (the caller's among them), each thread
- * taking the next task until none is left; returns when all are done.  If a thread cannot be
- * started, the others do its share. */
-void nwc__parallel_for(unsigned threads, uint64_t ntasks, void (*fn)(void *ctx, uint64_t task),
-                       void *ctx);
+ * taking the next task until none is left; returns when all are done.  thread (0 .. threads-1)
+ * says which thread runs the task.  If a thread cannot be started, the others do its share. */
+void nwc__parallel_for(unsigned threads, uint64_t ntasks,
+                       void (*fn)(void *ctx, uint64_t task, unsigned thread), void *ctx);
 
-/* Reads len bytes of the input, from byte off on, into dst (= the input + off); 0 or a negative
- * errno.  Called from any of the encoder's threads, once per byte. */
+/* Reads len bytes of the input, from byte off on, into dst (a buffer of the encoder's); 0 or a
+ * negative errno.  Called from any of the encoder's threads, three times per byte (histogram,
+ * streams, raw plane), whole row blocks of about 1 MiB at a time. */
 typedef int (*nwc__enc_read_fn)(void *ctx, uint64_t off, uint64_t len, void *dst);
 
 /*
  * A layout-0 encoding in steps, on `threads` threads, for a caller that places the arrays itself
  * (import writes them straight into a blob).  The output is byte for byte nwc_tensor_encode's.
- *   nwc__enc_begin   counts the symbols (reading the input through read first, if not NULL),
- *                    fixes psym and the codes; freq (may be NULL) gets the histogram as for
- *                    nwc_encode.  *e is freed with nwc__enc_free.
+ *   nwc__enc_begin   counts the symbols of w, or (read not NULL; w unused) of the input read
+ *                    piece by piece, fixes psym and the codes; freq (may be NULL) gets the
+ *                    histogram as for nwc_encode.  *e is freed with nwc__enc_free.
  *   nwc__enc_bound   bytes data must hold for nwc__enc_streams (at most nwc_encode's bound plus
  *                    one per band).
  *   nwc__enc_streams bases[nblocks + 1], hdr[nblocks * 32], data; returns data_bytes.
- *   nwc__enc_raw     the raw plane, raw[raw_bytes].
- * Errors (from begin only): -EINVAL for a bad shape or an fp8 NaN, -ENOTSUP for a layout other
- * than 0, -ENOMEM, or what read returned.
+ *   nwc__enc_raw     the raw plane, raw[raw_bytes]; returns 0.
+ * Errors: -EINVAL for a bad shape or an fp8 NaN (begin), -ENOTSUP for a layout other than 0,
+ * -ENOMEM, or what read returned (any step).
  */
 typedef struct nwc__enc nwc__enc;
 int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, unsigned threads,
                    nwc__enc_read_fn read, void *read_ctx, uint64_t *freq, uint8_t psym[16],
                    nwc__enc **e);
 uint64_t nwc__enc_bound(const nwc__enc *e);
-uint64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data);
-void nwc__enc_raw(nwc__enc *e, uint8_t *raw);
+int64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data);
+int nwc__enc_raw(nwc__enc *e, uint8_t *raw);
 void nwc__enc_free(nwc__enc *e);
 
 /* Layouts 1 and 2, CPU feature dispatch, batched matvec: the interface the files above dispatch

@@ -46,7 +46,8 @@ void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]);
 /* Checks a container header read from path; -EBADMSG (detail names path) if it is not cid's. */
 int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *path);
 void nwc__blob_layout_of(const nwc_tensor *t, nwc__blob_layout *L);
-/* Writes t's blob (header, sections, zero padding) into blob[L->length]. */
+/* Writes t's blob (header, sections, zero padding) into blob[L->length]; a section of t that
+ * already lies at its place in blob is left as it is. */
 void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint8_t *blob);
 static inline uint64_t nwc__chunks(uint64_t length, uint64_t chunk) {
   return (length + chunk - 1) / chunk;

@@ -3,8 +3,9 @@
  * writes byte for byte what the one-thread encoder (nwc_tensor_encode) writes: psym, bases, hdr,
  * data and raw plane, on random shapes (some cut into many bands), BF16 and fp8 inputs of every
  * generator, 1..8 threads; the histogram equals nwc_encode's; every tensor decodes to its input.
- * The read callback is asked for each input byte exactly once before any is used; an fp8 NaN in
- * a late band is named by its row and column as by one thread; a read error comes back as it is.
+ * Read piece by piece through the callback, each input byte is asked for three times (histogram,
+ * streams, raw plane); an fp8 NaN in a late band is named by its row and column as by one thread;
+ * a read error comes back as it is, from the first step or a later one.
  */
 #include "codec_util.h"
 #include "internal.h"
@@ -13,15 +14,16 @@ typedef struct reader {
   const uint8_t *src;
   uint8_t *seen; /* times each byte was asked for */
   uint64_t len;
-  int fail;      /* return this from the first call at an offset past len / 2 */
+  int fail;      /* return this from the calls past len / 2 ... */
+  unsigned fail_round; /* ... once they are asked for this time (1: the histogram) */
 } reader;
 
 static int read_cb(void *ctx, uint64_t off, uint64_t len, void *dst) {
   reader *r = ctx;
-  if (r->fail && off + len > r->len / 2) return r->fail;
   if (off > r->len || len > r->len - off) return -ERANGE;
+  if (r->fail && off + len > r->len / 2 && r->seen[off] + 1u >= r->fail_round) return r->fail;
   memcpy(dst, r->src + off, len);
-  for (uint64_t i = off; i < off + len; i++) r->seen[i]++; /* bands are disjoint: no race */
+  for (uint64_t i = off; i < off + len; i++) r->seen[i]++; /* pieces are disjoint: no race */
   return 0;
 }
 
@@ -31,18 +33,12 @@ static void check_one(const void *w, uint64_t rows, uint64_t cols, unsigned elem
                       int with_read, const nwc_tensor *want, const char *what) {
   unsigned type = NWC_ELEM_TYPE(elem);
   uint64_t ibytes = rows * cols * (type == NWC_ELEM_BF16 ? 2 : 1);
-  uint8_t *in = (uint8_t *)w;
-  reader r = {w, NULL, ibytes, 0};
-  if (with_read) {
-    in = cu_malloc(ibytes);
-    memset(in, 0xa5, ibytes);
-    r.seen = calloc(ibytes, 1);
-  }
+  reader r = {w, with_read ? calloc(ibytes, 1) : NULL, ibytes, 0, 0};
   uint8_t psym[16];
   uint64_t freq[128] = {0}, want_freq[128] = {0};
   nwc__enc *e = NULL;
-  int rc = nwc__enc_begin(in, rows, cols, elem, threads, with_read ? read_cb : NULL, &r, freq,
-                          psym, &e);
+  int rc = nwc__enc_begin(with_read ? NULL : w, rows, cols, elem, threads,
+                          with_read ? read_cb : NULL, &r, freq, psym, &e);
   CHECK(rc == 0, "%s, %u threads: nwc__enc_begin: %d (%s)", what, threads, rc, nwc_error_detail());
   if (rc == 0) {
     uint64_t lay[4];
@@ -53,19 +49,20 @@ static void check_one(const void *w, uint64_t rows, uint64_t cols, unsigned elem
     uint8_t *raw = cu_malloc(lay[NWC_LAYOUT_RAW_BYTES]);
     memset(data, 0x5a, bound); /* garbage where the bands land first */
     memset(raw, 0x5a, lay[NWC_LAYOUT_RAW_BYTES]);
-    uint64_t db = nwc__enc_streams(e, bases, hdr, data);
-    nwc__enc_raw(e, raw);
+    int64_t db = nwc__enc_streams(e, bases, hdr, data);
+    CHECK(db > 0 && nwc__enc_raw(e, raw) == 0, "%s, %u threads: streams or raw failed", what,
+          threads);
     uint64_t *qbases = cu_malloc((nb + 1) * 8);
     uint8_t *qhdr = cu_malloc(nb * NWC_LANES), qpsym[16];
     int64_t q = nwc_encode(w, rows * cols, cols, elem, want_freq, qpsym, qbases, qhdr, NULL, 0,
                            NULL); /* a size query: the histogram and the exact data_bytes */
     free(qbases);
     free(qhdr);
-    CHECK(q == (int64_t)db, "%s, %u threads: data_bytes %llu, nwc_encode says %lld", what,
+    CHECK(q == db, "%s, %u threads: data_bytes %llu, nwc_encode says %lld", what,
           threads, (unsigned long long)db, (long long)q);
     CHECK(!memcmp(freq, want_freq, sizeof freq), "%s, %u threads: histogram differs", what, threads);
     CHECK(!memcmp(psym, want->psym, 16), "%s, %u threads: psym differs", what, threads);
-    CHECK(db == want->data_bytes && !memcmp(data, want->data, db), "%s, %u threads: data differs",
+    CHECK(db == (int64_t)want->data_bytes && !memcmp(data, want->data, want->data_bytes), "%s, %u threads: data differs",
           what, threads);
     CHECK(!memcmp(bases, want->bases, (nb + 1) * 8), "%s, %u threads: bases differ", what, threads);
     CHECK(!memcmp(hdr, want->hdr, nb * NWC_LANES), "%s, %u threads: hdr differs", what, threads);
@@ -79,11 +76,10 @@ static void check_one(const void *w, uint64_t rows, uint64_t cols, unsigned elem
   nwc__enc_free(e);
   if (with_read) {
     uint64_t bad = 0;
-    for (uint64_t i = 0; i < ibytes; i++) bad += r.seen[i] != 1;
-    CHECK(bad == 0, "%s, %u threads: %llu input bytes not read exactly once", what, threads,
-          (unsigned long long)bad);
+    for (uint64_t i = 0; i < ibytes; i++) bad += r.seen[i] != 3;
+    CHECK(bad == 0, "%s, %u threads: %llu input bytes not read exactly three times", what,
+          threads, (unsigned long long)bad);
     free(r.seen);
-    free(in);
   }
 }
 
@@ -130,19 +126,32 @@ static void check_fp8_nan(void) {
   free(w);
 }
 
-/* A failing read: its status, nothing to free. */
+/* A failing read, in the histogram, the streams or the raw plane step: its status. */
 static void check_read_error(void) {
   uint64_t rows = 800, cols = 1024, n = rows * cols;
-  uint16_t *w = cu_malloc(n * 2), *in = cu_malloc(n * 2);
+  uint16_t *w = cu_malloc(n * 2);
   cu_gen_bf16(w, rows, cols, CU_NORMAL);
-  reader r = {(const uint8_t *)w, calloc(n * 2, 1), n * 2, -EIO};
-  uint8_t psym[16];
-  nwc__enc *e = NULL;
-  int rc = nwc__enc_begin(in, rows, cols, NWC_ELEM_BF16, 3, read_cb, &r, NULL, psym, &e);
-  CHECK(rc == -EIO && !e, "read error: %d", rc);
-  free(r.seen);
+  uint64_t *bases = cu_malloc((n / 4096 + 2) * 8);
+  uint8_t *hdr = cu_malloc(n / 4096 * NWC_LANES + NWC_LANES), *raw = cu_malloc(n);
+  for (unsigned round = 1; round <= 3; round++) {
+    reader r = {(const uint8_t *)w, calloc(n * 2, 1), n * 2, -EIO, round};
+    uint8_t psym[16];
+    nwc__enc *e = NULL;
+    int rc = nwc__enc_begin(NULL, rows, cols, NWC_ELEM_BF16, 3, read_cb, &r, NULL, psym, &e);
+    if (round > 1 && rc == 0) {
+      uint8_t *data = cu_malloc(nwc__enc_bound(e));
+      int64_t db = nwc__enc_streams(e, bases, hdr, data);
+      rc = db < 0 ? (int)db : nwc__enc_raw(e, raw);
+      free(data);
+    }
+    CHECK(rc == -EIO && (round > 1 || !e), "read error in step %u: %d", round, rc);
+    nwc__enc_free(e);
+    free(r.seen);
+  }
+  free(bases);
+  free(hdr);
+  free(raw);
   free(w);
-  free(in);
 }
 
 int main(void) {
