@@ -3,7 +3,9 @@
  * [--threads N[,N...]] [--store DIR]`: imports the file into a fresh store (a temporary directory
  * unless --store is given) once per thread count and prints one JSON line each: source bytes,
  * seconds (wall, open to publish), GB/s of source bytes, threads, and the split into encoding
- * (until the last progress report) and publishing (fsync, rename, the SQLite commit).  The
+ * (until the last progress report) and publishing (fsync, rename, the SQLite commit), and the CPU
+ * time all threads took (GB per CPU second: the speed per core, which a busy machine's other
+ * processes do not dilute the way they dilute wall time).  The
  * default thread counts are 1 and all online cores, to show the scaling.  The page cache is warm
  * after the first run (a first pass imports once untimed).
  *
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +39,14 @@ typedef struct prog {
   double last_change;
   uint64_t total;
 } prog;
+
+/* CPU seconds (user + system) of every thread of the process so far. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 static int on_progress(void *ctx, uint64_t done, uint64_t total) {
   prog *p = ctx;
@@ -190,9 +201,9 @@ int nwc_bench_import(int argc, char **argv) {
     ok.progress_ctx = &p;
     char name[32];
     snprintf(name, sizeof name, "bench-%u", k);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     rc = nwc_store_import(s, name, file, &ok);
-    double t1 = now_s();
+    double t1 = now_s(), cpu = cpu_s() - c0;
     if (rc < 0) break;
     nwc_model_info *m = NULL;
     rc = nwc_store_model(s, name, &m);
@@ -209,12 +220,13 @@ int nwc_bench_import(int argc, char **argv) {
     printf("{\"bench\":\"import\",\"file\":\"%s\",\"elem\":\"%s\",\"layout\":%u,\"threads\":%u,"
            "\"cores\":%ld,\"tensors\":%llu,\"bytes\":%llu,\"nwc_bytes\":%llu,\"ratio\":%.4f,"
            "\"seconds\":%.4f,\"gbps\":%.4f,\"gbps_per_thread\":%.4f,\"encode_seconds\":%.4f,"
-           "\"publish_seconds\":%.4f,\"largest_tensor_share\":%.3f}\n",
+           "\"publish_seconds\":%.4f,\"cpu_seconds\":%.4f,\"gb_per_cpu_second\":%.4f,"
+           "\"largest_tensor_share\":%.3f}\n",
            file, o.elem == NWC_ELEM_FP8 ? "fp8" : "bf16", o.layout, thr, ncpu,
            (unsigned long long)m->tensors, (unsigned long long)m->source_bytes,
            (unsigned long long)m->nwc_bytes, (double)m->nwc_bytes / (double)m->source_bytes, secs,
            (double)m->source_bytes / secs * 1e-9, (double)m->source_bytes / secs * 1e-9 / thr,
-           p.last_change - t0, t1 - p.last_change,
+           p.last_change - t0, t1 - p.last_change, cpu, (double)m->source_bytes / cpu * 1e-9,
            (double)largest / (double)m->source_bytes);
     fflush(stdout);
     nwc_model_info_free(m, 1);

@@ -118,28 +118,35 @@ static void blob_header(const nwc_tensor *t, uint64_t cid, const nwc__blob_layou
   put64(h + 120, XXH3_64bits(h, 120));
 }
 
-void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint8_t *blob) {
-  /* Sections, and zeros in every gap between them and up to the 4096 end (blob may be reused). */
+/* Zeros blob bytes [a, b) where they fall inside [from, upto) (dst[0] is byte from). */
+static void zero_clip(uint8_t *dst, uint64_t from, uint64_t upto, uint64_t a, uint64_t b) {
+  if (a < from) a = from;
+  if (b > upto) b = upto;
+  if (a < b) memset(dst + (a - from), 0, b - a);
+}
+
+void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint64_t from,
+                     uint64_t upto, uint8_t *dst) {
+  /* Sections, and zeros in every gap between them and up to the 4096 end (dst may be reused). */
   const void *src[5] = {t->bases, t->hdr, t->data, t->raw, t->scale};
   uint64_t off[5] = {L->off_bases, L->off_hdr, L->off_data, L->off_raw, L->off_scale};
   uint64_t len[5] = {(t->nblocks + 1) * 8, t->nblocks * NWC_LANES, t->data_bytes, t->raw_bytes,
                      t->scale ? t->rows * 4 : 0};
-  blob_header(t, cid, L, blob);
+  if (from < NWC__BLOB_HEADER) {
+    uint8_t h[NWC__BLOB_HEADER];
+    blob_header(t, cid, L, h);
+    memcpy(dst, h + from, (upto < NWC__BLOB_HEADER ? upto : NWC__BLOB_HEADER) - from);
+  }
   uint64_t at = NWC__BLOB_HEADER;
   for (int i = 0; i < 5; i++) {
     if (!len[i] && i == 4) break;
-    memset(blob + at, 0, off[i] - at);
-    if (src[i] != blob + off[i]) memcpy(blob + off[i], src[i], len[i]); /* else encoded in place */
+    zero_clip(dst, from, upto, at, off[i]);
+    uint64_t a = off[i] > from ? off[i] : from, b = off[i] + len[i] < upto ? off[i] + len[i] : upto;
+    const uint8_t *sp = src[i] ? (const uint8_t *)src[i] + (a - off[i]) : NULL;
+    if (a < b && sp && sp != dst + (a - from)) memcpy(dst + (a - from), sp, b - a);
     at = off[i] + len[i];
   }
-  memset(blob + at, 0, L->length - at);
-}
-
-void nwc__blob_checksums(const uint8_t *blob, uint64_t length, uint64_t *sums) {
-  for (uint64_t i = 0, o = 0; o < length; i++, o += NWC_STORE_CHUNK) {
-    uint64_t n = length - o < NWC_STORE_CHUNK ? length - o : NWC_STORE_CHUNK;
-    sums[i] = XXH3_64bits(blob + o, n);
-  }
+  zero_clip(dst, from, upto, at, L->length);
 }
 
 int nwc__pread_full(int fd, void *buf, uint64_t len, uint64_t off) {

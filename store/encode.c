@@ -269,26 +269,29 @@ static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint
   return off + NWC_DATA_SLACK;
 }
 
-/* The raw plane's rows [r0, r1) from the weights at w (row r0 on). */
-static void write_raw(const plan *p, const void *w, uint64_t r0, uint64_t r1, uint8_t *raw) {
-  const nwc__geom *g = &p->g;
-  const uint64_t K = g->K, stride = g->raw_stride; /* locals: byte stores may alias *g */
-  for (uint64_t r = r0; r < r1; r++) {
-    uint8_t *row = raw + r * stride;
-    if (p->bf16) {
-      const uint16_t *src = (const uint16_t *)w + (r - r0) * K;
-      for (uint64_t c = 0; c < K; c++) row[c] = (uint8_t)src[c];
-      memset(row + K, 0, stride - K);
-    } else {
-      const uint8_t *src = (const uint8_t *)w + (r - r0) * K;
-      memset(row, 0, stride);
-      for (uint64_t c = 0; c < K; c++) {
-        unsigned j = (unsigned)(c % NWC_LANE_COLS);
-        row[(c / NWC_LANE_COLS) * 8 + nwc__fp8_nib_byte(j)] |=
-            (uint8_t)(p->nib[src[c]] << nwc__fp8_nib_shift(j));
-      }
-    }
+/* Bytes [b0, b1) of one row of the raw plane (src: the row's weights) into out. */
+static void raw_row(const plan *p, const void *src, uint64_t b0, uint64_t b1, uint8_t *out) {
+  const uint64_t K = p->g.K; /* a local: byte stores may alias *p */
+  if (p->bf16) {
+    const uint16_t *w = src;
+    uint64_t c1 = b1 < K ? b1 : K, c = b0;
+    for (; c < c1; c++) out[c - b0] = (uint8_t)w[c];
+    if (c < b1) memset(out + (c - b0), 0, b1 - c);
+    return;
   }
+  const uint8_t *w = src, *nib = p->nib;
+  for (uint64_t b = b0; b < b1; b++) { /* byte t of a lane's 8: weights j and j + 4 (format.md) */
+    unsigned t = (unsigned)(b % 8), j = (t & 3u) + 8u * (t >> 2);
+    uint64_t c = b / 8 * NWC_LANE_COLS + j;
+    out[b - b0] = (uint8_t)((c < K ? nib[w[c]] : 0) | (c + 4 < K ? nib[w[c + 4]] << 4 : 0));
+  }
+}
+
+/* The raw plane's rows [r0, r1) from the weights at w (row r0 on) into out (row r0 on). */
+static void write_raw(const plan *p, const void *w, uint64_t r0, uint64_t r1, uint8_t *out) {
+  uint64_t stride = p->g.raw_stride, row_bytes = p->g.K * (p->bf16 ? 2 : 1);
+  for (uint64_t r = r0; r < r1; r++)
+    raw_row(p, (const uint8_t *)w + (r - r0) * row_bytes, 0, stride, out + (r - r0) * stride);
 }
 
 static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
@@ -437,15 +440,21 @@ static uint64_t piece_rows(const plan *p, uint64_t rb, uint64_t n, uint64_t *r0)
   return (r1 < p->g.M ? r1 : p->g.M) - *r0;
 }
 
-/* The weights of row blocks [rb, rb + n): p.w's, or read into the thread's buffer. */
-static int piece(nwc__enc *e, unsigned thread, uint64_t rb, uint64_t n, const void **src) {
-  uint64_t r0, rows = piece_rows(&e->p, rb, n, &r0), row_bytes = e->p.g.K * (e->p.bf16 ? 2 : 1);
+/* The weights of rows [r0, r0 + rows) (at most a piece): p.w's, or read into the thread's buffer. */
+static int piece_of_rows(nwc__enc *e, unsigned thread, uint64_t r0, uint64_t rows, const void **src) {
+  uint64_t row_bytes = e->p.g.K * (e->p.bf16 ? 2 : 1);
   if (!e->read) {
     *src = (const uint8_t *)e->p.w + r0 * row_bytes;
     return 0;
   }
   *src = e->buf[thread];
   return e->read(e->read_ctx, r0 * row_bytes, rows * row_bytes, e->buf[thread]);
+}
+
+/* The weights of row blocks [rb, rb + n). */
+static int piece(nwc__enc *e, unsigned thread, uint64_t rb, uint64_t n, const void **src) {
+  uint64_t r0, rows = piece_rows(&e->p, rb, n, &r0);
+  return piece_of_rows(e, thread, r0, rows, src);
 }
 
 /* Row blocks of the piece of band b that starts at row block rb. */
@@ -483,19 +492,6 @@ static void task_streams(void *ctx, uint64_t i, unsigned thread) {
                          e->hdr, e->data + b->at);
   }
   b->bytes = off;
-}
-
-static void task_raw(void *ctx, uint64_t i, unsigned thread) {
-  nwc__enc *e = ctx;
-  band *b = &e->band[i];
-  for (uint64_t rb = b->rb0, n; rb < b->rb1 && !b->err; rb += n) {
-    const void *src;
-    uint64_t r0;
-    n = piece_len(e, b, rb);
-    b->err = piece(e, thread, rb, n, &src);
-    uint64_t rows = piece_rows(&e->p, rb, n, &r0);
-    if (!b->err) write_raw(&e->p, src, r0, r0 + rows, e->raw);
-  }
 }
 
 /* The first error of any band (0: none), each band's cleared. */
@@ -603,11 +599,25 @@ int64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *da
   return (int64_t)(off + NWC_DATA_SLACK);
 }
 
-int nwc__enc_raw(nwc__enc *e, uint8_t *raw) {
-  e->raw = raw;
-  nwc__parallel_for(e->threads, e->nbands, task_raw, e);
-  return bands_error(e);
+int nwc__enc_raw_range(nwc__enc *e, uint64_t q0, uint64_t q1, uint8_t *dst, unsigned thread) {
+  const uint64_t stride = e->p.g.raw_stride;
+  const uint64_t most = e->read ? e->piece_rbs * NWC_BLOCK_ROWS : UINT64_MAX; /* rows a piece holds */
+  for (uint64_t q = q0; q < q1;) {
+    uint64_t r0 = q / stride, r1 = nwc__ceil_div(q1, stride);
+    if (r1 - r0 > most) r1 = r0 + most;
+    const void *src;
+    NWC_TRY(piece_of_rows(e, thread, r0, r1 - r0, &src));
+    for (uint64_t r = r0; r < r1 && q < q1; r++) { /* the first and last rows may be partial */
+      uint64_t b0 = q - r * stride, b1 = q1 - r * stride < stride ? q1 - r * stride : stride;
+      raw_row(&e->p, (const uint8_t *)src + (r - r0) * e->p.g.K * (e->p.bf16 ? 2 : 1), b0, b1,
+              dst + (q - q0));
+      q += b1 - b0;
+    }
+  }
+  return 0;
 }
+
+unsigned nwc__enc_threads(const nwc__enc *e) { return e->threads; }
 
 void nwc__enc_free(nwc__enc *e) {
   if (!e) return;

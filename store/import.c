@@ -43,18 +43,30 @@ typedef struct src_file {
 
 enum conv { CONV_NONE, CONV_F16, CONV_F32 };
 
-/* A buffer reused from tensor to tensor; busy while the writer thread has a blob of it queued. */
+/* A buffer reused from tensor to tensor; busy while the writer thread has a write from it queued. */
 typedef struct wbuf {
   uint8_t *p;
   uint64_t cap;
   int busy;
 } wbuf;
 
-/* An encoder's buffers: two for blobs (one encodes while the other is written), the source, the
- * BF16 conversion. */
+/* An encoder's buffers: two for blobs (one is filled while the other is written), the source,
+ * the BF16 conversion. */
 typedef struct wbufs {
   wbuf blob[2], src, conv;
 } wbufs;
+
+/* A write for the writer thread: len bytes at p to file offset off, for tensor j; then *busy = 0. */
+typedef struct wreq {
+  const uint8_t *p;
+  uint64_t len, off;
+  const struct job *j;
+  int *busy;
+} wreq;
+
+/* Chunks of a blob's raw plane written as they are made (no buffer for the whole plane): buffers
+ * per encoder thread, and the most writes queued at once. */
+#define SLOTS_PER_THREAD 3
 
 typedef struct job {
   const nwc_st_tensor *st;
@@ -66,7 +78,6 @@ typedef struct job {
   int fold;                     /* fold the companion into the per-row scale */
   char conversion[80];
   nwc__pub_tensor pub;
-  wbuf *buf;                    /* its blob, while queued for the writer */
 } job;
 
 typedef struct imp {
@@ -81,9 +92,11 @@ typedef struct imp {
   uint64_t total;
   /* encode phase */
   int fd, direct;               /* direct: fd is O_DIRECT */
-  job **wq;                     /* blobs to write, in file order: [wq_head, wq_tail) pending */
-  size_t wq_head, wq_tail;
+  wreq *wq;                     /* a ring of wq_cap writes, wq_len of them from wq_head on */
+  size_t wq_cap, wq_head, wq_len;
   int writer_stop;
+  wbuf *slots;                  /* nslots chunk buffers of NWC_STORE_CHUNK bytes */
+  unsigned nslots;
   uint64_t cid, file_end;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -189,44 +202,111 @@ static int read_scale(const imp *im, const job *j, float **out) {
   return rc;
 }
 
-/*
- * Layout 0: encodes w (read through rd first when not NULL) on `threads` threads straight into
- * the blob buffer, whose arrays *t then points into: the data area is the encoder's bound, the
- * raw plane goes where the exact data size puts it.
- */
-static int encode_in_place(const imp *im, const job *j, const void *w, part_src *rd,
-                           const float *scale, unsigned threads, wbuf *blob, nwc_tensor *t,
-                           nwc__blob_layout *L) {
-  uint64_t lay[4];
-  uint8_t psym[16];
-  nwc__enc *e = NULL;
-  NWC_TRY(nwc_layout(j->pub.rows, j->pub.cols, j->pub.elem, lay));
-  NWC_TRY(nwc__enc_begin(rd ? NULL : w, j->pub.rows, j->pub.cols, j->pub.elem, threads,
-                         rd ? read_part : NULL, rd, NULL, psym, &e));
-  *t = (nwc_tensor){.elem = j->pub.elem, .rows = j->pub.rows, .cols = j->pub.cols,
-                    .nblocks = lay[NWC_LAYOUT_BLOCKS], .data_bytes = nwc__enc_bound(e),
-                    .raw_bytes = lay[NWC_LAYOUT_RAW_BYTES], .scale = scale};
-  memcpy(t->psym, psym, 16);
-  nwc__blob_layout_of(t, L); /* with the bound: the buffer's size */
-  int rc = wbuf_reserve(blob, L->length);
-  if (rc == 0) {
-    uint8_t *b = blob->p;
-    t->bases = (const uint64_t *)(b + L->off_bases);
-    t->hdr = b + L->off_hdr;
-    t->data = b + L->off_data;
-    int64_t db = nwc__enc_streams(e, (uint64_t *)(b + L->off_bases), b + L->off_hdr,
-                                  b + L->off_data);
-    rc = db < 0 ? (int)db : 0;
-    t->data_bytes = (uint64_t)db;
+/* ---- the writer thread: blobs go to the file while the next tensors encode ------------------ */
+
+/* Writes p[len] at off.  O_DIRECT where the file system takes it (no copy into the page cache);
+ * where it refuses (EINVAL), the file goes on buffered.  0 or a negative errno. */
+static int write_at(imp *im, const uint8_t *p, uint64_t len, uint64_t off) {
+  int rc = pwrite_full(im->fd, p, len, off);
+  if (rc == -EINVAL && im->direct) {
+    im->direct = 0;
+    int fl = fcntl(im->fd, F_GETFL);
+    if (fl >= 0 && fcntl(im->fd, F_SETFL, fl & ~O_DIRECT) == 0) rc = pwrite_full(im->fd, p, len, off);
   }
-  if (rc == 0) {
-    nwc__blob_layout_of(t, L);
-    t->raw = blob->p + L->off_raw;
-    rc = nwc__enc_raw(e, blob->p + L->off_raw);
-  }
-  if (rc == 0) nwc__blob_write(t, im->cid, L, blob->p);
-  nwc__enc_free(e);
+  /* Buffered: start writeback of big writes now, so that the fsync before publishing has little
+   * left to do (small ones are left to that fsync: a syscall each would cost more). */
+  if (rc == 0 && !im->direct && len >= NWC_STORE_CHUNK)
+    (void)sync_file_range(im->fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE);
   return rc;
+}
+
+static void set_error(imp *im, int rc) { /* with im->mu held */
+  if (rc < 0 && !im->err) {
+    im->err = rc;
+    snprintf(im->errmsg, sizeof im->errmsg, "%s", nwc_error_detail());
+  }
+}
+
+static void *writer(void *arg) {
+  imp *im = arg;
+  pthread_mutex_lock(&im->mu);
+  for (;;) {
+    while (!im->wq_len && !im->writer_stop) pthread_cond_wait(&im->cv, &im->mu);
+    if (!im->wq_len) break;
+    wreq q = im->wq[im->wq_head];
+    im->wq_head = (im->wq_head + 1) % im->wq_cap;
+    im->wq_len--;
+    int skip = im->err != 0;
+    pthread_mutex_unlock(&im->mu);
+    int rc = skip ? 0 : write_at(im, q.p, q.len, q.off);
+    if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, q.j->st->name);
+    pthread_mutex_lock(&im->mu);
+    set_error(im, rc);
+    *q.busy = 0;
+    pthread_cond_broadcast(&im->cv);
+  }
+  pthread_mutex_unlock(&im->mu);
+  return NULL;
+}
+
+/* Queues a write (im->mu held); *busy stays set until it is done. */
+static void enqueue(imp *im, const uint8_t *p, uint64_t len, uint64_t off, const job *j, int *busy) {
+  while (im->wq_len == im->wq_cap) pthread_cond_wait(&im->cv, &im->mu);
+  im->wq[(im->wq_head + im->wq_len++) % im->wq_cap] = (wreq){p, len, off, j, busy};
+  *busy = 1;
+  pthread_cond_broadcast(&im->cv);
+}
+
+/* Waits (im->mu held) until no write is pending from b. */
+static void wbuf_wait(imp *im, wbuf *b) {
+  while (b->busy) pthread_cond_wait(&im->cv, &im->mu);
+}
+
+/* ---- encoding into blobs -------------------------------------------------------------------- */
+
+/* The streamed chunks of one blob: [k0, nchunks), each made by a task (stream_chunk). */
+typedef struct streamer {
+  imp *im;
+  const job *j;
+  nwc__enc *e;
+  const nwc_tensor *t; /* raw NULL: the chunks make it */
+  uint64_t k0;
+} streamer;
+
+/* Chunk k0 + i of the blob: the raw plane's bytes in it (and the tail: zeros, the scale) into a
+ * free slot, its checksum, its write queued. */
+static void stream_chunk(void *ctx, uint64_t i, unsigned thread) {
+  const streamer *sm = ctx;
+  imp *im = sm->im;
+  const nwc__pub_tensor *pt = &sm->j->pub;
+  uint64_t from = (sm->k0 + i) * NWC_STORE_CHUNK;
+  uint64_t upto = pt->L.length - from < NWC_STORE_CHUNK ? pt->L.length : from + NWC_STORE_CHUNK;
+  uint64_t raw0 = pt->L.off_raw, raw1 = raw0 + sm->t->raw_bytes;
+  pthread_mutex_lock(&im->mu);
+  wbuf *slot = NULL;
+  while (!im->err && !slot) {
+    for (unsigned k = 0; k < im->nslots && !slot; k++)
+      if (!im->slots[k].busy) slot = &im->slots[k];
+    if (!slot) pthread_cond_wait(&im->cv, &im->mu);
+  }
+  if (slot) slot->busy = 1; /* taken: ours until the writer is done with it */
+  pthread_mutex_unlock(&im->mu);
+  if (!slot) return;
+  int rc = 0;
+  nwc__blob_write(sm->t, im->cid, &pt->L, from, upto, slot->p);
+  uint64_t a = raw0 > from ? raw0 : from, b = raw1 < upto ? raw1 : upto;
+  if (a < b) rc = nwc__enc_raw_range(sm->e, a - raw0, b - raw0, slot->p + (a - from), thread);
+  if (rc < 0) {
+    const src_file *sf = &im->src[sm->j->source];
+    rc = read_error(sf, sm->j->st, rc);
+  }
+  pt->checksums[sm->k0 + i] = XXH3_64bits(slot->p, upto - from);
+  pthread_mutex_lock(&im->mu);
+  set_error(im, rc);
+  slot->busy = 0;
+  if (rc == 0) enqueue(im, slot->p, upto - from, pt->offset + from, sm->j, &slot->busy);
+  pthread_cond_broadcast(&im->cv);
+  pthread_mutex_unlock(&im->mu);
 }
 
 typedef struct sum_task {
@@ -235,23 +315,96 @@ typedef struct sum_task {
 } sum_task;
 
 static void sum_chunk(void *ctx, uint64_t i, unsigned thread) {
-  (void)thread;
   const sum_task *c = ctx;
   uint64_t o = i * NWC_STORE_CHUNK, n = c->length - o < NWC_STORE_CHUNK ? c->length - o
                                                                       : NWC_STORE_CHUNK;
+  (void)thread;
   c->sums[i] = XXH3_64bits(c->blob + o, n);
 }
 
-/* Encodes job j into blob on `threads` threads (layouts 1 and 2: on one, then copied). */
+/* Gives job j its place in the file (im->mu taken here). */
+static void place(imp *im, job *j) {
+  pthread_mutex_lock(&im->mu);
+  j->pub.offset = im->file_end;
+  im->file_end += j->pub.length;
+  pthread_mutex_unlock(&im->mu);
+}
+
+/*
+ * Layout 0: encodes w (read through rd when not NULL) on `threads` threads.  The blob's head
+ * (header, bases, hdr, the streams, up to the first chunk boundary inside the raw plane) is built
+ * in blob, its streams in place; the chunks after it are made, checksummed and queued for the
+ * writer one at a time (stream_chunk), so that no buffer holds the whole raw plane.  Returns with
+ * the head still to be checksummed and written.
+ */
+static int encode_in_place(imp *im, job *j, const void *w, part_src *rd, const float *scale,
+                           unsigned threads, wbuf *blob, uint64_t *head) {
+  nwc__pub_tensor *pt = &j->pub;
+  nwc__blob_layout *L = &pt->L;
+  uint64_t lay[4];
+  uint8_t psym[16];
+  nwc__enc *e = NULL;
+  NWC_TRY(nwc_layout(pt->rows, pt->cols, pt->elem, lay));
+  NWC_TRY(nwc__enc_begin(rd ? NULL : w, pt->rows, pt->cols, pt->elem, threads,
+                         rd ? read_part : NULL, rd, NULL, psym, &e));
+  nwc_tensor t = {.elem = pt->elem, .rows = pt->rows, .cols = pt->cols,
+                  .nblocks = lay[NWC_LAYOUT_BLOCKS], .data_bytes = nwc__enc_bound(e),
+                  .raw_bytes = lay[NWC_LAYOUT_RAW_BYTES], .scale = scale};
+  memcpy(t.psym, psym, 16);
+  nwc__blob_layout_of(&t, L); /* with the bound: the head is at most this long */
+  uint64_t most = nwc__round_up(L->off_raw, NWC_STORE_CHUNK);
+  int rc = wbuf_reserve(blob, L->length < most ? L->length : most);
+  if (rc == 0) {
+    uint8_t *b = blob->p;
+    t.bases = (const uint64_t *)(b + L->off_bases);
+    t.hdr = b + L->off_hdr;
+    t.data = b + L->off_data;
+    int64_t db = nwc__enc_streams(e, (uint64_t *)(b + L->off_bases), b + L->off_hdr,
+                                  b + L->off_data);
+    rc = db < 0 ? (int)db : 0;
+    t.data_bytes = (uint64_t)db;
+  }
+  if (rc == 0) {
+    nwc__blob_layout_of(&t, L);
+    pt->length = L->length;
+    pt->checksums = malloc(nwc__chunks(L->length, NWC_STORE_CHUNK) * 8);
+    if (!pt->checksums) rc = -ENOMEM;
+  }
+  uint64_t k0 = 0, nchunks = nwc__chunks(L->length, NWC_STORE_CHUNK);
+  if (rc == 0) {
+    k0 = nwc__ceil_div(L->off_raw, NWC_STORE_CHUNK);
+    if (k0 > nchunks) k0 = nchunks;
+    *head = k0 * NWC_STORE_CHUNK < L->length ? k0 * NWC_STORE_CHUNK : L->length;
+    uint64_t raw_in_head = *head > L->off_raw ? *head - L->off_raw : 0;
+    if (raw_in_head > t.raw_bytes) raw_in_head = t.raw_bytes;
+    t.raw = blob->p + L->off_raw;
+    rc = nwc__enc_raw_range(e, 0, raw_in_head, blob->p + L->off_raw, 0);
+  }
+  if (rc == 0) nwc__blob_write(&t, im->cid, L, 0, *head, blob->p);
+  if (rc == 0) {
+    memcpy(pt->psym, t.psym, 16);
+    pt->nblocks = t.nblocks;
+    pt->data_bytes = t.data_bytes;
+    pt->raw_plane_bytes = t.raw_bytes;
+    place(im, j);
+    t.raw = NULL;
+    streamer sm = {im, j, e, &t, k0};
+    nwc__parallel_for(nwc__enc_threads(e), nchunks - k0, stream_chunk, &sm);
+  }
+  nwc__enc_free(e);
+  return rc;
+}
+
+/* Encodes job j into blob on `threads` threads (layouts 1 and 2: on one, then copied) and queues
+ * its writes; 0 or a negative errno (the detail names the file and the tensor). */
 static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) {
   const src_file *sf = &im->src[j->source];
   const nwc_st_tensor *st = j->st;
   uint64_t rows = j->pub.rows, cols = j->pub.cols, n = st->numel;
   int layout0 = NWC_ELEM_LAYOUT(j->pub.elem) == 0;
-  /* Plain BF16 or fp8 into layout 0: the encoder reads the file itself, band by band. */
+  /* Plain BF16 or fp8 into layout 0: the encoder reads the file itself, a piece at a time. */
   int direct = layout0 && j->conv == CONV_NONE && !j->quantize;
   part_src rd = {sf, st};
-  int read_failed = 0;
   uint8_t *q = NULL;
   float *scale = NULL;
   if (!direct) {
@@ -274,96 +427,45 @@ static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) 
   } else if (j->fold) {
     rc = read_scale(im, j, &scale);
   }
-  nwc_tensor t = {0};
   nwc__pub_tensor *pt = &j->pub;
+  uint64_t head = 0;
+  int named = 0; /* the detail names the file and the tensor already */
   if (rc == 0 && layout0) {
-    rc = encode_in_place(im, j, w, direct ? &rd : NULL, scale, threads, blob, &t, &pt->L);
-    if (rc < 0 && direct && rc != -ENOMEM && rc != -EINVAL) read_failed = rc = read_error(sf, st, rc);
+    rc = encode_in_place(im, j, w, direct ? &rd : NULL, scale, threads, blob, &head);
+    if (rc < 0 && direct && rc != -EINVAL && rc != -ENOMEM) rc = read_error(sf, st, rc), named = 1;
   } else if (rc == 0) {
+    nwc_tensor t;
     rc = nwc_tensor_encode(w, rows, cols, j->pub.elem, scale, &t);
-    if (rc == 0) nwc__blob_layout_of(&t, &pt->L);
-    if (rc == 0) rc = wbuf_reserve(blob, pt->L.length);
-    if (rc == 0) nwc__blob_write(&t, im->cid, &pt->L, blob->p);
+    if (rc == 0) {
+      nwc__blob_layout_of(&t, &pt->L);
+      pt->length = head = pt->L.length;
+      pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
+      rc = pt->checksums ? wbuf_reserve(blob, pt->L.length) : -ENOMEM;
+    }
+    if (rc == 0) {
+      nwc__blob_write(&t, im->cid, &pt->L, 0, pt->L.length, blob->p);
+      memcpy(pt->psym, t.psym, 16);
+      pt->nblocks = t.nblocks;
+      pt->data_bytes = t.data_bytes;
+      pt->raw_plane_bytes = t.raw_bytes;
+      place(im, j);
+    }
+    nwc_tensor_release(&t);
   }
   free(q);
   free(scale);
-  if (rc == 0) {
-    memcpy(pt->psym, t.psym, 16);
-    pt->nblocks = t.nblocks;
-    pt->data_bytes = t.data_bytes;
-    pt->raw_plane_bytes = t.raw_bytes;
-    pt->length = pt->L.length;
-  }
-  if (!layout0) nwc_tensor_release(&t);
-  if (rc < 0 && (rc == -ENOMEM || read_failed)) return rc;
-  if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
-  pt->checksums = malloc(nwc__chunks(pt->L.length, NWC_STORE_CHUNK) * 8);
-  if (!pt->checksums) return -ENOMEM;
-  sum_task c = {blob->p, pt->L.length, pt->checksums};
-  nwc__parallel_for(threads, nwc__chunks(pt->L.length, NWC_STORE_CHUNK), sum_chunk, &c);
+  if (rc < 0) return rc == -ENOMEM || named ? rc : nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
+  sum_task c = {blob->p, head, pt->checksums};
+  nwc__parallel_for(threads, nwc__chunks(head, NWC_STORE_CHUNK), sum_chunk, &c);
+  pthread_mutex_lock(&im->mu);
+  enqueue(im, blob->p, head, pt->offset, j, &blob->busy);
+  pthread_mutex_unlock(&im->mu);
   return 0;
 }
 
-/* ---- the writer thread: blobs go to the file while the next tensors encode ------------------ */
-
-/* Writes p[len] at off.  O_DIRECT where the file system takes it (no copy into the page cache);
- * where it refuses (EINVAL), the file goes on buffered.  0 or a negative errno. */
-static int write_at(imp *im, const uint8_t *p, uint64_t len, uint64_t off) {
-  int rc = pwrite_full(im->fd, p, len, off);
-  if (rc == -EINVAL && im->direct) {
-    im->direct = 0;
-    int fl = fcntl(im->fd, F_GETFL);
-    if (fl >= 0 && fcntl(im->fd, F_SETFL, fl & ~O_DIRECT) == 0) rc = pwrite_full(im->fd, p, len, off);
-  }
-  /* Buffered: start writeback of big blobs now, so that the fsync before publishing has little
-   * left to do (small ones are left to that fsync: a syscall each would cost more). */
-  if (rc == 0 && !im->direct && len >= NWC_STORE_CHUNK)
-    (void)sync_file_range(im->fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE);
-  return rc;
-}
-
-static void set_error(imp *im, int rc) { /* with im->mu held */
-  if (rc < 0 && !im->err) {
-    im->err = rc;
-    snprintf(im->errmsg, sizeof im->errmsg, "%s", nwc_error_detail());
-  }
-}
-
-static void *writer(void *arg) {
-  imp *im = arg;
-  pthread_mutex_lock(&im->mu);
-  for (;;) {
-    while (im->wq_head == im->wq_tail && !im->writer_stop) pthread_cond_wait(&im->cv, &im->mu);
-    if (im->wq_head == im->wq_tail) break;
-    job *j = im->wq[im->wq_head++];
-    int skip = im->err != 0;
-    pthread_mutex_unlock(&im->mu);
-    int rc = skip ? 0 : write_at(im, j->buf->p, j->pub.length, j->pub.offset);
-    if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, j->st->name);
-    pthread_mutex_lock(&im->mu);
-    set_error(im, rc);
-    j->buf->busy = 0;
-    pthread_cond_broadcast(&im->cv);
-  }
-  pthread_mutex_unlock(&im->mu);
-  return NULL;
-}
-
-/* Waits (im->mu held) until no write is pending from b. */
-static void wbuf_wait(imp *im, wbuf *b) {
-  while (b->busy) pthread_cond_wait(&im->cv, &im->mu);
-}
-
-/* Records an encoded job (im->mu held): its place in the file, its write, its progress. */
-static void job_done(imp *im, job *j, wbuf *b, int rc) {
+/* Records an encoded job (im->mu held): its error, its progress. */
+static void job_done(imp *im, job *j, int rc) {
   set_error(im, rc);
-  if (rc == 0) {
-    j->pub.offset = im->file_end;
-    im->file_end += j->pub.length;
-    j->buf = b;
-    b->busy = 1;
-    im->wq[im->wq_tail++] = j;
-  }
   im->done += j->st->end - j->st->begin;
   pthread_cond_broadcast(&im->cv);
 }
@@ -387,7 +489,7 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&im->mu);
     int rc = encode_job(im, j, &wb, b, 1);
     pthread_mutex_lock(&im->mu);
-    job_done(im, j, b, rc);
+    job_done(im, j, rc);
   }
   for (int i = 0; i < 2; i++) wbuf_wait(im, &wb.blob[i]);
   im->running--;
@@ -417,23 +519,28 @@ static int report(imp *im, uint64_t *last) {
 /*
  * Tensors of at least TEAM_BYTES come first, one at a time, each encoded by all threads (a
  * model's largest tensors would otherwise hold one core each until the end); the rest go to one
- * worker thread each.  A writer thread writes each blob while the next tensors encode; each
- * encoder alternates between two blob buffers.
+ * worker thread each.  A writer thread writes while the next pieces encode: each encoder
+ * alternates between two blob buffers, and the raw planes go out in chunks.
  */
 #define TEAM_BYTES (UINT64_C(16) << 20)
 
 static int encode_all(imp *im) {
-  im->order = malloc(im->njobs * sizeof *im->order);
-  im->wq = malloc(im->njobs * sizeof *im->wq);
-  if (!im->order || !im->wq) return -ENOMEM;
-  for (size_t i = 0; i < im->njobs; i++) im->order[i] = i;
-  qsort_r(im->order, im->njobs, sizeof *im->order, cmp_job_size, im->jobs);
   unsigned nt = im->o.threads;
   if (nt == 0) {
     long c = sysconf(_SC_NPROCESSORS_ONLN);
     nt = c > 0 ? (unsigned)c : 1;
   }
   if (nt > NWC__MAX_THREADS) nt = NWC__MAX_THREADS;
+  im->nslots = nt * SLOTS_PER_THREAD;
+  im->wq_cap = im->nslots + 2 * (size_t)nt + 2; /* every buffer's write at once */
+  im->order = malloc(im->njobs * sizeof *im->order);
+  im->wq = malloc(im->wq_cap * sizeof *im->wq);
+  im->slots = calloc(im->nslots, sizeof *im->slots);
+  if (!im->order || !im->wq || !im->slots) return -ENOMEM;
+  for (unsigned k = 0; k < im->nslots; k++)
+    if (wbuf_reserve(&im->slots[k], NWC_STORE_CHUNK) < 0) return -ENOMEM;
+  for (size_t i = 0; i < im->njobs; i++) im->order[i] = i;
+  qsort_r(im->order, im->njobs, sizeof *im->order, cmp_job_size, im->jobs);
   pthread_t tid[NWC__MAX_THREADS], wtid;
   pthread_mutex_init(&im->mu, NULL);
   pthread_cond_init(&im->cv, NULL);
@@ -451,7 +558,7 @@ static int encode_all(imp *im) {
     pthread_mutex_unlock(&im->mu);
     int rc = encode_job(im, j, &team, b, nt);
     pthread_mutex_lock(&im->mu);
-    job_done(im, j, b, rc);
+    job_done(im, j, rc);
     report(im, &last);
   }
   for (int i = 0; i < 2; i++) wbuf_wait(im, &team.blob[i]);
@@ -737,6 +844,8 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   free(im.jobs);
   free(im.order);
   free(im.wq);
+  for (unsigned k = 0; im.slots && k < im.nslots; k++) free(im.slots[k].p);
+  free(im.slots);
   return rc;
 }
 

@@ -100,8 +100,9 @@ void nwc__parallel_for(unsigned threads, uint64_t ntasks,
                        void (*fn)(void *ctx, uint64_t task, unsigned thread), void *ctx);
 
 /* Reads len bytes of the input, from byte off on, into dst (a buffer of the encoder's); 0 or a
- * negative errno.  Called from any of the encoder's threads, three times per byte (histogram,
- * streams, raw plane), whole row blocks of about 1 MiB at a time. */
+ * negative errno.  Called from any of the encoder's threads, whole rows of about 1 MiB at a time,
+ * three times per byte (histogram, streams, raw plane; the raw plane's rows once per range that
+ * touches them). */
 typedef int (*nwc__enc_read_fn)(void *ctx, uint64_t off, uint64_t len, void *dst);
 
 /*
@@ -113,7 +114,9 @@ typedef int (*nwc__enc_read_fn)(void *ctx, uint64_t off, uint64_t len, void *dst
  *   nwc__enc_bound   bytes data must hold for nwc__enc_streams (at most nwc_encode's bound plus
  *                    one per band).
  *   nwc__enc_streams bases[nblocks + 1], hdr[nblocks * 32], data; returns data_bytes.
- *   nwc__enc_raw     the raw plane, raw[raw_bytes]; returns 0.
+ *   nwc__enc_raw_range  bytes [q0, q1) of the raw plane into dst, on the calling thread, which
+ *                    is encoder thread `thread` (< nwc__enc_threads(e); one call at a time per
+ *                    thread); returns 0.  Calls for disjoint ranges may run at once.
  * Errors: -EINVAL for a bad shape or an fp8 NaN (begin), -ENOTSUP for a layout other than 0,
  * -ENOMEM, or what read returned (any step).
  */
@@ -123,7 +126,8 @@ int nwc__enc_begin(const void *w, uint64_t rows, uint64_t cols, unsigned elem, u
                    nwc__enc **e);
 uint64_t nwc__enc_bound(const nwc__enc *e);
 int64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data);
-int nwc__enc_raw(nwc__enc *e, uint8_t *raw);
+int nwc__enc_raw_range(nwc__enc *e, uint64_t q0, uint64_t q1, uint8_t *dst, unsigned thread);
+unsigned nwc__enc_threads(const nwc__enc *e);
 void nwc__enc_free(nwc__enc *e);
 
 /* Layouts 1 and 2, CPU feature dispatch, batched matvec: the interface the files above dispatch

@@ -46,14 +46,14 @@ void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]);
 /* Checks a container header read from path; -EBADMSG (detail names path) if it is not cid's. */
 int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *path);
 void nwc__blob_layout_of(const nwc_tensor *t, nwc__blob_layout *L);
-/* Writes t's blob (header, sections, zero padding) into blob[L->length]; a section of t that
- * already lies at its place in blob is left as it is. */
-void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint8_t *blob);
+/* Writes bytes [from, upto) of t's blob (header, sections, zero padding) to dst, whose byte 0 is
+ * blob byte `from`.  A section of t that is NULL, or already at its place in dst, is left to the
+ * caller. */
+void nwc__blob_write(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L, uint64_t from,
+                     uint64_t upto, uint8_t *dst);
 static inline uint64_t nwc__chunks(uint64_t length, uint64_t chunk) {
   return (length + chunk - 1) / chunk;
 }
-/* XXH3-64 of each NWC_STORE_CHUNK chunk of blob[length] into sums[nwc__chunks(length)]. */
-void nwc__blob_checksums(const uint8_t *blob, uint64_t length, uint64_t *sums);
 /* Reads len bytes at off from fd (-EIO on a short read). */
 int nwc__pread_full(int fd, void *buf, uint64_t len, uint64_t off);
 /* Records "prefix: <current detail>" as the detail and returns err (prefix may be long). */
