@@ -2,7 +2,9 @@
  * test_store_import.c - import round trips: BF16 (exact), F16/F32 (converted RNE), F8_E4M3 with a
  * folded per-row scale and with a block scale kept apart, 1-D and 3-D shapes, odd names, the fp8
  * quantize option, a sharded model, the sample model; progress reports; read and mmap paths;
- * name rules; taken names; the store lock; reopen; remove.
+ * name rules; taken names; the store lock; reopen; remove.  Large tensors (one encoded by all
+ * threads, raw planes written in many chunks, fp8 with a folded scale, a converted F32) give the
+ * same blobs on 1 and on 3 threads, and the BF16 one the blob of nwc_tensor_encode.
  */
 #include "test_store_util.h"
 
@@ -140,6 +142,62 @@ static void test_sample(nwc_store *s, const char *dir) {
   check_store_consistent(s, dir);
 }
 
+/* Every array of t and u is the same. */
+static int same_tensor(const nwc_tensor *t, const nwc_tensor *u) {
+  return t->elem == u->elem && t->rows == u->rows && t->cols == u->cols &&
+         !memcmp(t->psym, u->psym, 16) && t->nblocks == u->nblocks &&
+         t->data_bytes == u->data_bytes && t->raw_bytes == u->raw_bytes &&
+         !memcmp(t->bases, u->bases, (t->nblocks + 1) * 8) &&
+         !memcmp(t->hdr, u->hdr, t->nblocks * NWC_LANES) &&
+         !memcmp(t->data, u->data, t->data_bytes) && !memcmp(t->raw, u->raw, t->raw_bytes) &&
+         !t->scale == !u->scale && (!t->scale || !memcmp(t->scale, u->scale, t->rows * 4));
+}
+
+static void test_large(nwc_store *s, const char *dir, const char *src) {
+  enum { BM = 2100, BK = 4100, FM = 1100, FK = 4100, CM = 300, CK = 1000 };
+  uint16_t *big = malloc((size_t)BM * BK * 2);
+  uint8_t *f8 = malloc((size_t)FM * FK);
+  float *fs = malloc(FM * sizeof *fs), *cf = malloc(CM * CK * sizeof *cf);
+  for (size_t i = 0; i < (size_t)BM * BK; i++) big[i] = rand_bf16();
+  for (size_t i = 0; i < (size_t)FM * FK; i++) f8[i] = rand_fp8();
+  for (int i = 0; i < FM; i++) fs[i] = (float)(0.01 + test_uniform());
+  for (int i = 0; i < CM * CK; i++) cf[i] = (float)(test_uniform() - 0.5);
+  st_spec spec[] = {
+      {"big", "BF16", 2, {BM, BK}, big, (size_t)BM * BK * 2},
+      {"f8.weight", "F8_E4M3", 2, {FM, FK}, f8, (size_t)FM * FK},
+      {"f8.weight_scale_inv", "F32", 1, {FM}, fs, FM * sizeof *fs},
+      {"conv", "F32", 2, {CM, CK}, cf, CM * CK * sizeof *cf},
+  };
+  char path[700];
+  snprintf(path, sizeof path, "%s/large.safetensors", src);
+  CHECK_RC(st_write(path, spec, 4));
+  nwc_import_opts one = {.threads = 1}, three = {.threads = 3};
+  CHECK_RC(nwc_store_import(s, "large1", path, &one));
+  CHECK_RC(nwc_store_import(s, "large3", path, &three));
+  nwc_tensor want;
+  CHECK_RC(nwc_tensor_encode(big, BM, BK, NWC_ELEM_BF16, NULL, &want));
+  const char *names[] = {"big", "f8.weight", "conv"};
+  for (int i = 0; i < 3; i++) {
+    nwc_tensor a, b;
+    int ra = nwc_store_read(s, "large1", names[i], &a), rb = nwc_store_read(s, "large3", names[i], &b);
+    CHECK(ra == 0 && rb == 0, "%s: read %d %d (%s)", names[i], ra, rb, nwc_error_detail());
+    if (ra || rb) continue;
+    CHECK(same_tensor(&a, &b), "%s: 1 and 3 threads stored different tensors", names[i]);
+    CHECK(i || same_tensor(&a, &want), "big: not what nwc_tensor_encode writes");
+    nwc_tensor_release(&a);
+    nwc_tensor_release(&b);
+  }
+  nwc_tensor_release(&want);
+  check_tensor(s, "large3", "big", big, NULL, NWC_ELEM_BF16, "none");
+  check_store_consistent(s, dir);
+  CHECK_RC(nwc_store_remove(s, "large1"));
+  CHECK_RC(nwc_store_remove(s, "large3"));
+  free(big);
+  free(f8);
+  free(fs);
+  free(cf);
+}
+
 int main(void) {
   test_seed("test_store_import");
   char dir[512], src[600], path[700];
@@ -195,6 +253,7 @@ int main(void) {
     CHECK(access(lk, F_OK) != 0, "opening a non-store created files in it");
   }
   CHECK(nwc_store_open(dir, 0, &s2) == -EBUSY, "second writer must get -EBUSY");
+  test_large(s, dir, src);
 
   prog p = {0};
   nwc_import_opts o = {.threads = 2, .progress = on_progress, .progress_ctx = &p};
