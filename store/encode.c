@@ -31,6 +31,8 @@ typedef struct plan {
   const void *w;       /* the input: uint16_t BF16 or uint8_t fp8 (NULL: read band by band) */
   int bf16;            /* g.type == NWC_ELEM_BF16 */
   code codes[256];     /* by input byte (BF16: high byte) */
+  uint64_t *pair;      /* NULL, or by two input bytes (first << 8 | second): both codes, their
+                        * length << 32; a length above 32 (an escape): code them one by one */
   uint8_t len[256];    /* codes[].len */
   uint8_t nib[256];    /* fp8: raw nibble by input byte */
   unsigned sym_of[256]; /* fp8: symbol by input byte (NWC_FP8_SYMBOLS: NaN) */
@@ -196,6 +198,7 @@ typedef struct bitw {
   unsigned n;   /* number of pending bits (< 32 between calls) */
 } bitw;
 
+/* Appends the len (<= 32) low bits of bits. */
 static inline void bitw_put(bitw *w, uint32_t bits, unsigned len) {
   w->acc = (w->acc << len) | bits;
   w->n += len;
@@ -212,14 +215,28 @@ static inline void bitw_pad(bitw *w, unsigned align) {
   if (r) bitw_put(w, 0, align - r);
 }
 
-/* Codes of one lane's 16 weights of a row: n real ones from src (stride 1), then fillers. */
-static inline void put_lane_row(bitw *w, const code *codes, const uint16_t *w16, const uint8_t *w8,
-                                unsigned n) {
-  for (unsigned j = 0; j < n; j++) {
+/* Codes of one lane's 16 weights of a row: n real ones from src (stride 1), then fillers.  With a
+ * pair table, two weights at a time: one table load and one accumulator update per pair. */
+static inline void put_lane_row(bitw *w, const code *codes, const uint64_t *pair,
+                                const uint16_t *w16, const uint8_t *w8, unsigned n) {
+  unsigned j = 0;
+  for (; pair && j + 2 <= n; j += 2) {
+    uint64_t e = pair[w16 ? (w16[j] & 0xff00u) | (unsigned)(w16[j + 1] >> 8)
+                          : (unsigned)w8[j] << 8 | w8[j + 1]];
+    if (NWC__LIKELY((e >> 32) <= 32)) {
+      bitw_put(w, (uint32_t)e, (unsigned)(e >> 32));
+      continue;
+    }
+    for (unsigned k = j; k < j + 2; k++) {
+      code c = codes[w16 ? (unsigned)(w16[k] >> 8) : w8[k]];
+      bitw_put(w, c.bits, c.len);
+    }
+  }
+  for (; j < n; j++) {
     code c = codes[w16 ? (unsigned)(w16[j] >> 8) : w8[j]];
     bitw_put(w, c.bits, c.len);
   }
-  for (unsigned j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
+  for (j = n; j < NWC_LANE_COLS; j++) bitw_put(w, 2u, 2); /* filler columns below K16 */
 }
 
 /* Writes the lane streams of blocks [b0, b1) one after the other from data + off, filling their
@@ -233,6 +250,7 @@ static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, const void
   const uint16_t *w16 = p->bf16 ? src : NULL;
   const uint8_t *w8 = p->bf16 ? NULL : src;
   const code *codes = p->codes;
+  const uint64_t *pair = p->pair;
   for (uint64_t b = b0; b < b1; b++) {
     uint64_t rb = b / cbs, cb = b % cbs;
     uint64_t r0 = rb * NWC_BLOCK_ROWS, r1 = r0 + NWC_BLOCK_ROWS < M ? r0 + NWC_BLOCK_ROWS : M;
@@ -245,9 +263,9 @@ static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, const void
       unsigned n = c0 >= K ? 0 : K - c0 < NWC_LANE_COLS ? (unsigned)(K - c0) : NWC_LANE_COLS;
       for (uint64_t r = r0; r < r1 && c0 < K16; r++) {
         if (w16)
-          put_lane_row(&w, codes, w16 + (r - row0) * K + c0, NULL, n);
+          put_lane_row(&w, codes, pair, w16 + (r - row0) * K + c0, NULL, n);
         else
-          put_lane_row(&w, codes, NULL, w8 + (r - row0) * K + c0, n);
+          put_lane_row(&w, codes, pair, NULL, w8 + (r - row0) * K + c0, n);
       }
       bitw_pad(&w, NWC_UNIT_BITS);
       hdr[b * NWC_LANES + l] = (uint8_t)(((uint64_t)(w.dst - blk) * 8 + w.n - start) / NWC_UNIT_BITS);
@@ -260,9 +278,30 @@ static uint64_t write_blocks(const plan *p, uint64_t b0, uint64_t b1, const void
   return off;
 }
 
+/* The fewest weights worth building the pair table for (65536 entries). */
+#define PAIR_MIN_WEIGHTS (UINT64_C(1) << 18)
+
+/* Builds p->pair for a tensor large enough; without memory, codes go one by one. */
+static void plan_pairs(plan *p) {
+  if (p->pair || p->g.M * p->g.K < PAIR_MIN_WEIGHTS || !(p->pair = malloc(65536 * sizeof *p->pair)))
+    return;
+  for (unsigned a = 0; a < 256; a++)
+    for (unsigned b = 0; b < 256; b++) {
+      code x = p->codes[a], y = p->codes[b];
+      uint64_t len = x.len + y.len;
+      p->pair[a << 8 | b] = len > 32 ? UINT64_C(64) << 32 : len << 32 | (uint64_t)x.bits << y.len | y.bits;
+    }
+}
+
+static void plan_free(plan *p) {
+  if (p) free(p->pair);
+  free(p);
+}
+
 /* Every block's streams, bases[nblocks] and the slack; returns data_bytes.  data must hold
  * plan_bound(p) bytes. */
-static uint64_t write_streams(const plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+static uint64_t write_streams(plan *p, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
+  plan_pairs(p);
   uint64_t off = write_blocks(p, 0, p->g.nblocks, p->w, 0, 0, bases, hdr, data);
   bases[p->g.nblocks] = off;
   memset(data + off, 0, NWC_DATA_SLACK);
@@ -296,8 +335,8 @@ static void write_raw(const plan *p, const void *w, uint64_t r0, uint64_t r1, ui
 
 static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
                      uint8_t psym[16]) {
-  NWC_TRY(nwc__encode_args(w, n, K));
   memset(p, 0, sizeof *p);
+  NWC_TRY(nwc__encode_args(w, n, K));
   NWC_TRY(nwc__geom_init(&p->g, n / K, K, elem));
   p->w = w;
   p->bf16 = p->g.type == NWC_ELEM_BF16;
@@ -321,12 +360,12 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
                      (unsigned long long)p->data_bytes, (unsigned long long)cap);
     if (rc == 0 && !data) rc = (int64_t)p->data_bytes;
   }
+  if (rc == 0 && data && !raw) rc = nwc__fail(-EINVAL, "nwc_encode: no raw plane");
   if (rc == 0 && data) {
-    NWC_RETURN_IF(!raw, -EINVAL, "nwc_encode: no raw plane");
     rc = (int64_t)write_streams(p, bases, hdr, data);
     write_raw(p, p->w, 0, p->g.M, raw);
   }
-  free(p);
+  plan_free(p);
   return rc;
 }
 
@@ -372,7 +411,7 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
       t->owned = all;
     }
   }
-  free(p);
+  plan_free(p);
   return rc;
 }
 
@@ -585,6 +624,7 @@ uint64_t nwc__enc_bound(const nwc__enc *e) { return e->bound; }
 
 int64_t nwc__enc_streams(nwc__enc *e, uint64_t *bases, uint8_t *hdr, uint8_t *data) {
   e->bases = bases, e->hdr = hdr, e->data = data;
+  plan_pairs(&e->p);
   nwc__parallel_for(e->threads, e->nbands, task_streams, e);
   NWC_TRY(bands_error(e));
   uint64_t off = 0, cbs = e->p.g.col_blocks;
@@ -624,6 +664,7 @@ void nwc__enc_free(nwc__enc *e) {
   for (unsigned t = 0; e->buf && t < e->threads; t++) free(e->buf[t]);
   free(e->buf);
   free(e->band);
+  free(e->p.pair);
   free(e);
 }
 
