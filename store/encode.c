@@ -198,15 +198,15 @@ typedef struct bitw {
   unsigned n;   /* number of pending bits (< 32 between calls) */
 } bitw;
 
-/* Appends the len (<= 32) low bits of bits. */
+/* Appends the len (<= 32) low bits of bits.  Branch-free: the word in progress is stored on every
+ * call (a partial one is stored again until it is whole), and dst moves on when it is whole. */
 static inline void bitw_put(bitw *w, uint32_t bits, unsigned len) {
   w->acc = (w->acc << len) | bits;
   w->n += len;
-  if (w->n >= 32) {
-    w->n -= 32;
-    put_word(w->dst, (uint32_t)(w->acc >> w->n));
-    w->dst += 4;
-  }
+  unsigned whole = w->n >= 32;
+  w->n -= 32 * whole;
+  put_word(w->dst, (uint32_t)(w->acc >> w->n));
+  w->dst += 4 * whole;
 }
 
 /* Pads with zero bits to a multiple of `align` bits (16: a lane's end; 32: the block's end). */
@@ -221,16 +221,13 @@ static inline void put_lane_row(bitw *w, const code *codes, const uint64_t *pair
                                 const uint16_t *w16, const uint8_t *w8, unsigned n) {
   unsigned j = 0;
   for (; pair && j + 2 <= n; j += 2) {
-    uint64_t e = pair[w16 ? (w16[j] & 0xff00u) | (unsigned)(w16[j + 1] >> 8)
-                          : (unsigned)w8[j] << 8 | w8[j + 1]];
-    if (NWC__LIKELY((e >> 32) <= 32)) {
-      bitw_put(w, (uint32_t)e, (unsigned)(e >> 32));
-      continue;
+    unsigned a = w16 ? (unsigned)(w16[j] >> 8) : w8[j], b = w16 ? (unsigned)(w16[j + 1] >> 8) : w8[j + 1];
+    uint64_t e = pair[a << 8 | b];
+    if (NWC__UNLIKELY((e >> 32) > 32)) { /* an escape: the first code alone, then the second */
+      bitw_put(w, codes[a].bits, codes[a].len);
+      e = (uint64_t)codes[b].len << 32 | codes[b].bits;
     }
-    for (unsigned k = j; k < j + 2; k++) {
-      code c = codes[w16 ? (unsigned)(w16[k] >> 8) : w8[k]];
-      bitw_put(w, c.bits, c.len);
-    }
+    bitw_put(w, (uint32_t)e, (unsigned)(e >> 32));
   }
   for (; j < n; j++) {
     code c = codes[w16 ? (unsigned)(w16[j] >> 8) : w8[j]];
