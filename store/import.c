@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -68,6 +69,12 @@ typedef struct wreq {
  * per encoder thread, and the most writes queued at once. */
 #define SLOTS_PER_THREAD 3
 
+/* The most queued writes one pwritev takes. */
+#define IOV_MAX_WRITE 16
+
+/* Tensors from this size on are read by the encoder piece by piece, not into a buffer. */
+#define READ_PIECES_BYTES (UINT64_C(8) << 20)
+
 typedef struct job {
   const nwc_st_tensor *st;
   unsigned source;
@@ -91,7 +98,7 @@ typedef struct imp {
   size_t *order;
   uint64_t total;
   /* encode phase */
-  int fd, direct;               /* direct: fd is O_DIRECT */
+  int fd, dfd;                  /* the file, buffered; and O_DIRECT (-1: not taken) */
   wreq *wq;                     /* a ring of wq_cap writes, wq_len of them from wq_head on */
   size_t wq_cap, wq_head, wq_len;
   int writer_stop;
@@ -204,18 +211,38 @@ static int read_scale(const imp *im, const job *j, float **out) {
 
 /* ---- the writer thread: blobs go to the file while the next tensors encode ------------------ */
 
-/* Writes p[len] at off.  O_DIRECT where the file system takes it (no copy into the page cache);
- * where it refuses (EINVAL), the file goes on buffered.  0 or a negative errno. */
-static int write_at(imp *im, const uint8_t *p, uint64_t len, uint64_t off) {
-  int rc = pwrite_full(im->fd, p, len, off);
-  if (rc == -EINVAL && im->direct) {
-    im->direct = 0;
-    int fl = fcntl(im->fd, F_GETFL);
-    if (fl >= 0 && fcntl(im->fd, F_SETFL, fl & ~O_DIRECT) == 0) rc = pwrite_full(im->fd, p, len, off);
+/* Writes n buffers at off, one after the other (a short write goes on where it stopped). */
+static int pwritev_full(int fd, struct iovec *iov, int n, uint64_t off) {
+  while (n > 0) {
+    ssize_t w = pwritev(fd, iov, n, (off_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    off += (uint64_t)w;
+    for (; n > 0 && (size_t)w >= iov->iov_len; iov++, n--) w -= (ssize_t)iov->iov_len;
+    if (n > 0) iov->iov_base = (uint8_t *)iov->iov_base + w, iov->iov_len -= (size_t)w;
   }
+  return 0;
+}
+
+/* Writes n buffers of len bytes in all to off.  Large writes go through O_DIRECT where the file
+ * system takes it (no copy into the page cache; a refusal, EINVAL, turns it off); small ones, and
+ * all without it, through the page cache. */
+#define DIRECT_MIN_BYTES NWC_STORE_CHUNK
+
+static int write_at(imp *im, struct iovec *iov, int n, uint64_t len, uint64_t off) {
+  if (im->dfd >= 0 && len >= DIRECT_MIN_BYTES) {
+    struct iovec keep[IOV_MAX_WRITE];
+    memcpy(keep, iov, (size_t)n * sizeof *iov);
+    int rc = pwritev_full(im->dfd, iov, n, off);
+    if (rc != -EINVAL) return rc;
+    close(im->dfd);
+    im->dfd = -1;
+    memcpy(iov, keep, (size_t)n * sizeof *iov);
+  }
+  int rc = pwritev_full(im->fd, iov, n, off);
   /* Buffered: start writeback of big writes now, so that the fsync before publishing has little
    * left to do (small ones are left to that fsync: a syscall each would cost more). */
-  if (rc == 0 && !im->direct && len >= NWC_STORE_CHUNK)
+  if (rc == 0 && len >= NWC_STORE_CHUNK)
     (void)sync_file_range(im->fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE);
   return rc;
 }
@@ -233,16 +260,26 @@ static void *writer(void *arg) {
   for (;;) {
     while (!im->wq_len && !im->writer_stop) pthread_cond_wait(&im->cv, &im->mu);
     if (!im->wq_len) break;
-    wreq q = im->wq[im->wq_head];
-    im->wq_head = (im->wq_head + 1) % im->wq_cap;
-    im->wq_len--;
+    /* The queued writes that continue each other in the file go out in one call. */
+    wreq q[IOV_MAX_WRITE];
+    struct iovec iov[IOV_MAX_WRITE];
+    int n = 0;
+    uint64_t len = 0;
+    while (n < IOV_MAX_WRITE && im->wq_len &&
+           (n == 0 || im->wq[im->wq_head].off == q[n - 1].off + q[n - 1].len)) {
+      q[n] = im->wq[im->wq_head];
+      iov[n] = (struct iovec){(void *)q[n].p, q[n].len};
+      len += q[n++].len;
+      im->wq_head = (im->wq_head + 1) % im->wq_cap;
+      im->wq_len--;
+    }
     int skip = im->err != 0;
     pthread_mutex_unlock(&im->mu);
-    int rc = skip ? 0 : write_at(im, q.p, q.len, q.off);
-    if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, q.j->st->name);
+    int rc = skip ? 0 : write_at(im, iov, n, len, q[0].off);
+    if (rc < 0) rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, q[0].j->st->name);
     pthread_mutex_lock(&im->mu);
     set_error(im, rc);
-    *q.busy = 0;
+    for (int k = 0; k < n; k++) *q[k].busy = 0;
     pthread_cond_broadcast(&im->cv);
   }
   pthread_mutex_unlock(&im->mu);
@@ -292,15 +329,14 @@ static void stream_chunk(void *ctx, uint64_t i, unsigned thread) {
   if (slot) slot->busy = 1; /* taken: ours until the writer is done with it */
   pthread_mutex_unlock(&im->mu);
   if (!slot) return;
-  int rc = 0;
-  nwc__blob_write(sm->t, im->cid, &pt->L, from, upto, slot->p);
-  uint64_t a = raw0 > from ? raw0 : from, b = raw1 < upto ? raw1 : upto;
-  if (a < b) rc = nwc__enc_raw_range(sm->e, a - raw0, b - raw0, slot->p + (a - from), thread);
-  if (rc < 0) {
-    const src_file *sf = &im->src[sm->j->source];
-    rc = read_error(sf, sm->j->st, rc);
+  int rc = wbuf_reserve(slot, NWC_STORE_CHUNK); /* on first use: small models need none */
+  if (rc == 0) {
+    nwc__blob_write(sm->t, im->cid, &pt->L, from, upto, slot->p);
+    uint64_t a = raw0 > from ? raw0 : from, b = raw1 < upto ? raw1 : upto;
+    if (a < b) rc = nwc__enc_raw_range(sm->e, a - raw0, b - raw0, slot->p + (a - from), thread);
+    if (rc < 0) rc = read_error(&im->src[sm->j->source], sm->j->st, rc); /* only reads fail */
+    pt->checksums[sm->k0 + i] = XXH3_64bits(slot->p, upto - from);
   }
-  pt->checksums[sm->k0 + i] = XXH3_64bits(slot->p, upto - from);
   pthread_mutex_lock(&im->mu);
   set_error(im, rc);
   slot->busy = 0;
@@ -402,8 +438,9 @@ static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) 
   const nwc_st_tensor *st = j->st;
   uint64_t rows = j->pub.rows, cols = j->pub.cols, n = st->numel;
   int layout0 = NWC_ELEM_LAYOUT(j->pub.elem) == 0;
-  /* Plain BF16 or fp8 into layout 0: the encoder reads the file itself, a piece at a time. */
-  int direct = layout0 && j->conv == CONV_NONE && !j->quantize;
+  /* Plain BF16 or fp8 into layout 0, if large: the encoder reads the file itself, a piece at a
+   * time (three times over: a small tensor is cheaper to read once into memory). */
+  int direct = layout0 && j->conv == CONV_NONE && !j->quantize && st->end - st->begin >= READ_PIECES_BYTES;
   part_src rd = {sf, st};
   uint8_t *q = NULL;
   float *scale = NULL;
@@ -537,8 +574,6 @@ static int encode_all(imp *im) {
   im->wq = malloc(im->wq_cap * sizeof *im->wq);
   im->slots = calloc(im->nslots, sizeof *im->slots);
   if (!im->order || !im->wq || !im->slots) return -ENOMEM;
-  for (unsigned k = 0; k < im->nslots; k++)
-    if (wbuf_reserve(&im->slots[k], NWC_STORE_CHUNK) < 0) return -ENOMEM;
   for (size_t i = 0; i < im->njobs; i++) im->order[i] = i;
   qsort_r(im->order, im->njobs, sizeof *im->order, cmp_job_size, im->jobs);
   pthread_t tid[NWC__MAX_THREADS], wtid;
@@ -791,28 +826,22 @@ static int run(imp *im) {
   char tmp[32], fin[32];
   nwc__container_name(im->cid, 1, tmp);
   nwc__container_name(im->cid, 0, fin);
-  /* O_DIRECT: blobs are 4096-aligned in the file and in memory; a file system that refuses it
-   * here (tmpfs) or at the first write gets buffered writes. */
-  im->direct = 1;
-  im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0640);
-  if (im->fd < 0 && errno == EINVAL) {
-    im->direct = 0;
-    im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-  }
+  im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
   if (im->fd < 0) return nwc__fail(-errno, "%s/containers/%s: cannot create", im->s->dir, tmp);
-  wbuf hb = {0}; /* the header from an aligned buffer, for O_DIRECT */
-  rc = wbuf_reserve(&hb, NWC__CONTAINER_HEADER);
-  if (rc == 0) {
-    nwc__container_header(im->cid, hb.p);
-    rc = write_at(im, hb.p, NWC__CONTAINER_HEADER, 0);
-  }
-  free(hb.p);
+  /* O_DIRECT for the large writes: blobs are 4096-aligned in the file and in memory (and their
+   * pages disjoint, so buffered and direct writes never share one); a file system that refuses
+   * it here (tmpfs) or at the first write gets buffered writes only. */
+  im->dfd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
+  uint8_t hdr[NWC__CONTAINER_HEADER];
+  nwc__container_header(im->cid, hdr);
+  rc = pwrite_full(im->fd, hdr, sizeof hdr, 0);
   im->file_end = NWC__CONTAINER_HEADER;
   if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write", im->s->dir, tmp);
   if (rc == 0) rc = encode_all(im);
   if (rc == 0 && fsync(im->fd) < 0) rc = nwc__fail(-errno, "%s/containers/%s: fsync", im->s->dir, tmp);
   close(im->fd);
-  im->fd = -1;
+  if (im->dfd >= 0) close(im->dfd);
+  im->fd = im->dfd = -1;
   int renamed = 0;
   if (rc == 0) {
     if (renameat(im->s->cdirfd, tmp, im->s->cdirfd, fin) < 0)
@@ -836,7 +865,7 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   im.model = model;
   im.src = src;
   im.nsrc = nsrc;
-  im.fd = -1;
+  im.fd = im.dfd = -1;
   if (opts) im.o = *opts;
   int rc = plan(&im, x, index_label);
   if (rc == 0) rc = run(&im);
