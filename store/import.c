@@ -1,20 +1,25 @@
 /*
- * import.c - safetensors (single file or sharded) into the store: plan, encode on a thread pool,
+ * import.c - safetensors (single file or sharded) into the store: plan, encode on all threads,
  * write one container, publish in one transaction.
  *
  * Phases, each finishing before the next starts:
  *   1. plan    parse every file (store/safetensors.c) and the index; check names, dtypes, shapes,
  *              duplicates across shards, that the index and the shards agree, and that the model
  *              name is free.  Any bad input fails here, before a byte is written.
- *   2. encode  worker threads take tensors largest first, convert (F16/F32 -> BF16 by round to
- *              nearest even, optional BF16 -> fp8 per row), encode (nwc_tensor_encode, one tensor
- *              per thread), lay out the blob, checksum its chunks and pwrite it at the next
- *              4096-aligned offset of DIR/containers/ID.tmp.  The calling thread waits and reports
- *              progress; the first error stops the others.
+ *   2. encode  tensors largest first: those of TEAM_BYTES or more one at a time on all threads
+ *              (nwc__enc_*), the rest one per worker thread.  Convert (F16/F32 -> BF16 by round
+ *              to nearest even, optional BF16 -> fp8 per row) or let the encoder pread the
+ *              source piece by piece; encode the blob's head in place (encode_in_place) and its
+ *              raw plane in 1 MiB chunks (stream_chunk), each checksummed and queued as soon as
+ *              it is made.  A writer thread writes the queue to DIR/containers/ID.tmp (large
+ *              pieces O_DIRECT) while encoding goes on.  The calling thread reports progress;
+ *              the first error stops the others.
  *   3. publish fsync the file, rename it to ID.nwc, fsync the directory, then one SQLite
  *              transaction inserts the model.  Any failure unlinks the file.  A crash anywhere
  *              leaves a file that the next open sweeps (store.c).
- * Parallelism is across tensors: a model whose bytes sit in one huge tensor encodes on one core.
+ * Buffers: per encoder, two blob heads (header to the first chunk boundary in the raw plane: one
+ * is filled while the other is written), a source buffer only for small or converted tensors;
+ * per import, SLOTS_PER_THREAD chunk buffers per thread.
  */
 #include "store_internal.h"
 
