@@ -131,7 +131,8 @@ typedef void (*nwcd_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 enum {
   NWCD_LOAD_AUTO = 0, /* page cache where the blob is cached (buffered reads, IOSQE_ASYNC),
-                         O_DIRECT where it is not or where the file system refuses it */
+                         O_DIRECT where it is not; blobs up to 4 MiB, and files that refuse
+                         O_DIRECT, buffered */
   NWCD_LOAD_DIRECT,   /* O_DIRECT for everything the file system allows */
   NWCD_LOAD_BUFFERED, /* buffered reads only */
 };
