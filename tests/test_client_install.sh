@@ -13,7 +13,8 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 die() { echo "test_client_install: $*" >&2; [ -f "$tmp/nwcd.log" ] && tail -20 "$tmp/nwcd.log" >&2; exit 1; }
 
-DESTDIR="$tmp/root" cmake --install "$b" >"$tmp/install.log" 2>&1 || die "cmake --install failed"
+DESTDIR="$tmp/root" cmake --install "$b" >"$tmp/install.log" 2>&1 ||
+  { tail -5 "$tmp/install.log" >&2; die "cmake --install failed"; }
 pc=$(find "$tmp/root" -name nwc-client.pc | head -1)
 [ -n "$pc" ] || die "nwc-client.pc not installed"
 export PKG_CONFIG_PATH=$(dirname "$pc")
@@ -21,7 +22,8 @@ libdir=$(pkg-config --variable=libdir nwc-client)
 prefix=$(pkg-config --variable=prefix nwc-client)
 [ -f "$libdir/libnwc-client.a" ] || die "libnwc-client.a not installed in $libdir"
 cc=${CC:-cc}
-cflags="-std=c11 -Wall -Werror $(pkg-config --cflags nwc-client)"
+# NWC_CONSUMER_FLAGS: what the build's own objects need at link time (the sanitizer build's).
+cflags="-std=c11 -Wall -Werror ${NWC_CONSUMER_FLAGS:-} $(pkg-config --cflags nwc-client)"
 # shellcheck disable=SC2086
 $cc $cflags "$src/tests/client_consumer.c" -o "$tmp/consumer-shared" $(pkg-config --libs nwc-client) \
   || die "building against the shared library failed"
