@@ -124,7 +124,9 @@ int nwc_bench_daemon(int argc, char **argv) {
   static const char usage[] =
       "usage: nwc-bench daemon FILE.safetensors [--seconds S] [--nwcd PATH] [--rows M] [--cols K]\n"
       "Starts nwcd on a temporary store, imports FILE, and times matvec/dequant round trips through\n"
-      "the socket against the same calls in-process, throughput with 1/4/16 clients, and load.\n";
+      "the socket against the same calls in-process and an echo of the same bytes between two\n"
+      "processes, nwcd's fixed cost (stats), throughput with 1/4/16 clients (synchronous and 8\n"
+      "pipelined requests in flight each), and load.\n";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
