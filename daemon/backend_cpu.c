@@ -212,6 +212,7 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.dev_trim = nwcd_cuda_trim;
   cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
   cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;
+  cuda_backend.ipc_forget = nwcd_cuda_ipc_forget;
   *out = &cuda_backend;
   return 0;
 }

@@ -22,9 +22,10 @@
  *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
  *     as back-to-back launches (the kernels take one right-hand side) and come back in one copy:
  *     one round trip and one wait for all of them.
- *   - IPC: the client's handles are opened on the copy's device for the request only; their
- *     allocation's real size comes from the driver (cuMemGetAddressRange, fetched at run time so
- *     that nwcd needs no libcuda at link time) and every offset and size is checked against it.
+ *   - IPC: the client's handles are opened on the copy's device and kept open for its connection
+ *     (at most 16 per connection, LRU; closed when the connection ends); the allocation's real
+ *     size comes from the driver (cuMemGetAddressRange, fetched at run time so that nwcd needs no
+ *     libcuda at link time) and every request's offset and size is checked against it.
  *     An epilogue kernel applies the request's scale and bias and writes float or BF16.
  */
 #include "backend_cuda.h"
@@ -231,44 +232,127 @@ void find_addr_range() {
     addr_range = reinterpret_cast<addr_range_fn>(fn);
 }
 
-/* A client buffer opened for one request. */
+/* Client allocations opened by IPC, kept per connection ("owner") so that a client's repeated
+ * requests on the same buffers do not open and close them each time (a few hundred
+ * microseconds): closed when the connection ends (nwcd_cuda_ipc_forget), and beyond kIpcPerOwner
+ * of one connection, or when every slot is taken, the least recently used one nothing uses. */
+constexpr int kIpcSlots = 256, kIpcPerOwner = 16;
+struct IpcSlot {
+  bool used;
+  const void *owner; /* nullptr: its connection ended while in use; closed on release */
+  int dev;
+  uint8_t h[64];
+  void *base;
+  uint64_t avail, last;
+  unsigned users;
+};
+IpcSlot ipc[kIpcSlots];
+pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+uint64_t ipc_tick;
+
+void ipc_close(IpcSlot &s) { /* ipc_lock held */
+  if (cudaSetDevice(s.dev) != cudaSuccess || cudaIpcCloseMemHandle(s.base) != cudaSuccess)
+    cudaGetLastError();
+  s.used = false;
+}
+
+/* The least recently used unused slot (of owner, or of anyone with nullptr), or -1. */
+int ipc_lru(const void *owner) {
+  int v = -1;
+  for (int i = 0; i < kIpcSlots; i++)
+    if (ipc[i].used && !ipc[i].users && (!owner || ipc[i].owner == owner) &&
+        (v < 0 || ipc[i].last < ipc[v].last))
+      v = i;
+  return v;
+}
+
+/* A client buffer for one request: its slot is released when this goes out of scope. */
 struct Mapped {
-  void *base = nullptr;
+  int slot = -1;
   uint8_t *p = nullptr;
   ~Mapped() {
-    if (base) cudaIpcCloseMemHandle(base);
+    if (slot < 0) return;
+    pthread_mutex_lock(&ipc_lock);
+    IpcSlot &s = ipc[slot];
+    if (!--s.users && !s.owner) ipc_close(s);
+    pthread_mutex_unlock(&ipc_lock);
   }
 };
 
-/* Opens b's handle on the current device and checks that need bytes at b.off fit both the
- * size the client gave and the allocation itself. */
-int open_buf(const nwcd_ipc_buf &b, uint64_t need, const char *what, Mapped &m) {
-  if (need > b.bytes)
-    return nwc__fail(-EINVAL, "IPC %s buffer of %llu bytes; the request needs %llu", what,
-                     (unsigned long long)b.bytes, (unsigned long long)need);
-  cudaIpcMemHandle_t h;
-  memcpy(&h, b.handle, sizeof h);
-  cudaError_t e = cudaIpcOpenMemHandle(&m.base, h, cudaIpcMemLazyEnablePeerAccess);
+/* Waits for a stream's work when it goes out of scope (declared after the Mapped buffers that
+ * work uses, so it runs before they are released). */
+struct Drain {
+  Ctx *c;
+  ~Drain() {
+    if (c && cudaStreamSynchronize(c->stream) != cudaSuccess) cudaGetLastError();
+  }
+};
+
+/* The slot of owner's handle h on the current device dev, opened if new (ipc_lock held). */
+int ipc_slot(const void *owner, int dev, const uint8_t *h, const char *what, int *out) {
+  int n = 0, freei = -1;
+  for (int i = 0; i < kIpcSlots; i++) {
+    if (!ipc[i].used) {
+      if (freei < 0) freei = i;
+      continue;
+    }
+    if (ipc[i].owner != owner) continue;
+    if (ipc[i].dev == dev && !memcmp(ipc[i].h, h, 64)) return *out = i, 0;
+    n++;
+  }
+  int v = n >= kIpcPerOwner ? ipc_lru(owner) : freei < 0 ? ipc_lru(nullptr) : -1;
+  if (v >= 0) ipc_close(ipc[v]), freei = v;
+  if (freei < 0)
+    return nwc__fail(-EMFILE, "%d client allocations are open for IPC (all in use)", kIpcSlots);
+  cudaSetDevice(dev);
+  cudaIpcMemHandle_t mh;
+  memcpy(&mh, h, sizeof mh);
+  void *base = nullptr;
+  cudaError_t e = cudaIpcOpenMemHandle(&base, mh, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) {
-    m.base = nullptr;
     cudaGetLastError();
     return nwc__fail(-EINVAL, "IPC %s handle does not open on this device: %s", what,
                      cudaGetErrorString(e));
   }
   pthread_once(&addr_once, find_addr_range);
-  if (!addr_range) return nwc__fail(-EIO, "the CUDA driver lacks cuMemGetAddressRange");
-  CUdeviceptr base = 0;
+  CUdeviceptr start = 0;
   size_t size = 0;
-  if (addr_range(&base, &size, (CUdeviceptr)m.base) != CUDA_SUCCESS)
-    return nwc__fail(-EINVAL, "IPC %s: the driver does not know the opened allocation", what);
-  uint64_t avail = size - ((CUdeviceptr)m.base - base);
+  if (!addr_range || addr_range(&start, &size, (CUdeviceptr)base) != CUDA_SUCCESS) {
+    cudaIpcCloseMemHandle(base);
+    return nwc__fail(-EIO, "IPC %s: the driver cannot say the opened allocation's size", what);
+  }
+  IpcSlot &s = ipc[freei];
+  s = IpcSlot{true, owner, dev, {0}, base, size - ((CUdeviceptr)base - start), 0, 0};
+  memcpy(s.h, h, 64);
+  return *out = freei, 0;
+}
+
+/* Opens (or finds open) b's handle for owner on the current device dev and checks that need
+ * bytes at b.off fit both the size the client gave and the allocation itself. */
+int open_buf(const void *owner, int dev, const nwcd_ipc_buf &b, uint64_t need, const char *what,
+             Mapped &m) {
+  if (need > b.bytes)
+    return nwc__fail(-EINVAL, "IPC %s buffer of %llu bytes; the request needs %llu", what,
+                     (unsigned long long)b.bytes, (unsigned long long)need);
+  pthread_mutex_lock(&ipc_lock);
+  int slot = -1, rc = ipc_slot(owner, dev, b.handle, what, &slot);
+  uint64_t avail = 0;
+  uint8_t *base = nullptr;
+  if (rc == 0) {
+    IpcSlot &s = ipc[slot];
+    s.users++, s.last = ++ipc_tick;
+    avail = s.avail, base = static_cast<uint8_t *>(s.base);
+    m.slot = slot;
+  }
+  pthread_mutex_unlock(&ipc_lock);
+  if (rc < 0) return rc;
   if (b.off > avail || b.bytes > avail - b.off)
     return nwc__fail(-EINVAL,
                      "IPC %s buffer of %llu bytes at offset %llu overruns its allocation of %llu "
                      "bytes",
                      what, (unsigned long long)b.bytes, (unsigned long long)b.off,
                      (unsigned long long)avail);
-  m.p = static_cast<uint8_t *>(m.base) + b.off;
+  m.p = base + b.off;
   return 0;
 }
 
@@ -308,6 +392,16 @@ extern "C" int nwcd_cuda_devices(int *n) {
     if (cudaSetDevice(d) != cudaSuccess || cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess)
       cudaGetLastError();
   return 0;
+}
+
+extern "C" void nwcd_cuda_ipc_forget(const void *owner) {
+  pthread_mutex_lock(&ipc_lock);
+  for (int i = 0; i < kIpcSlots; i++) {
+    if (!ipc[i].used || ipc[i].owner != owner) continue;
+    if (ipc[i].users) ipc[i].owner = nullptr; /* the last release closes it */
+    else ipc_close(ipc[i]);
+  }
+  pthread_mutex_unlock(&ipc_lock);
 }
 
 extern "C" void nwcd_cuda_trim(int dev) {
@@ -477,9 +571,9 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   return rc;
 }
 
-extern "C" int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
-                                    unsigned ncols, float scale, const float *bias, int bf16,
-                                    const uint8_t *ev) {
+extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
+                                    const nwcd_ipc_buf *y, unsigned ncols, float scale,
+                                    const float *bias, int bf16, const uint8_t *ev) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
   Lease lease;
@@ -487,8 +581,9 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, co
   Ctx *c = lease.c;
   if (rc < 0) return rc;
   Mapped mx, my;
-  TRY(open_buf(*x, (uint64_t)ncols * K * 4, "x", mx));
-  TRY(open_buf(*y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
+  Drain drain{c}; /* before the buffers are released, even on an error return */
+  TRY(open_buf(owner, cp->dev, *x, (uint64_t)ncols * K * 4, "x", mx));
+  TRY(open_buf(owner, cp->dev, *y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
   TRY(wait_client_event(*c, ev));
   TRY(grow(c->dx, (size_t)ncols * K16 * 4, false));
   if (K16 != K) CU_TRY(cudaMemsetAsync(c->dx.p, 0, (size_t)ncols * K16 * 4, c->stream), "memset");
@@ -511,8 +606,8 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, co
   return finish(*c, "matvec into the client's buffer");
 }
 
-extern "C" int nwcd_cuda_dequant_ipc(const void *dcopy, const nwcd_ipc_buf *out, int bf16,
-                                     const uint8_t *ev) {
+extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *out,
+                                     int bf16, const uint8_t *ev) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
   Lease lease;
@@ -520,7 +615,8 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *dcopy, const nwcd_ipc_buf *out,
   Ctx *c = lease.c;
   if (rc < 0) return rc;
   Mapped mo;
-  TRY(open_buf(*out, M * K * (bf16 ? 2 : 4), "output", mo));
+  Drain drain{c};
+  TRY(open_buf(owner, cp->dev, *out, M * K * (bf16 ? 2 : 4), "output", mo));
   TRY(wait_client_event(*c, ev));
   if (bf16 && K16 == K) { /* straight into the client's buffer */
     TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)mo.p, c->stream), "dequant"));

@@ -58,8 +58,9 @@ int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t l
 
 /* CUDA IPC (zero copy): a client's device buffer as cudaIpcMemHandle_t bytes, the offset of the
  * buffer inside that allocation and its size in bytes.  The daemon opens the handle on the
- * copy's device, checks offset + bytes against the allocation's real size, and closes it again
- * when the request is done. */
+ * copy's device, keeps it open for the owner (the client's connection: at most 16 allocations
+ * each, least recently used closed first) until nwcd_cuda_ipc_forget(owner), and checks every
+ * request's offset + bytes against the allocation's real size. */
 typedef struct nwcd_ipc_buf {
   uint8_t handle[64];
   uint64_t off, bytes;
@@ -67,11 +68,14 @@ typedef struct nwcd_ipc_buf {
 /* y = scale * (W x) + bias (bias: M host floats or NULL) for ncols columns of K floats in the
  * client's x, into its y (float, or BF16 when bf16); ev (64 bytes of cudaIpcEventHandle_t, or
  * NULL): the daemon's stream waits for it before reading x.  Returns when y is written. */
-int nwcd_cuda_matvec_ipc(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
-                         unsigned ncols, float scale, const float *bias, int bf16,
-                         const uint8_t *ev);
+int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
+                         const nwcd_ipc_buf *y, unsigned ncols, float scale, const float *bias,
+                         int bf16, const uint8_t *ev);
 /* The whole tensor, dense rows x cols (no K16 padding), BF16 or float, into the client's buffer. */
-int nwcd_cuda_dequant_ipc(const void *dcopy, const nwcd_ipc_buf *out, int bf16, const uint8_t *ev);
+int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *out, int bf16,
+                          const uint8_t *ev);
+/* Closes the allocations opened for owner (its connection has ended). */
+void nwcd_cuda_ipc_forget(const void *owner);
 
 #ifdef __cplusplus
 }

@@ -101,10 +101,14 @@ typedef struct nwcd_backend {
                     size_t ldy);
   int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
   void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
-  /* CUDA IPC: the client's own device buffers (backend_cuda.h says what is checked). */
-  int (*dev_matvec_ipc)(const void *dcopy, const nwcd_ipc_buf *x, const nwcd_ipc_buf *y,
-                        unsigned ncols, float scale, const float *bias, int bf16, const uint8_t *ev);
-  int (*dev_dequant_ipc)(const void *dcopy, const nwcd_ipc_buf *out, int bf16, const uint8_t *ev);
+  /* CUDA IPC: the client's own device buffers, kept open per owner (its connection) until
+   * ipc_forget (backend_cuda.h says what is checked). */
+  int (*dev_matvec_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
+                        const nwcd_ipc_buf *y, unsigned ncols, float scale, const float *bias,
+                        int bf16, const uint8_t *ev);
+  int (*dev_dequant_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *out, int bf16,
+                         const uint8_t *ev);
+  void (*ipc_forget)(const void *owner);
 } nwcd_backend;
 
 /* Where a tensor lives: NWCD_LOC_CPU (host memory) or device n >= 0 (cuda:n); requests may say

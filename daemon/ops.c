@@ -673,11 +673,11 @@ static int op_ipc(nwcd_job *j) {
     nwcd_ipc_buf x = {{0}, r->in_off, r->x_bytes};
     memcpy(x.handle, r->ipc_x, sizeof x.handle);
     if (rc == 0)
-      rc = d->backend->dev_matvec_ipc(ref.dcopy, &x, &y, r->ncols, r->scale, bias,
+      rc = d->backend->dev_matvec_ipc(j->conn, ref.dcopy, &x, &y, r->ncols, r->scale, bias,
                                       r->out == NWC_OUT_BF16, ev);
     c.rows = r->ncols, c.cols = M, c.bytes = (uint64_t)r->ncols * M * esz;
   } else if (rc == 0) {
-    rc = d->backend->dev_dequant_ipc(ref.dcopy, &y, r->out == NWC_OUT_BF16, ev);
+    rc = d->backend->dev_dequant_ipc(j->conn, ref.dcopy, &y, r->out == NWC_OUT_BF16, ev);
     c.rows = M, c.cols = K, c.bytes = M * K * esz;
   }
   free(bias);

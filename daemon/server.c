@@ -121,6 +121,7 @@ static void check_shutdown(nwcd_server *s);
 /* Drops a reference (any thread); the last one frees the struct. */
 static void conn_unref(nwcd_conn *c) {
   if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+  if (c->srv->d->backend->ipc_forget) c->srv->d->backend->ipc_forget(c); /* its CUDA IPC handles */
   for (unsigned i = 0; i < c->nfdq; i++) close(c->fdq[i]);
   for (outbuf *o = c->oh, *n; o; o = n) n = o->next, free(o->buf), free(o);
   if (c->shm) munmap(c->shm, c->shm_size);

@@ -4,7 +4,8 @@
  *
  *   1. A client process (this program re-executed as "ipc") that owns CUDA memory: matvec from
  *      its device x into its device y (offsets inside one allocation, an IPC event to wait for,
- *      y poisoned first), checked against fp64; BF16 output with a scale bit-equal to rounding
+ *      y poisoned first), checked against fp64, then ten more with fresh x on the same buffers
+ *      (which the daemon keeps open for the connection); BF16 output with a scale bit-equal to rounding
  *      the fp32 result; dequant into its own buffer, BF16 bit for bit and fp32 exactly; and the
  *      refusals: a garbage handle, a buffer too small, an offset past the allocation, a tensor
  *      resident in host memory.
@@ -77,7 +78,21 @@ static void ipc_tensor(nwc_client *c, const td_tensor *t) {
   for (size_t i = 0; rc == 0 && i < (size_t)ncols * M; i++) bad += yh[i] != nwc_f32_to_bf16(0.5f * y[i]);
   CHECK(bad == 0, "matvec_cuda bf16 %s: %zu of %llu values differ from rounding 0.5 y", t->name,
         bad, (unsigned long long)(ncols * M));
-  printf("ipc matvec %s [%llux%llu], %u columns: ok\n", t->name, (unsigned long long)M,
+  /* again on the same buffers (the daemon keeps them open for this connection), fresh x each */
+  by.bytes = yb;
+  for (int rep = 0; rc == 0 && rep < 10; rep++) {
+    for (size_t k = 0; k < (size_t)ncols * K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+    CU(cudaMemcpy(mem + xoff, x, xb, cudaMemcpyHostToDevice));
+    CU(cudaMemset(mem + yoff, 0xff, yb));
+    rc = nwc_client_matvec_cuda(c, "use", t->name, NULL, 1.0f, &bx, K, ncols, &by, 0, NULL);
+    CHECK(rc == 0, "matvec_cuda %s again: %d %s", t->name, rc, nwc_client_last_error());
+    CU(cudaMemcpy(y, mem + yoff, yb, cudaMemcpyDeviceToHost));
+    for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+      double e = td_matvec_err(t, x + col * K, 1.0, NULL, y + col * M);
+      CHECK(e <= 1e-5, "matvec_cuda %s again, col %u: error %.3g", t->name, col, e);
+    }
+  }
+  printf("ipc matvec %s [%llux%llu], %u columns, 12 calls: ok\n", t->name, (unsigned long long)M,
          (unsigned long long)K, ncols);
   /* dequant into a buffer of its own at an offset */
   size_t db = M * K * 4, doff = 512;
