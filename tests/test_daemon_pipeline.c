@@ -13,6 +13,8 @@
  *     -E2BIG for an output larger than a frame);
  *   - back-pressure: the same pipeline against a daemon whose config allows 2 requests in
  *     flight per connection still completes (the workers wake the paused connection);
+ *   - threads: tickets submitted on one thread are collected on another while the first makes
+ *     synchronous calls on the same client;
  *   - SIGTERM with tickets in flight: every ticket either completes right or fails with a
  *     connection error, never hangs, and nwcd exits 0.
  */
@@ -20,6 +22,7 @@
 
 #include "nwc_client.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #define MAXQ 64
@@ -227,6 +230,42 @@ static void out_of_order(nwc_client *c) {
   free(xb), free(yb), free(xs), free(ys);
 }
 
+typedef struct collector {
+  nwc_client *c;
+  job *q;
+  size_t n;
+  int rcs[32];
+} collector;
+
+static void *collect_all(void *arg) {
+  collector *k = arg;
+  for (size_t i = 0; i < k->n; i++) k->rcs[i] = nwc_client_wait(k->c, k->q[i].ticket, NULL);
+  return NULL;
+}
+
+static void threads(nwc_client *c) {
+  job q[32];
+  size_t n = 0;
+  for (; n < 32; n++) {
+    make_job(&q[n], test_below(4) ? 0 : 1);
+    if (submit(c, &q[n]) < 0) break;
+  }
+  CHECK(n == 32, "submit for the collector thread: %s", nwc_client_last_error());
+  collector k = {c, q, n, {0}};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, collect_all, &k) == 0, "pthread_create");
+  for (int i = 0; i < 20; i++) {
+    nwc_client_model *m;
+    size_t nm;
+    int rc = nwc_client_models(c, &m, &nm);
+    CHECK(rc == 0 && nm == 1, "models while another thread waits: %d", rc);
+    if (rc == 0) free(m);
+  }
+  pthread_join(th, NULL);
+  for (size_t i = 0; i < n; i++) check(&q[i], k.rcs[i]), free_job(&q[i]);
+  printf("threads: %zu tickets collected on a second thread during 20 synchronous calls\n", n);
+}
+
 /* SIGTERM while tickets are in flight. */
 static void stop_with_tickets(nwc_client *c, pid_t d) {
   job q[32];
@@ -265,6 +304,7 @@ int main(void) {
   pipeline(c, 400, 1);
   limits(c);
   out_of_order(c);
+  threads(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
 
