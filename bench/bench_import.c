@@ -6,7 +6,7 @@
  * (until the last progress report) and publishing (fsync, rename, the SQLite commit), and the CPU
  * time all threads took (GB per CPU second: the speed per core, which a busy machine's other
  * processes do not dilute the way they dilute wall time).  The
- * default thread counts are 1 and all online cores, to show the scaling.  The page cache is warm
+ * default thread counts are 1, 2 and all online cores, to show the scaling.  The page cache is warm
  * after the first run (a first pass imports once untimed).
  *
  * `nwc-bench import --write-synth OUT.safetensors` writes the synthetic test file instead: 1.0 GiB
@@ -170,9 +170,10 @@ int nwc_bench_import(int argc, char **argv) {
       if (*p == ',') p++;
       else break;
     }
-  } else {
+  } else { /* 1, 2 and all cores */
     counts[ncounts++] = 1;
-    if (ncpu > 1) counts[ncounts++] = (unsigned)ncpu;
+    if (ncpu > 1) counts[ncounts++] = 2;
+    if (ncpu > 2) counts[ncounts++] = (unsigned)ncpu;
   }
   char tmp[512];
   if (!store_dir) {
