@@ -65,13 +65,24 @@ static void rank_symbols(const uint64_t *freq, unsigned nsym, unsigned *order) {
 static int count_rows(const plan *p, const void *src, uint64_t rows, uint64_t *freq) {
   uint64_t n = rows * p->g.K;
   if (!p->bf16) return nwc__fp8_count(src, n, p->g.K, p->sym_of, NWC_FP8_SYMBOLS, freq);
-  uint64_t f4[4][128] = {{0}}; /* four tables: runs of one exponent do not serialize */
   const uint16_t *w = src;
-  uint64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (unsigned k = 0; k < 4; k++) f4[k][(w[i + k] >> 8) & 0x7f]++;
-  for (; i < n; i++) f4[0][(w[i] >> 8) & 0x7f]++;
-  for (unsigned s = 0; s < 128; s++) freq[s] += f4[0][s] + f4[1][s] + f4[2][s] + f4[3][s];
+  for (uint64_t at = 0; at < n;) { /* segments of at most 2^31 weights: the counters are 32-bit */
+    uint64_t end = n - at < (UINT64_C(1) << 31) ? n : at + (UINT64_C(1) << 31), i = at;
+    uint32_t f[8][128] = {{0}}; /* eight tables: runs of one exponent do not serialize */
+    for (; i + 8 <= end; i += 8) { /* two 8-byte loads: four high bytes each */
+      uint64_t a, b;
+      memcpy(&a, w + i, 8);
+      memcpy(&b, w + i + 4, 8);
+      for (unsigned k = 0; k < 4; k++) {
+        f[k][(a >> (16 * k + 8)) & 0x7f]++;
+        f[k + 4][(b >> (16 * k + 8)) & 0x7f]++;
+      }
+    }
+    for (; i < end; i++) f[0][(w[i] >> 8) & 0x7f]++;
+    for (unsigned s = 0; s < 128; s++)
+      for (unsigned k = 0; k < 8; k++) freq[s] += f[k][s];
+    at = end;
+  }
   return 0;
 }
 
