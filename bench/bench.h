@@ -9,6 +9,7 @@
 #include "safetensors.h"
 
 #include <stdint.h>
+#include <sys/types.h>
 
 double nwc_bench_now(void);
 
@@ -19,6 +20,11 @@ double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds);
 /* Rows and columns a tensor is benchmarked as: leading 1-dims dropped, then 1-D as 1 x N and more
  * dims as (d0, rest). */
 void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols);
+
+/* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, and
+ * waits (up to 5 s) until sock accepts connections: its pid (-1 if fork failed).  The caller
+ * stops it (SIGTERM, waitpid).  bench_daemon.c. */
+pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock);
 
 /* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */
 int nwc_bench_codec(int argc, char **argv);

@@ -7,8 +7,7 @@
  *   {"bench":"overhead", op, p50_us, p99_us, floor_*}  socket minus in-process; floor: echo
  *   {"bench":"throughput", clients 1|4|16, mode sync|pipelined, depth, matvec_per_s}
  *                                                     client processes in parallel
- *   {"bench":"load", bytes, load_gbps, read_gbps, ratio}  nwcd load vs a plain read() of the
- *                                                         same container files, same run (warm)
+ * (Loads through nwcd against cat and plain reads, cold and warm: `nwc-bench load`.)
  * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
  * The paths of one op take turns in blocks of 16 calls, so that they see the same machine (a
  * shared VM's noise moves them together) while each keeps its weights in cache within a block.  "echo" is the floor of any socket design: a second process
@@ -26,6 +25,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,14 +107,26 @@ static uint64_t client_matvecs(const char *sock, const char *tensor, const float
   return count;
 }
 
-static int connectable(const char *path) {
+static bool connectable(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) return 0;
   memcpy(sa.sun_path, path, strlen(path) + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
   close(fd);
   return ok;
+}
+
+pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int nul = open("/dev/null", O_WRONLY);
+    dup2(nul, 1), dup2(nul, 2);
+    execl(nwcd, nwcd, "--store", store, "--socket", sock, "--quiet", (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; pid > 0 && i < 500 && !connectable(sock); i++) usleep(10000);
+  return pid;
 }
 
 int nwc_bench_daemon(int argc, char **argv) {
@@ -126,7 +138,7 @@ int nwc_bench_daemon(int argc, char **argv) {
       "Starts nwcd on a temporary store, imports FILE, and times matvec/dequant round trips through\n"
       "the socket against the same calls in-process and an echo of the same bytes between two\n"
       "processes, nwcd's fixed cost (stats), throughput with 1/4/16 clients (synchronous and 8\n"
-      "pipelined requests in flight each), and load.\n";
+      "pipelined requests in flight each).\n";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
@@ -156,14 +168,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   char sock[128], store[128];
   snprintf(sock, sizeof sock, "%s/nwcd.sock", dir);
   snprintf(store, sizeof store, "%s/store", dir);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int nul = open("/dev/null", O_WRONLY);
-    dup2(nul, 1), dup2(nul, 2);
-    execl(nwcd, nwcd, "--store", store, "--socket", sock, "--quiet", (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 500 && !connectable(sock); i++) usleep(10000);
+  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock);
   nwc_client *c = NULL;
   int rc = nwc_client_connect(sock, &c);
   if (rc == 0) rc = nwc_client_import(c, "bench", file, NULL, NULL);
@@ -274,38 +279,6 @@ int nwc_bench_daemon(int argc, char **argv) {
              (double)total / seconds, (unsigned long long)s.batched_passes);
       fflush(stdout);
     }
-  }
-  /* Load vs a plain read of the container files. */
-  nwc_client_tensor *ts;
-  size_t nt;
-  if (nwc_client_tensors(c, "bench", &ts, &nt) == 0 && nt) {
-    nwc_client_tensor_info info;
-    nwc_client_info(c, "bench", ts[0].name, &info);
-    double best_load = 1e9, best_read = 1e9;
-    uint64_t bytes = 0;
-    for (int rep = 0; rep < 3; rep++) {
-      nwc_client_evict(c, "bench", NULL, NULL);
-      nwc_client_result r;
-      double t0 = nwc_bench_now();
-      if (nwc_client_load(c, "bench", NULL, NULL, NULL, &r) < 0) break;
-      double tl = nwc_bench_now() - t0;
-      bytes = r.bytes;
-      if (tl < best_load) best_load = tl;
-      int fd = open(info.path, O_RDONLY);
-      char *buf = malloc(1 << 20);
-      t0 = nwc_bench_now();
-      while (fd >= 0 && read(fd, buf, 1 << 20) > 0) {
-      }
-      double tr = nwc_bench_now() - t0;
-      if (tr < best_read) best_read = tr;
-      free(buf);
-      if (fd >= 0) close(fd);
-    }
-    printf("{\"bench\":\"load\",\"bytes\":%llu,\"load_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.3f,"
-           "\"note\":\"warm page cache; read is the whole container file\"}\n",
-           (unsigned long long)bytes, bytes / best_load / 1e9, bytes / best_read / 1e9,
-           best_read / best_load);
-    free(ts);
   }
   nwc_client_free(c);
   kill(pid, SIGTERM);
