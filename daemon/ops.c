@@ -222,9 +222,10 @@ static int op_remove(nwcd_job *j) {
   return 0;
 }
 
-/* Loads of a model onto a device run in NWCD_LOAD_LANES parallel lanes (the backend has as many
- * staging rings per device), each lane taking the next tensor; the request's own worker is one
- * of them and alone sends progress. */
+/* Loads of a model run in NWCD_LOAD_LANES parallel lanes (the backend has as many staging rings
+ * per device), each lane taking the next tensor; the request's own worker is one of them and
+ * alone sends progress.  Into host memory too: each tensor's fresh memfd pages are populated
+ * (allocated, zeroed, mlock'ed: slower than the read itself on a VM) while other lanes read. */
 #define NWCD_LOAD_LANES 8
 
 typedef struct lanes_ctx {
@@ -307,8 +308,7 @@ static int op_residency(nwcd_job *j) {
   progress_ctx pc = {j, 0};
   int rc = 0;
   unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
-  bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1 && d->backend->ndevices > 0 &&
-               loc != NWCD_LOC_CPU;
+  bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1;
   if (laned) {
     lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
                     .pc = &pc, .total = total};
