@@ -1,6 +1,7 @@
 /*
  * test_daemon_load.c - loads through a real nwcd: progress events of a model load are monotonic
- * and end at the model's total bytes; a byte flipped in a container fails the load of its
+ * and end at the model's total bytes, and every tensor of it (loaded in parallel lanes) decodes
+ * bit for bit to the original weights; a byte flipped in a container fails the load of its
  * tensor with the chunk named, and leaves nothing resident; a truncated container fails naming
  * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
@@ -102,6 +103,18 @@ int main(void) {
         (unsigned long long)res.tensors);
   CHECK(resident_bytes(c) == total, "resident %llu of %llu", (unsigned long long)resident_bytes(c),
         (unsigned long long)total);
+  /* the tensors were loaded in parallel lanes: each decodes to its original weights */
+  for (size_t i = 0; i < td_nt; i++) {
+    size_t nbytes = td_t[i].rows * td_t[i].cols * 2;
+    uint16_t *got = malloc(nbytes);
+    CHECK_RC(nwc_client_dequant(c, "use", td_t[i].name, NWC_CLIENT_BF16, got, nbytes, NULL, NULL,
+                                NULL));
+    CHECK(!memcmp(got, td_t[i].w, nbytes), "%s after a model load: not the original weights",
+          td_t[i].name);
+    free(got);
+  }
+  CHECK(resident_bytes(c) == total, "the dequants loaded again: resident %llu of %llu",
+        (unsigned long long)resident_bytes(c), (unsigned long long)total);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
 
   const nwc_client_tensor_info *t = &info[big];
