@@ -6,7 +6,8 @@
  * warm.
  *
  * A safetensors file is imported --copies times (default 24) into a temporary store, so that the
- * containers hold a few hundred MB; a store directory is used as it is (read-only).  Then, R
+ * containers hold a few hundred MB; a store directory is used as it is (the nwcd items open it
+ * as nwcd does: for writing, so nothing else may hold it).  Then, R
  * rounds (default 5) of, for each page-cache state:
  *   warm  (every container read once before):   cat, read, pread_dst, pread_fresh, loader, nwcd
  *   none  (no file read):                          populate_memfd, populate_anon
