@@ -13,6 +13,10 @@
  *      memory, evictions and requests interleaved at random, every reply checked, ps showing
  *      where each tensor lives, the device never over its budget; then after evicting everything
  *      the GPU's free memory (cudaMemGetInfo) is back exactly where it was before.
+ *   3. This process takes all the GPU memory it can while a small tensor is resident: a load of
+ *      the largest one, which the budget allows, fails to allocate, the daemon evicts the small
+ *      one and retries, then fails the request with ENOMEM ("... after evicting ... and
+ *      retrying"); once the memory is given back it loads and computes as before.
  */
 #include "test_daemon_util.h"
 
@@ -181,6 +185,20 @@ static uint64_t gpu_free(void) {
   return f;
 }
 
+/* A matvec on the named tensor, checked against fp64. */
+static void budget_step_matvec(nwc_client *c, const char *name) {
+  size_t ti = 0;
+  while (ti < td_nt && strcmp(td_t[ti].name, name)) ti++;
+  if (ti == td_nt) return;
+  const td_tensor *t = &td_t[ti];
+  float *x = malloc(t->cols * 4), *y = malloc(t->rows * 4);
+  for (uint64_t k = 0; k < t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  int rc = nwc_client_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols, 1, 0, y, t->rows * 4, NULL);
+  CHECK(rc == 0 && td_matvec_err(t, x, 1.0, NULL, y) <= 1e-5, "matvec %s after running out: %d %s",
+        t->name, rc, rc ? nwc_client_last_error() : "wrong values");
+  free(x), free(y);
+}
+
 /* One random step of the budget workload; checks the reply. */
 static void budget_step(nwc_client *c, bool *on_cpu) {
   size_t ti = test_below(td_nt);
@@ -223,6 +241,46 @@ static void budget_step(nwc_client *c, bool *on_cpu) {
             "gather %s row %llu", t->name, (unsigned long long)idx[k]);
     free(g);
   }
+}
+
+/* 3. Device memory that runs out although the budget allows a load (this process holds the
+ * rest of the GPU): the daemon evicts the least recently used copy, retries once, and then fails
+ * the request with ENOMEM; it goes on serving once memory is back. */
+static void oom_steps(nwc_client *c) {
+  nwc_client_tensor *ts;
+  size_t n;
+  CHECK_RC(nwc_client_tensors(c, "use", &ts, &n));
+  size_t a = 0, b = n;
+  for (size_t i = 1; i < n; i++)
+    if (ts[i].nwc_bytes > ts[a].nwc_bytes) a = i;
+  for (size_t i = 0; i < n; i++) /* the largest under a quarter of a's size */
+    if (4 * ts[i].nwc_bytes < ts[a].nwc_bytes && (b == n || ts[i].nwc_bytes > ts[b].nwc_bytes))
+      b = i;
+  CHECK(b < n, "no second tensor for the out-of-memory steps");
+  if (b == n) return free(ts);
+  CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
+  budget_step_matvec(c, ts[b].name); /* the daemon's stream and work buffers exist before */
+  static void *hold[400000];
+  size_t nhold = 0, f = gpu_free();
+  if (f > (256u << 20) && cudaMalloc(&hold[nhold], f - (128u << 20)) == cudaSuccess) nhold++;
+  for (size_t chunk = 1u << 20; chunk >= 4096; chunk /= 4) /* everything this process can get */
+    while (nhold < 400000 && cudaMalloc(&hold[nhold], chunk) == cudaSuccess) nhold++;
+  cudaGetLastError();
+  nwc_client_counters s0, s1;
+  CHECK_RC(nwc_client_stats(c, &s0));
+  int rc = nwc_client_load_on(c, "use", ts[a].name, 0, NULL, NULL, NULL);
+  const char *msg = rc ? nwc_client_last_error() : "";
+  printf("oom: %.1f MiB left; load of %.1f MiB: %d %s\n", gpu_free() / 1048576.0,
+         ts[a].nwc_bytes / 1048576.0, rc, msg);
+  CHECK(rc == -ENOMEM && strstr(msg, "retrying"), "load with the GPU full: %d %s", rc, msg);
+  CHECK_RC(nwc_client_stats(c, &s1));
+  CHECK(s1.evictions > s0.evictions, "the failed allocation evicted nothing (%llu -> %llu)",
+        (unsigned long long)s0.evictions, (unsigned long long)s1.evictions);
+  for (size_t i = 0; i < nhold; i++) cudaFree(hold[i]);
+  CHECK_RC(nwc_client_load_on(c, "use", ts[a].name, 0, NULL, NULL, NULL)); /* still serving */
+  budget_step_matvec(c, ts[a].name);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  free(ts);
 }
 
 int main(int argc, char **argv) {
@@ -300,6 +358,7 @@ int main(int argc, char **argv) {
         (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.resident_bytes);
   CHECK(free1 == free0, "device memory did not come back: %llu -> %llu",
         (unsigned long long)free0, (unsigned long long)free1);
+  oom_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();
