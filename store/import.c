@@ -375,8 +375,8 @@ static void place(imp *im, job *j) {
  * Layout 0: encodes w (read through rd when not NULL) on `threads` threads.  The blob's head
  * (header, bases, hdr, the streams, up to the first chunk boundary inside the raw plane) is built
  * in blob, its streams in place; the chunks after it are made, checksummed and queued for the
- * writer one at a time (stream_chunk), so that no buffer holds the whole raw plane.  Returns with
- * the head still to be checksummed and written.
+ * writer one at a time (stream_chunk), so that no buffer holds the whole raw plane; a blob of at
+ * most READ_PIECES_BYTES is all head.  Returns with the head still to be checksummed and written.
  */
 static int encode_in_place(imp *im, job *j, const void *w, part_src *rd, const float *scale,
                            unsigned threads, wbuf *blob, uint64_t *head) {
@@ -393,7 +393,9 @@ static int encode_in_place(imp *im, job *j, const void *w, part_src *rd, const f
                   .raw_bytes = lay[NWC_LAYOUT_RAW_BYTES], .scale = scale};
   memcpy(t.psym, psym, 16);
   nwc__blob_layout_of(&t, L); /* with the bound: the head is at most this long */
-  uint64_t most = nwc__round_up(L->off_raw, NWC_STORE_CHUNK);
+  /* A blob of at most READ_PIECES_BYTES is built whole (no chunk buffers for small models). */
+  int whole = L->length <= READ_PIECES_BYTES;
+  uint64_t most = whole ? L->length : nwc__round_up(L->off_raw, NWC_STORE_CHUNK);
   int rc = wbuf_reserve(blob, L->length < most ? L->length : most);
   if (rc == 0) {
     uint8_t *b = blob->p;
@@ -413,7 +415,7 @@ static int encode_in_place(imp *im, job *j, const void *w, part_src *rd, const f
   }
   uint64_t k0 = 0, nchunks = nwc__chunks(L->length, NWC_STORE_CHUNK);
   if (rc == 0) {
-    k0 = nwc__ceil_div(L->off_raw, NWC_STORE_CHUNK);
+    k0 = whole ? nchunks : nwc__ceil_div(L->off_raw, NWC_STORE_CHUNK);
     if (k0 > nchunks) k0 = nchunks;
     *head = k0 * NWC_STORE_CHUNK < L->length ? k0 * NWC_STORE_CHUNK : L->length;
     uint64_t raw_in_head = *head > L->off_raw ? *head - L->off_raw : 0;

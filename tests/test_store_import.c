@@ -154,7 +154,7 @@ static int same_tensor(const nwc_tensor *t, const nwc_tensor *u) {
 }
 
 static void test_large(nwc_store *s, const char *dir, const char *src) {
-  enum { BM = 2100, BK = 4100, FM = 1100, FK = 4100, CM = 300, CK = 1000 };
+  enum { BM = 2100, BK = 4100, FM = 2600, FK = 4100, CM = 300, CK = 1000 }; /* 17, 10.7, 1.2 MB */
   uint16_t *big = malloc((size_t)BM * BK * 2);
   uint8_t *f8 = malloc((size_t)FM * FK);
   float *fs = malloc(FM * sizeof *fs), *cf = malloc(CM * CK * sizeof *cf);
@@ -189,6 +189,10 @@ static void test_large(nwc_store *s, const char *dir, const char *src) {
   }
   nwc_tensor_release(&want);
   check_tensor(s, "large3", "big", big, NULL, NWC_ELEM_BF16, "none");
+  uint16_t *f8_want = malloc((size_t)FM * FK * 2);
+  for (size_t i = 0; i < (size_t)FM * FK; i++) f8_want[i] = nwc_fp8_to_bf16(f8[i]);
+  check_tensor(s, "large3", "f8.weight", f8_want, fs, NWC_ELEM_FP8, "folded");
+  free(f8_want);
   check_store_consistent(s, dir);
   CHECK_RC(nwc_store_remove(s, "large1"));
   CHECK_RC(nwc_store_remove(s, "large3"));
