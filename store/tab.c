@@ -12,29 +12,34 @@
  */
 #include "internal.h"
 
-/* Length and byte of the code at the top of the n-bit pattern p, or 0 if it is not complete. */
-static unsigned first_code(unsigned p, unsigned n, const uint8_t psym[16], unsigned *byte) {
-  unsigned z = 0;
-  while (z < n && !(p & (1u << (n - 1 - z)))) z++;
-  if (z + 2 > n) return 0; /* the one or the sign bit is beyond the pattern */
-  unsigned sign = (p >> (n - 2 - z)) & 1u;
-  *byte = (sign << 7) | psym[z];
-  return z + 2;
+/* Fills tab[i] = v for i in [lo, lo + n). */
+static void fill(uint32_t *tab, unsigned lo, unsigned n, uint32_t v) {
+  for (unsigned i = lo; i < lo + n; i++) tab[i] = v;
 }
 
+/* Built code by code rather than pattern by pattern: the code of rank z with sign s is z zeros,
+ * a one and s (z + 2 bits), so the patterns that start with it are one contiguous range of the
+ * table, and within it those whose next bits start with a second whole code are again one range
+ * per (rank, sign).  Every entry is written once or twice; no pattern is scanned bit by bit. */
 int nwc_build_tab(const uint8_t psym[16], unsigned elem, uint32_t tab[4096]) {
   unsigned type = NWC_ELEM_TYPE(elem);
   NWC_RETURN_IF(type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8, -EINVAL,
                 "nwc_build_tab: unknown element type in elem 0x%x", elem);
-  for (unsigned p = 2; p < NWC_TAB_ENTRIES; p++) {
-    unsigned b0 = 0, b1 = 0;
-    unsigned l0 = first_code(p, NWC_TAB_BITS, psym, &b0); /* p >= 2: always complete (<= 12 bits) */
-    unsigned rest = NWC_TAB_BITS - l0;
-    unsigned l1 = first_code(p & ((1u << rest) - 1u), rest, psym, &b1);
-    if (l1)
-      tab[p] = (l0 + l1) | (b0 << 8) | (b1 << 16);
-    else
-      tab[p] = NWC_TAB_SLOW | l0 | (b0 << 8);
+  for (unsigned z0 = 0; z0 + 2 <= NWC_TAB_BITS; z0++) {
+    unsigned l0 = z0 + 2, rest = NWC_TAB_BITS - l0;
+    for (unsigned s0 = 0; s0 < 2; s0++) {
+      uint32_t b0 = (s0 << 7) | psym[z0];
+      unsigned base0 = (2u | s0) << rest;
+      fill(tab, base0, 1u << rest, NWC_TAB_SLOW | l0 | (b0 << 8)); /* second code incomplete */
+      for (unsigned z1 = 0; z1 + 2 <= rest; z1++) {
+        unsigned l1 = z1 + 2;
+        for (unsigned s1 = 0; s1 < 2; s1++) {
+          uint32_t b1 = (s1 << 7) | psym[z1];
+          fill(tab, base0 + ((2u | s1) << (rest - l1)), 1u << (rest - l1),
+               (l0 + l1) | (b0 << 8) | (b1 << 16));
+        }
+      }
+    }
   }
   tab[0] = NWC_TAB_SLOW | ((uint32_t)psym[11] << 8) | ((uint32_t)psym[12] << 16);
   tab[1] = NWC_TAB_SLOW | ((uint32_t)psym[13] << 8) | ((uint32_t)psym[14] << 16);
