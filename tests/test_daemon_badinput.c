@@ -222,13 +222,9 @@ static void map_cases(void) {
 }
 
 int main(void) {
-  test_seed("test_daemon_badinput");
-  int skip = td_open_sample();
-  if (skip) return skip;
-  if (td_mkdir("nwc-bad") < 0) return 1;
-  pid_t d = td_start_daemon(NULL);
-  CHECK(d > 0, "nwcd did not start");
-  if (d <= 0) return td_show_log(), 1;
+  int rc0;
+  pid_t d = td_begin("test_daemon_badinput", "nwc-bad", NULL, &rc0);
+  if (!d) return rc0;
   CHECK_RC(nwc_client_connect(td_sock, &good));
   CHECK_RC(nwc_client_import(good, "use", getenv("NWC_SAMPLE"), NULL, NULL));
   for (size_t i = 0; i < td_nt && !W; i++)

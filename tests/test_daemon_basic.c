@@ -65,16 +65,9 @@ static void check_matvec(nwc_client *c) {
 }
 
 int main(void) {
-  test_seed("test_daemon_basic");
-  int skip = td_open_sample();
-  if (skip) return skip;
-  if (td_mkdir("nwc-basic") < 0) return 1;
-  pid_t d = td_start_daemon(NULL);
-  CHECK(d > 0, "nwcd did not start");
-  if (d <= 0) {
-    td_show_log();
-    return 1;
-  }
+  int rc0;
+  pid_t d = td_begin("test_daemon_basic", "nwc-basic", NULL, &rc0);
+  if (!d) return rc0;
   struct stat st;
   CHECK(stat(td_sock, &st) == 0 && (st.st_mode & 0777) == 0660, "socket mode %o, not 0660",
         st.st_mode & 0777);

@@ -59,16 +59,9 @@ static size_t count_containers(void) {
 }
 
 int main(void) {
-  test_seed("test_daemon_import");
-  int skip = td_open_sample();
-  if (skip) return skip;
-  if (td_mkdir("nwc-import") < 0) return 1;
-  pid_t pid = td_start_daemon(NULL);
-  CHECK(pid > 0, "nwcd did not start");
-  if (pid <= 0) {
-    td_show_log();
-    return 1;
-  }
+  int rc0;
+  pid_t pid = td_begin("test_daemon_import", "nwc-import", NULL, &rc0);
+  if (!pid) return rc0;
   nwc_client *a = NULL, *b = NULL;
   CHECK_RC(nwc_client_connect(td_sock, &a));
   CHECK_RC(nwc_client_connect(td_sock, &b));

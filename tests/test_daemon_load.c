@@ -70,14 +70,11 @@ static void load_fails(nwc_client *c, const char *tensor, int want, const char *
 }
 
 int main(void) {
-  test_seed("test_daemon_load");
-  int skip = td_open_sample();
-  if (skip) return skip;
-  if (td_mkdir("nwc-load") < 0) return 1;
-  pid_t d = td_start_daemon(NULL);
-  CHECK(d > 0, "nwcd did not start");
+  int rc0;
+  pid_t d = td_begin("test_daemon_load", "nwc-load", NULL, &rc0);
+  if (!d) return rc0;
   nwc_client *c = NULL;
-  if (d > 0) CHECK_RC(nwc_client_connect(td_sock, &c));
+  CHECK_RC(nwc_client_connect(td_sock, &c));
   if (!c) {
     td_show_log();
     return 1;

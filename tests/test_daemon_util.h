@@ -262,6 +262,26 @@ static int td_open_sample(void) {
   return 0;
 }
 
+/* The start of most daemon tests: seeds the generator (name), opens the sample, makes the
+ * temporary directory dir and starts nwcd with extra flags (NULL: none).  Returns nwcd's pid, or
+ * 0 with *rc the test's exit code: 77 without the sample, 1 when nwcd did not start (its log is
+ * shown). */
+static inline pid_t td_begin(const char *name, const char *dir, const char *const *extra, int *rc) {
+  test_seed(name);
+  *rc = td_open_sample();
+  if (*rc) return 0;
+  *rc = 1;
+  if (td_mkdir(dir) < 0) return 0;
+  pid_t pid = td_start_daemon(extra);
+  CHECK(pid > 0, "nwcd did not start");
+  if (pid <= 0) {
+    td_show_log();
+    return 0;
+  }
+  *rc = 0;
+  return pid;
+}
+
 static uint16_t td_w(const td_tensor *t, uint64_t i) {
   uint16_t v;
   memcpy(&v, (const uint8_t *)t->w + 2 * i, 2);
