@@ -140,6 +140,14 @@ bad:
   return NULL;
 }
 
+/* Width of a name column: the longest name (at least the header's width), so columns line up. */
+static int column_width(const char *const *names, size_t n, size_t header) {
+  size_t w = header;
+  for (size_t i = 0; i < n; i++)
+    if (strlen(names[i]) > w) w = strlen(names[i]);
+  return (int)w;
+}
+
 /* ---- commands ----------------------------------------------------------------------------- */
 
 static int cmd_ls(nwc_client *c, int argc, char **argv) {
@@ -150,7 +158,11 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
     int rc = nwc_client_tensors(c, argv[0], &t, &n);
     if (rc < 0) return die(rc);
     json_t *arr = json ? json_array() : NULL;
-    if (!json) printf("%-44s %-14s %-5s %-6s %10s %10s %s\n", "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    for (size_t i = 0; names && i < n; i++) names[i] = t[i].name;
+    int tw = names ? column_width(names, n, 6) : 44;
+    free(names);
+    if (!json) printf("%-*s %-14s %-5s %-6s %10s %10s %s\n", tw, "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
     for (size_t i = 0; i < n; i++) {
       char shape[64] = "";
       for (unsigned d = 0; d < t[i].ndim; d++)
@@ -166,7 +178,7 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
                                              "nwc_bytes", (json_int_t)t[i].nwc_bytes,
                                              "resident", t[i].state == NWC_CLIENT_RESIDENT));
       } else {
-        printf("%-44s %-14s %-5s %-4s/%u %10s %10s %s%s\n", t[i].name, shape, t[i].dtype,
+        printf("%-*s %-14s %-5s %-4s/%u %10s %10s %s%s\n", tw, t[i].name, shape, t[i].dtype,
                elem_name(t[i].elem), (t[i].elem >> 4) & 15, human(t[i].raw_bytes, buf[0]),
                human(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
       }
@@ -205,7 +217,11 @@ static int cmd_ps(nwc_client *c) {
   if (rc < 0) return die(rc);
   char buf[32], where[16];
   json_t *arr = json ? json_array() : NULL;
-  if (!json) printf("%-20s %-40s %-7s %10s %6s %6s %5s %5s %s\n", "MODEL", "TENSOR", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
+  const char **names = calloc(2 * (n ? n : 1), sizeof *names);
+  for (size_t i = 0; names && i < n; i++) names[i] = p[i].model, names[n + i] = p[i].tensor;
+  int mw = names ? column_width(names, n, 5) : 20, tw = names ? column_width(names + n, n, 6) : 40;
+  free(names);
+  if (!json) printf("%-*s %-*s %-7s %10s %6s %6s %5s %5s %s\n", mw, "MODEL", tw, "TENSOR", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
   for (size_t i = 0; i < n; i++) {
     if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
     else snprintf(where, sizeof where, "cuda:%d", p[i].device);
@@ -219,7 +235,7 @@ static int cmd_ps(nwc_client *c) {
       char ago[32];
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
       else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
-      printf("%-20s %-40s %-7s %10s %6s %6s %5u %5u %s\n", p[i].model, p[i].tensor, where, human(p[i].bytes, buf),
+      printf("%-*s %-*s %-7s %10s %6s %6s %5u %5u %s\n", mw, p[i].model, tw, p[i].tensor, where, human(p[i].bytes, buf),
              p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago);
     }
   }
