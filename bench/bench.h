@@ -17,9 +17,6 @@ double nwc_bench_now(void);
  * seconds per call of 3 such rounds.  A negative return from fn aborts and is returned. */
 double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds);
 
-/* Rows and columns a tensor is benchmarked as: leading 1-dims dropped, then 1-D as 1 x N and more
- * dims as (d0, rest). */
-void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols);
 
 /* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, and
  * waits (up to 5 s) until sock accepts connections: its pid (-1 if fork failed).  The caller

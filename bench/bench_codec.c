@@ -115,7 +115,7 @@ static int by_size_desc(const void *a, const void *b) {
 static int bench_tensor(const nwc_st_file *f, const nwc_st_tensor *st, unsigned elem,
                         double seconds, totals *tot, entry *e) {
   job j = {0};
-  nwc_bench_matrix_shape(st, &j.rows, &j.cols);
+  nwc_st_matrix_shape(st, &j.rows, &j.cols);
   j.w = nwc_st_data(f, st);
   j.elem = elem;
   uint64_t n = j.rows * j.cols;

@@ -156,7 +156,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   double bestd = 1e300;
   for (size_t i = 0; i < st->count; i++) {
     uint64_t r, c;
-    nwc_bench_matrix_shape(&st->tensors[i], &r, &c);
+    nwc_st_matrix_shape(&st->tensors[i], &r, &c);
     if (strcmp(st->tensors[i].dtype, "BF16") || r < 2) continue;
     double dd = fabs(log((double)r / (double)want_rows)) + fabs(log((double)c / (double)want_cols));
     if (dd < bestd) bestd = dd, best = &st->tensors[i], M = r, K = c;
@@ -212,15 +212,22 @@ int nwc_bench_daemon(int argc, char **argv) {
       for (int path = 0; path < npath; path++)
         for (size_t i = i0; i < i0 + 16; i++) {
           double t0 = nwc_bench_now();
-          if (path == 0 && op == 0) nwc_matvec(&t, x, NULL, y, NULL);
-          else if (path == 0) nwc_dequant(&t, deq);
+          int crc = 0;
+          if (path == 0 && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
+          else if (path == 0) crc = nwc_dequant(&t, deq);
           else if (path == 1 && op == 0)
-            nwc_client_matvec(c, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+            crc = nwc_client_matvec(c, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
           else if (path == 1)
-            nwc_client_dequant(c, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2, NULL, NULL,
-                               NULL);
+            crc = nwc_client_dequant(c, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2, NULL,
+                                     NULL, NULL);
           else if (efd >= 0)
             echo_once(efd, ebuf, req_bytes, rep_bytes);
+          if (crc < 0) { /* a failed call is not a round trip: timing it would report nonsense */
+            fprintf(stderr, "nwc-bench daemon: %s %s of %s failed: %s\n", paths[path], ops[op],
+                    best->name, path ? nwc_client_last_error() : nwc_error_detail());
+            kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+            return 1;
+          }
           if (i >= 16) tv[path][i - 16] = nwc_bench_now() - t0;
         }
     }

@@ -209,7 +209,7 @@ int nwc_bench_map(int argc, char **argv) {
   call_ctx cc = {0};
   for (size_t i = 0; i < st->count; i++) {
     uint64_t r, k;
-    nwc_bench_matrix_shape(&st->tensors[i], &r, &k);
+    nwc_st_matrix_shape(&st->tensors[i], &r, &k);
     double dd = fabs(log((double)r / 512)) + fabs(log((double)k / 1536));
     if (!strcmp(st->tensors[i].dtype, "BF16") && r > 1 && dd < bestd)
       bestd = dd, best = &st->tensors[i], cc.M = r, cc.K = k;

@@ -37,13 +37,6 @@ double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds) {
   return round_time[1];
 }
 
-void nwc_bench_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols) {
-  unsigned d = 0;
-  while (d + 2 < t->ndim && t->shape[d] == 1) d++; /* [1, 1, 512, 1536] is a 512 x 1536 matrix */
-  *rows = t->ndim - d >= 2 ? t->shape[d] : 1;
-  *cols = *rows ? t->numel / *rows : 0;
-}
-
 static void usage(FILE *f) {
   fputs("usage: nwc-bench SUBCOMMAND [ARGS]\n"
         "  codec FILE.safetensors [--layout N] [--elem bf16|fp8] [--seconds S]\n"

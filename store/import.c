@@ -675,8 +675,7 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
   memcpy(pt->shape, st->shape, sizeof pt->shape);
   pt->dtype = st->dtype;
   pt->source = j->source;
-  pt->rows = st->ndim >= 2 ? st->shape[0] : 1;
-  pt->cols = st->numel / pt->rows;
+  nwc_st_matrix_shape(st, &pt->rows, &pt->cols);
   pt->source_bytes = st->end - st->begin;
   j->conv = f16 ? CONV_F16 : f32 ? CONV_F32 : CONV_NONE;
   j->quantize = !f8 && im->o.elem == NWC_ELEM_FP8 && st->ndim >= 2;
@@ -794,7 +793,8 @@ static int plan(imp *im, const nwc_st_index *x, const char *index_label) {
     free(bn);
     if (!r) continue;
     const nwc_st_tensor *b = &im->src[r->src].f->tensors[r->idx];
-    uint64_t brows = b->ndim >= 2 ? b->shape[0] : 1;
+    uint64_t brows, bcols;
+    nwc_st_matrix_shape(b, &brows, &bcols);
     if (brows == 1 && b->numel == j->pub.rows) j->pub.bias_tensor = b->name;
   }
   free(names);

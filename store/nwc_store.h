@@ -138,7 +138,7 @@ typedef struct nwc_tensor_info {
                                     when that is 1 x rows; NULL otherwise */
   unsigned source;               /* index of the source file (shard) in the model */
   unsigned elem;                 /* NWC_ELEM(type, layout) */
-  uint64_t rows, cols;           /* as encoded: 1-D is 1 x N, more dims (d0, rest) */
+  uint64_t rows, cols; /* as encoded: 1-D is 1 x N, more dims (d0, rest) after leading 1s */
   uint64_t source_bytes;         /* bytes in the source file */
   uint64_t raw_bytes;            /* rows * cols * element size as stored */
   char *path;                    /* absolute path of the container file */

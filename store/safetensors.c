@@ -236,6 +236,13 @@ void nwc_st_close(nwc_st_file *f) {
   free(m);
 }
 
+void nwc_st_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols) {
+  unsigned d = 0;
+  while (d + 2 < t->ndim && t->shape[d] == 1) d++;
+  *rows = t->ndim - d >= 2 ? t->shape[d] : 1;
+  *cols = *rows ? t->numel / *rows : 0;
+}
+
 const nwc_st_tensor *nwc_st_find(const nwc_st_file *f, const char *name) {
   for (size_t i = 0; i < f->count; i++)
     if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];

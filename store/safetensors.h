@@ -46,6 +46,10 @@ NWC_EXTERN int nwc_st_parse(const uint8_t *buf, size_t size, nwc_st_file **out);
 NWC_EXTERN void nwc_st_close(nwc_st_file *f);
 /* The tensor called name, or NULL. */
 NWC_EXTERN const nwc_st_tensor *nwc_st_find(const nwc_st_file *f, const char *name);
+/* The matrix a tensor is stored as: 1-D is 1 x N; n-D drops leading dimensions of size 1 (a
+ * [1, 1, 512, 1536] convolution kernel is a 512 x 1536 matrix) and flattens the rest to
+ * (d0, product of the others). */
+NWC_EXTERN void nwc_st_matrix_shape(const nwc_st_tensor *t, uint64_t *rows, uint64_t *cols);
 static inline const void *nwc_st_data(const nwc_st_file *f, const nwc_st_tensor *t) {
   return f->map + f->data_offset + t->begin;
 }

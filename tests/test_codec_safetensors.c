@@ -179,9 +179,29 @@ static void malformed(void) {
   free(p);
 }
 
+/* nwc_st_matrix_shape: the matrix each shape is stored as, against the rule written out here. */
+static void matrix_shapes(void) {
+  static const struct {
+    unsigned ndim;
+    uint64_t shape[4], rows, cols;
+  } cases[] = {{1, {512}, 1, 512},           {2, {1, 512}, 1, 512},       {2, {512, 1}, 512, 1},
+               {3, {2, 3, 4}, 2, 12},        {3, {1, 1, 7}, 1, 7},        {4, {1, 1, 256, 512}, 256, 512},
+               {4, {1, 4, 1, 5}, 4, 5},      {3, {1, 1, 1}, 1, 1},        {4, {3, 1, 1, 5}, 3, 5}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    nwc_st_tensor t = {.ndim = cases[i].ndim, .numel = 1};
+    for (unsigned d = 0; d < t.ndim; d++) t.shape[d] = cases[i].shape[d], t.numel *= t.shape[d];
+    uint64_t r, c;
+    nwc_st_matrix_shape(&t, &r, &c);
+    CHECK(r == cases[i].rows && c == cases[i].cols, "shape case %zu: %llu x %llu, want %llu x %llu",
+          i, (unsigned long long)r, (unsigned long long)c, (unsigned long long)cases[i].rows,
+          (unsigned long long)cases[i].cols);
+  }
+}
+
 int main(void) {
   test_seed("test_codec_safetensors");
   valid_file();
   malformed();
+  matrix_shapes();
   return test_exit("test_codec_safetensors");
 }

@@ -255,8 +255,7 @@ static int td_open_sample(void) {
     if (strcmp(t->dtype, "BF16")) continue;
     td_tensor *o = &td_t[td_nt++];
     o->name = t->name;
-    o->rows = t->ndim >= 2 ? t->shape[0] : 1;
-    o->cols = t->numel / (o->rows ? o->rows : 1);
+    nwc_st_matrix_shape(t, &o->rows, &o->cols);
     o->w = (const uint16_t *)nwc_st_data(td_sample, t);
   }
   return 0;

@@ -286,7 +286,8 @@ static void check_sample(void) {
   for (size_t i = 0; i < f->count; i++) {
     const nwc_st_tensor *st = &f->tensors[i];
     if (strcmp(st->dtype, "BF16") || st->numel < 2) continue;
-    uint64_t M = st->ndim >= 2 ? st->shape[0] : 1, K = st->numel / M;
+    uint64_t M, K;
+    nwc_st_matrix_shape(st, &M, &K);
     uint16_t *w = malloc(st->numel * 2);
     memcpy(w, nwc_st_data(f, st), st->numel * 2);
     char what[96];

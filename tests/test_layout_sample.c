@@ -43,7 +43,8 @@ int main(void) {
   for (size_t i = 0; i < f->count; i++) {
     const nwc_st_tensor *st = &f->tensors[i];
     if (strcmp(st->dtype, "BF16") || st->numel == 0) continue;
-    uint64_t M = st->ndim >= 2 ? st->shape[0] : 1, K = st->numel / M;
+    uint64_t M, K;
+    nwc_st_matrix_shape(st, &M, &K);
     const uint16_t *w = nwc_st_data(f, st);
     int is_top = 0;
     for (size_t k = 0; k < ntop; k++) is_top |= top[k] == i;
