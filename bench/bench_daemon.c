@@ -9,8 +9,11 @@
  *                                                     client processes in parallel
  * (Loads through nwcd against cat and plain reads, cold and warm: `nwc-bench load`.)
  * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
- * The paths of one op take turns in blocks of 16 calls, so that they see the same machine (a
- * shared VM's noise moves them together) while each keeps its weights in cache within a block.  "echo" is the floor of any socket design: a second process
+ * The paths of one op take turns in blocks of --turn calls (16), so that they see the same
+ * machine (a shared VM's noise moves them together) while each keeps its weights in cache within
+ * a block; the first call of each block finds the other path's data in the caches and nwcd's
+ * threads asleep, so short turns charge that to the socket, and long ones (--turn 1000) measure
+ * the steady state of a client that calls nwcd back to back.  "echo" is the floor of any socket design: a second process
  * that reads the matvec's request bytes and writes back its reply bytes over a socketpair, no
  * daemon; "stats" is nwcd's fixed cost per request (an op that computes nothing).  Pipelined
  * throughput keeps depth matvecs in flight per process (nwc_client_submit_matvec).
@@ -133,8 +136,10 @@ int nwc_bench_daemon(int argc, char **argv) {
   const char *file = NULL, *nwcd = NWCD_PATH;
   double seconds = 1.0;
   uint64_t want_rows = 512, want_cols = 1536;
+  size_t turn = 16;
   static const char usage[] =
       "usage: nwc-bench daemon FILE.safetensors [--seconds S] [--nwcd PATH] [--rows M] [--cols K]\n"
+      "                         [--turn N]\n"
       "Starts nwcd on a temporary store, imports FILE, and times matvec/dequant round trips through\n"
       "the socket against the same calls in-process and an echo of the same bytes between two\n"
       "processes, nwcd's fixed cost (stats), throughput with 1/4/16 clients (synchronous and 8\n"
@@ -145,6 +150,7 @@ int nwc_bench_daemon(int argc, char **argv) {
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd = argv[++i];
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) want_rows = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) want_cols = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--turn") && i + 1 < argc) turn = strtoull(argv[++i], NULL, 0);
     else if (!file) file = argv[i];
     else return fprintf(stderr, "nwc-bench daemon: unexpected '%s'\n", argv[i]), 2;
   }
@@ -200,17 +206,19 @@ int nwc_bench_daemon(int argc, char **argv) {
   pid_t echo_pid = -1;
   int efd = echo_start(req_bytes, rep_bytes, &echo_pid);
   uint8_t *ebuf = calloc(1, req_bytes > rep_bytes ? req_bytes : rep_bytes);
-  /* Round trips: per op, its paths in turns of 16 calls (0 in-process, 1 socket, 2 echo). */
+  if (turn < 1) return fputs("nwc-bench daemon: --turn must be at least 1\n", stderr), 2;
+  /* Round trips: per op, its paths in turns of `turn` calls (0 in-process, 1 socket, 2 echo). */
   size_t iters = (size_t)(seconds * 2000) + 100;
   double *tv[3];
-  for (int p = 0; p < 3; p++) tv[p] = malloc(iters * sizeof **tv);
+  for (int p = 0; p < 3; p++) tv[p] = malloc((iters + turn) * sizeof **tv);
   static const char *ops[2] = {"matvec", "dequant"}, *paths[3] = {"inproc", "socket", "echo"};
   for (int op = 0; op < 2; op++) {
-    size_t n = (op == 0 ? iters : iters / 8 + 20) / 16 * 16;
+    size_t n = (op == 0 ? iters : iters / 8 + 20) / turn * turn;
+    if (n < turn) n = turn; /* at least one timed turn (tv holds iters + turn) */
     int npath = op == 0 ? 3 : 2;
-    for (size_t i0 = 0; i0 < n + 16; i0 += 16) { /* the first turn warms up */
+    for (size_t i0 = 0; i0 < n + turn; i0 += turn) { /* the first turn warms up */
       for (int path = 0; path < npath; path++)
-        for (size_t i = i0; i < i0 + 16; i++) {
+        for (size_t i = i0; i < i0 + turn; i++) {
           double t0 = nwc_bench_now();
           int crc = 0;
           if (path == 0 && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
@@ -228,7 +236,7 @@ int nwc_bench_daemon(int argc, char **argv) {
             kill(pid, SIGTERM), waitpid(pid, NULL, 0);
             return 1;
           }
-          if (i >= 16) tv[path][i - 16] = nwc_bench_now() - t0;
+          if (i >= turn) tv[path][i - turn] = nwc_bench_now() - t0;
         }
     }
     double p50[3], p99[3];
@@ -238,8 +246,8 @@ int nwc_bench_daemon(int argc, char **argv) {
              "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu}\n", ops[op], paths[path],
              (unsigned long long)M, (unsigned long long)K, p50[path], p99[path], n);
     }
-    printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"p50_us\":%.2f,\"p99_us\":%.2f,", ops[op],
-           p50[1] - p50[0], p99[1] - p99[0]);
+    printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"turn\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,",
+           ops[op], turn, p50[1] - p50[0], p99[1] - p99[0]);
     if (op == 0) printf("\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,", p50[2], p99[2]);
     printf("\"target_p50_us\":20,\"target_p99_us\":100}\n");
     fflush(stdout);
