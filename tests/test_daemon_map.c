@@ -267,13 +267,9 @@ static void check_fp8(nwc_client *c, const td_tensor *t) {
 }
 
 int main(void) {
-  test_seed("test_daemon_map");
-  int rc = td_open_sample();
-  if (rc) return rc;
-  CHECK(td_mkdir("nwc-map") == 0, "mkdtemp");
-  pid_t d = td_start_daemon(NULL);
-  CHECK(d > 0, "nwcd did not start");
-  if (d <= 0) return test_exit("test_daemon_map");
+  int rc;
+  pid_t d = td_begin("test_daemon_map", "nwc-map", NULL, &rc);
+  if (!d) return rc;
   nwc_client *c = NULL;
   CHECK_RC(nwc_client_connect(td_sock, &c));
   nwc_client_result res;

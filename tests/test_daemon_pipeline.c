@@ -289,15 +289,11 @@ static void stop_with_tickets(nwc_client *c, pid_t d) {
 }
 
 int main(void) {
-  test_seed("test_daemon_pipeline");
-  int skip = td_open_sample();
-  if (skip) return skip;
+  int rc0;
+  pid_t d = td_begin("test_daemon_pipeline", "nwc-pipeline", NULL, &rc0);
+  if (!d) return rc0;
   for (size_t i = 0; i < td_nt && nmats < 64; i++)
     if (td_t[i].rows >= 2 && td_t[i].cols >= 2) mats[nmats++] = &td_t[i];
-  if (td_mkdir("nwc-pipeline") < 0) return 1;
-  pid_t d = td_start_daemon(NULL);
-  CHECK(d > 0, "nwcd did not start");
-  if (d <= 0) return td_show_log(), 1;
   nwc_client *c;
   CHECK_RC(nwc_client_connect(td_sock, &c));
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
