@@ -140,12 +140,10 @@ bad:
   return NULL;
 }
 
-/* Width of a name column: the longest name (at least the header's width), so columns line up. */
-static int column_width(const char *const *names, size_t n, size_t header) {
-  size_t w = header;
-  for (size_t i = 0; i < n; i++)
-    if (strlen(names[i]) > w) w = strlen(names[i]);
-  return (int)w;
+/* A name column's width after name: the longest name so far, so that the columns line up. */
+static int widen(int width, const char *name) {
+  int n = (int)strlen(name);
+  return n > width ? n : width;
 }
 
 /* ---- commands ----------------------------------------------------------------------------- */
@@ -158,10 +156,8 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
     int rc = nwc_client_tensors(c, argv[0], &t, &n);
     if (rc < 0) return die(rc);
     json_t *arr = json ? json_array() : NULL;
-    const char **names = calloc(n ? n : 1, sizeof *names);
-    for (size_t i = 0; names && i < n; i++) names[i] = t[i].name;
-    int tw = names ? column_width(names, n, 6) : 44;
-    free(names);
+    int tw = (int)strlen("TENSOR");
+    for (size_t i = 0; i < n; i++) tw = widen(tw, t[i].name);
     if (!json) printf("%-*s %-14s %-5s %-6s %10s %10s %s\n", tw, "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
     for (size_t i = 0; i < n; i++) {
       char shape[64] = "";
@@ -217,10 +213,8 @@ static int cmd_ps(nwc_client *c) {
   if (rc < 0) return die(rc);
   char buf[32], where[16];
   json_t *arr = json ? json_array() : NULL;
-  const char **names = calloc(2 * (n ? n : 1), sizeof *names);
-  for (size_t i = 0; names && i < n; i++) names[i] = p[i].model, names[n + i] = p[i].tensor;
-  int mw = names ? column_width(names, n, 5) : 20, tw = names ? column_width(names + n, n, 6) : 40;
-  free(names);
+  int mw = (int)strlen("MODEL"), tw = (int)strlen("TENSOR");
+  for (size_t i = 0; i < n; i++) mw = widen(mw, p[i].model), tw = widen(tw, p[i].tensor);
   if (!json) printf("%-*s %-*s %-7s %10s %6s %6s %5s %5s %s\n", mw, "MODEL", tw, "TENSOR", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
   for (size_t i = 0; i < n; i++) {
     if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
