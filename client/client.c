@@ -70,6 +70,7 @@ struct nwc_client {
   pending tickets[MAX_TICKETS];
   unsigned ntickets;
   uint64_t ticket_bytes; /* sum of the caps of tickets not yet done */
+  nwc_waiter waiter; /* how reads wait for the next frame (wait.c) */
   bool broken;     /* a send failed or the daemon ended the connection: later calls fail */
   bool unreadable; /* reading failed or framing was lost: nothing more can be read */
 };
@@ -151,8 +152,7 @@ static int read_frame(nwc_client *c, nwc_proto_hdr *h) {
     memmove(c->ibuf, c->ibuf + c->ioff, c->ilen - c->ioff);
     c->ilen -= c->ioff, c->ioff = 0;
     while (c->ilen < NWC_PROTO_HEADER) { /* one recv usually brings the whole frame, or more */
-      ssize_t n = recv(c->fd, c->ibuf + c->ilen, IBUF_SIZE - c->ilen, 0);
-      if (n < 0 && errno == EINTR) continue;
+      ssize_t n = nwc__wait_recv(&c->waiter, c->fd, c->ibuf + c->ilen, IBUF_SIZE - c->ilen);
       if (n <= 0) return conn_lost(c, n);
       c->ilen += (size_t)n;
     }
@@ -289,6 +289,11 @@ int nwc_client_connect(const char *path, nwc_client **out) {
   strcpy(sa.sun_path, path);
   nwc_client *c = calloc(1, sizeof *c);
   if (!c) return fail(-ENOMEM, "out of memory");
+  int wrc = nwc__waiter_init(&c->waiter);
+  if (wrc < 0) {
+    free(c);
+    return wrc;
+  }
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
     int e = errno;
@@ -315,6 +320,13 @@ int nwc_client_connect(const char *path, nwc_client **out) {
   }
   *out = c;
   return 0;
+}
+
+int nwc_client_set_spin(nwc_client *c, unsigned spin_us) {
+  pthread_mutex_lock(&c->lock);
+  int rc = nwc__waiter_set(&c->waiter, spin_us);
+  pthread_mutex_unlock(&c->lock);
+  return rc;
 }
 
 void nwc_client_free(nwc_client *c) {
