@@ -12,6 +12,8 @@
 #include <sys/types.h>
 
 double nwc_bench_now(void);
+/* CPU seconds of the calling thread so far. */
+double nwc_bench_thread_cpu(void);
 
 /* Runs fn(arg) until at least min_seconds have passed (and at least 3 times); returns the median
  * seconds per call of 3 such rounds.  A negative return from fn aborts and is returned. */

@@ -3,12 +3,19 @@
  * going through nwcd costs.  Starts a real nwcd (NWCD_PATH, or --nwcd PATH) on a temporary store,
  * imports FILE through libnwc-client, picks the matrix closest to 512 x 1536, and prints JSON
  * lines:
- *   {"bench":"roundtrip", op matvec|dequant|stats, path inproc|socket|echo, p50_us, p99_us, n}
- *   {"bench":"overhead", op, p50_us, p99_us, floor_*}  socket minus in-process; floor: echo
+ *   {"bench":"roundtrip", op matvec|dequant|stats, path inproc|socket|sleep|echo, p50_us, p99_us,
+ *    n, cpu_us}
+ *   {"bench":"overhead", op, p50_us, p99_us, sleep_*, floor_*}  socket minus in-process
+
  *   {"bench":"throughput", clients 1|4|16, mode sync|pipelined, depth, matvec_per_s}
  *                                                     client processes in parallel
  * (Loads through nwcd against cat and plain reads, cold and warm: `nwc-bench load`.)
  * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
+ * "socket" is a connection with libnwc-client's default wait (it polls for the reply before it
+ * sleeps), "sleep" a second one set to sleep at once (nwc_client_set_spin 0), side by side.
+ * cpu_us is the mean CPU time per call of the process doing the work: this one in-process, nwcd
+ * through the socket (all its threads, from /proc/PID/task/TID/schedstat), so that a change in
+ * the machine's speed between paths shows as such.
  * The paths of one op take turns in blocks of --turn calls (16), so that they see the same
  * machine (a shared VM's noise moves them together) while each keeps its weights in cache within
  * a block; the first call of each block finds the other path's data in the caches and nwcd's
@@ -16,7 +23,11 @@
  * the steady state of a client that calls nwcd back to back.  "echo" is the floor of any socket design: a second process
  * that reads the matvec's request bytes and writes back its reply bytes over a socketpair, no
  * daemon; "stats" is nwcd's fixed cost per request (an op that computes nothing).  Pipelined
- * throughput keeps depth matvecs in flight per process (nwc_client_submit_matvec).
+ * throughput keeps depth matvecs in flight per process (nwc_client_submit_matvec).  --cpu N pins
+ * the bench and everything it starts to one CPU: on the dev VM, whose two vCPUs are hyperthreads
+ * of one core, a matvec runs 2-3x slower while the other vCPU runs anything, so unpinned the
+ * paths differ by what the other vCPU does meanwhile (nwcd idle in-process, the client during
+ * a socket call).
  */
 #include "bench.h"
 
@@ -24,7 +35,9 @@
 #include "nwc_proto.h"
 #include "safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -50,6 +63,26 @@ static void pct(double *t, size_t n, double *p50, double *p99) {
 
 /* The echo floor: a child that reads req bytes and answers rep bytes until EOF.  Returns our
  * end of the socketpair (-1 on failure) and *pid. */
+/* CPU seconds of all of pid's threads so far (schedstat: nanoseconds on CPU). */
+static double proc_cpu(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  double sum = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char f[sizeof path + sizeof e->d_name + 16];
+    snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
+    FILE *fp = fopen(f, "r");
+    unsigned long long ns = 0;
+    if (fp && fscanf(fp, "%llu", &ns) != 1) ns = 0;
+    if (fp) fclose(fp);
+    sum += (double)ns * 1e-9;
+  }
+  if (d) closedir(d);
+  return sum;
+}
+
 static int echo_start(size_t req, size_t rep, pid_t *pid) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return -1;
@@ -137,13 +170,15 @@ int nwc_bench_daemon(int argc, char **argv) {
   double seconds = 1.0;
   uint64_t want_rows = 512, want_cols = 1536;
   size_t turn = 16;
+  int cpu = -1;
   static const char usage[] =
       "usage: nwc-bench daemon FILE.safetensors [--seconds S] [--nwcd PATH] [--rows M] [--cols K]\n"
-      "                         [--turn N]\n"
+      "                         [--turn N] [--cpu N]\n"
       "Starts nwcd on a temporary store, imports FILE, and times matvec/dequant round trips through\n"
       "the socket against the same calls in-process and an echo of the same bytes between two\n"
       "processes, nwcd's fixed cost (stats), throughput with 1/4/16 clients (synchronous and 8\n"
-      "pipelined requests in flight each).\n";
+      "pipelined requests in flight each).  --cpu N runs all of it on CPU N (where two vCPUs are\n"
+      "hyperthreads of one core, what runs on the sibling slows a matvec by up to 3x).\n";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
@@ -151,10 +186,18 @@ int nwc_bench_daemon(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) want_rows = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) want_cols = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--turn") && i + 1 < argc) turn = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) cpu = atoi(argv[++i]);
     else if (!file) file = argv[i];
     else return fprintf(stderr, "nwc-bench daemon: unexpected '%s'\n", argv[i]), 2;
   }
   if (!file) return fputs(usage, stderr), 2;
+  if (cpu >= 0) { /* this process and what it starts (nwcd, the echo, the clients) on one CPU */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) < 0)
+      return fprintf(stderr, "nwc-bench daemon: --cpu %d: %s\n", cpu, strerror(errno)), 2;
+  }
   nwc_st_file *st;
   if (nwc_st_open(file, &st) < 0) return fprintf(stderr, "nwc-bench daemon: cannot read %s\n", file), 1;
   const nwc_st_tensor *best = NULL;
@@ -207,29 +250,40 @@ int nwc_bench_daemon(int argc, char **argv) {
   int efd = echo_start(req_bytes, rep_bytes, &echo_pid);
   uint8_t *ebuf = calloc(1, req_bytes > rep_bytes ? req_bytes : rep_bytes);
   if (turn < 1) return fputs("nwc-bench daemon: --turn must be at least 1\n", stderr), 2;
-  /* Round trips: per op, its paths in turns of `turn` calls (0 in-process, 1 socket, 2 echo). */
+  nwc_client *cs = NULL; /* the "sleep" path: a connection that never polls */
+  if (nwc_client_connect(sock, &cs) < 0 || nwc_client_set_spin(cs, 0) < 0) {
+    fprintf(stderr, "nwc-bench daemon: %s\n", nwc_client_last_error());
+    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    return 1;
+  }
+  /* Round trips: per op, its paths in turns of `turn` calls. */
+  enum { INPROC, SOCKET, SLEEP, ECHO, NPATH };
   size_t iters = (size_t)(seconds * 2000) + 100;
-  double *tv[3];
-  for (int p = 0; p < 3; p++) tv[p] = malloc((iters + turn) * sizeof **tv);
-  static const char *ops[2] = {"matvec", "dequant"}, *paths[3] = {"inproc", "socket", "echo"};
+  double *tv[NPATH];
+  for (int p = 0; p < NPATH; p++) tv[p] = malloc((iters + turn) * sizeof **tv);
+  static const char *ops[2] = {"matvec", "dequant"};
+  static const char *paths[NPATH] = {"inproc", "socket", "sleep", "echo"};
   for (int op = 0; op < 2; op++) {
     size_t n = (op == 0 ? iters : iters / 8 + 20) / turn * turn;
     if (n < turn) n = turn; /* at least one timed turn (tv holds iters + turn) */
-    int npath = op == 0 ? 3 : 2;
+    int npath = op == 0 ? NPATH : ECHO;
+    double cpu_s[NPATH] = {0};
     for (size_t i0 = 0; i0 < n + turn; i0 += turn) { /* the first turn warms up */
-      for (int path = 0; path < npath; path++)
+      for (int path = 0; path < npath; path++) {
+        double c0 = path == INPROC ? nwc_bench_thread_cpu() : proc_cpu(pid);
         for (size_t i = i0; i < i0 + turn; i++) {
+          nwc_client *cc = path == SOCKET ? c : cs;
           double t0 = nwc_bench_now();
           int crc = 0;
-          if (path == 0 && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
-          else if (path == 0) crc = nwc_dequant(&t, deq);
-          else if (path == 1 && op == 0)
-            crc = nwc_client_matvec(c, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
-          else if (path == 1)
-            crc = nwc_client_dequant(c, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2, NULL,
-                                     NULL, NULL);
-          else if (efd >= 0)
+          if (path == INPROC && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
+          else if (path == INPROC) crc = nwc_dequant(&t, deq);
+          else if (path == ECHO)
             echo_once(efd, ebuf, req_bytes, rep_bytes);
+          else if (op == 0)
+            crc = nwc_client_matvec(cc, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+          else
+            crc = nwc_client_dequant(cc, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2,
+                                     NULL, NULL, NULL);
           if (crc < 0) { /* a failed call is not a round trip: timing it would report nonsense */
             fprintf(stderr, "nwc-bench daemon: %s %s of %s failed: %s\n", paths[path], ops[op],
                     best->name, path ? nwc_client_last_error() : nwc_error_detail());
@@ -238,20 +292,27 @@ int nwc_bench_daemon(int argc, char **argv) {
           }
           if (i >= turn) tv[path][i - turn] = nwc_bench_now() - t0;
         }
+        double c1 = path == INPROC ? nwc_bench_thread_cpu() : proc_cpu(pid);
+        if (i0 >= turn) cpu_s[path] += c1 - c0;
+      }
     }
-    double p50[3], p99[3];
+    double p50[NPATH], p99[NPATH];
     for (int path = 0; path < npath; path++) {
       pct(tv[path], n, &p50[path], &p99[path]);
       printf("{\"bench\":\"roundtrip\",\"op\":\"%s\",\"path\":\"%s\",\"rows\":%llu,\"cols\":%llu,"
-             "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu}\n", ops[op], paths[path],
+             "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu", ops[op], paths[path],
              (unsigned long long)M, (unsigned long long)K, p50[path], p99[path], n);
+      if (path != ECHO) printf(",\"cpu_us\":%.2f", cpu_s[path] * 1e6 / (double)n);
+      printf("}\n");
     }
-    printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"turn\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,",
-           ops[op], turn, p50[1] - p50[0], p99[1] - p99[0]);
-    if (op == 0) printf("\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,", p50[2], p99[2]);
+    printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"turn\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+           "\"sleep_p50_us\":%.2f,\"sleep_p99_us\":%.2f,", ops[op], turn, p50[SOCKET] - p50[INPROC],
+           p99[SOCKET] - p99[INPROC], p50[SLEEP] - p50[INPROC], p99[SLEEP] - p99[INPROC]);
+    if (op == 0) printf("\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,", p50[ECHO], p99[ECHO]);
     printf("\"target_p50_us\":20,\"target_p99_us\":100}\n");
     fflush(stdout);
   }
+  nwc_client_free(cs);
   /* nwcd's fixed cost per request: stats computes nothing. */
   for (size_t i = 0; i < iters + 10; i++) {
     nwc_client_counters sc;
@@ -303,7 +364,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   if (system(cmd) != 0) fprintf(stderr, "nwc-bench daemon: could not remove %s\n", dir);
   nwc_tensor_release(&t);
   free(w), free(x), free(y), free(deq), free(deq2);
-  for (int p = 0; p < 3; p++) free(tv[p]);
+  for (int p = 0; p < NPATH; p++) free(tv[p]);
   nwc_st_close(st);
   return 0;
 }
