@@ -3,16 +3,16 @@
  * implementation: host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
  * warning once otherwise), and the store/ decoders for dequant, gather and matvec.
  *
- * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING) mapped shared, so that its
- * pages can be handed to clients (map, residency.c) with no copy.  host_alloc maps it writable
- * for the loader; host_share, once the load is done, makes the daemon's view read-only and seals
- * the memfd (F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): from then on no
- * process can write it (write(), a writable shared mmap, or an mprotect to PROT_WRITE of a
- * read-only one all fail), shrink it or lift the seals, and the only writable mapping that ever
- * existed is ours, already PROT_READ.  F_SEAL_WRITE would need that mapping gone (a remap and a
- * second mlock populate per load); the future-write seal gives clients the same guarantee at no
- * cost.  host_free unmaps and closes it; a client's mapping keeps the pages alive after that.
- * The memfd of each allocation is found by its address in a table under a mutex.
+ * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING), so that its pages can be
+ * handed to clients (map, residency.c) with no copy.  host_load makes it, has the loader write
+ * the blob into it (nwcd_load_fd: pwrite of each checked slot of a staging ring, which makes
+ * the pages without zeroing them or faulting them in), then seals it (F_SEAL_WRITE |
+ * F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and only then maps it, read-only, populated and
+ * locked.  No writable mapping of it ever exists, so the plain write seal applies: from then on
+ * no process can write it (write(), a writable shared mmap, an mprotect to PROT_WRITE of a
+ * read-only one all fail), shrink it, grow it or lift the seals.  host_share returns the memfd;
+ * host_free unmaps and closes it; a client's mapping keeps the pages alive after that.  The
+ * memfd of each allocation is found by its address in a table under a mutex.
  *
  * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
  * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
@@ -29,10 +29,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
-#endif
 
 static atomic_int mlock_warned;
 
@@ -74,37 +70,48 @@ static bool buf_add(void *p, int fd) {
   return ok;
 }
 
-static void *cpu_host_alloc(size_t n, bool *locked) {
-  size_t len = host_len(n);
-  *locked = false;
+/* host_load: the blob written into a fresh memfd, sealed, then mapped read-only and locked. */
+static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
+  size_t len = host_len(ti->length);
+  *out = NULL, *locked = false;
   int fd = memfd_create("nwc-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return nwc__fail(-errno, "no memfd for %s/%s: %s", ti->model, ti->name, strerror(errno));
+  int rc = ftruncate(fd, (off_t)len) == 0 ? nwcd_load_fd(ti, fd, NULL, li)
+                                          : nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s",
+                                                      len, ti->model, ti->name, strerror(errno));
+  if (rc == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
+    rc = nwc__fail(-errno, "sealing the memfd of %s/%s: %s", ti->model, ti->name, strerror(errno));
   void *p = MAP_FAILED;
-  if (fd >= 0 && ftruncate(fd, (off_t)len) == 0)
-    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED || !buf_add(p, fd)) {
-    nwcd_log(NWCD_LOG_WARN, "no memfd of %zu bytes for a resident tensor: %s", len,
-             strerror(errno));
-    if (p != MAP_FAILED) munmap(p, len);
-    if (fd >= 0) close(fd);
-    return NULL;
+  if (rc == 0) { /* locked where RLIMIT_MEMLOCK allows (EAGAIN: it does not) */
+    p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
+    *locked = p != MAP_FAILED;
+    int why = errno;
+    if (p == MAP_FAILED && why == EAGAIN)
+      p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (!*locked && p != MAP_FAILED && !atomic_exchange(&mlock_warned, 1))
+      nwcd_log(NWCD_LOG_WARN,
+               "locking %zu bytes failed (%s): resident tensors are not pinned; raise "
+               "RLIMIT_MEMLOCK (LimitMEMLOCK=infinity) to pin them",
+               len, strerror(why));
+    if (p == MAP_FAILED)
+      rc = nwc__fail(-errno, "mapping %zu bytes of %s/%s: %s", len, ti->model, ti->name,
+                     strerror(errno));
   }
-  *locked = mlock(p, len) == 0;
-  if (!*locked && !atomic_exchange(&mlock_warned, 1))
-    nwcd_log(NWCD_LOG_WARN,
-             "mlock of %zu bytes failed (%s): resident tensors are not pinned; raise "
-             "RLIMIT_MEMLOCK (LimitMEMLOCK=infinity) to pin them",
-             len, strerror(errno));
-  return p;
+  if (rc == 0 && !buf_add(p, fd)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
+  if (rc < 0) {
+    if (p != MAP_FAILED) munmap(p, len);
+    close(fd);
+    *locked = false;
+    return rc;
+  }
+  *out = p;
+  return 0;
 }
 
 static int cpu_host_share(void *p, size_t n) {
+  (void)n;
   int fd = buf_fd(p, false);
-  NWC_RETURN_IF(fd < 0, -EINVAL, "host_share of memory host_alloc did not return");
-  NWC_RETURN_IF(mprotect(p, host_len(n), PROT_READ) < 0, -errno,
-                "mprotect of a resident copy: %s", strerror(errno));
-  NWC_RETURN_IF(fcntl(fd, F_ADD_SEALS,
-                      F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0,
-                -errno, "sealing a resident copy's memfd: %s", strerror(errno));
+  NWC_RETURN_IF(fd < 0, -EINVAL, "host_share of memory host_load did not return");
   return fd;
 }
 
@@ -131,7 +138,7 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {.name = "cpu", .host_alloc = cpu_host_alloc,
+static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load,
                                          .host_free = cpu_host_free, .dequant = cpu_dequant,
                                          .gather = cpu_gather, .matvec = cpu_matvec,
                                          .host_share = cpu_host_share};

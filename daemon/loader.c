@@ -2,10 +2,17 @@
  * loader.c - the one module of nwcd that owns io_uring: it streams a tensor blob out of its
  * container file in chunk-aligned reads, checks each 1 MiB chunk's XXH3 checksum as it lands
  * (nwc_store_chunk_check), and puts the bytes either
- *   - straight into the destination memory (host residency: nwcd_load, zero copy), or
+ *   - straight into destination memory (nwcd_load, zero copy: memory populated before), or
  *   - into the slots of a ring of pinned, io_uring-registered buffers handed to a sink
  *     (nwcd_ring_load: the GPU path, where the sink starts a cudaMemcpyAsync out of each slot
- *     and gives the slot back once the copy's event has completed).
+ *     and gives the slot back once the copy's event has completed), or
+ *   - into a file through such a ring, each checked slot written with pwrite(2) (nwcd_load_fd:
+ *     host residency, into a fresh memfd).  Writing a memfd makes its pages in the kernel, whole
+ *     pages that need no zeroing, with no page fault and no mmap lock, so lanes on several cores
+ *     make pages in parallel; faulting a fresh mapping in page by page, as the loads did before,
+ *     zeroed every page first and serialized the lanes on the process's mmap lock.  The ring is
+ *     the calling thread's (made at its first such load, like its engine), small enough that its
+ *     slots stay in the cache between the read, the check and the write.
  *
  * Engines: an engine is one io_uring (64 entries).  Host loads use the calling thread's engine,
  * made at the thread's first load and kept until the thread exits (a pthread key frees it), so
@@ -72,6 +79,8 @@
 #define PAGE 4096u
 #define SMALL_BLOB (4u << 20) /* read buffered, submitted inline, no probe (auto mode) */
 #define CHECKERS_MAX 4u
+#define FD_RING (8u << 20)    /* a thread's staging ring for nwcd_load_fd, in slots of: */
+#define FD_SLOT (1u << 20)
 
 struct load;
 
@@ -153,6 +162,9 @@ static _Thread_local void *tl_observer_ctx;
 static _Thread_local engine *tl_engine;
 static pthread_key_t tl_engine_key;
 static pthread_once_t tl_engine_once = PTHREAD_ONCE_INIT;
+static _Thread_local nwcd_ring *tl_ring; /* nwcd_load_fd's staging ring */
+static pthread_key_t tl_ring_key;
+static pthread_once_t tl_ring_once = PTHREAD_ONCE_INIT;
 
 void nwcd_load_observe(nwcd_progress_fn fn, void *ctx) {
   tl_observer = fn;
@@ -678,4 +690,48 @@ int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts
   load_close(&L, li, t0);
   pthread_mutex_unlock(&r->lock);
   return rc;
+}
+
+/* ---- loads into a file ------------------------------------------------------------------- */
+
+typedef struct fd_sink {
+  const nwc_tensor_info *ti;
+  int fd;
+} fd_sink;
+
+/* Writes a checked slot at its blob offset and gives the slot straight back. */
+static int fd_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
+  const fd_sink *f = ctx;
+  for (uint64_t o = 0; o < s->len;) {
+    ssize_t k = pwrite(f->fd, (const uint8_t *)s->data + o, s->len - o, (off_t)(s->offset + o));
+    if (k < 0 && errno == EINTR) continue;
+    NWC_RETURN_IF(k <= 0, k < 0 ? -errno : -EIO, "model '%s' tensor '%s': writing %llu bytes at "
+                  "%llu into its memory: %s", f->ti->model, f->ti->name,
+                  (unsigned long long)(s->len - o), (unsigned long long)(s->offset + o),
+                  k < 0 ? strerror(errno) : "nothing written");
+    o += (uint64_t)k;
+  }
+  nwcd_ring_release(r, s->index);
+  return 0;
+}
+
+static int fd_reclaim(void *ctx, nwcd_ring *r, bool wait) {
+  (void)ctx, (void)r, (void)wait; /* fd_consume holds no slot */
+  return 0;
+}
+
+static void ring_key_free(void *p) { nwcd_ring_free(p); }
+static void make_ring_key(void) { pthread_key_create(&tl_ring_key, ring_key_free); }
+
+int nwcd_load_fd(const nwc_tensor_info *ti, int fd, const nwcd_load_opts *o, nwcd_load_info *li) {
+  if (li) memset(li, 0, sizeof *li);
+  NWC_RETURN_IF(!ti || fd < 0, -EINVAL, "nwcd_load_fd: no blob or no file");
+  if (!tl_ring) {
+    pthread_once(&tl_ring_once, make_ring_key);
+    NWC_TRY(nwcd_ring_create(FD_RING, FD_SLOT, &tl_ring));
+    pthread_setspecific(tl_ring_key, tl_ring);
+  }
+  fd_sink f = {ti, fd};
+  nwcd_sink sink = {fd_consume, fd_reclaim, &f};
+  return nwcd_ring_load(tl_ring, ti, o, &sink, li);
 }

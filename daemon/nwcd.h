@@ -69,9 +69,11 @@ struct nwcd_load_info;
  * a negative errno and may be called from any worker thread at once. */
 typedef struct nwcd_backend {
   const char *name;
-  /* Host memory for resident copies: aligned to 4096, *locked set when it is pinned (mlock).
-   * Free with host_free(p, n, locked). */
-  void *(*host_alloc)(size_t n, bool *locked);
+  /* A host copy of ti's blob, loaded (chunks checked, progress as nwcd_load) into fresh memory
+   * that is read-only from then on: 0 and *p (4096-aligned), *locked when it is pinned (mlock),
+   * *li; or a negative errno with a detail (no memory, a load error), nothing kept.  Free with
+   * host_free(p, ti->length, locked). */
+  int (*host_load)(const nwc_tensor_info *ti, void **p, bool *locked, struct nwcd_load_info *li);
   void (*host_free)(void *p, size_t n, bool locked);
   /* BF16 rows of row blocks [rb0, rb1), row stride K16, out at row rb0 * block rows. */
   int (*dequant)(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out);
@@ -80,9 +82,9 @@ typedef struct nwcd_backend {
    * single-column kernel reads K16 floats). */
   int (*matvec)(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx, const float *bias,
                 float *Y, size_t ldy);
-  /* Called once on a host_alloc'ed copy after its load: makes it read-only for good and returns
-   * a descriptor of its pages for clients to map (a sealed memfd, owned by the backend: valid
-   * until host_free).  NULL where host copies cannot be shared (map is then refused). */
+  /* A descriptor of a host_load'ed copy's pages for clients to map (a memfd sealed against
+   * writes, shrinking and growing, owned by the backend: valid until host_free), or a negative
+   * errno.  NULL where host copies cannot be shared (map is then refused). */
   int (*host_share)(void *p, size_t n);
   /* Devices (cuda; 0 and NULLs for cpu): tensors resident on device n (0 <= n < ndevices) are
    * device copies ("dcopy") that the dev_ functions compute on, results into host memory
@@ -158,9 +160,14 @@ typedef struct nwcd_load_opts {
  * ends early); it returns only with no read in flight, so buf is never written after it.  o may
  * be NULL (defaults); li may be NULL. */
 int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwcd_load_info *li);
-/* The same with the default options (residency.c's call). */
+/* The same with the default options. */
 int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
                    nwcd_progress_fn progress, void *ctx);
+/* Reads ti's blob into the file fd (a memfd: host residency) at [0, ti->length) with pwrite,
+ * through the calling thread's staging ring (8 MiB, made at its first call, kept until the
+ * thread exits), every chunk checked before it is written.  Returns as nwcd_load (-EBADMSG,
+ * -EIO, or the write's error, e.g. -ENOSPC); bytes may have been written when it fails. */
+int nwcd_load_fd(const nwc_tensor_info *ti, int fd, const nwcd_load_opts *o, nwcd_load_info *li);
 /* Loads on the calling thread also report to fn (ctx) until it is set back to NULL: how a
  * request handler sees the progress of loads that residency runs for it. */
 void nwcd_load_observe(nwcd_progress_fn fn, void *ctx);

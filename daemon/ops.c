@@ -224,8 +224,9 @@ static int op_remove(nwcd_job *j) {
 
 /* Loads of a model run in NWCD_LOAD_LANES parallel lanes (the backend has as many staging rings
  * per device), each lane taking the next tensor; the request's own worker is one of them and
- * alone sends progress.  Into host memory too: each tensor's fresh memfd pages are populated
- * (allocated, zeroed, mlock'ed: slower than the read itself on a VM) while other lanes read. */
+ * alone sends progress.  Into host memory too: each lane writes its tensor's fresh memfd
+ * through its worker's staging ring (making pages costs more than the read itself, and the
+ * lanes make them in parallel, on as many cores as they run on). */
 #define NWCD_LOAD_LANES 8
 
 typedef struct lanes_ctx {

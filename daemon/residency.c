@@ -15,10 +15,10 @@
  *                                   (client closed its end:  │ │ map: +1 mapping reference,
  *                                    unmap, exit; reaped)    └─┘ the memfd sent to the client
  *
- * A RESIDENT copy lives in a memfd from the backend (host_alloc), sealed against writes,
- * shrinking and growing once loaded (host_share), so that a client can map the very same pages
- * read-only and decode in its own process (nwcd_res_map, op map): one copy in RAM however many
- * processes use it.  Each mapping holds a reference, kept as the daemon's end of a Unix socket
+ * A RESIDENT copy lives in a memfd that the backend writes, seals against writes, shrinking and
+ * growing, and only then maps read-only (host_load; host_share gives the memfd), so that a
+ * client can map the very same pages read-only and decode in its own process (nwcd_res_map, op
+ * map): one copy in RAM however many processes use it.  Each mapping holds a reference, kept as the daemon's end of a Unix socket
  * the client passed with the request; the reference ends when the client's end is closed
  * (nwc_client_unmap, or the process exits, kill -9 included), which the daemon sees as POLLHUP.
  * Nothing waits for that: reap_maps() polls every mapping socket without blocking, under the
@@ -383,9 +383,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       rc = load_device(r, e, need, &dcopy, &scale, &l);
       if (rc == 0) view = shape_view(e->info, scale);
     } else {
-      buf = r->d->backend->host_alloc(e->len, &locked);
-      rc = buf ? nwcd_load_blob(e->info, buf, &l, NULL, NULL)
-               : nwc__fail(-ENOMEM, "no memory for %zu bytes of %s/%s", e->len, model, tensor);
+      rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
       if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
       if (rc == 0 && r->d->backend->host_share && (fd = r->d->backend->host_share(buf, e->len)) < 0)
         rc = fd;
