@@ -4,15 +4,22 @@
  * warning once otherwise), and the store/ decoders for dequant, gather and matvec.
  *
  * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING), so that its pages can be
- * handed to clients (map, residency.c) with no copy.  host_load makes it, has the loader write
- * the blob into it (nwcd_load_fd: pwrite of each checked slot of a staging ring, which makes
- * the pages without zeroing them or faulting them in), then seals it (F_SEAL_WRITE |
- * F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and only then maps it, read-only, populated and
- * locked.  No writable mapping of it ever exists, so the plain write seal applies: from then on
- * no process can write it (write(), a writable shared mmap, an mprotect to PROT_WRITE of a
- * read-only one all fail), shrink it, grow it or lift the seals.  host_share returns the memfd;
- * host_free unmaps and closes it; a client's mapping keeps the pages alive after that.  The
- * memfd of each allocation is found by its address in a table under a mutex.
+ * handed to clients (map, residency.c) with no copy.  host_load has the loader write the blob
+ * into it (nwcd_load_fd: pwrite of each checked slot of a staging ring, which makes whole pages
+ * without zeroing them and without a page fault or the mmap lock), then maps it read-only,
+ * populated and locked, through a read-only descriptor (/proc/self/fd): no writable mapping of
+ * it ever exists, not even a read-only one that could be mprotect'ed writable.  At its first
+ * share (host_share) it is sealed with F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW |
+ * F_SEAL_SEAL: from then on no process can write it (write(), a writable shared mmap, an
+ * mprotect to PROT_WRITE of a read-only mapping all fail), shrink it, grow it or lift the seals.
+ *
+ * Spares: a copy freed (evicted) that was never shared has had no reader but this process, so
+ * host_free keeps it, mapped, populated and locked, and the next host_load of at most its size
+ * takes the smallest such spare, cuts it to its length (ftruncate frees the rest) and writes
+ * the new blob into its existing pages: a reload makes no page at all.  A shared (sealed) copy
+ * is unmapped and closed instead; clients' mappings keep its pages.  Residency bounds the
+ * spares with host_trim so that resident and spare bytes together stay within the budget.  The
+ * copies and spares are found in one table under a mutex.
  *
  * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
  * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
@@ -25,6 +32,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -33,94 +41,190 @@
 static atomic_int mlock_warned;
 
 typedef struct host_buf {
-  void *p;
-  int fd;
+  void *p;     /* the daemon's mapping: read-only, len bytes */
+  int fd;      /* the memfd, open for writing (the loader writes through it) */
+  size_t len;
+  bool locked; /* the mapping is mlock'ed */
+  bool sealed; /* sealed (shared with a client, or mapped writable-capable): never reused */
+  bool spare;  /* freed: kept for a later load */
 } host_buf;
 
 static pthread_mutex_t bufs_lock = PTHREAD_MUTEX_INITIALIZER;
-static host_buf *bufs;
+static host_buf *bufs; /* every copy in use and every spare */
 static size_t nbufs, cap_bufs;
+static uint64_t spare_bytes;
 
 static size_t host_len(size_t n) { return n ? (n + 4095) & ~(size_t)4095 : 4096; }
 
-/* The memfd behind p (removing its entry when take is set), or -1. */
-static int buf_fd(const void *p, bool take) {
-  int fd = -1;
-  pthread_mutex_lock(&bufs_lock);
-  for (size_t i = 0; i < nbufs; i++) {
-    if (bufs[i].p != p) continue;
-    fd = bufs[i].fd;
-    if (take) bufs[i] = bufs[--nbufs];
-    break;
-  }
-  pthread_mutex_unlock(&bufs_lock);
-  return fd;
+/* The index of the copy in use at p, or nbufs (bufs_lock held). */
+static size_t buf_find(const void *p) {
+  size_t i = 0;
+  while (i < nbufs && (bufs[i].p != p || bufs[i].spare)) i++;
+  return i;
 }
 
-static bool buf_add(void *p, int fd) {
+static bool buf_add(const host_buf *b) {
   pthread_mutex_lock(&bufs_lock);
   if (nbufs == cap_bufs) {
     size_t cap = cap_bufs ? 2 * cap_bufs : 64;
-    host_buf *b = realloc(bufs, cap * sizeof *b);
-    if (b) bufs = b, cap_bufs = cap;
+    host_buf *a = realloc(bufs, cap * sizeof *a);
+    if (a) bufs = a, cap_bufs = cap;
   }
   bool ok = nbufs < cap_bufs;
-  if (ok) bufs[nbufs++] = (host_buf){p, fd};
+  if (ok) bufs[nbufs++] = *b;
   pthread_mutex_unlock(&bufs_lock);
   return ok;
 }
 
-/* host_load: the blob written into a fresh memfd, sealed, then mapped read-only and locked. */
-static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
-  size_t len = host_len(ti->length);
-  *out = NULL, *locked = false;
-  int fd = memfd_create("nwc-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return nwc__fail(-errno, "no memfd for %s/%s: %s", ti->model, ti->name, strerror(errno));
-  int rc = ftruncate(fd, (off_t)len) == 0 ? nwcd_load_fd(ti, fd, NULL, li)
-                                          : nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s",
-                                                      len, ti->model, ti->name, strerror(errno));
-  if (rc == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
-    rc = nwc__fail(-errno, "sealing the memfd of %s/%s: %s", ti->model, ti->name, strerror(errno));
-  void *p = MAP_FAILED;
-  if (rc == 0) { /* locked where RLIMIT_MEMLOCK allows (EAGAIN: it does not) */
-    p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
-    *locked = p != MAP_FAILED;
-    int why = errno;
-    if (p == MAP_FAILED && why == EAGAIN)
-      p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (!*locked && p != MAP_FAILED && !atomic_exchange(&mlock_warned, 1))
-      nwcd_log(NWCD_LOG_WARN,
-               "locking %zu bytes failed (%s): resident tensors are not pinned; raise "
-               "RLIMIT_MEMLOCK (LimitMEMLOCK=infinity) to pin them",
-               len, strerror(why));
-    if (p == MAP_FAILED)
-      rc = nwc__fail(-errno, "mapping %zu bytes of %s/%s: %s", len, ti->model, ti->name,
-                     strerror(errno));
+static void buf_release(const host_buf *b) {
+  if (b->p) munmap(b->p, b->len);
+  if (b->fd >= 0) close(b->fd);
+}
+
+/* The smallest spare of at least len bytes, out of the table into *out: false if none. */
+static bool spare_take(size_t len, host_buf *out) {
+  pthread_mutex_lock(&bufs_lock);
+  size_t best = nbufs;
+  for (size_t i = 0; i < nbufs; i++)
+    if (bufs[i].spare && bufs[i].len >= len && (best == nbufs || bufs[i].len < bufs[best].len))
+      best = i;
+  bool got = best < nbufs;
+  if (got) {
+    *out = bufs[best];
+    out->spare = false;
+    spare_bytes -= out->len;
+    bufs[best] = bufs[--nbufs];
   }
-  if (rc == 0 && !buf_add(p, fd)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
-  if (rc < 0) {
-    if (p != MAP_FAILED) munmap(p, len);
-    close(fd);
-    *locked = false;
-    return rc;
-  }
-  *out = p;
+  pthread_mutex_unlock(&bufs_lock);
+  return got;
+}
+
+/* A spare cut to len bytes: its tail unmapped, then truncated away (those pages freed). */
+static int spare_cut(host_buf *b, size_t len) {
+  if (b->len == len) return 0;
+  munmap((uint8_t *)b->p + len, b->len - len);
+  b->len = len;
+  NWC_RETURN_IF(ftruncate(b->fd, (off_t)len) < 0, -errno, "truncating a spare memfd: %s",
+                strerror(errno));
   return 0;
 }
 
-static int cpu_host_share(void *p, size_t n) {
-  (void)n;
-  int fd = buf_fd(p, false);
-  NWC_RETURN_IF(fd < 0, -EINVAL, "host_share of memory host_load did not return");
-  return fd;
+/* b's memfd (written) mapped read-only, populated and locked (where RLIMIT_MEMLOCK allows),
+ * through a read-only descriptor of it: such a mapping is no writable one (it cannot be
+ * mprotect'ed writable), so the write seal can be added later, while it stays.  Without
+ * /proc/self/fd the memfd itself is sealed first and mapped (b->sealed: never reused). */
+static int map_ro(const nwc_tensor_info *ti, host_buf *b) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", b->fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro < 0) {
+    NWC_RETURN_IF(fcntl(b->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW |
+                                                F_SEAL_SEAL) < 0,
+                  -errno, "sealing the memfd of %s/%s: %s", ti->model, ti->name, strerror(errno));
+    b->sealed = true;
+  }
+  int fd = ro >= 0 ? ro : b->fd;
+  void *p = mmap(NULL, b->len, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
+  int why = errno;
+  b->locked = p != MAP_FAILED;
+  if (p == MAP_FAILED && why == EAGAIN) p = mmap(NULL, b->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  int err = errno;
+  if (ro >= 0) close(ro);
+  NWC_RETURN_IF(p == MAP_FAILED, -err, "mapping %zu bytes of %s/%s: %s", b->len, ti->model,
+                ti->name, strerror(err));
+  b->p = p;
+  if (!b->locked && !atomic_exchange(&mlock_warned, 1))
+    nwcd_log(NWCD_LOG_WARN,
+             "locking %zu bytes failed (%s): resident tensors are not pinned; raise "
+             "RLIMIT_MEMLOCK (LimitMEMLOCK=infinity) to pin them",
+             b->len, strerror(why));
+  return 0;
 }
 
+/* host_load: the blob written into a spare of its size or more (cut to it), or into a fresh
+ * memfd then mapped; not sealed until it is shared (host_share). */
+static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
+  size_t len = host_len(ti->length);
+  *out = NULL, *locked = false;
+  host_buf b = {.fd = -1};
+  bool reused = spare_take(len, &b);
+  int rc = 0;
+  if (reused) {
+    rc = spare_cut(&b, len);
+  } else if ((b.fd = memfd_create("nwc-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0) {
+    rc = nwc__fail(-errno, "no memfd for %s/%s: %s", ti->model, ti->name, strerror(errno));
+  } else if (b.len = len, ftruncate(b.fd, (off_t)len) < 0) {
+    rc = nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s", len, ti->model, ti->name,
+                   strerror(errno));
+  }
+  if (rc == 0) rc = nwcd_load_fd(ti, b.fd, NULL, li);
+  if (rc == 0 && !reused) rc = map_ro(ti, &b);
+  if (rc == 0 && !buf_add(&b)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
+  if (rc < 0) {
+    buf_release(&b);
+    return rc;
+  }
+  *out = b.p, *locked = b.locked;
+  return 0;
+}
+
+/* The copy's memfd, sealed against writes at its first share (F_SEAL_WRITE: no writable
+ * mapping of it exists). */
+static int cpu_host_share(void *p, size_t n) {
+  (void)n;
+  pthread_mutex_lock(&bufs_lock);
+  size_t i = buf_find(p);
+  int rc = i == nbufs ? nwc__fail(-EINVAL, "host_share of memory host_load did not return")
+                      : bufs[i].fd;
+  if (rc >= 0 && !bufs[i].sealed) {
+    if (fcntl(rc, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+      rc = nwc__fail(-errno, "sealing a resident copy's memfd: %s", strerror(errno));
+    else bufs[i].sealed = true;
+  }
+  pthread_mutex_unlock(&bufs_lock);
+  return rc;
+}
+
+/* A copy never shared becomes a spare (host_trim bounds them); a shared one is unmapped and
+ * closed (clients' mappings keep its pages). */
 static void cpu_host_free(void *p, size_t n, bool locked) {
-  (void)locked; /* munmap unlocks */
+  (void)n, (void)locked;
   if (!p) return;
-  int fd = buf_fd(p, true);
-  munmap(p, host_len(n));
-  if (fd >= 0) close(fd);
+  host_buf gone = {.fd = -1};
+  pthread_mutex_lock(&bufs_lock);
+  size_t i = buf_find(p);
+  if (i < nbufs && !bufs[i].sealed) {
+    bufs[i].spare = true;
+    spare_bytes += bufs[i].len;
+  } else if (i < nbufs) {
+    gone = bufs[i];
+    bufs[i] = bufs[--nbufs];
+  }
+  pthread_mutex_unlock(&bufs_lock);
+  buf_release(&gone);
+}
+
+static void cpu_host_trim(uint64_t keep, uint64_t want) {
+  pthread_mutex_lock(&bufs_lock);
+  size_t spared = nbufs; /* the smallest spare of at least want bytes stays */
+  for (size_t i = 0; want && i < nbufs; i++)
+    if (bufs[i].spare && bufs[i].len >= want && (spared == nbufs || bufs[i].len < bufs[spared].len))
+      spared = i;
+  uint64_t limit = keep + (spared < nbufs ? bufs[spared].len : 0);
+  size_t n = 0, k = 0;
+  host_buf *gone = spare_bytes > limit ? malloc(nbufs * sizeof *gone) : NULL;
+  for (size_t i = 0; i < nbufs; i++) {
+    if (gone && spare_bytes > limit && bufs[i].spare && i != spared) {
+      spare_bytes -= bufs[i].len;
+      gone[n++] = bufs[i];
+    } else {
+      bufs[k++] = bufs[i];
+    }
+  }
+  nbufs = k;
+  pthread_mutex_unlock(&bufs_lock);
+  for (size_t i = 0; i < n; i++) buf_release(&gone[i]);
+  free(gone);
 }
 
 static int cpu_dequant(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out) {
@@ -138,7 +242,7 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load,
+static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load, .host_trim = cpu_host_trim,
                                          .host_free = cpu_host_free, .dequant = cpu_dequant,
                                          .gather = cpu_gather, .matvec = cpu_matvec,
                                          .host_share = cpu_host_share};

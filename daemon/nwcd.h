@@ -75,6 +75,11 @@ typedef struct nwcd_backend {
    * host_free(p, ti->length, locked). */
   int (*host_load)(const nwc_tensor_info *ti, void **p, bool *locked, struct nwcd_load_info *li);
   void (*host_free)(void *p, size_t n, bool locked);
+  /* Copies freed without ever being shared are kept (mapped, populated) as spares that a later
+   * host_load of at most their size writes into instead of making pages.  host_trim frees
+   * spares until they hold at most keep bytes besides the smallest of at least want bytes (the
+   * next load's; 0: none).  NULL where the backend keeps none. */
+  void (*host_trim)(uint64_t keep, uint64_t want);
   /* BF16 rows of row blocks [rb0, rb1), row stride K16, out at row rb0 * block rows. */
   int (*dequant)(const nwc_tensor *t, uint64_t rb0, uint64_t rb1, uint16_t *out);
   int (*gather)(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out);
@@ -82,9 +87,10 @@ typedef struct nwcd_backend {
    * single-column kernel reads K16 floats). */
   int (*matvec)(const nwc_tensor *t, const float *X, unsigned ncols, size_t ldx, const float *bias,
                 float *Y, size_t ldy);
-  /* A descriptor of a host_load'ed copy's pages for clients to map (a memfd sealed against
-   * writes, shrinking and growing, owned by the backend: valid until host_free), or a negative
-   * errno.  NULL where host copies cannot be shared (map is then refused). */
+  /* A descriptor of a host_load'ed copy's pages for clients to map (a memfd, sealed against
+   * writes, shrinking and growing from this call on; owned by the backend: valid until
+   * host_free), or a negative errno.  NULL where host copies cannot be shared (map is then
+   * refused). */
   int (*host_share)(void *p, size_t n);
   /* Devices (cuda; 0 and NULLs for cpu): tensors resident on device n (0 <= n < ndevices) are
    * device copies ("dcopy") that the dev_ functions compute on, results into host memory

@@ -31,7 +31,9 @@
  *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
  *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
  *     not pinned) before an entry enters LOADING, and the reservation is returned if the load
- *     fails;
+ *     fails.  The backend's spare host copies (evicted, never shared: kept for reloads) are
+ *     trimmed there too, so that used + spares <= budget (give or take one tensor per lane
+ *     while lanes race for the same spare);
  *   - an entry with refs > 0 is RESIDENT and is never freed: every compute request holds a
  *     reference from acquire to release, so eviction (LRU or explicit) never pulls a tensor
  *     from under a request; an explicit evict of such a tensor is refused with -EBUSY;
@@ -40,7 +42,8 @@
  *     with -EBUSY naming the mapping processes, and LRU passes it over.  (A client that keeps
  *     its mmap after closing the socket keeps the pages alive outside the budget: the reference
  *     is what the protocol sees, not the client's page tables);
- *   - a RESIDENT copy is never written again: the backend made it read-only when it was sealed;
+ *   - a RESIDENT copy is never written again: the daemon maps it read-only, the loader's writes
+ *     end before it is RESIDENT, and its memfd is sealed before a client sees it (fd >= 0);
  *   - only the thread that moved an entry to LOADING touches its buffer until it moves it on;
  *     others wait on r->cond;
  *   - entries are freed only by nwcd_res_forget_model (a model being removed) with no entry of
@@ -96,7 +99,7 @@ struct nwcd_entry {
   nwc_tensor view;
   unsigned refs;
   unsigned maps;      /* client mappings (entries of r->maps) */
-  int fd;             /* RESIDENT: the sealed memfd to share (the backend's), or -1 */
+  int fd;             /* RESIDENT: the sealed memfd (the backend's) once shared, or -1 */
   uint64_t last_used; /* nwcd_now_ns(), 0 never */
 };
 
@@ -223,6 +226,7 @@ void nwcd_res_free(nwcd_res *r) {
   for (size_t i = 0; i < r->nmaps; i++) close(r->maps[i].sock), r->maps[i].e->maps--;
   r->nmaps = 0; /* the clients' mappings stay valid: the pages live while they map them */
   for (size_t i = 0; i < r->n; i++) entry_free(r, r->e[i]);
+  if (r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   free(r->e);
   pthread_cond_destroy(&r->cond);
   pthread_mutex_destroy(&r->lock);
@@ -254,9 +258,11 @@ static uint64_t evict_lru(nwcd_res *r, int loc) {
 static bool make_room(nwcd_res *r, int loc, uint64_t need) {
   if (need > budget_at(r, loc)) return false;
   if (*used_at(r, loc) + need > budget_at(r, loc)) reap_maps(r);
-  while (*used_at(r, loc) + need > budget_at(r, loc))
-    if (!evict_lru(r, loc)) return false;
-  return true;
+  bool fits = true;
+  while (fits && *used_at(r, loc) + need > budget_at(r, loc)) fits = evict_lru(r, loc) > 0;
+  if (loc < 0 && r->d->backend->host_trim) /* spares in what is left, this load's kept */
+    r->d->backend->host_trim(fits ? r->budget - r->used - need : 0, fits ? need : 0);
+  return fits;
 }
 
 /* Loads e onto its device (the backend streams the blob there), evicting LRU copies of that
@@ -378,15 +384,12 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     void *buf = NULL, *dcopy = NULL;
     float *scale = NULL;
     nwc_tensor view;
-    int fd = -1;
     if (at >= 0) { /* device: the blob streams there; the host keeps shapes and scales */
       rc = load_device(r, e, need, &dcopy, &scale, &l);
       if (rc == 0) view = shape_view(e->info, scale);
     } else {
       rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
       if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
-      if (rc == 0 && r->d->backend->host_share && (fd = r->d->backend->host_share(buf, e->len)) < 0)
-        rc = fd;
     }
     pthread_mutex_lock(&r->lock);
     if (rc < 0) {
@@ -401,7 +404,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       *used_at(r, at) -= need - e->dbytes;
     }
     e->buf = buf, e->dcopy = dcopy, e->scale = scale;
-    e->locked = locked, e->direct = l.direct, e->view = view, e->fd = fd;
+    e->locked = locked, e->direct = l.direct, e->view = view;
     e->state = NWC_RES_RESIDENT;
     r->loads++, r->load_bytes += l.bytes, r->load_us += l.micros;
     if (l.direct) r->direct_loads++;
@@ -651,9 +654,11 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   int keep = -1, rc = 0;
   pthread_mutex_lock(&r->lock);
   reap_maps(r);
-  if (e->fd < 0)
+  if (!r->d->backend->host_share)
     rc = nwc__fail(-ENOTSUP, "the %s backend's resident copies cannot be shared; use the "
                    "compute requests", r->d->backend->name);
+  else if (e->fd < 0 && (e->fd = r->d->backend->host_share(e->buf, e->len)) < 0)
+    rc = e->fd, e->fd = -1; /* sealed at its first share */
   else if (r->nmaps == MAX_MAPS)
     rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit); unmap some first",
                    MAX_MAPS);
