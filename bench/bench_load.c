@@ -9,10 +9,11 @@
  * containers hold a few hundred MB; a store directory is used as it is (the nwcd items open it
  * as nwcd does: for writing, so nothing else may hold it).  Then, R
  * rounds (default 5) of, for each page-cache state:
- *   warm  (every container read once before):   cat, read, pread_dst, pread_fresh, loader, nwcd
+ *   warm  (every container read once before):   cat, read, pread_dst, pread_fresh, loader, nwcd,
+ *                                                  nwcd_fresh
  *   none  (no file read):                          populate_memfd, populate_anon
  *   cold  (POSIX_FADV_DONTNEED before each item): cat, read, pread_dst, pread_fresh, odirect,
- *                                                  loader, nwcd
+ *                                                  loader, nwcd, nwcd_fresh
  * where
  *   cat       `cat FILE... > /dev/null`, literally (one process for all the files)
  *   read      read(2) of each whole file into one 128 KiB buffer (what cat does)
@@ -24,10 +25,12 @@
  *   loader    nwcd_load of every tensor into its resident buffer (checksums checked)
  *   nwcd      end to end: a real nwcd (--nwcd PATH, default the one built with the bench) on the
  *             same store, each model loaded into host memory by one nwc_client_load_on request
- *             (every model evicted before, untimed): memfd allocation, population and mlock,
- *             the read, the checks, sealing
- *   populate_memfd  what nwcd's host_alloc does per tensor, with no read: memfd_create,
- *             ftruncate, mmap shared, mlock (the population rate of fresh resident memory)
+ *             (every model evicted before, untimed): a reload, which writes into the spare
+ *             copies that the evictions left (no new pages), the read, the checks
+ *   nwcd_fresh  the same first thing after nwcd started (restarted before, untimed): the loads
+ *             make every page of their memfds (pwrite), then map and lock them
+ *   populate_memfd  fresh resident memory the way loads made it before: memfd_create,
+ *             ftruncate, mmap shared, mlock (page faults, zeroing), with no read
  *   populate_anon   the same with anonymous memory (mmap + mlock)
  *   gpu       (--device N, CUDA builds) nwcd_load_to_device of every tensor into device memory
  *             through a 256 MiB ring of registered, pinned slots (cold and warm)
@@ -35,8 +38,8 @@
  * for cat and read, blobs for the others) and the median CPU seconds (every thread of the bench,
  * io_uring's workers included, and cat's), then a summary line with the ratios the issue asks
  * for: loader / cat (target >= 0.9), loader / read, loader / pread_dst, cold loader / odirect,
- * and one for the end-to-end load: nwcd / cat, nwcd / pread_fresh, nwcd / loader, cold and warm,
- * with the population rates.
+ * and one for the end-to-end load: nwcd / cat, nwcd / pread_fresh, nwcd / loader, nwcd_fresh /
+ * cat, cold and warm, with the population rates.
  * Resident buffers are mapped with MAP_POPULATE and mlock'ed, as nwcd's host copies are.
  */
 #include "bench.h"
@@ -91,6 +94,8 @@ struct bench {
   char **models;  /* every model's name */
   size_t nmodels;
   nwc_client *c;  /* connected to the nwcd the bench started */
+  const char *nwcd_bin, *nwcd_store, *nwcd_sock;
+  pid_t nwcd_pid;
 #ifdef NWCD_WITH_CUDA
   nwcd_gpu_ring *gpu;
   uint8_t *dev; /* device buffers, at dst_off */
@@ -296,6 +301,18 @@ static int nwcd_evict_all(bench *b) {
   return 0;
 }
 
+/* A fresh nwcd (untimed, before nwcd_fresh): the old one stopped, a new one started. */
+static int nwcd_restart(bench *b) {
+  nwc_client_free(b->c);
+  b->c = NULL;
+  if (b->nwcd_pid > 0) kill(b->nwcd_pid, SIGTERM), waitpid(b->nwcd_pid, NULL, 0);
+  b->nwcd_pid = nwc_bench_nwcd_start(b->nwcd_bin, b->nwcd_store, b->nwcd_sock);
+  if (nwc_client_connect(b->nwcd_sock, &b->c) < 0)
+    return fprintf(stderr, "nwc-bench load: %s did not start again: %s\n", b->nwcd_bin,
+                   nwc_client_last_error()), -EIO;
+  return 0;
+}
+
 static int run_nwcd(bench *b) {
   for (size_t i = 0; i < b->nmodels; i++) {
     nwc_client_result r;
@@ -331,9 +348,9 @@ static void gpu_teardown(bench *b) {
 }
 #endif
 
-enum { CAT, READ, PREAD_DST, PREAD_FRESH, LOADER, NWCD, POP_MEMFD, POP_ANON, CAT_COLD, READ_COLD,
-       PREAD_DST_COLD, PREAD_FRESH_COLD, ODIRECT_COLD, LOADER_COLD, NWCD_COLD, GPU, GPU_COLD,
-       ITEMS };
+enum { CAT, READ, PREAD_DST, PREAD_FRESH, LOADER, NWCD, NWCD_FRESH, POP_MEMFD, POP_ANON, CAT_COLD,
+       READ_COLD, PREAD_DST_COLD, PREAD_FRESH_COLD, ODIRECT_COLD, LOADER_COLD, NWCD_COLD,
+       NWCD_FRESH_COLD, GPU, GPU_COLD, ITEMS };
 static const item items[ITEMS] = {
     {"cat", false, true, run_cat, NULL, false},
     {"read", false, true, run_read, NULL, false},
@@ -341,6 +358,7 @@ static const item items[ITEMS] = {
     {"pread_fresh", false, false, run_pread_fresh, NULL, false},
     {"loader", false, false, run_loader, NULL, false},
     {"nwcd", false, false, run_nwcd, nwcd_evict_all, false},
+    {"nwcd_fresh", false, false, run_nwcd, nwcd_restart, false},
     {"populate_memfd", false, false, run_populate_memfd, NULL, true},
     {"populate_anon", false, false, run_populate_anon, NULL, true},
     {"cat", true, true, run_cat, NULL, false},
@@ -350,6 +368,7 @@ static const item items[ITEMS] = {
     {"odirect", true, false, run_odirect, NULL, false},
     {"loader", true, false, run_loader, NULL, false},
     {"nwcd", true, false, run_nwcd, nwcd_evict_all, false},
+    {"nwcd_fresh", true, false, run_nwcd, nwcd_restart, false},
 #ifdef NWCD_WITH_CUDA
     {"gpu", false, false, run_gpu, NULL, false},
     {"gpu", true, false, run_gpu, NULL, false},
@@ -430,7 +449,6 @@ int nwc_bench_load(int argc, char **argv) {
   s = NULL;
   /* A real nwcd on the same store, for the nwcd items. */
   char sockdir[512] = "", sock[600];
-  pid_t nwcd_pid = -1;
   if (rc == 0) {
     const char *base = getenv("TMPDIR");
     snprintf(sockdir, sizeof sockdir, "%s/nwc-bench-nwcd-XXXXXX", base && *base ? base : "/tmp");
@@ -439,14 +457,15 @@ int nwc_bench_load(int argc, char **argv) {
       sockdir[0] = '\0';
     } else {
       snprintf(sock, sizeof sock, "%s/nwcd.sock", sockdir);
-      nwcd_pid = nwc_bench_nwcd_start(nwcd_bin, S_ISDIR(st.st_mode) ? src : tmp, sock);
+      b.nwcd_bin = nwcd_bin, b.nwcd_store = S_ISDIR(st.st_mode) ? src : tmp, b.nwcd_sock = sock;
+      b.nwcd_pid = nwc_bench_nwcd_start(nwcd_bin, b.nwcd_store, sock);
     }
     if (rc == 0 && nwc_client_connect(sock, &b.c) < 0) {
       fprintf(stderr, "nwc-bench load: %s did not start: %s\n", nwcd_bin, nwc_client_last_error());
       rc = -EIO;
     }
   }
-  int nitems = NWCD_COLD + 1;
+  int nitems = NWCD_FRESH_COLD + 1;
   if (rc == 0 && device >= 0) {
 #ifdef NWCD_WITH_CUDA
     rc = gpu_setup(&b, device);
@@ -499,12 +518,16 @@ int nwc_bench_load(int argc, char **argv) {
            "\"cold_nwcd_gbps\":%.3f,\"warm_nwcd_vs_cat\":%.3f,\"cold_nwcd_vs_cat\":%.3f,"
            "\"warm_nwcd_vs_pread_fresh\":%.3f,\"cold_nwcd_vs_pread_fresh\":%.3f,"
            "\"warm_nwcd_vs_loader\":%.3f,\"cold_nwcd_vs_loader\":%.3f,"
+           "\"warm_nwcd_fresh_gbps\":%.3f,\"cold_nwcd_fresh_gbps\":%.3f,"
+           "\"warm_nwcd_fresh_vs_cat\":%.3f,\"cold_nwcd_fresh_vs_cat\":%.3f,"
            "\"populate_memfd_gbps\":%.3f,\"populate_anon_gbps\":%.3f,"
            "\"nwcd_direct_share\":%.3f,\"target\":0.9}\n",
            gbps[NWCD], gbps[NWCD_COLD], gbps[NWCD] / gbps[CAT], gbps[NWCD_COLD] / gbps[CAT_COLD],
            gbps[NWCD] / gbps[PREAD_FRESH], gbps[NWCD_COLD] / gbps[PREAD_FRESH_COLD],
-           gbps[NWCD] / gbps[LOADER], gbps[NWCD_COLD] / gbps[LOADER_COLD], gbps[POP_MEMFD],
-           gbps[POP_ANON], (double)b.direct_nwcd / (double)(2 * rounds * b.nti));
+           gbps[NWCD] / gbps[LOADER], gbps[NWCD_COLD] / gbps[LOADER_COLD], gbps[NWCD_FRESH],
+           gbps[NWCD_FRESH_COLD], gbps[NWCD_FRESH] / gbps[CAT],
+           gbps[NWCD_FRESH_COLD] / gbps[CAT_COLD], gbps[POP_MEMFD], gbps[POP_ANON],
+           (double)b.direct_nwcd / (double)(4 * rounds * b.nti));
   if (rc == 0 && nitems == ITEMS)
     printf("{\"bench\":\"load\",\"summary\":\"gpu\",\"device\":%d,\"warm_gpu_gbps\":%.3f,"
            "\"cold_gpu_gbps\":%.3f,\"cold_gpu_vs_odirect\":%.3f,\"warm_gpu_vs_cat\":%.3f}\n",
@@ -516,7 +539,7 @@ int nwc_bench_load(int argc, char **argv) {
 #endif
   if (b.fresh) release_fresh(&b);
   nwc_client_free(b.c);
-  if (nwcd_pid > 0) kill(nwcd_pid, SIGTERM), waitpid(nwcd_pid, NULL, 0);
+  if (b.nwcd_pid > 0) kill(b.nwcd_pid, SIGTERM), waitpid(b.nwcd_pid, NULL, 0);
   if (sockdir[0]) unlink(sock), rmdir(sockdir);
   if (b.dst) munmap(b.dst, b.blob_bytes);
   nwc_tensor_info_free(b.ti, b.nti);

@@ -170,8 +170,9 @@ int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwc
 int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
                    nwcd_progress_fn progress, void *ctx);
 /* Reads ti's blob into the file fd (a memfd: host residency) at [0, ti->length) with pwrite,
- * through the calling thread's staging ring (8 MiB, made at its first call, kept until the
- * thread exits), every chunk checked before it is written.  Returns as nwcd_load (-EBADMSG,
+ * through the calling thread's staging ring (8 MiB in slots of 1 MiB, the largest read_size;
+ * made at its first call, kept until the thread exits), every chunk checked before it is
+ * written.  Returns as nwcd_load (-EBADMSG,
  * -EIO, or the write's error, e.g. -ENOSPC); bytes may have been written when it fails. */
 int nwcd_load_fd(const nwc_tensor_info *ti, int fd, const nwcd_load_opts *o, nwcd_load_info *li);
 /* Loads on the calling thread also report to fn (ctx) until it is set back to NULL: how a

@@ -5,7 +5,11 @@
  * tensor with the chunk named, and leaves nothing resident; a truncated container fails naming
  * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
- * left nothing behind).
+ * left nothing behind).  Evicted copies stay as spares (nwcd's mapped shared memory, RssShmem,
+ * does not shrink) that a reload writes into without making any (it does not grow) with the
+ * bytes right, and a model of smaller blobs (fp8) takes spares cut to size, its resident bytes
+ * (mapped) equal to its containers'.  Under a budget of half the model, random loads never
+ * leave more shared memory in nwcd than the budget, and every tensor still decodes right.
  */
 #include "nwc_client.h"
 #include "test_daemon_util.h"
@@ -56,6 +60,100 @@ static void put_back(const char *path, const uint8_t *b, size_t len) {
   FILE *f = fopen(path, "wb");
   CHECK(f && fwrite(b, 1, len, f) == len, "rewrite %s", path);
   if (f) fclose(f);
+}
+
+/* The shared memory nwcd maps (RssShmem, bytes): its resident host copies and their spares. */
+static uint64_t rss_shmem(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  unsigned long long kb = 0;
+  bool found = false;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "RssShmem: %llu kB", &kb) == 1) found = true;
+  if (f) fclose(f);
+  CHECK(found, "no RssShmem in %s", path);
+  return kb << 10;
+}
+
+/* Every tensor of model, mapped: its bytes are the container's blob (read with pread). */
+static void check_mapped_bytes(nwc_client *c, const char *model) {
+  for (size_t i = 0; i < td_nt; i++) {
+    nwc_client_tensor_info in;
+    CHECK_RC(nwc_client_info(c, model, td_t[i].name, &in));
+    nwc_client_mapping *m = NULL;
+    CHECK_RC(nwc_client_map(c, model, td_t[i].name, &m));
+    if (!m) continue;
+    uint8_t *want = malloc(in.length);
+    int fd = open(in.path, O_RDONLY);
+    CHECK(fd >= 0 && pread(fd, want, in.length, (off_t)in.offset) == (ssize_t)in.length,
+          "pread %s", in.path);
+    if (fd >= 0) close(fd);
+    CHECK(!memcmp(nwc_client_mapping_info(m)->base, want, in.length),
+          "%s/%s: resident bytes differ from the container", model, td_t[i].name);
+    free(want);
+    nwc_client_unmap(m);
+  }
+}
+
+static void check_weights(nwc_client *c, const char *what) {
+  for (size_t i = 0; i < td_nt; i++) {
+    size_t nbytes = td_t[i].rows * td_t[i].cols * 2;
+    uint16_t *got = malloc(nbytes);
+    CHECK_RC(nwc_client_dequant(c, "use", td_t[i].name, NWC_CLIENT_BF16, got, nbytes, NULL, NULL,
+                                NULL));
+    CHECK(!memcmp(got, td_t[i].w, nbytes), "%s %s: not the original weights", what, td_t[i].name);
+    free(got);
+  }
+}
+
+/* Evicted copies stay as spares that reloads write into: a reload makes no new shared memory,
+ * and its bytes are right; another model's smaller blobs take spares cut to their size. */
+static void test_spares(nwc_client *c, pid_t d, uint64_t total) {
+  nwc_client_import_opts fp8 = {.elem = 1};
+  CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &fp8, NULL));
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
+  uint64_t loaded = rss_shmem(d);
+  CHECK(loaded >= total, "loaded: %llu bytes of shared memory for %llu resident",
+        (unsigned long long)loaded, (unsigned long long)total);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK(rss_shmem(d) >= total, "evicted: %llu bytes of spares, want %llu",
+        (unsigned long long)rss_shmem(d), (unsigned long long)total);
+  CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
+  CHECK(rss_shmem(d) <= loaded, "a reload made shared memory: %llu bytes, %llu before",
+        (unsigned long long)rss_shmem(d), (unsigned long long)loaded);
+  check_weights(c, "reloaded into spares:");
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_load(c, "use8", NULL, NULL, NULL, NULL));
+  check_mapped_bytes(c, "use8");
+  CHECK(rss_shmem(d) <= loaded, "fp8 into cut spares: %llu bytes, %llu for bf16",
+        (unsigned long long)rss_shmem(d), (unsigned long long)loaded);
+  CHECK_RC(nwc_client_evict(c, "use8", NULL, NULL));
+}
+
+/* Under a budget of half the model, loads in random order evict LRU copies; resident copies
+ * and spares together never hold more shared memory than the budget. */
+static void test_budget(uint64_t total) {
+  char budget[32];
+  uint64_t b = total / 2;
+  snprintf(budget, sizeof budget, "%llu", (unsigned long long)b);
+  const char *extra[] = {"--budget", budget, NULL};
+  pid_t d = td_start_daemon(extra);
+  CHECK(d > 0, "nwcd --budget %s did not start", budget);
+  nwc_client *c = NULL;
+  if (d > 0) CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (!c) return;
+  for (size_t k = 0; k < 4 * td_nt; k++) {
+    size_t i = test_below(td_nt);
+    CHECK_RC(nwc_client_load(c, "use", td_t[i].name, NULL, NULL, NULL));
+    uint64_t shm = rss_shmem(d);
+    CHECK(shm <= b, "load %zu (%s): %llu bytes of shared memory, budget %llu", k, td_t[i].name,
+          (unsigned long long)shm, (unsigned long long)b);
+  }
+  check_weights(c, "under the budget:");
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
 }
 
 /* Loads use/tensor expecting want, with text in the error message; nothing may be resident. */
@@ -151,8 +249,10 @@ int main(void) {
   CHECK(e <= 1e-5, "matvec %s after repair: relative error %.3g", bt->name, e);
   free(x), free(y);
   free(w), free(bad), free(orig);
+  test_spares(c, d, total);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  test_budget(total);
   if (test_failures) td_show_log();
   td_cleanup();
   return test_exit("test_daemon_load");

@@ -3,11 +3,13 @@
  * from random BF16 weights (fresh seed), every blob loaded in every mode (auto, O_DIRECT,
  * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
  * sizes, from several threads at once, and through a ring of registered buffers to a sink that
- * holds and gives back slots in random order, with one to four threads checking chunks.  Each
+ * holds and gives back slots in random order, with one to four threads checking chunks, and into
+ * memfds through the thread's staging ring (nwcd_load_fd, host residency's).  Each
  * load must give exactly the container's bytes (read independently with pread) and decode to the
  * original weights; progress must be monotonic, read by read, ending at the length; a thread
  * keeps one io_uring across loads; bad options are refused.  A byte flipped in a container fails
- * the load naming the chunk; a truncated container fails naming the end.
+ * the load naming the chunk; a truncated container fails naming the end; a load into a file
+ * that refuses writes (read-only, sealed) fails naming the tensor.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -23,6 +25,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 
@@ -132,21 +135,41 @@ static const char *mode_name(unsigned m) {
   return m == NWCD_LOAD_AUTO ? "auto" : m == NWCD_LOAD_DIRECT ? "direct" : "buffered";
 }
 
-/* Loads t with o (random depth and read size when o is NULL) and compares with ref. */
+/* A fresh memfd (of the blob's size, or empty: the writes extend it) loaded by nwcd_load_fd,
+ * its bytes read back into buf: 0, or the load's error. */
+static int fd_load(const nwc_tensor_info *t, const nwcd_load_opts *o, uint8_t *buf,
+                   nwcd_load_info *li) {
+  int fd = memfd_create("test-loader", MFD_CLOEXEC);
+  CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
+  if (fd < 0) return -errno;
+  if (test_below(2)) CHECK(ftruncate(fd, (off_t)t->length) == 0, "ftruncate");
+  int rc = nwcd_load_fd(t, fd, o, li);
+  struct stat st;
+  if (rc == 0) {
+    CHECK(fstat(fd, &st) == 0 && (uint64_t)st.st_size == t->length, "memfd of %llu bytes",
+          (unsigned long long)st.st_size);
+    CHECK(pread(fd, buf, t->length, 0) == (ssize_t)t->length, "read back");
+  }
+  close(fd);
+  return rc;
+}
+
+/* Loads t (random depth, read size and checkers) into host memory, or (to_fd) into a memfd,
+ * and compares with ref. */
 static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsigned mode,
-                             nwcd_load_info *li, const char *what) {
+                             bool to_fd, nwcd_load_info *li, const char *what) {
   nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
-                      .read_size = test_below(3) ? 0 : MIB * (1 + test_below(4)),
-                      .checkers = (unsigned)test_below(5)};
+                      .read_size = test_below(3) ? 0 : MIB * (1 + test_below(to_fd ? 1 : 4)),
+                      .checkers = (unsigned)test_below(5)}; /* memfd: slots of 1 MiB */
   prog p = {0};
   o.progress = on_progress, o.ctx = &p;
   uint8_t *buf = aligned_garbage(t->length);
-  int rc = nwcd_load(t, buf, &o, li);
-  CHECK(rc == 0, "%s %s (%s, depth %u, read %llu, checkers %u): %s: %s", what, t->name,
-        mode_name(mode), o.depth, (unsigned long long)o.read_size, o.checkers, nwc_strerror(rc),
-        nwc_error_detail());
-  CHECK(rc || !memcmp(buf, ref, t->length), "%s %s (%s): bytes differ", what, t->name,
-        mode_name(mode));
+  int rc = to_fd ? fd_load(t, &o, buf, li) : nwcd_load(t, buf, &o, li);
+  CHECK(rc == 0, "%s %s (%s%s, depth %u, read %llu, checkers %u): %s: %s", what, t->name,
+        mode_name(mode), to_fd ? ", into a memfd" : "", o.depth, (unsigned long long)o.read_size,
+        o.checkers, nwc_strerror(rc), nwc_error_detail());
+  CHECK(rc || !memcmp(buf, ref, t->length), "%s %s (%s%s): bytes differ", what, t->name,
+        mode_name(mode), to_fd ? ", into a memfd" : "");
   if (rc == 0) check_progress(&p, t, what);
   free(buf);
 }
@@ -196,10 +219,12 @@ static void test_modes(void) {
     const nwc_tensor_info *t = &ti[i];
     uint8_t *ref = file_bytes(t);
     bool direct = direct_allowed(t->path);
-    for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
+    for (unsigned k = 0; k < 2 * (NWCD_LOAD_BUFFERED + 1); k++) {
+      unsigned mode = k / 2;
+      bool to_fd = k % 2; /* nwcd_load, then nwcd_load_fd (host residency's) */
       nwcd_load_info li;
       drop_cache(t->path);
-      load_and_compare(t, ref, mode, &li, "cold");
+      load_and_compare(t, ref, mode, to_fd, &li, "cold");
       bool small = mode == NWCD_LOAD_AUTO && t->length <= 4 * MIB; /* read whole, buffered */
       if (mode == NWCD_LOAD_BUFFERED || !direct || small)
         CHECK(li.direct_bytes == 0 && !li.direct, "cold %s: %llu bytes O_DIRECT", mode_name(mode),
@@ -209,7 +234,7 @@ static void test_modes(void) {
               mode_name(mode), (unsigned long long)li.direct_bytes,
               (unsigned long long)t->length);
       free(file_bytes(t)); /* warm the page cache */
-      load_and_compare(t, ref, mode, &li, "warm");
+      load_and_compare(t, ref, mode, to_fd, &li, "warm");
       if (mode != NWCD_LOAD_DIRECT)
         CHECK(li.direct_bytes == 0, "warm %s: %llu bytes O_DIRECT (the page cache holds them)",
               mode_name(mode), (unsigned long long)li.direct_bytes);
@@ -384,6 +409,9 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
     CHECK(rc == want && strstr(nwc_error_detail(), text), "%s through a ring: %d (%s)", what, rc,
           nwc_error_detail());
     nwcd_ring_free(r);
+    rc = fd_load(t, &o, buf, NULL);
+    CHECK(rc == want && strstr(nwc_error_detail(), text), "%s into a memfd: %d (%s)", what, rc,
+          nwc_error_detail());
 #ifdef NWCD_WITH_CUDA
     if (gpu) {
       rc = gpu_load(t, &o, buf, NULL);
@@ -437,6 +465,27 @@ static void test_damage(void) {
   unlink(path);
 }
 
+/* nwcd_load_fd into files that refuse the writes fails with the write's error, named. */
+static void test_fd_refused(void) {
+  const nwc_tensor_info *t = &ti[test_below(nti)];
+  CHECK(nwcd_load_fd(t, -1, NULL, NULL) == -EINVAL, "a load into fd -1 taken");
+  int ro = open(t->path, O_RDONLY);
+  int rc = nwcd_load_fd(t, ro, NULL, NULL);
+  CHECK(rc == -EBADF && strstr(nwc_error_detail(), "writing"), "into a read-only file: %d (%s)",
+        rc, nwc_error_detail());
+  close(ro);
+  int fd = memfd_create("test-loader", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  CHECK(fd >= 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) == 0, "sealed memfd");
+  rc = nwcd_load_fd(t, fd, NULL, NULL);
+  CHECK(rc == -EPERM && strstr(nwc_error_detail(), t->name), "into a sealed memfd: %d (%s)", rc,
+        nwc_error_detail());
+  close(fd);
+  /* the thread's ring is fine afterwards */
+  uint8_t *ref = file_bytes(t);
+  load_and_compare(t, ref, NWCD_LOAD_AUTO, true, NULL, "after refused writes");
+  free(ref);
+}
+
 /* The same bytes from a copy of the container on another file system. */
 static void load_copy_at(const char *where, bool expect_direct_refused) {
   const nwc_tensor_info *t = &ti[0];
@@ -452,7 +501,7 @@ static void load_copy_at(const char *where, bool expect_direct_refused) {
   for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
     nwcd_load_info li;
     drop_cache(path);
-    load_and_compare(&c, ref, mode, &li, where);
+    load_and_compare(&c, ref, mode, mode == NWCD_LOAD_AUTO, &li, where);
     if (refused) CHECK(li.direct_bytes == 0, "%s: O_DIRECT bytes %llu", where,
                        (unsigned long long)li.direct_bytes);
   }
@@ -529,6 +578,7 @@ int main(int argc, char **argv) {
     test_threads();
     test_ring();
     test_damage();
+    test_fd_refused();
     if (access("/dev/shm", W_OK) == 0) load_copy_at("/dev/shm", false);
   }
   nwc_tensor_info_free(ti, nti);
