@@ -8,8 +8,9 @@
  *     model, local matvec (1, 3 and 11 columns, scale) within 1e-5 of an fp64 reference, for
  *     layouts 0 and 2, with a bias exactly y + bias, and BF16 output the rounding of fp32; on
  *     fp8 with per-row scales, local dequant and matvec equal the daemon's own;
- *   - the memfd refuses every write: write(), pwrite(), a writable shared mmap, mprotect to
- *     PROT_WRITE of the mapping, truncation, growth, hole punching, new seals;
+ *   - the memfd carries F_SEAL_WRITE and refuses every write: write(), pwrite(), a writable
+ *     shared mmap, mprotect to PROT_WRITE of the mapping, truncation, growth, hole punching, new
+ *     seals;
  *   - evict and remove of a mapped tensor are refused naming the mapping pids, a model-wide
  *     evict skips it, ps (library and `nwcctl ps --json`) shows the references; after one client
  *     unmaps and the other is killed with SIGKILL the evict succeeds;
@@ -23,10 +24,6 @@
 
 #include <jansson.h>
 #include <sys/mman.h>
-
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010
-#endif
 
 /* What a client process reports to the parent after mapping and checking. */
 typedef struct report {
@@ -224,8 +221,8 @@ static void check_seals(const nwc_client_mapping *m) {
   int fd = in->fd;
   int seals = fcntl(fd, F_GET_SEALS);
   CHECK(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW) && (seals & F_SEAL_SEAL) &&
-            (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)),
-        "seals 0x%x", seals);
+            (seals & F_SEAL_WRITE),
+        "seals 0x%x (want F_SEAL_WRITE: nwcd never maps its copies writable)", seals);
   uint8_t byte = 1;
   errno = 0;
   CHECK(write(fd, &byte, 1) < 0 && errno == EPERM, "write() to the memfd: errno %d", errno);
