@@ -3,7 +3,8 @@
  *
  *   [daemon]   store, socket, socket_mode (octal), backend, threads, log_level, admin_group
  *   [memory]   host_budget (e.g. 8G), gpu_budget (per GPU, for the CUDA backend)
- *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued)
+ *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued),
+ *              poll_us (how long the loop polls for the next request; 0 never)
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
  * Which file: --config PATH, else $NWCD_CONFIG (empty: none), else /etc/nwc/nwcd.conf where it
@@ -178,6 +179,11 @@ static int on_key(void *user, const char *section, const char *name, const char 
     if (!strcmp(name, "max_inflight"))
       return set_count(p, name, v, 4096, &s->max_inflight, NWCD_SET_INFLIGHT);
     if (!strcmp(name, "max_outq")) return set_size(p, name, v, &s->max_outq, NWCD_SET_OUTQ);
+    if (!strcmp(name, "poll_us")) {
+      if (parse_uint(v, 10, 1000000, &s->poll_us) < 0)
+        return bad(p, "poll_us: expected microseconds 0..1000000, got '%s'", v);
+      return s->set |= NWCD_SET_POLL, 1;
+    }
   } else if (!strcmp(section, "preload")) {
     if (!strcmp(name, "models")) return set_preload(p, v);
   } else {
@@ -232,6 +238,7 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
     case 'G': flags_set |= NWCD_SET_GPU; break;
     case 't': flags_set |= NWCD_SET_THREADS; break;
     case 'c': flags_set |= NWCD_SET_CONN; break;
+    case 'P': flags_set |= NWCD_SET_POLL; break;
     case 'v': case 'q': flags_set |= NWCD_SET_LOGLEVEL; break;
     case 'C': config_path = arg; break;
     case 'L':
@@ -254,6 +261,7 @@ static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
   if (use & NWCD_SET_CONN) cfg->max_conn_per_uid = s->max_conn_per_uid;
   if (use & NWCD_SET_INFLIGHT) cfg->max_inflight = s->max_inflight;
   if (use & NWCD_SET_OUTQ) cfg->max_outq = s->max_outq;
+  if (use & NWCD_SET_POLL) __atomic_store_n(&cfg->poll_us, s->poll_us, __ATOMIC_RELAXED);
   if (use & NWCD_SET_LOGLEVEL) nwcd_log_level = s->log_level;
 }
 

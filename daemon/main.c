@@ -75,7 +75,8 @@ static void usage(FILE *f) {
   char def[256];
   fprintf(f,
           "usage: nwcd --store DIR [--socket PATH] [--backend auto|cpu|cuda] [--budget SIZE]\n"
-          "            [--gpu-budget SIZE] [--threads N] [--max-conn-per-uid N] [--verbose] [--quiet]\n"
+          "            [--gpu-budget SIZE] [--threads N] [--max-conn-per-uid N] [--poll-us N]\n"
+          "            [--verbose] [--quiet]\n"
           "            [--config FILE] [--log-level error|warning|info|debug]\n"
           "Serves the nwc store in DIR on a Unix socket, in the foreground.\n"
           "  --store DIR       the store (created if missing); one daemon per store\n"
@@ -86,6 +87,8 @@ static void usage(FILE *f) {
           "  --budget SIZE     bytes of host-resident tensors (e.g. 512M, 4G; default half of RAM)\n"
           "  --gpu-budget SIZE bytes of tensors per GPU (default 90%% of its free memory)\n"
           "  --threads N       worker threads (default: online cores)\n"
+          "  --poll-us N       after a request, poll this long for the next one before sleeping,\n"
+          "                    yielding to other threads (default 50; 0: always sleep)\n"
           "  --config FILE     settings file (default $NWCD_CONFIG, else " NWCD_CONFIG_DEFAULT "\n"
           "                    where it exists; NWCD_CONFIG= for none);\n"
           "                    flags override it; SIGHUP re-reads it\n"
@@ -98,7 +101,7 @@ int main(int argc, char **argv) {
   nwcd d;
   memset(&d, 0, sizeof d);
   d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,
-                        .max_outq = 64u << 20, .socket_mode = 0660};
+                        .max_outq = 64u << 20, .socket_mode = 0660, .poll_us = 50};
   static const struct option opts[] = {
       {"store", required_argument, 0, 's'},   {"socket", required_argument, 0, 'S'},
       {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},
@@ -106,6 +109,7 @@ int main(int argc, char **argv) {
       {"verbose", no_argument, 0, 'v'},       {"quiet", no_argument, 0, 'q'},
       {"help", no_argument, 0, 'h'},          {"config", required_argument, 0, 'C'},
       {"log-level", required_argument, 0, 'L'}, {"gpu-budget", required_argument, 0, 'G'},
+      {"poll-us", required_argument, 0, 'P'},
       {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
@@ -145,6 +149,16 @@ int main(int argc, char **argv) {
           return 2;
         }
         d.cfg.max_conn_per_uid = (unsigned)v;
+        break;
+      }
+      case 'P': {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (!*optarg || *end || v < 0 || v > 1000000) {
+          fprintf(stderr, "nwcd: --poll-us: expected microseconds 0..1000000, got '%s'\n", optarg);
+          return 2;
+        }
+        d.cfg.poll_us = (unsigned)v;
         break;
       }
       case 'v': d.cfg.verbose = 1, nwcd_log_level = NWCD_LOG_DEBUG; break;

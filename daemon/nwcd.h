@@ -47,6 +47,7 @@ typedef struct nwcd_config {
   unsigned max_conn_per_uid;
   unsigned max_inflight;   /* requests in flight per connection before reading pauses */
   uint64_t max_outq;       /* queued reply bytes per connection before reading pauses */
+  unsigned poll_us;        /* the loop polls this long after a request before it sleeps; 0 never */
   unsigned socket_mode;    /* 0660 */
   int verbose;
 } nwcd_config;

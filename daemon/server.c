@@ -44,6 +44,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,7 @@
 #define READ_CHUNK (64u << 10)
 #define INLINE_MAX_BYTES (4u << 20)
 #define INLINE_QUIET_NS 2000000
+#define YIELD_RAN_NS 20000
 
 typedef struct outbuf {
   struct outbuf *next;
@@ -101,6 +103,8 @@ struct nwcd_server {
   uv_async_t async;
   uv_signal_t sigint, sigterm;
   uv_timer_t deadline;
+  uv_idle_t poll;       /* active while the loop polls for the next request (loop_poll) */
+  uint64_t poll_until;  /* when it stops: poll_us after the last request */
   pthread_mutex_t lock; /* async_closed, so that no worker wakes a closed handle */
   bool async_closed;
   nwcd_conn *conns;
@@ -356,6 +360,28 @@ static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool more) {
          (r->op != NWC_OP_MATVEC || !r->bias[0] || nwcd_res_resident_bytes(res, r->model, r->bias));
 }
 
+/* Polling: after a request the loop does not sleep in epoll_wait for poll_us but polls (an
+ * active idle handle makes uv_run poll with a zero timeout), yielding the CPU each turn, so that
+ * a client calling back to back finds it awake: waking a halted vCPU costs 20 - 40 us on a VM,
+ * more than nwcd's own work on a small request.  A yield that took long means another thread
+ * wanted this CPU (a worker, a client): the loop goes back to sleeping at once. */
+static void on_poll(uv_idle_t *h) {
+  nwcd_server *s = h->data;
+  uint64_t t = nwcd_now_ns();
+  if (t < s->poll_until) {
+    sched_yield();
+    if (nwcd_now_ns() - t < YIELD_RAN_NS) return;
+  }
+  uv_idle_stop(h);
+}
+
+static void loop_poll(nwcd_server *s, uint64_t now) {
+  unsigned us = __atomic_load_n(&s->d->cfg.poll_us, __ATOMIC_RELAXED); /* SIGHUP may change it */
+  if (s->closed_all || !us) return;
+  s->poll_until = now + us * 1000ull;
+  if (!uv_is_active((uv_handle_t *)&s->poll)) uv_idle_start(&s->poll, on_poll);
+}
+
 /* Handles one complete frame whose payload is rbuf[off .. off + h->length). */
 static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payload) {
   nwcd *d = c->srv->d;
@@ -414,6 +440,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   atomic_fetch_add(&c->srv->jobs, 1);
   if (inline_ok) nwcd_ops_run(j); /* its reply retires it, as on a worker */
   else nwcd_pool_submit(d->pool, j);
+  loop_poll(c->srv, nwcd_now_ns());
 }
 
 /* Parses the complete frames buffered on c while it may take more. */
@@ -609,6 +636,7 @@ static void close_everything(nwcd_server *s) {
   uv_close((uv_handle_t *)&s->sigint, on_closed_quiet);
   uv_close((uv_handle_t *)&s->sigterm, on_closed_quiet);
   uv_close((uv_handle_t *)&s->deadline, on_closed_quiet);
+  uv_close((uv_handle_t *)&s->poll, on_closed_quiet);
 }
 
 /* While stopping: once no request is in flight and every reply is written, close all. */
@@ -737,6 +765,8 @@ int nwcd_server_run(nwcd *d) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_timer_init(&s->loop, &s->deadline);
   s->deadline.data = s;
+  uv_idle_init(&s->loop, &s->poll);
+  s->poll.data = s;
   rc = nwcd_service_start(d, &s->loop); /* SIGHUP, watchdog; READY=1 after the preload */
   if (rc < 0) nwcd_log(NWCD_LOG_ERR, "%s", nwc_error_detail());
   nwcd_log(NWCD_LOG_INFO, "serving %s on %s (backend %s, %u threads, budget %llu MiB)",

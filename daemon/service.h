@@ -25,7 +25,7 @@
 /* The file's settings (those nwcd_config has are copied into it). */
 typedef struct nwcd_settings {
   char *store, *socket, *backend, *admin_group;
-  unsigned socket_mode, threads, max_conn_per_uid, max_inflight;
+  unsigned socket_mode, threads, max_conn_per_uid, max_inflight, poll_us;
   uint64_t budget, gpu_budget, max_outq;
   int log_level;        /* -1: not set */
   char **preload;       /* model names, npreload of them */
@@ -38,7 +38,7 @@ enum {
   NWCD_SET_BACKEND = 1u << 3, NWCD_SET_BUDGET = 1u << 4, NWCD_SET_THREADS = 1u << 5,
   NWCD_SET_CONN = 1u << 6, NWCD_SET_INFLIGHT = 1u << 7, NWCD_SET_OUTQ = 1u << 8,
   NWCD_SET_LOGLEVEL = 1u << 9, NWCD_SET_ADMIN = 1u << 10, NWCD_SET_PRELOAD = 1u << 11,
-  NWCD_SET_GPU = 1u << 12,
+  NWCD_SET_GPU = 1u << 12, NWCD_SET_POLL = 1u << 13,
 };
 
 /* Called by main.c for every option getopt returns, before its own switch: records which

@@ -13,6 +13,48 @@
 
 #include "nwc_client.h"
 
+#include <dirent.h>
+
+/* CPU milliseconds all of pid's threads have run (schedstat). */
+static double proc_cpu_ms(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  double ms = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    char f[sizeof path + sizeof e->d_name + 16];
+    snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
+    FILE *fp = e->d_name[0] == '.' ? NULL : fopen(f, "r");
+    unsigned long long ns = 0;
+    if (fp && fscanf(fp, "%llu", &ns) == 1) ms += (double)ns / 1e6;
+    if (fp) fclose(fp);
+  }
+  if (d) closedir(d);
+  return ms;
+}
+
+/* --poll-us: after a request the loop polls for a while, then sleeps again (an idle daemon costs
+ * nothing), and a SIGTERM while it polls still stops it cleanly. */
+static void check_poll(void) {
+  const char *poll[] = {"--poll-us", "30000", NULL};
+  pid_t d = td_start_daemon(poll);
+  CHECK(d > 0, "nwcd --poll-us 30000 did not start");
+  nwc_client *c = NULL;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  nwc_client_counters s;
+  if (c) CHECK_RC(nwc_client_stats(c, &s));
+  double c0 = proc_cpu_ms(d);
+  usleep(400000);
+  double used = proc_cpu_ms(d) - c0;
+  CHECK(used < 200, "nwcd ran %.0f ms of CPU in the 400 ms after one request (poll 30 ms)", used);
+  printf("poll 30 ms: %.1f ms of nwcd CPU in the 400 ms after a request\n", used);
+  if (c) CHECK_RC(nwc_client_stats(c, &s));
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM while polling did not exit 0");
+  nwc_client_free(c);
+  const char *bad[] = {"--poll-us", "-5", NULL};
+  CHECK(td_daemon_refuses(td_sock, bad) == 2, "--poll-us -5 not refused");
+}
+
 static void check_all_tensors(nwc_client *c) {
   for (size_t i = 0; i < td_nt; i++) {
     const td_tensor *t = &td_t[i];
@@ -194,6 +236,7 @@ int main(void) {
     nwc_client_free(c);
   }
   if (d > 0) CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  check_poll();
   if (test_failures) td_show_log();
   td_cleanup();
   return test_exit("test_daemon_basic");

@@ -28,6 +28,7 @@ static void start_errors(void) {
       {"[daemon]\nlog_level = loud\n", "log_level: expected error", 2},
       {"[preload]\nmodels = ok, bad/name\n", "preload: 'bad/name' is not a valid model name", 2},
       {"[limits]\nmax_inflight = 0\n", "max_inflight: expected a count", 2},
+      {"[limits]\npoll_us = 2000000\n", "poll_us: expected microseconds 0..1000000", 2},
       {"[daemon]\nstore /var/lib/nwc\n", "not a 'key = value' line", 2},
       {"[daemon]\nadmin_group = no-such-group-nwc\n", "group 'no-such-group-nwc' does not exist", 0},
   };
