@@ -5,21 +5,23 @@
  *
  * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING), so that its pages can be
  * handed to clients (map, residency.c) with no copy.  host_load has the loader write the blob
- * into it (nwcd_load_fd: pwrite of each checked slot of a staging ring, which makes whole pages
- * without zeroing them and without a page fault or the mmap lock), then maps it read-only,
- * populated and locked, through a read-only descriptor (/proc/self/fd): no writable mapping of
- * it ever exists, not even a read-only one that could be mprotect'ed writable.  At its first
- * share (host_share) it is sealed with F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW |
- * F_SEAL_SEAL: from then on no process can write it (write(), a writable shared mmap, an
- * mprotect to PROT_WRITE of a read-only mapping all fail), shrink it, grow it or lift the seals.
+ * into a fresh one (nwcd_load_fd: pwrite of each checked slot of a staging ring, which makes
+ * whole pages without zeroing them and without a page fault or the mmap lock), then maps it
+ * read-only, populated and locked, through a read-only descriptor (/proc/self/fd): a mapping
+ * that cannot be mprotect'ed writable.  At its first share (host_share) it is sealed with
+ * F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL: from then on no process, this one
+ * included, can write it (write(), a writable shared mmap, an mprotect to PROT_WRITE of a
+ * read-only mapping all fail), shrink it, grow it or lift the seals.
  *
  * Spares: a copy freed (evicted) that was never shared has had no reader but this process, so
  * host_free keeps it, mapped, populated and locked, and the next host_load of at most its size
- * takes the smallest such spare, cuts it to its length (ftruncate frees the rest) and writes
- * the new blob into its existing pages: a reload makes no page at all.  A shared (sealed) copy
- * is unmapped and closed instead; clients' mappings keep its pages.  Residency bounds the
- * spares with host_trim so that resident and spare bytes together stay within the budget.  The
- * copies and spares are found in one table under a mutex.
+ * takes the smallest such spare, cuts it to its length (ftruncate frees the rest) and loads the
+ * new blob straight into its existing pages (nwcd_load, zero copy) through a second, writable
+ * mapping made at its first reuse: a reload makes no page and copies each byte once.  That
+ * mapping is unmapped before the seal, so the write seal still finds no writable mapping.  A
+ * shared (sealed) copy is unmapped and closed when freed; clients' mappings keep its pages.
+ * Residency bounds the spares with host_trim so that resident and spare bytes together stay
+ * within the budget.  The copies and spares are found in one table under a mutex.
  *
  * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
  * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
@@ -42,6 +44,7 @@ static atomic_int mlock_warned;
 
 typedef struct host_buf {
   void *p;     /* the daemon's mapping: read-only, len bytes */
+  void *w;     /* a writable mapping the loader reads into (a spare reused), or NULL */
   int fd;      /* the memfd, open for writing (the loader writes through it) */
   size_t len;
   bool locked; /* the mapping is mlock'ed */
@@ -78,6 +81,7 @@ static bool buf_add(const host_buf *b) {
 
 static void buf_release(const host_buf *b) {
   if (b->p) munmap(b->p, b->len);
+  if (b->w) munmap(b->w, b->len);
   if (b->fd >= 0) close(b->fd);
 }
 
@@ -99,13 +103,21 @@ static bool spare_take(size_t len, host_buf *out) {
   return got;
 }
 
-/* A spare cut to len bytes: its tail unmapped, then truncated away (those pages freed). */
+/* A spare cut to len bytes (its tail unmapped, then truncated away: those pages freed), with
+ * a writable mapping of its populated pages for the loader (made at its first reuse, kept while
+ * it is not shared); without one (mmap failed) the loader writes it with pwrite. */
 static int spare_cut(host_buf *b, size_t len) {
-  if (b->len == len) return 0;
-  munmap((uint8_t *)b->p + len, b->len - len);
-  b->len = len;
-  NWC_RETURN_IF(ftruncate(b->fd, (off_t)len) < 0, -errno, "truncating a spare memfd: %s",
-                strerror(errno));
+  if (b->len != len) {
+    munmap((uint8_t *)b->p + len, b->len - len);
+    if (b->w) munmap((uint8_t *)b->w + len, b->len - len);
+    b->len = len;
+    NWC_RETURN_IF(ftruncate(b->fd, (off_t)len) < 0, -errno, "truncating a spare memfd: %s",
+                  strerror(errno));
+  }
+  if (!b->w) {
+    void *w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, b->fd, 0);
+    b->w = w == MAP_FAILED ? NULL : w;
+  }
   return 0;
 }
 
@@ -157,7 +169,7 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
     rc = nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s", len, ti->model, ti->name,
                    strerror(errno));
   }
-  if (rc == 0) rc = nwcd_load_fd(ti, b.fd, NULL, li);
+  if (rc == 0) rc = b.w ? nwcd_load(ti, b.w, NULL, li) : nwcd_load_fd(ti, b.fd, NULL, li);
   if (rc == 0 && !reused) rc = map_ro(ti, &b);
   if (rc == 0 && !buf_add(&b)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
   if (rc < 0) {
@@ -168,8 +180,8 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
   return 0;
 }
 
-/* The copy's memfd, sealed against writes at its first share (F_SEAL_WRITE: no writable
- * mapping of it exists). */
+/* The copy's memfd, sealed against writes at its first share (F_SEAL_WRITE, once the loader's
+ * writable mapping, if any, is gone: then none exists). */
 static int cpu_host_share(void *p, size_t n) {
   (void)n;
   pthread_mutex_lock(&bufs_lock);
@@ -177,6 +189,8 @@ static int cpu_host_share(void *p, size_t n) {
   int rc = i == nbufs ? nwc__fail(-EINVAL, "host_share of memory host_load did not return")
                       : bufs[i].fd;
   if (rc >= 0 && !bufs[i].sealed) {
+    if (bufs[i].w) munmap(bufs[i].w, bufs[i].len);
+    bufs[i].w = NULL;
     if (fcntl(rc, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
       rc = nwc__fail(-errno, "sealing a resident copy's memfd: %s", strerror(errno));
     else bufs[i].sealed = true;

@@ -5,10 +5,10 @@
  * tensor with the chunk named, and leaves nothing resident; a truncated container fails naming
  * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
- * left nothing behind).  Evicted copies stay as spares (nwcd's mapped shared memory, RssShmem,
+ * left nothing behind).  Evicted copies stay as spares (nwcd's mapped shared memory, Pss_Shmem,
  * does not shrink) that a reload writes into without making any (it does not grow) with the
  * bytes right, and a model of smaller blobs (fp8) takes spares cut to size, its resident bytes
- * (mapped) equal to its containers'.  Under a budget of half the model, random loads never
+ * (mapped) equal to its containers' and its memfds sealed with F_SEAL_WRITE.  Under a budget of half the model, random loads never
  * leave more shared memory in nwcd than the budget, and every tensor still decodes right.
  */
 #include "nwc_client.h"
@@ -62,17 +62,18 @@ static void put_back(const char *path, const uint8_t *b, size_t len) {
   if (f) fclose(f);
 }
 
-/* The shared memory nwcd maps (RssShmem, bytes): its resident host copies and their spares. */
-static uint64_t rss_shmem(pid_t pid) {
+/* The shared memory nwcd maps (Pss_Shmem, bytes: each page once, however many of its mappings
+ * map it): its resident host copies and their spares. */
+static uint64_t pss_shmem(pid_t pid) {
   char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
   FILE *f = fopen(path, "r");
   unsigned long long kb = 0;
   bool found = false;
   while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "RssShmem: %llu kB", &kb) == 1) found = true;
+    if (sscanf(line, "Pss_Shmem: %llu kB", &kb) == 1) found = true;
   if (f) fclose(f);
-  CHECK(found, "no RssShmem in %s", path);
+  CHECK(found, "no Pss_Shmem in %s", path);
   return kb << 10;
 }
 
@@ -89,8 +90,14 @@ static void check_mapped_bytes(nwc_client *c, const char *model) {
     CHECK(fd >= 0 && pread(fd, want, in.length, (off_t)in.offset) == (ssize_t)in.length,
           "pread %s", in.path);
     if (fd >= 0) close(fd);
-    CHECK(!memcmp(nwc_client_mapping_info(m)->base, want, in.length),
-          "%s/%s: resident bytes differ from the container", model, td_t[i].name);
+    const nwc_client_map_info *mi = nwc_client_mapping_info(m);
+    CHECK(!memcmp(mi->base, want, in.length), "%s/%s: resident bytes differ from the container",
+          model, td_t[i].name);
+    int seals = fcntl(mi->fd, F_GET_SEALS); /* the loader's writable mapping is gone */
+    CHECK(seals >= 0 && (seals & F_SEAL_WRITE), "%s/%s: seals 0x%x", model, td_t[i].name, seals);
+    uint8_t one = 1;
+    CHECK(pwrite(mi->fd, &one, 1, 0) < 0 && errno == EPERM, "%s/%s: pwrite: errno %d", model,
+          td_t[i].name, errno);
     free(want);
     nwc_client_unmap(m);
   }
@@ -114,21 +121,21 @@ static void test_spares(nwc_client *c, pid_t d, uint64_t total) {
   CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &fp8, NULL));
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
-  uint64_t loaded = rss_shmem(d);
+  uint64_t loaded = pss_shmem(d);
   CHECK(loaded >= total, "loaded: %llu bytes of shared memory for %llu resident",
         (unsigned long long)loaded, (unsigned long long)total);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  CHECK(rss_shmem(d) >= total, "evicted: %llu bytes of spares, want %llu",
-        (unsigned long long)rss_shmem(d), (unsigned long long)total);
+  CHECK(pss_shmem(d) >= total, "evicted: %llu bytes of spares, want %llu",
+        (unsigned long long)pss_shmem(d), (unsigned long long)total);
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
-  CHECK(rss_shmem(d) <= loaded, "a reload made shared memory: %llu bytes, %llu before",
-        (unsigned long long)rss_shmem(d), (unsigned long long)loaded);
+  CHECK(pss_shmem(d) <= loaded, "a reload made shared memory: %llu bytes, %llu before",
+        (unsigned long long)pss_shmem(d), (unsigned long long)loaded);
   check_weights(c, "reloaded into spares:");
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   CHECK_RC(nwc_client_load(c, "use8", NULL, NULL, NULL, NULL));
   check_mapped_bytes(c, "use8");
-  CHECK(rss_shmem(d) <= loaded, "fp8 into cut spares: %llu bytes, %llu for bf16",
-        (unsigned long long)rss_shmem(d), (unsigned long long)loaded);
+  CHECK(pss_shmem(d) <= loaded, "fp8 into cut spares: %llu bytes, %llu for bf16",
+        (unsigned long long)pss_shmem(d), (unsigned long long)loaded);
   CHECK_RC(nwc_client_evict(c, "use8", NULL, NULL));
 }
 
@@ -147,7 +154,7 @@ static void test_budget(uint64_t total) {
   for (size_t k = 0; k < 4 * td_nt; k++) {
     size_t i = test_below(td_nt);
     CHECK_RC(nwc_client_load(c, "use", td_t[i].name, NULL, NULL, NULL));
-    uint64_t shm = rss_shmem(d);
+    uint64_t shm = pss_shmem(d);
     CHECK(shm <= b, "load %zu (%s): %llu bytes of shared memory, budget %llu", k, td_t[i].name,
           (unsigned long long)shm, (unsigned long long)b);
   }
