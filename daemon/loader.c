@@ -2,7 +2,8 @@
  * loader.c - the one module of nwcd that owns io_uring: it streams a tensor blob out of its
  * container file in chunk-aligned reads, checks each 1 MiB chunk's XXH3 checksum as it lands
  * (nwc_store_chunk_check), and puts the bytes either
- *   - straight into destination memory (nwcd_load, zero copy: memory populated before), or
+ *   - straight into destination memory (nwcd_load, zero copy: memory populated before, such as
+ *     the pages of a spare host copy that backend_cpu.c reuses), or
  *   - into the slots of a ring of pinned, io_uring-registered buffers handed to a sink
  *     (nwcd_ring_load: the GPU path, where the sink starts a cudaMemcpyAsync out of each slot
  *     and gives the slot back once the copy's event has completed), or
