@@ -220,6 +220,10 @@ static void cpu_host_free(void *p, size_t n, bool locked) {
 
 static void cpu_host_trim(uint64_t keep, uint64_t want) {
   pthread_mutex_lock(&bufs_lock);
+  if (spare_bytes <= keep) { /* the usual case: room for them all */
+    pthread_mutex_unlock(&bufs_lock);
+    return;
+  }
   size_t spared = nbufs; /* the smallest spare of at least want bytes stays */
   for (size_t i = 0; want && i < nbufs; i++)
     if (bufs[i].spare && bufs[i].len >= want && (spared == nbufs || bufs[i].len < bufs[spared].len))
