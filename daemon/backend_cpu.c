@@ -48,7 +48,7 @@ typedef struct host_buf {
   int fd;      /* the memfd, open for writing (the loader writes through it) */
   size_t len;
   bool locked; /* the mapping is mlock'ed */
-  bool sealed; /* sealed (shared with a client, or mapped writable-capable): never reused */
+  bool sealed; /* sealed (shared, or at load without /proc/self/fd): never reused */
   bool spare;  /* freed: kept for a later load */
 } host_buf;
 
@@ -85,13 +85,19 @@ static void buf_release(const host_buf *b) {
   if (b->fd >= 0) close(b->fd);
 }
 
-/* The smallest spare of at least len bytes, out of the table into *out: false if none. */
-static bool spare_take(size_t len, host_buf *out) {
-  pthread_mutex_lock(&bufs_lock);
+/* The index of the smallest spare of at least len bytes, or nbufs (bufs_lock held). */
+static size_t spare_fit(uint64_t len) {
   size_t best = nbufs;
   for (size_t i = 0; i < nbufs; i++)
     if (bufs[i].spare && bufs[i].len >= len && (best == nbufs || bufs[i].len < bufs[best].len))
       best = i;
+  return best;
+}
+
+/* The smallest spare of at least len bytes, out of the table into *out: false if none. */
+static bool spare_take(size_t len, host_buf *out) {
+  pthread_mutex_lock(&bufs_lock);
+  size_t best = spare_fit(len);
   bool got = best < nbufs;
   if (got) {
     *out = bufs[best];
@@ -139,7 +145,8 @@ static int map_ro(const nwc_tensor_info *ti, host_buf *b) {
   void *p = mmap(NULL, b->len, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
   int why = errno;
   b->locked = p != MAP_FAILED;
-  if (p == MAP_FAILED && why == EAGAIN) p = mmap(NULL, b->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED && why == EAGAIN)
+    p = mmap(NULL, b->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   if (ro >= 0) close(ro);
   NWC_RETURN_IF(p == MAP_FAILED, -err, "mapping %zu bytes of %s/%s: %s", b->len, ti->model,
@@ -224,10 +231,7 @@ static void cpu_host_trim(uint64_t keep, uint64_t want) {
     pthread_mutex_unlock(&bufs_lock);
     return;
   }
-  size_t spared = nbufs; /* the smallest spare of at least want bytes stays */
-  for (size_t i = 0; want && i < nbufs; i++)
-    if (bufs[i].spare && bufs[i].len >= want && (spared == nbufs || bufs[i].len < bufs[spared].len))
-      spared = i;
+  size_t spared = want ? spare_fit(want) : nbufs; /* the next load's stays */
   uint64_t limit = keep + (spared < nbufs ? bufs[spared].len : 0);
   size_t n = 0, k = 0;
   host_buf *gone = spare_bytes > limit ? malloc(nbufs * sizeof *gone) : NULL;
@@ -260,7 +264,8 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load, .host_trim = cpu_host_trim,
+static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load,
+                                         .host_trim = cpu_host_trim,
                                          .host_free = cpu_host_free, .dequant = cpu_dequant,
                                          .gather = cpu_gather, .matvec = cpu_matvec,
                                          .host_share = cpu_host_share};

@@ -15,12 +15,13 @@
  *                                   (client closed its end:  │ │ map: +1 mapping reference,
  *                                    unmap, exit; reaped)    └─┘ the memfd sent to the client
  *
- * A RESIDENT copy lives in a memfd that the backend writes, seals against writes, shrinking and
- * growing, and only then maps read-only (host_load; host_share gives the memfd), so that a
- * client can map the very same pages read-only and decode in its own process (nwcd_res_map, op
- * map): one copy in RAM however many processes use it.  Each mapping holds a reference, kept as the daemon's end of a Unix socket
- * the client passed with the request; the reference ends when the client's end is closed
- * (nwc_client_unmap, or the process exits, kill -9 included), which the daemon sees as POLLHUP.
+ * A RESIDENT copy lives in a memfd that the backend writes and maps read-only (host_load) and
+ * seals against writes, shrinking and growing at its first share (host_share, which gives the
+ * memfd), so that a client can map the very same pages read-only and decode in its own process
+ * (nwcd_res_map, op map): one copy in RAM however many processes use it.  Each mapping holds a
+ * reference, kept as the daemon's end of a Unix socket the client passed with the request; the
+ * reference ends when the client's end is closed (nwc_client_unmap, or the process exits, kill
+ * -9 included), which the daemon sees as POLLHUP.
  * Nothing waits for that: reap_maps() polls every mapping socket without blocking, under the
  * lock, before each decision that depends on mappings (making room, evict, remove, budget, ps),
  * so a client that has unmapped is never counted, and no thread or event-loop handle is needed.

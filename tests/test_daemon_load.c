@@ -8,8 +8,9 @@
  * left nothing behind).  Evicted copies stay as spares (nwcd's mapped shared memory, Pss_Shmem,
  * does not shrink) that a reload writes into without making any (it does not grow) with the
  * bytes right, and a model of smaller blobs (fp8) takes spares cut to size, its resident bytes
- * (mapped) equal to its containers' and its memfds sealed with F_SEAL_WRITE.  Under a budget of half the model, random loads never
- * leave more shared memory in nwcd than the budget, and every tensor still decodes right.
+ * (mapped) equal to its containers' and its memfds sealed with F_SEAL_WRITE.  Under a budget of
+ * half the model, random loads never leave more shared memory in nwcd than the budget, and
+ * every tensor still decodes right.
  */
 #include "nwc_client.h"
 #include "test_daemon_util.h"
