@@ -13,10 +13,15 @@
  *     failing is -ENOMEM (residency.c evicts and retries once).
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
- *     scratch, output, row indices, bias; pinned host: in, out).  It enqueues copy-in, kernels
- *     and copy-out on that stream, records the event and waits on it (cudaEventSynchronize),
+ *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
+ *     kernels and copy-out on that stream, waits for them (spinning: cudaDeviceScheduleSpin),
  *     copies out of the pinned buffer and gives the context back.  So concurrent requests run on
  *     their own streams, and there are never more contexts than requests that ran at once.
+ *   - A socket matvec is one submission: its kernels write y straight into the mapped pinned
+ *     out buffer (no copy back), and the x copy plus the kernels are captured once into a CUDA
+ *     graph per (tensor, columns, buffers), cached in the context (8, LRU) from the second
+ *     request that needs it and launched from then on: each CUDA submission costs several
+ *     microseconds on the H200 VM, a graph launch about one.
  *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
  *     tensor any more), so evicting everything gives all device memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
@@ -53,7 +58,9 @@ struct Copy {
   nwc_k_tensor k;
   int dev;
   uint64_t k16, scratch, bytes;
+  uint64_t id; /* unique for the process's life: keys the matvec graphs (addresses are reused) */
 };
+uint64_t copy_ids; /* atomically incremented */
 
 /* A grow-only buffer, device or pinned host. */
 struct Buf {
@@ -61,11 +68,24 @@ struct Buf {
   size_t n = 0;
 };
 
+/* A socket matvec's work as one CUDA graph: x up from hin, each column's kernels, y written by
+ * the kernels straight into the mapped pinned hout; valid for the buffers it was made with. */
+constexpr int kGraphs = 8;
+struct Graph {
+  uint64_t id = 0; /* the Copy's; 0: empty */
+  unsigned ncols = 0;
+  const void *hin = nullptr, *dx = nullptr, *ds = nullptr, *hout = nullptr;
+  uint64_t last = 0;
+  cudaGraphExec_t exec = nullptr;
+};
+
 struct Ctx {
   bool ready = false;
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
   Buf dx, dy, ds, dout, drows, dbias, hin, hout;
+  Graph graphs[kGraphs];
+  uint64_t tick = 0;
 };
 
 /* 0 for cudaSuccess, else -ENOMEM (out of memory) or -EIO with a detail naming what failed. */
@@ -117,6 +137,8 @@ void ctx_destroy(Ctx *c) {
     cudaStreamSynchronize(c->stream);
     for (Buf *b : {&c->dx, &c->dy, &c->ds, &c->dout, &c->drows, &c->dbias}) free_buf(*b, false);
     free_buf(c->hin, true), free_buf(c->hout, true);
+    for (Graph &g : c->graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     cudaEventDestroy(c->done);
     cudaStreamDestroy(c->stream);
   }
@@ -167,7 +189,8 @@ int grow(Buf &b, size_t n, bool host) {
   size_t want = b.n ? b.n : 4096;
   while (want < n) want *= 2;
   free_buf(b, host);
-  cudaError_t e = host ? cudaHostAlloc(&b.p, want, cudaHostAllocDefault) : cudaMalloc(&b.p, want);
+  /* pinned buffers are mapped: the matvec kernels write y straight into hout */
+  cudaError_t e = host ? cudaHostAlloc(&b.p, want, cudaHostAllocMapped) : cudaMalloc(&b.p, want);
   if (e != cudaSuccess) {
     b.p = nullptr;
     return fail_cuda(e, host ? "cudaHostAlloc of a staging buffer" : "cudaMalloc of a work buffer");
@@ -455,6 +478,7 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void **dco
     return fail_cuda(e, "the lookup table of a device copy");
   }
   cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
+  cp->id = __atomic_add_fetch(&copy_ids, 1, __ATOMIC_RELAXED);
   cp->k.owned = mem;
   *dcopy = cp, *blob = mem + kTabSpace;
   return 0;
@@ -532,16 +556,62 @@ extern "C" int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_
   return rc;
 }
 
-/* ncols matvecs of the columns already in c->dx (stride K16) into c->dy (stride M). */
-static int run_matvecs(Ctx *c, const Copy *cp, unsigned ncols) {
+/* ncols matvecs of the columns already in c->dx (stride K16) into y (stride M; device memory or
+ * the device view of mapped pinned memory), enqueued on c's stream. */
+static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   const uint64_t M = cp->k.rows, K16 = cp->k16;
-  int rc = grow(c->dy, (size_t)ncols * M * 4, false);
-  if (rc == 0) rc = grow(c->ds, cp->scratch * 4, false);
+  int rc = 0;
   for (unsigned col = 0; rc == 0 && col < ncols; col++)
-    rc = kstatus(nwc_k_matvec(&cp->k, (const float *)c->dx.p + col * K16, NULL,
-                              (float *)c->dy.p + col * M, (float *)c->ds.p, c->stream),
+    rc = kstatus(nwc_k_matvec(&cp->k, (const float *)c->dx.p + col * K16, NULL, y + col * M,
+                              (float *)c->ds.p, c->stream),
                  "matvec");
   return rc;
+}
+
+/* x up from the pinned c->hin, the kernels, y into the mapped pinned c->hout: enqueued on c's
+ * stream as they are, or, from the second time the same (tensor, columns, buffers) come by, as
+ * one launch of the CUDA graph captured from that sequence then (cached per context, LRU): one
+ * submission instead of 1 + 2 per column, which costs most of a small request's time. */
+static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
+  float *y = nullptr;
+  CU_TRY(cudaHostGetDevicePointer((void **)&y, c->hout.p, 0), "cudaHostGetDevicePointer");
+  size_t xb = (size_t)ncols * cp->k16 * 4;
+  Graph *slot = &c->graphs[0];
+  bool match = false;
+  for (Graph &g : c->graphs) {
+    if (g.id == cp->id && g.ncols == ncols && g.hin == c->hin.p && g.dx == c->dx.p &&
+        g.ds == c->ds.p && g.hout == c->hout.p) {
+      slot = &g, match = true;
+      break;
+    }
+    if (g.last < slot->last) slot = &g;
+  }
+  slot->last = ++c->tick;
+  if (match && slot->exec)
+    return fail_cuda(cudaGraphLaunch(slot->exec, c->stream), "cudaGraphLaunch of a matvec");
+  bool again = match; /* seen once before: capture it this time */
+  if (!again) {
+    if (slot->exec) cudaGraphExecDestroy(slot->exec);
+    *slot = Graph{cp->id, ncols, c->hin.p, c->dx.p, c->ds.p, c->hout.p, c->tick, nullptr};
+  }
+  /* Relaxed: the kernels' entry points set function attributes while this thread captures; the
+   * stream is this context's alone, so nothing else joins the capture. */
+  if (again)
+    CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "stream capture");
+  int rc = fail_cuda(cudaMemcpyAsync(c->dx.p, c->hin.p, xb, cudaMemcpyHostToDevice, c->stream),
+                     "copy of matvec x");
+  if (rc == 0) rc = enqueue_matvecs(c, cp, ncols, y);
+  if (!again) return rc;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(c->stream, &graph); /* ends it whatever happened inside */
+  if (rc == 0) rc = fail_cuda(e, "stream capture of a matvec");
+  if (rc == 0) rc = fail_cuda(cudaGraphInstantiate(&slot->exec, graph, 0), "cudaGraphInstantiate");
+  if (graph) cudaGraphDestroy(graph);
+  if (rc < 0) {
+    slot->exec = nullptr, slot->id = 0, slot->last = 0;
+    return rc;
+  }
+  return fail_cuda(cudaGraphLaunch(slot->exec, c->stream), "cudaGraphLaunch of a matvec");
 }
 
 extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx,
@@ -549,26 +619,21 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K16 = cp->k16;
   Lease lease;
-  int rc = lease.take(cp->dev);
+  TRY(lease.take(cp->dev));
   Ctx *c = lease.c;
   size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
-  if (rc == 0) rc = grow(c->dx, xb, false);
-  if (rc == 0) rc = grow(c->hin, xb, true);
-  if (rc == 0) {
-    for (unsigned col = 0; col < ncols; col++)
-      memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
-    rc = fail_cuda(cudaMemcpyAsync(c->dx.p, c->hin.p, xb, cudaMemcpyHostToDevice, c->stream),
-                   "copy of matvec x");
-  }
-  if (rc == 0) rc = run_matvecs(c, cp, ncols);
-  if (rc == 0) rc = grow(c->hout, yb, true);
-  if (rc == 0)
-    rc = fail_cuda(cudaMemcpyAsync(c->hout.p, c->dy.p, yb, cudaMemcpyDeviceToHost, c->stream),
-                   "copy of matvec y");
-  if (rc == 0) rc = finish(*c, "matvec");
-  for (unsigned col = 0; rc == 0 && col < ncols; col++)
+  TRY(grow(c->dx, xb, false));
+  TRY(grow(c->hin, xb, true));
+  TRY(grow(c->ds, cp->scratch * 4, false));
+  TRY(grow(c->hout, yb, true));
+  for (unsigned col = 0; col < ncols; col++)
+    memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
+  TRY(launch_matvec(c, cp, ncols));
+  /* spins (cudaDeviceScheduleSpin): the completion is seen within a microsecond */
+  CU_TRY(cudaStreamSynchronize(c->stream), "matvec");
+  for (unsigned col = 0; col < ncols; col++)
     memcpy(Y + col * ldy, (const float *)c->hout.p + col * M, M * 4);
-  return rc;
+  return 0;
 }
 
 extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
@@ -597,7 +662,9 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
     CU_TRY(cudaMemcpyAsync(c->dbias.p, c->hin.p, M * 4, cudaMemcpyHostToDevice, c->stream),
            "copy of the bias");
   }
-  TRY(run_matvecs(c, cp, ncols));
+  TRY(grow(c->dy, (size_t)ncols * M * 4, false));
+  TRY(grow(c->ds, cp->scratch * 4, false));
+  TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
   uint64_t n = (uint64_t)ncols * M;
   epilogue_kernel<<<grid_for(n), 256, 0, c->stream>>>((const float *)c->dy.p, M, n, scale,
                                                       bias ? (const float *)c->dbias.p : nullptr,

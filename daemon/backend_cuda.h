@@ -51,8 +51,9 @@ int nwcd_cuda_dequant(const void *dcopy, uint16_t *out);
 /* Rows rows[0..n) (each < M: the caller checked) into host out, row stride K16. */
 int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);
 /* Y[c * ldy ..] = W X[c * ldx ..] for ncols columns (host arrays; ldx >= K16, X zero padded):
- * the columns go up in one copy, run as back-to-back launches on one stream, come back in one
- * copy (the kernels take one right-hand side each). */
+ * the columns go up in one copy and run as back-to-back launches on one stream (the kernels take
+ * one right-hand side each), which write Y into mapped pinned memory; from the second call on
+ * the same tensor, columns and context this is one CUDA graph launch. */
 int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx, float *Y,
                      size_t ldy);
 

@@ -280,8 +280,9 @@ int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor);
 int nwcd_res_forget_model(nwcd_res *r, const char *model);
 /* Residency of one tensor for listings. */
 void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_proto_tensor *out);
-/* The blob bytes of model/tensor when it is resident now (acquiring it would not load), else 0. */
-uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor);
+/* The blob bytes of model/tensor when it is resident now (acquiring it would not load), else 0;
+ * *loc (when loc is not NULL and it is resident): NWCD_LOC_CPU or its device. */
+uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor, int *loc);
 uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
 /* Resident tensors for ps: *out malloc'ed array of *n (free()). */
 int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);

@@ -568,10 +568,11 @@ void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_p
   pthread_mutex_unlock(&r->lock);
 }
 
-uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor) {
+uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor, int *loc) {
   pthread_mutex_lock(&r->lock);
   nwcd_entry *e = find(r, model, tensor);
   uint64_t n = e && e->state == NWC_RES_RESIDENT ? e->len : 0;
+  if (n && loc) *loc = e->loc;
   pthread_mutex_unlock(&r->lock);
   return n;
 }

@@ -58,6 +58,7 @@
 #define MAX_QUEUED_FDS 64
 #define READ_CHUNK (64u << 10)
 #define INLINE_MAX_BYTES (4u << 20)
+#define INLINE_MAX_DEVICE_BYTES (64u << 20)
 #define INLINE_QUIET_NS 2000000
 #define YIELD_RAN_NS 20000
 
@@ -342,7 +343,9 @@ static int do_shm(nwcd_conn *c, const nwc_proto_req *r, int fd) {
 
 /* Whether job j (just read from c) runs on the loop thread itself, saving the hand-off to a
  * worker: only when that delays no one.  It must be a matvec or gather on resident tensors (no
- * load can block the loop), small (INLINE_MAX_BYTES of blob, a few milliseconds at most), from
+ * load can block the loop), small (INLINE_MAX_BYTES of blob in host memory, a few milliseconds
+ * at most; INLINE_MAX_DEVICE_BYTES on a GPU, where the loop thread only submits the kernels and
+ * waits for them, about 60 us per column and 16 MiB at the H200's decode speed), from
  * the one connection with work: nothing in flight anywhere (the pool is idle), nothing more
  * buffered on c, and no other connection's request in the last INLINE_QUIET_NS.  Pipelined
  * requests and concurrent clients go to the workers, where concurrent matvecs share a pass. */
@@ -355,9 +358,11 @@ static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool more) {
     return false;
   if (!quiet || more || atomic_load(&s->jobs) || atomic_load(&c->inflight)) return false;
   nwcd_res *res = s->d->res;
-  uint64_t bytes = nwcd_res_resident_bytes(res, r->model, r->tensor);
-  return bytes && bytes <= INLINE_MAX_BYTES &&
-         (r->op != NWC_OP_MATVEC || !r->bias[0] || nwcd_res_resident_bytes(res, r->model, r->bias));
+  int loc = NWCD_LOC_CPU;
+  uint64_t bytes = nwcd_res_resident_bytes(res, r->model, r->tensor, &loc);
+  return bytes && bytes <= (loc == NWCD_LOC_CPU ? INLINE_MAX_BYTES : INLINE_MAX_DEVICE_BYTES) &&
+         (r->op != NWC_OP_MATVEC || !r->bias[0] ||
+          nwcd_res_resident_bytes(res, r->model, r->bias, NULL));
 }
 
 /* Polling: after a request the loop does not sleep in epoll_wait for poll_us but polls (an
