@@ -20,7 +20,10 @@
  *          slots), read_xxh3 (each piece's XXH3 taken as it lands, as the loader checks it),
  *          read_xxh3_h2d (and each 4 MiB slot copied to the device, cudaMemcpyAsync on the
  *          thread's stream): N threads each taking the next blob, 8 slots of 4 MiB each (pinned
- *          and made before the timing); and
+ *          and made before the timing); the zero-copy alternatives: map_xxh3 (each blob's
+ *          page-cache pages mapped, MAP_POPULATE, and hashed there: no copy) and register_h2d
+ *          (the mapping pinned with cudaHostRegister, read-only, and copied to the device from
+ *          the page cache itself, then unregistered); and
  *          cudamalloc (a device allocation of each blob's size, as a load makes)
  *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs
  *          kernel       the bare nwc_k_matvec of the same tensor in this process (CUDA events)
@@ -50,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -183,8 +187,9 @@ static void *client_thread(void *p) {
 
 /* ---- the warm load's stages, each alone (in this process, on nwcd's container bytes) ------ */
 
-enum { ST_H2D, ST_READ, ST_XXH3, ST_ALL };
-static const char *stage_names[] = {"h2d", "read", "read_xxh3", "read_xxh3_h2d"};
+enum { ST_H2D, ST_READ, ST_XXH3, ST_ALL, ST_MAP_XXH3, ST_REGISTER_H2D };
+static const char *stage_names[] = {"h2d", "read", "read_xxh3", "read_xxh3_h2d", "map_xxh3",
+                                    "register_h2d"};
 #define ST_SLOTS 8
 #define ST_SLOT (4u << 20)
 #define ST_PIECE (1u << 20)
@@ -210,6 +215,31 @@ typedef struct stage_ctx {
   atomic_int rc;
 } stage_ctx;
 
+/* Blob i of a zero-copy stage (map_xxh3, register_h2d), straight from its page-cache pages. */
+static int stage_mapped(stage_ctx *s, size_t i, cudaStream_t st, uint64_t *sum) {
+  const nwc_client_tensor_info *t = &s->in[i];
+  int fd = open(t->path, O_RDONLY);
+  if (fd < 0) return -errno;
+  uint8_t *p = mmap(NULL, t->length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)t->offset);
+  close(fd);
+  if (p == MAP_FAILED) return -errno;
+  int rc = 0;
+  if (s->what == ST_MAP_XXH3) {
+    for (uint64_t q = 0; q < t->length; q += ST_PIECE)
+      *sum ^= XXH3_64bits(p + q, t->length - q < ST_PIECE ? t->length - q : ST_PIECE);
+  } else if (cudaHostRegister(p, t->length, cudaHostRegisterReadOnly) != cudaSuccess) {
+    cudaGetLastError();
+    rc = -EIO;
+  } else {
+    if (cudaMemcpyAsync(s->dev + s->dev_off[i], p, t->length, cudaMemcpyHostToDevice, st) ||
+        cudaStreamSynchronize(st))
+      rc = -EIO;
+    cudaHostUnregister(p);
+  }
+  munmap(p, t->length);
+  return rc;
+}
+
 /* One thread of a stage: takes the next blob until none is left (see the file's comment). */
 static void *stage_thread(void *p) {
   stage_ctx *s = p;
@@ -220,6 +250,10 @@ static void *stage_thread(void *p) {
   int rc = 0;
   for (size_t i; rc == 0 && (i = atomic_fetch_add(&s->next, 1)) < s->n;) {
     const nwc_client_tensor_info *t = &s->in[i];
+    if (s->what >= ST_MAP_XXH3) {
+      rc = stage_mapped(s, i, m->st, &sum);
+      continue;
+    }
     int fd = s->what == ST_H2D ? -1 : open(t->path, O_RDONLY);
     if (s->what != ST_H2D && fd < 0) rc = -errno;
     for (uint64_t off = 0; rc == 0 && off < t->length; off += ST_SLOT, k = (k + 1) % ST_SLOTS) {
@@ -282,7 +316,7 @@ static void stages(const nwc_client_tensor_info *in, size_t n, uint8_t *dev, uns
   }
   stage_pass(&s, ST_READ, 8); /* the page cache warm */
   static const unsigned threads[] = {1, 4, 8, 12};
-  for (int what = ST_H2D; what <= ST_ALL; what++)
+  for (int what = ST_H2D; what <= ST_REGISTER_H2D; what++)
     for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
       double tv[64], med;
       for (unsigned r = 0; r < R; r++) tv[r] = stage_pass(&s, what, threads[ti]);

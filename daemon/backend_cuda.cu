@@ -69,12 +69,12 @@ struct Buf {
 };
 
 /* A socket matvec's work as one CUDA graph: x up from hin, each column's kernels, y written by
- * the kernels straight into the mapped pinned hout; valid for the buffers it was made with. */
+ * the kernels straight into the mapped pinned hout.  It holds the context's buffers as they were
+ * when it was captured, so a context drops its graphs before it reallocates any buffer (grow). */
 constexpr int kGraphs = 8;
 struct Graph {
   uint64_t id = 0; /* the Copy's; 0: empty */
   unsigned ncols = 0;
-  const void *hin = nullptr, *dx = nullptr, *ds = nullptr, *hout = nullptr;
   uint64_t last = 0;
   cudaGraphExec_t exec = nullptr;
 };
@@ -132,13 +132,20 @@ struct Pool {
 };
 Pool pools[kMaxDev];
 
+/* Destroys c's graphs (before a buffer they use goes). */
+void drop_graphs(Ctx *c) {
+  for (Graph &g : c->graphs) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    g = Graph{};
+  }
+}
+
 void ctx_destroy(Ctx *c) {
   if (c->ready) {
     cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
     for (Buf *b : {&c->dx, &c->dy, &c->ds, &c->dout, &c->drows, &c->dbias}) free_buf(*b, false);
     free_buf(c->hin, true), free_buf(c->hout, true);
-    for (Graph &g : c->graphs)
-      if (g.exec) cudaGraphExecDestroy(g.exec);
     cudaEventDestroy(c->done);
     cudaStreamDestroy(c->stream);
   }
@@ -183,9 +190,12 @@ struct Lease {
   }
 };
 
-/* b holds at least n bytes (grown by doubling; contents not kept). */
-int grow(Buf &b, size_t n, bool host) {
+/* c's buffer b holds at least n bytes (grown by doubling; contents not kept; c's graphs are
+ * dropped first when it must be reallocated: a graph launched on a freed buffer, even one
+ * allocated again at the same address, crashes the driver). */
+int grow(Ctx *c, Buf &b, size_t n, bool host) {
   if (b.n >= n) return 0;
+  drop_graphs(c);
   size_t want = b.n ? b.n : 4096;
   while (want < n) want *= 2;
   free_buf(b, host);
@@ -514,7 +524,7 @@ extern "C" void nwcd_cuda_free(void *dcopy) {
 
 /* Device output of bytes copied back through the pinned buffer into out, after the wait. */
 static int copy_back(Ctx *c, const void *dsrc, size_t bytes, void *out, const char *what) {
-  int rc = grow(c->hout, bytes, true);
+  int rc = grow(c, c->hout, bytes, true);
   if (rc == 0)
     rc = fail_cuda(cudaMemcpyAsync(c->hout.p, dsrc, bytes, cudaMemcpyDeviceToHost, c->stream), what);
   if (rc == 0) rc = finish(*c, what);
@@ -528,7 +538,7 @@ extern "C" int nwcd_cuda_dequant(const void *dcopy, uint16_t *out) {
   int rc = lease.take(cp->dev);
   Ctx *c = lease.c;
   size_t bytes = cp->k.rows * cp->k16 * 2;
-  if (rc == 0) rc = grow(c->dout, bytes, false);
+  if (rc == 0) rc = grow(c, c->dout, bytes, false);
   if (rc == 0) rc = kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant");
   if (rc == 0) rc = copy_back(c, c->dout.p, bytes, out, "dequant");
   return rc;
@@ -540,9 +550,9 @@ extern "C" int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_
   int rc = lease.take(cp->dev);
   Ctx *c = lease.c;
   size_t bytes = n * cp->k16 * 2;
-  if (rc == 0) rc = grow(c->drows, n * 8, false);
-  if (rc == 0) rc = grow(c->hin, n * 8, true);
-  if (rc == 0) rc = grow(c->dout, bytes, false);
+  if (rc == 0) rc = grow(c, c->drows, n * 8, false);
+  if (rc == 0) rc = grow(c, c->hin, n * 8, true);
+  if (rc == 0) rc = grow(c, c->dout, bytes, false);
   if (rc == 0) {
     memcpy(c->hin.p, rows, n * 8);
     rc = fail_cuda(cudaMemcpyAsync(c->drows.p, c->hin.p, n * 8, cudaMemcpyHostToDevice, c->stream),
@@ -569,7 +579,7 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
 }
 
 /* x up from the pinned c->hin, the kernels, y into the mapped pinned c->hout: enqueued on c's
- * stream as they are, or, from the second time the same (tensor, columns, buffers) come by, as
+ * stream as they are, or, from the second time the same (tensor, columns) come by, as
  * one launch of the CUDA graph captured from that sequence then (cached per context, LRU): one
  * submission instead of 1 + 2 per column, which costs most of a small request's time. */
 static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
@@ -579,8 +589,7 @@ static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
   Graph *slot = &c->graphs[0];
   bool match = false;
   for (Graph &g : c->graphs) {
-    if (g.id == cp->id && g.ncols == ncols && g.hin == c->hin.p && g.dx == c->dx.p &&
-        g.ds == c->ds.p && g.hout == c->hout.p) {
+    if (g.id == cp->id && g.ncols == ncols) {
       slot = &g, match = true;
       break;
     }
@@ -592,7 +601,7 @@ static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
   bool again = match; /* seen once before: capture it this time */
   if (!again) {
     if (slot->exec) cudaGraphExecDestroy(slot->exec);
-    *slot = Graph{cp->id, ncols, c->hin.p, c->dx.p, c->ds.p, c->hout.p, c->tick, nullptr};
+    *slot = Graph{cp->id, ncols, c->tick, nullptr};
   }
   /* Relaxed: the kernels' entry points set function attributes while this thread captures; the
    * stream is this context's alone, so nothing else joins the capture. */
@@ -622,15 +631,18 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   TRY(lease.take(cp->dev));
   Ctx *c = lease.c;
   size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
-  TRY(grow(c->dx, xb, false));
-  TRY(grow(c->hin, xb, true));
-  TRY(grow(c->ds, cp->scratch * 4, false));
-  TRY(grow(c->hout, yb, true));
+  TRY(grow(c, c->dx, xb, false));
+  TRY(grow(c, c->hin, xb, true));
+  TRY(grow(c, c->ds, cp->scratch * 4, false));
+  TRY(grow(c, c->hout, yb, true));
   for (unsigned col = 0; col < ncols; col++)
     memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
-  TRY(launch_matvec(c, cp, ncols));
-  /* spins (cudaDeviceScheduleSpin): the completion is seen within a microsecond */
-  CU_TRY(cudaStreamSynchronize(c->stream), "matvec");
+  int rc = launch_matvec(c, cp, ncols);
+  /* spins (cudaDeviceScheduleSpin); also after a failed launch, so that nothing still runs on
+   * the context's buffers when it goes back to the pool */
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (rc == 0) rc = fail_cuda(e, "matvec");
+  if (rc < 0) return rc;
   for (unsigned col = 0; col < ncols; col++)
     memcpy(Y + col * ldy, (const float *)c->hout.p + col * M, M * 4);
   return 0;
@@ -650,20 +662,20 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
   TRY(open_buf(owner, cp->dev, *x, (uint64_t)ncols * K * 4, "x", mx));
   TRY(open_buf(owner, cp->dev, *y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
   TRY(wait_client_event(*c, ev));
-  TRY(grow(c->dx, (size_t)ncols * K16 * 4, false));
+  TRY(grow(c, c->dx, (size_t)ncols * K16 * 4, false));
   if (K16 != K) CU_TRY(cudaMemsetAsync(c->dx.p, 0, (size_t)ncols * K16 * 4, c->stream), "memset");
   CU_TRY(cudaMemcpy2DAsync(c->dx.p, K16 * 4, mx.p, K * 4, K * 4, ncols, cudaMemcpyDeviceToDevice,
                            c->stream),
          "copy of the client's x");
   if (bias) {
-    TRY(grow(c->dbias, M * 4, false));
-    TRY(grow(c->hin, M * 4, true));
+    TRY(grow(c, c->dbias, M * 4, false));
+    TRY(grow(c, c->hin, M * 4, true));
     memcpy(c->hin.p, bias, M * 4);
     CU_TRY(cudaMemcpyAsync(c->dbias.p, c->hin.p, M * 4, cudaMemcpyHostToDevice, c->stream),
            "copy of the bias");
   }
-  TRY(grow(c->dy, (size_t)ncols * M * 4, false));
-  TRY(grow(c->ds, cp->scratch * 4, false));
+  TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
+  TRY(grow(c, c->ds, cp->scratch * 4, false));
   TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
   uint64_t n = (uint64_t)ncols * M;
   epilogue_kernel<<<grid_for(n), 256, 0, c->stream>>>((const float *)c->dy.p, M, n, scale,
@@ -688,7 +700,7 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const
   if (bf16 && K16 == K) { /* straight into the client's buffer */
     TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)mo.p, c->stream), "dequant"));
   } else {
-    TRY(grow(c->dout, M * K16 * 2, false));
+    TRY(grow(c, c->dout, M * K16 * 2, false));
     TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
     compact_kernel<<<grid_for(M * K), 256, 0, c->stream>>>((const uint16_t *)c->dout.p, M, K, K16,
                                                            mo.p, bf16);

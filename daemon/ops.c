@@ -597,14 +597,6 @@ static void op_matvec(nwcd_job *j) {
                                             Y + (size_t)c * M, M)
                    : d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
   }
-  if (rc == 0) {
-    float s = scale;
-    for (unsigned c = 0; c < cols; c++)
-      for (uint64_t i = 0; i < M; i++) {
-        float *y = &Y[(size_t)c * M + i];
-        *y = s * *y + (bias ? bias[i] : 0.0f);
-      }
-  }
   if (nj > 1 && cols) {
     atomic_fetch_add(&d->stats.batched_passes, 1);
     atomic_fetch_add(&d->stats.batched_columns, cols);
@@ -628,12 +620,19 @@ static void op_matvec(nwcd_job *j) {
       reply_error(b, prc);
       continue;
     }
+    /* scale and bias applied as the reply is written (one pass over the columns) */
     const float *src = Y + (size_t)col0[i] * M;
-    if (esz == 4) {
-      memcpy(dst, src, (size_t)b->req.ncols * M * 4);
+    size_t n = (size_t)b->req.ncols * M;
+    if (esz == 4 && scale == 1.0f && !bias) {
+      memcpy(dst, src, n * 4);
+    } else if (esz == 4) {
+      for (size_t k = 0; k < n; k++) {
+        float v = scale * src[k] + (bias ? bias[k % M] : 0.0f);
+        memcpy((uint8_t *)dst + 4 * k, &v, 4);
+      }
     } else {
-      for (size_t k = 0; k < (size_t)b->req.ncols * M; k++) {
-        uint16_t h = nwc_f32_to_bf16(src[k]);
+      for (size_t k = 0; k < n; k++) {
+        uint16_t h = nwc_f32_to_bf16(scale * src[k] + (bias ? bias[k % M] : 0.0f));
         memcpy((uint8_t *)dst + 2 * k, &h, 2);
       }
     }
