@@ -18,10 +18,11 @@
  *     copies out of the pinned buffer and gives the context back.  So concurrent requests run on
  *     their own streams, and there are never more contexts than requests that ran at once.
  *   - A socket matvec is one submission: its kernels write y straight into the mapped pinned
- *     out buffer (no copy back), and the x copy plus the kernels are captured once into a CUDA
- *     graph per (tensor, columns, buffers), cached in the context (8, LRU) from the second
- *     request that needs it and launched from then on: each CUDA submission costs several
- *     microseconds on the H200 VM, a graph launch about one.
+ *     out buffer (no copy back), and the x copy plus the kernels are captured into a CUDA graph
+ *     per (tensor, columns), cached in the context (8, LRU) from the second request that needs
+ *     it and launched from then on (the request then costs the kernel + 2-5 us on the H200,
+ *     docs/results.md).  A graph names the context's buffers as they were, so the context drops
+ *     its graphs before it reallocates one.
  *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
  *     tensor any more), so evicting everything gives all device memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
