@@ -582,7 +582,7 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
 /* x up from the pinned c->hin, the kernels, y into the mapped pinned c->hout: enqueued on c's
  * stream as they are, or, from the second time the same (tensor, columns) come by, as
  * one launch of the CUDA graph captured from that sequence then (cached per context, LRU): one
- * submission instead of 1 + 2 per column, which costs most of a small request's time. */
+ * submission instead of 1 + 2 per column. */
 static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
   float *y = nullptr;
   CU_TRY(cudaHostGetDevicePointer((void **)&y, c->hout.p, 0), "cudaHostGetDevicePointer");
