@@ -10,10 +10,10 @@
  * as nwcd does: for writing, so nothing else may hold it).  Then, R
  * rounds (default 5) of, for each page-cache state:
  *   warm  (every container read once before):   cat, read, pread_dst, pread_fresh, loader, nwcd,
- *                                                  nwcd_steady, nwcd_fresh
+ *                                                  nwcd_fresh
  *   none  (no file read):                          populate_memfd, populate_anon
  *   cold  (POSIX_FADV_DONTNEED before each item): cat, read, pread_dst, pread_fresh, odirect,
- *                                                  loader, nwcd, nwcd_steady, nwcd_fresh
+ *                                                  loader, nwcd, nwcd_fresh
  * where
  *   cat       `cat FILE... > /dev/null`, literally (one process for all the files)
  *   read      read(2) of each whole file into one 128 KiB buffer (what cat does)
@@ -25,14 +25,12 @@
  *   loader    nwcd_load of every tensor into its resident buffer (checksums checked)
  *   nwcd      end to end: a real nwcd (--nwcd PATH, default the one built with the bench) on the
  *             same store, each model loaded into host memory by one nwc_client_load_on request
- *             (every model evicted before, untimed): a reload, which writes into the spare
- *             copies that the evictions left (no new pages), the read, the checks; the
- *             previous item restarted nwcd, so each spare is reused for the first time (nwcd
- *             maps it writable then)
- *   nwcd_steady  the same reload, with every model loaded and evicted once more before
- *             (untimed): spares reused before, as in a daemon that has been evicting a while
+ *             (every model evicted before, untimed, which returns their memory): the loads
+ *             make every page of their memfds (pwrite), then map and lock them; the read, the
+ *             checks (spares, the pages of copies that LRU evictions push out, are reused only
+ *             by the loads that evict them, under a budget: not measured here)
  *   nwcd_fresh  the same first thing after nwcd started (restarted before, untimed): the loads
- *             make every page of their memfds (pwrite), then map and lock them
+ *             make every page as in nwcd
  *   populate_memfd  fresh resident memory the way loads made it before: memfd_create,
  *             ftruncate, mmap shared, mlock (page faults, zeroing), with no read
  *   populate_anon   the same with anonymous memory (mmap + mlock)
@@ -42,8 +40,8 @@
  * for cat and read, blobs for the others) and the median CPU seconds (every thread of the bench,
  * io_uring's workers included, and cat's), then a summary line with the ratios the issue asks
  * for: loader / cat (target >= 0.9), loader / read, loader / pread_dst, cold loader / odirect,
- * and one for the end-to-end load: nwcd / cat, nwcd / pread_fresh, nwcd / loader, nwcd_steady /
- * cat, nwcd_fresh / cat, cold and warm, with the population rates.
+ * and one for the end-to-end load: nwcd / cat, nwcd / pread_fresh, nwcd / loader, nwcd_fresh /
+ * cat, cold and warm, with the population rates.
  * Resident buffers are mapped with MAP_POPULATE and mlock'ed, as nwcd's host copies are.
  */
 #include "bench.h"
@@ -328,13 +326,6 @@ static int run_nwcd(bench *b) {
   return 0;
 }
 
-/* Every model reloaded once into the spares and evicted again (untimed, before nwcd_steady). */
-static int nwcd_cycle(bench *b) {
-  int rc = nwcd_evict_all(b);
-  if (rc == 0) rc = run_nwcd(b);
-  return rc == 0 ? nwcd_evict_all(b) : rc;
-}
-
 #ifdef NWCD_WITH_CUDA
 static int run_gpu(bench *b) {
   for (size_t i = 0; i < b->nti; i++) {
@@ -359,9 +350,9 @@ static void gpu_teardown(bench *b) {
 }
 #endif
 
-enum { CAT, READ, PREAD_DST, PREAD_FRESH, LOADER, NWCD, NWCD_STEADY, NWCD_FRESH, POP_MEMFD,
+enum { CAT, READ, PREAD_DST, PREAD_FRESH, LOADER, NWCD, NWCD_FRESH, POP_MEMFD,
        POP_ANON, CAT_COLD, READ_COLD, PREAD_DST_COLD, PREAD_FRESH_COLD, ODIRECT_COLD, LOADER_COLD,
-       NWCD_COLD, NWCD_STEADY_COLD, NWCD_FRESH_COLD, GPU, GPU_COLD, ITEMS };
+       NWCD_COLD, NWCD_FRESH_COLD, GPU, GPU_COLD, ITEMS };
 static const item items[ITEMS] = {
     {"cat", false, true, run_cat, NULL, false},
     {"read", false, true, run_read, NULL, false},
@@ -369,7 +360,6 @@ static const item items[ITEMS] = {
     {"pread_fresh", false, false, run_pread_fresh, NULL, false},
     {"loader", false, false, run_loader, NULL, false},
     {"nwcd", false, false, run_nwcd, nwcd_evict_all, false},
-    {"nwcd_steady", false, false, run_nwcd, nwcd_cycle, false},
     {"nwcd_fresh", false, false, run_nwcd, nwcd_restart, false},
     {"populate_memfd", false, false, run_populate_memfd, NULL, true},
     {"populate_anon", false, false, run_populate_anon, NULL, true},
@@ -380,7 +370,6 @@ static const item items[ITEMS] = {
     {"odirect", true, false, run_odirect, NULL, false},
     {"loader", true, false, run_loader, NULL, false},
     {"nwcd", true, false, run_nwcd, nwcd_evict_all, false},
-    {"nwcd_steady", true, false, run_nwcd, nwcd_cycle, false},
     {"nwcd_fresh", true, false, run_nwcd, nwcd_restart, false},
 #ifdef NWCD_WITH_CUDA
     {"gpu", false, false, run_gpu, NULL, false},
@@ -531,7 +520,6 @@ int nwc_bench_load(int argc, char **argv) {
            "\"cold_nwcd_gbps\":%.3f,\"warm_nwcd_vs_cat\":%.3f,\"cold_nwcd_vs_cat\":%.3f,"
            "\"warm_nwcd_vs_pread_fresh\":%.3f,\"cold_nwcd_vs_pread_fresh\":%.3f,"
            "\"warm_nwcd_vs_loader\":%.3f,\"cold_nwcd_vs_loader\":%.3f,"
-           "\"warm_nwcd_steady_vs_cat\":%.3f,\"cold_nwcd_steady_vs_cat\":%.3f,"
            "\"warm_nwcd_fresh_gbps\":%.3f,\"cold_nwcd_fresh_gbps\":%.3f,"
            "\"warm_nwcd_fresh_vs_cat\":%.3f,\"cold_nwcd_fresh_vs_cat\":%.3f,"
            "\"populate_memfd_gbps\":%.3f,\"populate_anon_gbps\":%.3f,"
@@ -539,10 +527,10 @@ int nwc_bench_load(int argc, char **argv) {
            gbps[NWCD], gbps[NWCD_COLD], gbps[NWCD] / gbps[CAT], gbps[NWCD_COLD] / gbps[CAT_COLD],
            gbps[NWCD] / gbps[PREAD_FRESH], gbps[NWCD_COLD] / gbps[PREAD_FRESH_COLD],
            gbps[NWCD] / gbps[LOADER], gbps[NWCD_COLD] / gbps[LOADER_COLD],
-           gbps[NWCD_STEADY] / gbps[CAT], gbps[NWCD_STEADY_COLD] / gbps[CAT_COLD], gbps[NWCD_FRESH],
+           gbps[NWCD_FRESH],
            gbps[NWCD_FRESH_COLD], gbps[NWCD_FRESH] / gbps[CAT],
            gbps[NWCD_FRESH_COLD] / gbps[CAT_COLD], gbps[POP_MEMFD], gbps[POP_ANON],
-           (double)b.direct_nwcd / (double)(8 * rounds * b.nti)); /* nwcd_cycle loads too */
+           (double)b.direct_nwcd / (double)(4 * rounds * b.nti)); /* nwcd, nwcd_fresh; warm, cold */
   if (rc == 0 && nitems == ITEMS)
     printf("{\"bench\":\"load\",\"summary\":\"gpu\",\"device\":%d,\"warm_gpu_gbps\":%.3f,"
            "\"cold_gpu_gbps\":%.3f,\"cold_gpu_vs_odirect\":%.3f,\"warm_gpu_vs_cat\":%.3f}\n",

@@ -13,7 +13,7 @@
  * included, can write it (write(), a writable shared mmap, an mprotect to PROT_WRITE of a
  * read-only mapping all fail), shrink it, grow it or lift the seals.
  *
- * Spares: a copy freed (evicted) that was never shared has had no reader but this process, so
+ * Spares: a copy freed (evicted by LRU) that was never shared has had no reader but this process, so
  * host_free keeps it, mapped, populated and locked, and the next host_load of at most its size
  * takes the smallest such spare, cuts it to its length (ftruncate frees the rest) and loads the
  * new blob straight into its existing pages (nwcd_load, zero copy) through a second, writable
@@ -21,7 +21,7 @@
  * mapping is unmapped before the seal, so the write seal still finds no writable mapping.  A
  * shared (sealed) copy is unmapped and closed when freed; clients' mappings keep its pages.
  * Residency bounds the spares with host_trim so that resident and spare bytes together stay
- * within the budget.  The copies and spares are found in one table under a mutex.
+ * within the budget, and frees them all on an explicit evict.  The copies and spares are found in one table under a mutex.
  *
  * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
  * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)

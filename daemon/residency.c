@@ -32,9 +32,10 @@
  *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
  *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
  *     not pinned) before an entry enters LOADING, and the reservation is returned if the load
- *     fails.  The backend's spare host copies (evicted, never shared: kept for reloads) are
- *     trimmed there too, so that used + spares <= budget (give or take one tensor per lane
- *     while lanes race for the same spare);
+ *     fails.  The backend's spare host copies (evicted by LRU, never shared: kept for the
+ *     loads that evicted them) are trimmed there too, so that used + spares <= budget (give or
+ *     take one tensor per lane while lanes race for the same spare); an explicit evict frees
+ *     them all, since it is how an operator gives memory back;
  *   - an entry with refs > 0 is RESIDENT and is never freed: every compute request holds a
  *     reference from acquire to release, so eviction (LRU or explicit) never pulls a tensor
  *     from under a request; an explicit evict of such a tensor is refused with -EBUSY;
@@ -476,6 +477,9 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
     entry_unload(r, e);
     r->evictions++;
   }
+  /* An explicit evict gives the memory back to the system: no spares stay behind (only LRU
+   * evictions, which make room for a load, keep theirs). */
+  if (e && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   pthread_mutex_unlock(&r->lock);
   return rc;
 }

@@ -5,12 +5,12 @@
  * tensor with the chunk named, and leaves nothing resident; a truncated container fails naming
  * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
- * left nothing behind).  Evicted copies stay as spares (nwcd's mapped shared memory, Pss_Shmem,
- * does not shrink) that a reload writes into without making any (it does not grow) with the
- * bytes right, and a model of smaller blobs (fp8) takes spares cut to size, its resident bytes
- * (mapped) equal to its containers' and its memfds sealed with F_SEAL_WRITE.  Under a budget of
- * half the model, random loads never leave more shared memory in nwcd than the budget, and
- * every tensor still decodes right.
+ * left nothing behind).  An explicit evict gives the memory back (nwcd's mapped shared memory,
+ * Pss_Shmem, drops).  Under a budget of half the model, random loads (whose LRU evictions leave
+ * spares that later loads write into) never leave more shared memory in nwcd than the budget,
+ * every tensor still decodes right, a model of smaller blobs (fp8) loaded into the spares cut to
+ * size has resident bytes (mapped) equal to its containers' and memfds sealed with F_SEAL_WRITE,
+ * and evicting everything returns the memory.
  */
 #include "nwc_client.h"
 #include "test_daemon_util.h"
@@ -63,19 +63,23 @@ static void put_back(const char *path, const uint8_t *b, size_t len) {
   if (f) fclose(f);
 }
 
-/* The shared memory nwcd maps (Pss_Shmem, bytes: each page once, however many of its mappings
- * map it): its resident host copies and their spares. */
+/* The shared memory of nwcd's tensor memfds (the Pss of its "memfd:nwc-tensor" mappings,
+ * bytes: each page once, however many of its mappings map it): its resident host copies and
+ * their spares, not the clients' shared regions. */
 static uint64_t pss_shmem(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%d/smaps", (int)pid);
   FILE *f = fopen(path, "r");
-  unsigned long long kb = 0;
-  bool found = false;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "Pss_Shmem: %llu kB", &kb) == 1) found = true;
+  unsigned long long kb, sum = 0;
+  bool tensor = false, found = false;
+  while (f && fgets(line, sizeof line, f)) {
+    unsigned long long lo, hi;
+    if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2) tensor = strstr(line, "memfd:nwc-tensor");
+    else if (sscanf(line, "Pss: %llu kB", &kb) == 1) found = true, sum += tensor ? kb : 0;
+  }
   if (f) fclose(f);
-  CHECK(found, "no Pss_Shmem in %s", path);
-  return kb << 10;
+  CHECK(found, "no Pss in %s", path);
+  return sum << 10;
 }
 
 /* Every tensor of model, mapped: its bytes are the container's blob (read with pread). */
@@ -115,33 +119,27 @@ static void check_weights(nwc_client *c, const char *what) {
   }
 }
 
-/* Evicted copies stay as spares that reloads write into: a reload makes no new shared memory,
- * and its bytes are right; another model's smaller blobs take spares cut to their size. */
-static void test_spares(nwc_client *c, pid_t d, uint64_t total) {
+/* An explicit evict returns the memory: what nwcd still maps afterwards is far below the model. */
+static void check_returned(pid_t d, uint64_t total, const char *what) {
+  uint64_t left = pss_shmem(d);
+  CHECK(left < total / 8, "%s: nwcd still maps %llu bytes of shared memory (model %llu)", what,
+        (unsigned long long)left, (unsigned long long)total);
+}
+
+static void test_evict_returns(nwc_client *c, pid_t d, uint64_t total) {
   nwc_client_import_opts fp8 = {.elem = 1};
   CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &fp8, NULL));
-  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
   uint64_t loaded = pss_shmem(d);
   CHECK(loaded >= total, "loaded: %llu bytes of shared memory for %llu resident",
         (unsigned long long)loaded, (unsigned long long)total);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  CHECK(pss_shmem(d) >= total, "evicted: %llu bytes of spares, want %llu",
-        (unsigned long long)pss_shmem(d), (unsigned long long)total);
-  CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, NULL));
-  CHECK(pss_shmem(d) <= loaded, "a reload made shared memory: %llu bytes, %llu before",
-        (unsigned long long)pss_shmem(d), (unsigned long long)loaded);
-  check_weights(c, "reloaded into spares:");
-  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  CHECK_RC(nwc_client_load(c, "use8", NULL, NULL, NULL, NULL));
-  check_mapped_bytes(c, "use8");
-  CHECK(pss_shmem(d) <= loaded, "fp8 into cut spares: %llu bytes, %llu for bf16",
-        (unsigned long long)pss_shmem(d), (unsigned long long)loaded);
-  CHECK_RC(nwc_client_evict(c, "use8", NULL, NULL));
+  check_returned(d, total, "after evict");
 }
 
 /* Under a budget of half the model, loads in random order evict LRU copies; resident copies
- * and spares together never hold more shared memory than the budget. */
+ * and spares together never hold more shared memory than the budget; the fp8 model's smaller
+ * blobs go into spares cut to size; evicting everything gives it all back. */
 static void test_budget(uint64_t total) {
   char budget[32];
   uint64_t b = total / 2;
@@ -160,6 +158,13 @@ static void test_budget(uint64_t total) {
           (unsigned long long)shm, (unsigned long long)b);
   }
   check_weights(c, "under the budget:");
+  check_mapped_bytes(c, "use8");
+  uint64_t shm = pss_shmem(d);
+  CHECK(shm <= b, "fp8 after bf16: %llu bytes of shared memory, budget %llu",
+        (unsigned long long)shm, (unsigned long long)b);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_evict(c, "use8", NULL, NULL));
+  check_returned(d, total, "under the budget, after evicting both models");
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
 }
@@ -257,7 +262,7 @@ int main(void) {
   CHECK(e <= 1e-5, "matvec %s after repair: relative error %.3g", bt->name, e);
   free(x), free(y);
   free(w), free(bad), free(orig);
-  test_spares(c, d, total);
+  test_evict_returns(c, d, total);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   test_budget(total);
