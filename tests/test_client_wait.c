@@ -45,20 +45,22 @@ static void *peer_main(void *arg) {
   return NULL;
 }
 
-/* One wait on a fresh socketpair whose peer answers (or closes) after delay_ms; returns what
- * nwc__wait_recv returned and the waiting thread's CPU milliseconds in *cpu_ms. */
+/* One wait on a fresh socketpair whose peer answers (or closes) after delay_ms, or before the
+ * wait starts when delay_ms is negative (a reply that is already there, whatever the machine's
+ * load); returns what nwc__wait_recv returned and the waiting thread's CPU milliseconds. */
 static ssize_t one_wait(nwc_waiter *w, double delay_ms, bool close_instead, double *cpu_ms) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) abort();
   peer p = {.fd = sv[1], .delay_ms = delay_ms, .close_instead = close_instead};
   for (size_t i = 0; i < sizeof p.msg; i++) p.msg[i] = (uint8_t)test_rand();
   pthread_t th;
-  pthread_create(&th, NULL, peer_main, &p);
+  if (delay_ms < 0) p.delay_ms = 0, peer_main(&p);
+  else pthread_create(&th, NULL, peer_main, &p);
   uint8_t got[256];
   double c0 = thread_cpu_ms();
   ssize_t n = nwc__wait_recv(w, sv[0], got, sizeof got);
   *cpu_ms = thread_cpu_ms() - c0;
-  pthread_join(th, NULL);
+  if (delay_ms >= 0) pthread_join(th, NULL);
   if (n == (ssize_t)sizeof p.msg) CHECK(!memcmp(got, p.msg, sizeof p.msg), "bytes changed on the way");
   else if (!close_instead) CHECK(0, "recv returned %zd, want %zu", n, sizeof p.msg);
   close(sv[0]), close(sv[1]);
@@ -87,7 +89,7 @@ int main(void) {
 
   /* A reply already there: returned at once, and the poll stays whole. */
   CHECK(nwc__waiter_set(&w, 2000) == 0, "set 2000");
-  CHECK(one_wait(&w, 0, false, &cpu) == 64, "immediate reply");
+  CHECK(one_wait(&w, -1, false, &cpu) == 64, "immediate reply");
   CHECK(w.window_us == 2000, "poll after a quick reply: %u us, want 2000", w.window_us);
 
   /* A reply 60 ms away with a 2 ms poll: the thread polls at most ~2 ms, then sleeps. */
@@ -96,11 +98,11 @@ int main(void) {
   CHECK(w.window_us == 1000, "poll after a slow reply: %u us, want 1000 (halved)", w.window_us);
   CHECK(one_wait(&w, 60, false, &cpu) == 64, "slow reply");
   CHECK(w.window_us == 500, "poll after two slow replies: %u us, want 500", w.window_us);
-  CHECK(one_wait(&w, 0, false, &cpu) == 64, "quick reply");
+  CHECK(one_wait(&w, -1, false, &cpu) == 64, "quick reply");
   CHECK(w.window_us == 2000, "a quick reply restores the poll: %u us, want 2000", w.window_us);
 
   /* The peer closes: the wait ends with 0, polling or sleeping. */
-  CHECK(one_wait(&w, 0, true, &cpu) == 0, "close seen while polling");
+  CHECK(one_wait(&w, -1, true, &cpu) == 0, "close seen while polling");
   CHECK(nwc__waiter_set(&w, 1000) == 0, "set 1000");
   CHECK(one_wait(&w, 30, true, &cpu) == 0, "close seen while sleeping");
 
