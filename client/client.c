@@ -71,6 +71,7 @@ struct nwc_client {
   unsigned ntickets;
   uint64_t ticket_bytes; /* sum of the caps of tickets not yet done */
   nwc_waiter waiter; /* how reads wait for the next frame (wait.c) */
+  bool alone;        /* the last reply said no other client is busy (NWC_PF_ALONE): poll */
   bool broken;     /* a send failed or the daemon ended the connection: later calls fail */
   bool unreadable; /* reading failed or framing was lost: nothing more can be read */
 };
@@ -152,7 +153,8 @@ static int read_frame(nwc_client *c, nwc_proto_hdr *h) {
     memmove(c->ibuf, c->ibuf + c->ioff, c->ilen - c->ioff);
     c->ilen -= c->ioff, c->ioff = 0;
     while (c->ilen < NWC_PROTO_HEADER) { /* one recv usually brings the whole frame, or more */
-      ssize_t n = nwc__wait_recv(&c->waiter, c->fd, c->ibuf + c->ilen, IBUF_SIZE - c->ilen);
+      ssize_t n = nwc__wait_recv(&c->waiter, c->alone, c->fd, c->ibuf + c->ilen,
+                                 IBUF_SIZE - c->ilen);
       if (n <= 0) return conn_lost(c, n);
       c->ilen += (size_t)n;
     }
@@ -162,6 +164,7 @@ static int read_frame(nwc_client *c, nwc_proto_hdr *h) {
     return fail(-EBADMSG, "bad frame from nwcd");
   }
   c->ioff += NWC_PROTO_HEADER;
+  if (!(h->flags & NWC_PF_EVENT)) c->alone = h->flags & NWC_PF_ALONE; /* may the next wait poll */
   if (h->length + (size_t)1 > c->rcap) {
     uint8_t *b = realloc(c->rbuf, h->length + (size_t)1);
     if (!b) {
@@ -305,7 +308,8 @@ int nwc_client_connect(const char *path, nwc_client **out) {
   pthread_mutex_init(&c->lock, NULL);
   nwc_proto_req req = {.op = NWC_OP_HELLO, .ver_min = NWC_CLIENT_PROTOCOL,
                        .ver_max = NWC_CLIENT_PROTOCOL,
-                       .caps = NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED};
+                       .caps = NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
+                               NWC_CAP_ALONE};
   snprintf(req.client, sizeof req.client, "libnwc-client");
   size_t len;
   int rc = call(c, &req, NULL, 0, NULL, NULL, &len);

@@ -8,6 +8,7 @@
 #include "nwc_client.h"
 #include "nwc_proto.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -29,8 +30,9 @@ typedef struct nwc_waiter {
 int nwc__waiter_init(nwc_waiter *w);
 /* nwc_client_set_spin's check and effect. */
 int nwc__waiter_set(nwc_waiter *w, unsigned spin_us);
-/* recv(fd, buf, len) that polls first, by the policy; returns what recv returned (errno set on
- * -1; never -1 with EINTR or EAGAIN). */
-ssize_t nwc__wait_recv(nwc_waiter *w, int fd, void *buf, size_t len);
+/* recv(fd, buf, len) that polls first, by the policy, if poll (the daemon's last reply said its
+ * other clients are quiet); returns what recv returned (errno set on -1; never -1 with EINTR or
+ * EAGAIN). */
+ssize_t nwc__wait_recv(nwc_waiter *w, bool poll, int fd, void *buf, size_t len);
 
 #endif

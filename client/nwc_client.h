@@ -41,12 +41,13 @@ typedef struct nwc_client nwc_client;
 NWC_CLIENT_API int nwc_client_connect(const char *path, nwc_client **out);
 /* Closes the connection (NULL is a no-op). */
 NWC_CLIENT_API void nwc_client_free(nwc_client *c);
-/* How calls on c wait for nwcd's replies.  A call polls the socket, yielding the CPU to any other
- * thread that wants it, for up to spin_us before it sleeps in recv(): waking a sleeping thread
- * costs tens to hundreds of microseconds on a virtual machine, more than a small matvec's whole
- * overhead.  The poll stops as soon as a yield shows that another thread ran on this CPU, and it
- * shrinks for a connection whose replies take longer than spin_us, so it only uses CPU time that
- * would otherwise be idle.  spin_us 0: always sleep.  Default 2000, or $NWC_CLIENT_SPIN_US when
+/* How calls on c wait for nwcd's replies.  While nwcd says that no other client is busy (its
+ * last reply carried the protocol's ALONE flag), a call polls the socket, yielding the CPU to any
+ * other thread that wants it, for up to spin_us before it sleeps in recv(): waking a sleeping
+ * thread costs tens to hundreds of microseconds on a virtual machine, more than a small matvec's
+ * whole overhead.  The poll stops as soon as a yield shows that another thread ran on this CPU,
+ * and it shrinks for a connection whose replies take longer than spin_us; concurrent clients
+ * always sleep, so that the daemon's threads keep the CPUs.  spin_us 0: always sleep.  Default 2000, or $NWC_CLIENT_SPIN_US when
  * the client connects; -EINVAL above 1000000. */
 NWC_CLIENT_API int nwc_client_set_spin(nwc_client *c, unsigned spin_us);
 /* What went wrong in this thread's last failing call ("" if none; thread-local storage). */

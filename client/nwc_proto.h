@@ -29,7 +29,9 @@
 /* Header flags. */
 #define NWC_PF_EVENT 1u /* a progress event, not the final reply (replies only) */
 #define NWC_PF_FDS 2u   /* file descriptors travel with this frame (SCM_RIGHTS, requests only) */
-#define NWC_PF_KNOWN 3u
+#define NWC_PF_ALONE 4u /* no other connection sent the daemon a request lately (final replies
+                         * to clients with NWC_CAP_ALONE): the client may poll for its next reply */
+#define NWC_PF_KNOWN 7u
 
 /* Capabilities (hello). */
 #define NWC_CAP_SHM 1u      /* shared-memory region for bulk data */
@@ -38,6 +40,7 @@
 #define NWC_CAP_MAPPED 8u   /* compute on non-resident (mmap'ed) data */
 #define NWC_CAP_SHARE 16u   /* map: resident tensors shared read-only (sealed memfd) */
 #define NWC_CAP_CUDA_IPC 32u /* matvec_ipc / dequant_ipc on the client's CUDA memory */
+#define NWC_CAP_ALONE 64u    /* final replies carry NWC_PF_ALONE when it holds */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,

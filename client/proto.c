@@ -287,6 +287,7 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
   NWC_RETURN_IF(!name, -EOPNOTSUPP, "unknown opcode %u", h->op);
   NWC_RETURN_IF(h->status != 0, -EBADMSG, "request with a non-zero status");
   NWC_RETURN_IF(h->flags & NWC_PF_EVENT, -EBADMSG, "request with the event flag");
+  NWC_RETURN_IF(h->flags & NWC_PF_ALONE, -EBADMSG, "request with the alone flag");
   int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT || h->op == NWC_OP_MAP;
   NWC_RETURN_IF(!!(h->flags & NWC_PF_FDS) != wants_fds, -EBADMSG,
                 "%s request %s the descriptor flag", name, wants_fds ? "lacks" : "carries");

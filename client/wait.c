@@ -1,6 +1,6 @@
 /*
- * wait.c - how libnwc-client waits for nwcd's next frame: poll the socket while this CPU has
- * nothing else to run, then sleep in recv().
+ * wait.c - how libnwc-client waits for nwcd's next frame: poll the socket while nothing else
+ * wants the CPU, then sleep in recv().
  *
  * Why: a call that sleeps in recv() until the reply comes pays for waking up, and that is not
  * small.  On a virtual machine an idle vCPU halts; once it has halted for longer than the host
@@ -11,11 +11,12 @@
  * nwcd's CPU.  CUDA's cudaDeviceScheduleYield waits the same way for the same reason.
  *
  * The policy, per connection (nwc_client_set_spin, or NWC_CLIENT_SPIN_US in the environment):
- *   - poll only while the machine has a CPU for it: the kernel's count of runnable threads
- *     (/proc/loadavg, "running/total"; the waiting thread is one of them) at most the online
- *     CPUs.  Many clients at once (or a busy host) then sleep, and the daemon's threads get the
- *     CPUs: polling clients halved the throughput of 16 concurrent clients on 16 cores before
- *     this check (docs/results.md);
+ *   - poll only while this client is the daemon's only busy one: nwcd marks a final reply
+ *     NWC_PF_ALONE when no other connection sent it a request in the last 2 ms (the rule that
+ *     also lets it compute on its loop thread).  Concurrent clients then sleep, and the
+ *     daemon's threads keep the CPUs: 16 clients polling on 16 cores had half the throughput
+ *     of 16 sleeping ones (docs/results.md), and neither the yield test below nor the count of
+ *     runnable threads stopped that;
  *   - poll: recv(MSG_DONTWAIT), then sched_yield(), for up to the current window;
  *   - a yield that took long (YIELD_RAN_US) means another thread ran on this CPU: polling now
  *     costs someone else's time, so the wait sleeps at once (concurrent clients, a busy machine);
@@ -28,15 +29,10 @@
 #include "client_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
 
 #define SPIN_DEFAULT_US 2000u
 #define SPIN_MAX_US 1000000u
@@ -46,28 +42,6 @@ static int64_t now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
-}
-
-static int loadavg_fd = -1;
-static long online_cpus;
-static pthread_once_t loadavg_once = PTHREAD_ONCE_INIT;
-
-static void loadavg_open(void) {
-  loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  online_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-}
-
-/* Does every runnable thread, this one included, have a CPU?  ("0.31 1.99 2.25 3/412 9876":
- * the fourth field's numerator.)  Yes where it cannot be told. */
-static bool cpu_to_spare(void) {
-  pthread_once(&loadavg_once, loadavg_open);
-  char buf[128];
-  ssize_t n = loadavg_fd >= 0 ? pread(loadavg_fd, buf, sizeof buf - 1, 0) : -1;
-  unsigned long running;
-  if (n <= 0) return true;
-  buf[n] = 0;
-  if (sscanf(buf, "%*s %*s %*s %lu/", &running) != 1 || online_cpus < 1) return true;
-  return running <= (unsigned long)online_cpus;
 }
 
 int nwc__waiter_init(nwc_waiter *w) {
@@ -98,10 +72,10 @@ static void adapt(nwc_waiter *w, int64_t waited_us) {
   w->window_us = waited_us <= (int64_t)w->spin_us ? w->spin_us : w->window_us / 2;
 }
 
-ssize_t nwc__wait_recv(nwc_waiter *w, int fd, void *buf, size_t len) {
+ssize_t nwc__wait_recv(nwc_waiter *w, bool poll, int fd, void *buf, size_t len) {
   int64_t t0 = now_us(), t = t0;
   ssize_t n;
-  int64_t window = w->window_us && cpu_to_spare() ? (int64_t)w->window_us : 0;
+  int64_t window = poll ? (int64_t)w->window_us : 0;
   while (t - t0 < window) {
     n = recv(fd, buf, len, MSG_DONTWAIT);
     if (n >= 0) return adapt(w, now_us() - t0), n;

@@ -331,6 +331,7 @@ typedef struct nwcd_job {
   int fds[NWC_PROTO_MAX_FILES + 1];
   unsigned nfds;             /* owned descriptors (closed by nwcd_job_free) */
   uint64_t started_ns;
+  bool alone;                /* its final reply carries NWC_PF_ALONE (server.c: quiet) */
 } nwcd_job;
 
 typedef struct nwcd_pool nwcd_pool;

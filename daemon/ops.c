@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 static void send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, bool final) {
+  if (final && j->alone) flags |= NWC_PF_ALONE;
   int64_t n = nwc_pw_finish(w, j->req.op, flags, status, j->req.id);
   if (n < 0) { /* could not build the reply: send the failure instead */
     nwc_pw_free(w);

@@ -81,6 +81,7 @@ typedef struct nwcd_conn {
   atomic_uint inflight;
   atomic_bool paused; /* reading stopped for back-pressure: a finishing job wakes the loop */
   bool closing, hello, close_after_flush; /* loop thread only, like everything down to next */
+  bool alone_cap; /* the client asked for NWC_PF_ALONE (NWC_CAP_ALONE in its hello) */
   int events;
   uint8_t *rbuf;
   size_t roff, rlen, rcap; /* unparsed bytes are rbuf[roff .. rlen) */
@@ -305,8 +306,10 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
     return;
   }
   c->hello = true;
+  c->alone_cap = r->caps & NWC_CAP_ALONE;
   nwc_proto_hello hello = {NWC_PROTO_VERSION,
                            NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
+                               NWC_CAP_ALONE |
                                (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0) |
                                (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0),
                            NWC_PROTO_MAX_PAYLOAD, NWCD_VERSION, ""};
@@ -349,11 +352,9 @@ static int do_shm(nwcd_conn *c, const nwc_proto_req *r, int fd) {
  * the one connection with work: nothing in flight anywhere (the pool is idle), nothing more
  * buffered on c, and no other connection's request in the last INLINE_QUIET_NS.  Pipelined
  * requests and concurrent clients go to the workers, where concurrent matvecs share a pass. */
-static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool more) {
+static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool quiet, bool more) {
   nwcd_server *s = c->srv;
   const nwc_proto_req *r = &j->req;
-  bool quiet = s->last_conn == c || j->started_ns - s->last_ns > INLINE_QUIET_NS;
-  s->last_conn = c, s->last_ns = j->started_ns;
   if ((r->op != NWC_OP_MATVEC || r->ncols > 8) && (r->op != NWC_OP_GATHER || r->nrows > 1024))
     return false;
   if (!quiet || more || atomic_load(&s->jobs) || atomic_load(&c->inflight)) return false;
@@ -439,7 +440,13 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   j->conn = c, j->shm = c->shm, j->shm_size = c->shm_size;
   j->started_ns = nwcd_now_ns();
   bool more = payload + h->length < c->rbuf + c->rlen; /* another request is buffered */
-  bool inline_ok = run_inline(c, j, more);
+  /* Quiet: no other connection's request in the last INLINE_QUIET_NS.  It lets this one run on
+   * the loop thread, and tells the client that polling for its reply takes no one's CPU. */
+  nwcd_server *s = c->srv;
+  bool quiet = s->last_conn == c || j->started_ns - s->last_ns > INLINE_QUIET_NS;
+  s->last_conn = c, s->last_ns = j->started_ns;
+  j->alone = quiet && c->alone_cap;
+  bool inline_ok = run_inline(c, j, quiet, more);
   atomic_fetch_add(&c->refs, 1);
   atomic_fetch_add(&c->inflight, 1);
   atomic_fetch_add(&c->srv->jobs, 1);

@@ -58,7 +58,7 @@ static ssize_t one_wait(nwc_waiter *w, double delay_ms, bool close_instead, doub
   else pthread_create(&th, NULL, peer_main, &p);
   uint8_t got[256];
   double c0 = thread_cpu_ms();
-  ssize_t n = nwc__wait_recv(w, sv[0], got, sizeof got);
+  ssize_t n = nwc__wait_recv(w, true, sv[0], got, sizeof got);
   *cpu_ms = thread_cpu_ms() - c0;
   if (delay_ms >= 0) pthread_join(th, NULL);
   if (n == (ssize_t)sizeof p.msg) CHECK(!memcmp(got, p.msg, sizeof p.msg), "bytes changed on the way");

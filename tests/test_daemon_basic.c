@@ -13,6 +13,8 @@
 
 #include "nwc_client.h"
 
+#include <stdbool.h>
+
 /* CPU milliseconds pid has run, all threads (utime + stime of /proc/PID/stat, in clock ticks:
  * 10 ms resolution, enough for the bound it checks). */
 static double proc_cpu_ms(pid_t pid) {
@@ -49,6 +51,54 @@ static void check_poll(void) {
   nwc_client_free(c);
   const char *bad[] = {"--poll-us", "-5", NULL};
   CHECK(td_daemon_refuses(td_sock, bad) == 2, "--poll-us -5 not refused");
+}
+
+/* A raw connection's hello, asking for NWC_PF_ALONE when alone_cap: the fd, or -1. */
+static int hello_caps(uint64_t caps) {
+  int fd = td_raw_connect(td_sock);
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1, r.caps = caps;
+  nwc_proto_hdr h;
+  uint8_t *p = NULL;
+  int ok = fd >= 0 && td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 &&
+           h.status == 0;
+  free(p);
+  CHECK(ok, "hello with caps 0x%llx", (unsigned long long)caps);
+  return fd;
+}
+
+/* The flags of the reply to one stats request on fd. */
+static unsigned stats_flags(int fd, uint64_t id) {
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_STATS, r.id = id;
+  nwc_proto_hdr h = {0};
+  uint8_t *p = NULL;
+  CHECK(td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
+        "stats %llu", (unsigned long long)id);
+  free(p);
+  return h.flags;
+}
+
+/* NWC_PF_ALONE: set on a final reply to a client that asked for it, when no other connection
+ * sent a request in the last 2 ms; never for a client that did not ask. */
+static void check_alone(void) {
+  int a = hello_caps(NWC_CAP_ALONE), b = hello_caps(0);
+  usleep(10000);
+  CHECK(stats_flags(a, 2) & NWC_PF_ALONE, "a's first request, nobody else busy: not alone");
+  CHECK(stats_flags(a, 3) & NWC_PF_ALONE, "a's second request: not alone");
+  CHECK(!(stats_flags(b, 2) & NWC_PF_ALONE), "b did not ask for the flag and got it");
+  /* right after b's request (within 2 ms, unless this process stalls: up to 5 tries) */
+  bool seen = false;
+  for (uint64_t id = 4; id < 9 && !seen; id++) {
+    stats_flags(b, id);
+    seen = !(stats_flags(a, id) & NWC_PF_ALONE);
+  }
+  CHECK(seen, "a right after b's request: alone in 5 tries");
+  usleep(10000);
+  CHECK(stats_flags(a, 10) & NWC_PF_ALONE, "a, 10 ms after b: not alone");
+  close(a), close(b);
 }
 
 static void check_all_tensors(nwc_client *c) {
@@ -203,6 +253,7 @@ int main(void) {
   close(fd);
   CHECK_RC(nwc_client_stats(c, &s)); /* still serving */
   nwc_client_free(c);
+  check_alone();
   CHECK(td_stop_daemon(d) == 0, "SIGTERM did not exit 0");
 
   /* Per-uid cap, and a stale socket: SIGKILL leaves the socket file behind. */

@@ -308,13 +308,17 @@ int main(void) {
   nwc_proto_hdr_encode(&hh, hb);
   nwc_proto_hdr_decode(hb, &out);
   CHECK(nwc_proto_req_decode(&out, hb, &r) == -EBADMSG, "descriptor flag on models accepted");
+  hh.flags = NWC_PF_ALONE; /* the daemon's flag, in a request */
+  nwc_proto_hdr_encode(&hh, hb);
+  CHECK(nwc_proto_hdr_decode(hb, &out) == 0, "the alone flag must pass the header check");
+  CHECK(nwc_proto_req_decode(&out, hb, &r) == -EBADMSG, "a request with the alone flag accepted");
   /* Random payloads never crash the decoders. */
   uint8_t rnd[256];
   for (int it = 0; it < 20000; it++) {
     size_t len = test_below(sizeof rnd + 1);
     for (size_t i = 0; i < len; i++) rnd[i] = (uint8_t)test_rand();
     nwc_proto_hdr rh = {NWC_PROTO_MAGIC, (uint32_t)len, (uint16_t)test_below(NWC_OP_COUNT + 2),
-                        (uint16_t)test_below(4), 0, 7};
+                        (uint16_t)test_below(8), 0, 7};
     nwc_proto_req_decode(&rh, rnd, &r);
     nwc_proto_req_clear(&r);
   }
