@@ -12,7 +12,9 @@
  * (Loads through nwcd against cat and plain reads, cold and warm: `nwc-bench load`.)
  * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
  * "socket" is a connection with libnwc-client's default wait (it polls for the reply before it
- * sleeps), "sleep" a second one set to sleep at once (nwc_client_set_spin 0), side by side.
+ * sleeps), "sleep" a second one set to sleep at once (nwc_client_set_spin 0), timed in a second
+ * pass against its own in-process turns (two connections taking turns would be concurrent
+ * clients to nwcd: sleep_* in the overhead line).
  * cpu_us is the mean CPU time per call of the process doing the work: this one in-process, nwcd
  * through the socket (all its threads, from /proc/PID/task/TID/schedstat), so that a change in
  * the machine's speed between paths shows as such.
@@ -257,47 +259,57 @@ int nwc_bench_daemon(int argc, char **argv) {
     return 1;
   }
   /* Round trips: per op, its paths in turns of `turn` calls. */
-  enum { INPROC, SOCKET, SLEEP, ECHO, NPATH };
+  /* Two passes, so that the connections do not take turns (nwcd treats a connection whose
+   * requests follow another's within 2 ms as concurrent: no loop-thread compute, no ALONE flag):
+   * in-process, socket and echo interleaved, then in-process and sleep. */
+  enum { INPROC, SOCKET, ECHO, INPROC_S, SLEEP, NPATH };
+  static const int passes[2][3] = {{INPROC, SOCKET, ECHO}, {INPROC_S, SLEEP, -1}};
   size_t iters = (size_t)(seconds * 2000) + 100;
   double *tv[NPATH];
   for (int p = 0; p < NPATH; p++) tv[p] = malloc((iters + turn) * sizeof **tv);
   static const char *ops[2] = {"matvec", "dequant"};
-  static const char *paths[NPATH] = {"inproc", "socket", "sleep", "echo"};
+  static const char *paths[NPATH] = {"inproc", "socket", "echo", "inproc_sleep_pass", "sleep"};
   for (int op = 0; op < 2; op++) {
     size_t n = (op == 0 ? iters : iters / 8 + 20) / turn * turn;
     if (n < turn) n = turn; /* at least one timed turn (tv holds iters + turn) */
-    int npath = op == 0 ? NPATH : ECHO;
     double cpu_s[NPATH] = {0};
-    for (size_t i0 = 0; i0 < n + turn; i0 += turn) { /* the first turn warms up */
-      for (int path = 0; path < npath; path++) {
-        double c0 = path == INPROC ? nwc_bench_thread_cpu() : proc_cpu(pid);
-        for (size_t i = i0; i < i0 + turn; i++) {
-          nwc_client *cc = path == SOCKET ? c : cs;
-          double t0 = nwc_bench_now();
-          int crc = 0;
-          if (path == INPROC && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
-          else if (path == INPROC) crc = nwc_dequant(&t, deq);
-          else if (path == ECHO)
-            echo_once(efd, ebuf, req_bytes, rep_bytes);
-          else if (op == 0)
-            crc = nwc_client_matvec(cc, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
-          else
-            crc = nwc_client_dequant(cc, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2,
-                                     NULL, NULL, NULL);
-          if (crc < 0) { /* a failed call is not a round trip: timing it would report nonsense */
-            fprintf(stderr, "nwc-bench daemon: %s %s of %s failed: %s\n", paths[path], ops[op],
-                    best->name, path ? nwc_client_last_error() : nwc_error_detail());
-            kill(pid, SIGTERM), waitpid(pid, NULL, 0);
-            return 1;
+    for (int pass = 0; pass < 2; pass++) {
+      for (size_t i0 = 0; i0 < n + turn; i0 += turn) { /* the first turn warms up */
+        for (int k = 0; k < 3 && passes[pass][k] >= 0; k++) {
+          int path = passes[pass][k];
+          bool inproc = path == INPROC || path == INPROC_S;
+          if (path == ECHO && op != 0) continue;
+          double c0 = inproc ? nwc_bench_thread_cpu() : proc_cpu(pid);
+          for (size_t i = i0; i < i0 + turn; i++) {
+            nwc_client *cc = path == SOCKET ? c : cs;
+            double t0 = nwc_bench_now();
+            int crc = 0;
+            if (inproc && op == 0) crc = nwc_matvec(&t, x, NULL, y, NULL);
+            else if (inproc) crc = nwc_dequant(&t, deq);
+            else if (path == ECHO)
+              echo_once(efd, ebuf, req_bytes, rep_bytes);
+            else if (op == 0)
+              crc = nwc_client_matvec(cc, "bench", best->name, NULL, 1.0f, x, K, 1, 0, y, M * 4,
+                                      NULL);
+            else
+              crc = nwc_client_dequant(cc, "bench", best->name, NWC_CLIENT_BF16, deq2, M * K * 2,
+                                       NULL, NULL, NULL);
+            if (crc < 0) { /* a failed call is not a round trip: timing it would report nonsense */
+              fprintf(stderr, "nwc-bench daemon: %s %s of %s failed: %s\n", paths[path], ops[op],
+                      best->name, inproc ? nwc_error_detail() : nwc_client_last_error());
+              kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+              return 1;
+            }
+            if (i >= turn) tv[path][i - turn] = nwc_bench_now() - t0;
           }
-          if (i >= turn) tv[path][i - turn] = nwc_bench_now() - t0;
+          double c1 = inproc ? nwc_bench_thread_cpu() : proc_cpu(pid);
+          if (i0 >= turn) cpu_s[path] += c1 - c0;
         }
-        double c1 = path == INPROC ? nwc_bench_thread_cpu() : proc_cpu(pid);
-        if (i0 >= turn) cpu_s[path] += c1 - c0;
       }
     }
     double p50[NPATH], p99[NPATH];
-    for (int path = 0; path < npath; path++) {
+    for (int path = 0; path < NPATH; path++) {
+      if (path == ECHO && op != 0) continue;
       pct(tv[path], n, &p50[path], &p99[path]);
       printf("{\"bench\":\"roundtrip\",\"op\":\"%s\",\"path\":\"%s\",\"rows\":%llu,\"cols\":%llu,"
              "\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu", ops[op], paths[path],
@@ -307,7 +319,7 @@ int nwc_bench_daemon(int argc, char **argv) {
     }
     printf("{\"bench\":\"overhead\",\"op\":\"%s\",\"turn\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,"
            "\"sleep_p50_us\":%.2f,\"sleep_p99_us\":%.2f,", ops[op], turn, p50[SOCKET] - p50[INPROC],
-           p99[SOCKET] - p99[INPROC], p50[SLEEP] - p50[INPROC], p99[SLEEP] - p99[INPROC]);
+           p99[SOCKET] - p99[INPROC], p50[SLEEP] - p50[INPROC_S], p99[SLEEP] - p99[INPROC_S]);
     if (op == 0) printf("\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,", p50[ECHO], p99[ECHO]);
     printf("\"target_p50_us\":20,\"target_p99_us\":100}\n");
     fflush(stdout);
