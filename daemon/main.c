@@ -88,7 +88,7 @@ static void usage(FILE *f) {
           "  --gpu-budget SIZE bytes of tensors per GPU (default 90%% of its free memory)\n"
           "  --threads N       worker threads (default: online cores)\n"
           "  --poll-us N       after a request, poll this long for the next one before sleeping,\n"
-          "                    yielding to other threads (default 50; 0: always sleep)\n"
+          "                    yielding to other threads (default 300; 0: always sleep)\n"
           "  --config FILE     settings file (default $NWCD_CONFIG, else " NWCD_CONFIG_DEFAULT "\n"
           "                    where it exists; NWCD_CONFIG= for none);\n"
           "                    flags override it; SIGHUP re-reads it\n"
@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
   nwcd d;
   memset(&d, 0, sizeof d);
   d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,
-                        .max_outq = 64u << 20, .socket_mode = 0660, .poll_us = 50};
+                        .max_outq = 64u << 20, .socket_mode = 0660, .poll_us = 300};
   static const struct option opts[] = {
       {"store", required_argument, 0, 's'},   {"socket", required_argument, 0, 'S'},
       {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},
