@@ -387,8 +387,9 @@ static void on_poll(uv_idle_t *h) {
 
 static void loop_poll(nwcd_server *s, bool quiet, uint64_t now) {
   unsigned us = __atomic_load_n(&s->d->cfg.poll_us, __ATOMIC_RELAXED); /* SIGHUP may change it */
+  if (s->closed_all) return; /* the handle is closed */
   if (!quiet) uv_idle_stop(&s->poll);
-  if (s->closed_all || !us || !quiet) return;
+  if (!us || !quiet) return;
   s->poll_until = now + us * 1000ull;
   if (!uv_is_active((uv_handle_t *)&s->poll)) uv_idle_start(&s->poll, on_poll);
 }

@@ -53,21 +53,6 @@ static void check_poll(void) {
   CHECK(td_daemon_refuses(td_sock, bad) == 2, "--poll-us -5 not refused");
 }
 
-/* A raw connection's hello, asking for NWC_PF_ALONE when alone_cap: the fd, or -1. */
-static int hello_caps(uint64_t caps) {
-  int fd = td_raw_connect(td_sock);
-  nwc_proto_req r;
-  memset(&r, 0, sizeof r);
-  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1, r.caps = caps;
-  nwc_proto_hdr h;
-  uint8_t *p = NULL;
-  int ok = fd >= 0 && td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 &&
-           h.status == 0;
-  free(p);
-  CHECK(ok, "hello with caps 0x%llx", (unsigned long long)caps);
-  return fd;
-}
-
 /* The flags of the reply to one stats request on fd. */
 static unsigned stats_flags(int fd, uint64_t id) {
   nwc_proto_req r;
@@ -84,7 +69,8 @@ static unsigned stats_flags(int fd, uint64_t id) {
 /* NWC_PF_ALONE: set on a final reply to a client that asked for it, when no other connection
  * sent a request in the last 2 ms; never for a client that did not ask. */
 static void check_alone(void) {
-  int a = hello_caps(NWC_CAP_ALONE), b = hello_caps(0);
+  int a = td_raw_hello_caps(td_sock, NWC_CAP_ALONE), b = td_raw_hello_caps(td_sock, 0);
+  CHECK(a >= 0 && b >= 0, "raw hellos: %d %d", a, b);
   usleep(10000);
   CHECK(stats_flags(a, 2) & NWC_PF_ALONE, "a's first request, nobody else busy: not alone");
   CHECK(stats_flags(a, 3) & NWC_PF_ALONE, "a's second request: not alone");

@@ -212,13 +212,13 @@ static int td_send_req(int fd, nwc_proto_req *r) {
   return rc;
 }
 
-/* Connects and says hello; returns the fd or -1. */
-__attribute__((unused)) static int td_raw_hello(const char *path) {
+/* Connects and says hello announcing caps (NWC_CAP_*); returns the fd or -1. */
+__attribute__((unused)) static int td_raw_hello_caps(const char *path, uint64_t caps) {
   int fd = td_raw_connect(path);
   if (fd < 0) return -1;
   nwc_proto_req r;
   memset(&r, 0, sizeof r);
-  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1;
+  r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1, r.caps = caps;
   nwc_proto_hdr h;
   uint8_t *p = NULL;
   if (td_send_req(fd, &r) < 0 || td_recv_frame(fd, &h, &p, 5000) < 0 || h.status != 0) {
@@ -228,6 +228,11 @@ __attribute__((unused)) static int td_raw_hello(const char *path) {
   }
   free(p);
   return fd;
+}
+
+/* Connects and says hello with no capabilities; returns the fd or -1. */
+__attribute__((unused)) static int td_raw_hello(const char *path) {
+  return td_raw_hello_caps(path, 0);
 }
 
 /* ---- the sample model and references ------------------------------------------------------ */
