@@ -35,6 +35,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* the chunk checksums on the widest vectors the CPU has */
+#endif
 
 #include "safetensors.h"
 
