@@ -179,6 +179,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nwcd: --backend %s: %s\n", d.cfg.backend, nwc_error_detail());
     return 1;
   }
+  nwcd_host_pages_note();
   if (!d.cfg.threads) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     d.cfg.threads = n > 0 ? (unsigned)n : 1;

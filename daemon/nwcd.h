@@ -129,6 +129,11 @@ typedef struct nwcd_backend {
 /* The backend called name ("auto", "cpu", "cuda"): 0 and *out, -ENOTSUP with a detail for one
  * this build lacks, -EINVAL for an unknown name. */
 int nwcd_backend_get(const char *name, const nwcd_backend **out);
+/* Logs once, at startup, what pages the host copies' memfds get: 2 MiB where the kernel's
+ * transparent_hugepage/shmem_enabled gives shmem huge pages (always, within_size, force), else
+ * 4 KiB, with the setting that changes it (a load into new memory makes each page; nwcd(8),
+ * PERFORMANCE).  Silent when the kernel has no such file. */
+void nwcd_host_pages_note(void);
 
 /* ---- loader (loader.c: the one module that owns io_uring; design comment there) ---------- */
 

@@ -7,7 +7,8 @@
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
  * clear error where there is no GPU (/dev/nvidia0), a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
  * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
- * a non-socket file at the path is left alone, and SIGTERM exits 0.
+ * a non-socket file at the path is left alone, SIGTERM exits 0, and the startup line on tensor
+ * memory's page size agrees with the kernel's setting.
  */
 #include "test_daemon_util.h"
 
@@ -54,6 +55,35 @@ static void check_poll(void) {
 }
 
 /* The flags of the reply to one stats request on fd. */
+/* nwcd's startup line on its tensor memory's pages names the kernel's shmem huge page setting,
+ * read here from sysfs, and the page size it implies; no line where the kernel has no such file. */
+static void check_pages_note(void) {
+  char sys[256] = "", mode[64] = "", want[200], log[700], line[1300];
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  if (f) {
+    if (!fgets(sys, sizeof sys, f)) sys[0] = 0;
+    fclose(f);
+  }
+  const char *open_bracket = strchr(sys, '[');
+  if (open_bracket) sscanf(open_bracket + 1, "%63[^]]", mode);
+  bool huge = !strcmp(mode, "always") || !strcmp(mode, "within_size") || !strcmp(mode, "force");
+  snprintf(want, sizeof want, "tensor memory: %s pages", huge ? "2 MiB" : "4 KiB");
+  snprintf(log, sizeof log, "%s/nwcd.log", td_dir);
+  bool said = false, right = false;
+  if ((f = fopen(log, "r"))) {
+    while (fgets(line, sizeof line, f)) {
+      if (!strstr(line, "tensor memory:")) continue;
+      said = true;
+      char quoted[80];
+      snprintf(quoted, sizeof quoted, "is '%s'", mode);
+      right = strstr(line, want) && strstr(line, quoted);
+    }
+    fclose(f);
+  }
+  if (mode[0]) CHECK(said && right, "no startup line \"%s ... is '%s'\" in %s", want, mode, log);
+  else CHECK(!said, "a pages line though the kernel has no shmem_enabled file");
+}
+
 static unsigned stats_flags(int fd, uint64_t id) {
   nwc_proto_req r;
   memset(&r, 0, sizeof r);
@@ -149,6 +179,7 @@ int main(void) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   if (!c) return 1;
   CHECK(!strcmp(nwc_client_backend(c), "cpu"), "backend %s", nwc_client_backend(c));
+  check_pages_note();
   nwc_client_result res;
   int rc = nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, &res);
   CHECK(rc == 0 && res.tensors == td_nt, "import: %d %s (%llu tensors)", rc, nwc_client_last_error(),
