@@ -11,7 +11,7 @@
  * rounds (default 5) of, for each page-cache state:
  *   warm  (every container read once before):   cat, read, pread_dst, pread_fresh, loader, nwcd,
  *                                                  nwcd_fresh
- *   none  (no file read):                          populate_memfd, populate_anon
+ *   none  (no file read):                          populate_memfd, populate_anon, write_memfd
  *   cold  (POSIX_FADV_DONTNEED before each item): cat, read, pread_dst, pread_fresh, odirect,
  *                                                  loader, nwcd, nwcd_fresh
  * where
@@ -34,6 +34,10 @@
  *   populate_memfd  fresh resident memory the way loads made it before: memfd_create,
  *             ftruncate, mmap shared, mlock (page faults, zeroing), with no read
  *   populate_anon   the same with anonymous memory (mmap + mlock)
+ *   write_memfd  fresh resident memory the way nwcd's loads make it now, with no read and no
+ *             check: memfd_create, ftruncate, pwrite of the blob's bytes 8 MiB at a time, then a
+ *             read-only mapping, populated and locked; what bounds nwcd's load from above (its
+ *             pages are 4 KiB or 2 MiB as the kernel's shmem_enabled says: nwcd logs which)
  *   gpu       (--device N, CUDA builds) nwcd_load_to_device of every tensor into device memory
  *             through a 256 MiB ring of registered, pinned slots (cold and warm)
  * One JSON line per item with the median seconds and GB/s (of the bytes each reads: whole files
@@ -294,6 +298,27 @@ static int run_populate(bench *b, bool memfd) {
 static int run_populate_memfd(bench *b) { return run_populate(b, true); }
 static int run_populate_anon(bench *b) { return run_populate(b, false); }
 
+static int run_write_memfd(bench *b) {
+  for (size_t i = 0; i < b->nti; i++) {
+    size_t n = b->ti[i].length;
+    const uint8_t *src = b->dst + b->dst_off[i];
+    int fd = memfd_create("nwc-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)n) < 0) return fail("write_memfd: memfd", -errno);
+    b->fresh_fd[i] = fd;
+    for (size_t o = 0; o < n;) {
+      size_t k = n - o < (8u << 20) ? n - o : 8u << 20;
+      ssize_t w = pwrite(fd, src + o, k, (off_t)o);
+      if (w <= 0) return fail("write_memfd: pwrite", w < 0 ? -errno : -EIO);
+      o += (size_t)w;
+    }
+    void *m = mmap(NULL, n, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
+    if (m == MAP_FAILED) m = mmap(NULL, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) return fail("write_memfd: mmap", -errno);
+    b->fresh[i] = m;
+  }
+  return 0;
+}
+
 /* Every model evicted from the bench's nwcd (untimed, before an nwcd item). */
 static int nwcd_evict_all(bench *b) {
   for (size_t i = 0; i < b->nmodels; i++)
@@ -351,7 +376,7 @@ static void gpu_teardown(bench *b) {
 #endif
 
 enum { CAT, READ, PREAD_DST, PREAD_FRESH, LOADER, NWCD, NWCD_FRESH, POP_MEMFD,
-       POP_ANON, CAT_COLD, READ_COLD, PREAD_DST_COLD, PREAD_FRESH_COLD, ODIRECT_COLD, LOADER_COLD,
+       POP_ANON, WRITE_MEMFD, CAT_COLD, READ_COLD, PREAD_DST_COLD, PREAD_FRESH_COLD, ODIRECT_COLD, LOADER_COLD,
        NWCD_COLD, NWCD_FRESH_COLD, GPU, GPU_COLD, ITEMS };
 static const item items[ITEMS] = {
     {"cat", false, true, run_cat, NULL, false},
@@ -363,6 +388,7 @@ static const item items[ITEMS] = {
     {"nwcd_fresh", false, false, run_nwcd, nwcd_restart, false},
     {"populate_memfd", false, false, run_populate_memfd, NULL, true},
     {"populate_anon", false, false, run_populate_anon, NULL, true},
+    {"write_memfd", false, false, run_write_memfd, NULL, true},
     {"cat", true, true, run_cat, NULL, false},
     {"read", true, true, run_read, NULL, false},
     {"pread_dst", true, false, run_pread_dst, NULL, false},
@@ -523,13 +549,15 @@ int nwc_bench_load(int argc, char **argv) {
            "\"warm_nwcd_fresh_gbps\":%.3f,\"cold_nwcd_fresh_gbps\":%.3f,"
            "\"warm_nwcd_fresh_vs_cat\":%.3f,\"cold_nwcd_fresh_vs_cat\":%.3f,"
            "\"populate_memfd_gbps\":%.3f,\"populate_anon_gbps\":%.3f,"
-           "\"nwcd_direct_share\":%.3f,\"target\":0.9}\n",
+           "\"write_memfd_gbps\":%.3f,\"warm_nwcd_vs_write_memfd\":%.3f,"
+           "\"write_memfd_vs_cat\":%.3f,\"nwcd_direct_share\":%.3f,\"target\":0.9}\n",
            gbps[NWCD], gbps[NWCD_COLD], gbps[NWCD] / gbps[CAT], gbps[NWCD_COLD] / gbps[CAT_COLD],
            gbps[NWCD] / gbps[PREAD_FRESH], gbps[NWCD_COLD] / gbps[PREAD_FRESH_COLD],
            gbps[NWCD] / gbps[LOADER], gbps[NWCD_COLD] / gbps[LOADER_COLD],
            gbps[NWCD_FRESH],
            gbps[NWCD_FRESH_COLD], gbps[NWCD_FRESH] / gbps[CAT],
            gbps[NWCD_FRESH_COLD] / gbps[CAT_COLD], gbps[POP_MEMFD], gbps[POP_ANON],
+           gbps[WRITE_MEMFD], gbps[NWCD] / gbps[WRITE_MEMFD], gbps[WRITE_MEMFD] / gbps[CAT],
            (double)b.direct_nwcd / (double)(4 * rounds * b.nti)); /* nwcd, nwcd_fresh; warm, cold */
   if (rc == 0 && nitems == ITEMS)
     printf("{\"bench\":\"load\",\"summary\":\"gpu\",\"device\":%d,\"warm_gpu_gbps\":%.3f,"
