@@ -758,6 +758,10 @@ static void matvec_req(nwc_proto_req *req, const char *model, const char *tensor
   req->x = (const uint8_t *)x; /* little-endian floats: the host's order on our targets */
 }
 
+/* x and y travel through the shared region when x is over a frame's worth, and always (unless
+ * NWC_CLIENT_INLINE) with a daemon that moves them straight between the region and its GPU
+ * (NWC_CAP_SHM_DEVICE): the frames then carry a few dozen bytes, and nothing is copied on its
+ * side.  x goes at offset 0, y after it (64-aligned). */
 static int do_matvec(nwc_client *c, const char *model, const char *tensor, const char *bias,
                      float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
                      void *y, size_t cap, unsigned *rflags) {
@@ -765,7 +769,8 @@ static int do_matvec(nwc_client *c, const char *model, const char *tensor, const
   matvec_req(&req, model, tensor, bias, scale, x, K, ncols, flags);
   int rc = 0;
   uint64_t yoff = 0;
-  if (req.x_bytes > INLINE_MAX) {
+  bool device = !(flags & NWC_CLIENT_INLINE) && (c->hello.caps & NWC_CAP_SHM_DEVICE);
+  if (req.x_bytes > INLINE_MAX || (device && cap <= INLINE_MAX)) {
     yoff = (req.x_bytes + 63) & ~63ull;
     if ((rc = ensure_shm(c, yoff + cap)) < 0) return rc;
     memcpy(c->shm, x, req.x_bytes);

@@ -164,6 +164,9 @@ NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
                                      nwc_client_result *res);
 
 #define NWC_CLIENT_BF16 1u   /* output BF16 bits (uint16_t) instead of float */
+#define NWC_CLIENT_INLINE 2u /* matvec: x and y in the frames, not the shared region (which a
+                              * daemon with a GPU is otherwise sent them through); over 1 MiB
+                              * they use the region anyway */
 #define NWC_CLIENT_MAPPED 1u /* *rflags: computed on the mmap'ed container, not resident */
 #define NWC_CLIENT_BATCHED 2u /* *rflags: shared a decoder pass with other requests */
 
@@ -179,7 +182,8 @@ NWC_CLIENT_API int nwc_client_gather(nwc_client *c, const char *model, const cha
                                      size_t cap, uint64_t *cols, unsigned *rflags);
 /* y = scale * (W x) + bias for ncols columns of K floats at x (column c at x + c * K); y gets
  * ncols columns of M (float, or BF16 with NWC_CLIENT_BF16), cap bytes available.  bias (NULL or
- * "": none) names a tensor of M values in the same model. */
+ * "": none) names a tensor of M values in the same model.  flags: NWC_CLIENT_BF16,
+ * NWC_CLIENT_INLINE. */
 NWC_CLIENT_API int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor,
                                      const char *bias, float scale, const float *x, uint64_t K,
                                      unsigned ncols, unsigned flags, void *y, size_t cap,

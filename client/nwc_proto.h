@@ -41,6 +41,8 @@
 #define NWC_CAP_SHARE 16u   /* map: resident tensors shared read-only (sealed memfd) */
 #define NWC_CAP_CUDA_IPC 32u /* matvec_ipc / dequant_ipc on the client's CUDA memory */
 #define NWC_CAP_ALONE 64u    /* final replies carry NWC_PF_ALONE when it holds */
+#define NWC_CAP_SHM_DEVICE 128u /* matvecs on GPU tensors move x and y straight between the
+                                 * shared region and the GPU: clients pass small ones there too */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,

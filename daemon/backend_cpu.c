@@ -342,11 +342,12 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.dev_dequant = nwcd_cuda_dequant;
   cuda_backend.dev_gather = nwcd_cuda_gather;
   cuda_backend.dev_matvec = nwcd_cuda_matvec;
+  cuda_backend.dev_matvec_shared = nwcd_cuda_matvec_shared;
   cuda_backend.dev_meminfo = nwcd_cuda_meminfo;
   cuda_backend.dev_trim = nwcd_cuda_trim;
   cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
   cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;
-  cuda_backend.ipc_forget = nwcd_cuda_ipc_forget;
+  cuda_backend.forget = nwcd_cuda_forget;
   *out = &cuda_backend;
   return 0;
 }

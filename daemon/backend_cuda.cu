@@ -19,10 +19,16 @@
  *     their own streams, and there are never more contexts than requests that ran at once.
  *   - A socket matvec is one submission: its kernels write y straight into the mapped pinned
  *     out buffer (no copy back), and the x copy plus the kernels are captured into a CUDA graph
- *     per (tensor, columns), cached in the context (8, LRU) from the second request that needs
- *     it and launched from then on (the request then costs the kernel + 2-5 us on the H200,
+ *     per (tensor, columns, x and y), cached in the context (8, LRU) from the second request that
+ *     needs it and launched from then on (the request then costs the kernel + 2-5 us on the H200,
  *     docs/results.md).  A graph names the context's buffers as they were, so the context drops
  *     its graphs before it reallocates one.
+ *   - Shared regions: a matvec whose x and y are in the client's shared region (its memfd, which
+ *     nwcd maps) skips the pinned buffers: the region's first bytes (a window) are registered with
+ *     CUDA once per connection, at its first such matvec, so the graph copies x from the region
+ *     and the kernels write y into it; nothing is copied on the host.  The registration ends
+ *     with the connection (nwcd_cuda_forget, when none of its requests runs); graphs naming it
+ *     are keyed by its id, unique for the process's life, so none is launched after that.
  *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
  *     tensor any more), so evicting everything gives all device memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
@@ -69,13 +75,26 @@ struct Buf {
   size_t n = 0;
 };
 
-/* A socket matvec's work as one CUDA graph: x up from hin, each column's kernels, y written by
- * the kernels straight into the mapped pinned hout.  It holds the context's buffers as they were
- * when it was captured, so a context drops its graphs before it reallocates any buffer (grow). */
+/* Where a socket matvec's x comes from and its y goes: host memory the device reads and writes,
+ * the context's pinned hin and hout (src 0) or a client's registered shared region (src: the
+ * Region's id).  x: host, columns xld floats apart (K16: padded already; K: dense, padded on the
+ * device); y: the device's view, columns M apart. */
+struct Io {
+  uint64_t src;
+  const float *x;
+  uint64_t xld;
+  float *y;
+};
+
+/* A socket matvec's work as one CUDA graph: x up, each column's kernels writing y straight into
+ * host memory.  It names the buffers as they were when it was captured, so a context drops its
+ * graphs before it reallocates any buffer (grow), and a graph on a shared region is keyed by the
+ * region's id, never reused, so it is never launched once the region has gone. */
 constexpr int kGraphs = 8;
 struct Graph {
   uint64_t id = 0; /* the Copy's; 0: empty */
   unsigned ncols = 0;
+  Io io = {0, nullptr, 0, nullptr};
   uint64_t last = 0;
   cudaGraphExec_t exec = nullptr;
 };
@@ -215,6 +234,60 @@ int finish(Ctx &c, const char *what) {
   CU_TRY(cudaEventRecord(c.done, c.stream), "cudaEventRecord");
   CU_TRY(cudaEventSynchronize(c.done), what);
   return 0;
+}
+
+/* ---- shared regions ------------------------------------------------------------------------ */
+
+/* A connection's shared region (the client's memfd as nwcd maps it): its first len bytes
+ * registered with CUDA (mapped, portable: every device) at the first matvec that uses it, until
+ * nwcd_cuda_forget(owner).  A region that failed to register stays listed (dev nullptr), so
+ * that its requests copy without trying again. */
+struct Region {
+  Region *next;
+  const void *owner;
+  uint8_t *base, *dev; /* dev: the device's view of base */
+  uint64_t len, id;    /* id: unique for the process's life (keys the graphs that name it) */
+};
+pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
+Region *regions;
+uint64_t region_ids;
+
+/* owner's region (registered on the current device if it is new): 0 and *out, or -EAGAIN with a
+ * detail when CUDA cannot register it (or it is not the one registered for owner). */
+int region_of(const void *owner, uint8_t *base, uint64_t len, const Region **out) {
+  pthread_mutex_lock(&region_lock);
+  Region *r = regions;
+  while (r && r->owner != owner) r = r->next;
+  cudaError_t e = cudaSuccess;
+  if (!r && (r = new (std::nothrow) Region{regions, owner, base, nullptr, len, ++region_ids})) {
+    e = cudaHostRegister(base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaSuccess) {
+      e = cudaHostGetDevicePointer((void **)&r->dev, base, 0);
+      if (e != cudaSuccess) cudaHostUnregister(base), r->dev = nullptr;
+    }
+    if (e != cudaSuccess) cudaGetLastError();
+    regions = r;
+  }
+  pthread_mutex_unlock(&region_lock);
+  if (!r) return nwc__fail(-ENOMEM, "no memory for a shared region record");
+  if (e != cudaSuccess)
+    return nwc__fail(-EAGAIN, "cudaHostRegister of the shared region: %s", cudaGetErrorString(e));
+  if (!r->dev || r->base != base || r->len != len)
+    return nwc__fail(-EAGAIN, "the shared region is not registered with CUDA");
+  *out = r;
+  return 0;
+}
+
+/* Unregisters and forgets owner's region, if any (no request of owner runs). */
+void region_forget(const void *owner) {
+  pthread_mutex_lock(&region_lock);
+  Region **pp = &regions;
+  while (*pp && (*pp)->owner != owner) pp = &(*pp)->next;
+  Region *r = *pp;
+  if (r) *pp = r->next;
+  pthread_mutex_unlock(&region_lock);
+  if (r && r->dev && cudaHostUnregister(r->base) != cudaSuccess) cudaGetLastError();
+  delete r;
 }
 
 /* ---- kernels of this file: the IPC paths' epilogue and compaction ------------------------- */
@@ -428,7 +501,7 @@ extern "C" int nwcd_cuda_devices(int *n) {
   return 0;
 }
 
-extern "C" void nwcd_cuda_ipc_forget(const void *owner) {
+extern "C" void nwcd_cuda_forget(const void *owner) {
   pthread_mutex_lock(&ipc_lock);
   for (int i = 0; i < kIpcSlots; i++) {
     if (!ipc[i].used || ipc[i].owner != owner) continue;
@@ -436,6 +509,7 @@ extern "C" void nwcd_cuda_ipc_forget(const void *owner) {
     else ipc_close(ipc[i]);
   }
   pthread_mutex_unlock(&ipc_lock);
+  region_forget(owner);
 }
 
 extern "C" void nwcd_cuda_trim(int dev) {
@@ -579,18 +653,36 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   return rc;
 }
 
-/* x up from the pinned c->hin, the kernels, y into the mapped pinned c->hout: enqueued on c's
- * stream as they are, or, from the second time the same (tensor, columns) come by, as
+/* x up into c->dx (zero padded to K16), then the kernels writing y, enqueued on c's stream. */
+static int enqueue_io(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
+  const uint64_t K = cp->k.cols, K16 = cp->k16;
+  size_t xb = (size_t)ncols * K16 * 4;
+  int rc = 0;
+  if (io.xld == K16) {
+    rc = fail_cuda(cudaMemcpyAsync(c->dx.p, io.x, xb, cudaMemcpyHostToDevice, c->stream),
+                   "copy of matvec x");
+  } else {
+    rc = fail_cuda(cudaMemsetAsync(c->dx.p, 0, xb, c->stream), "memset of matvec x");
+    if (rc == 0)
+      rc = fail_cuda(cudaMemcpy2DAsync(c->dx.p, K16 * 4, io.x, io.xld * 4, K * 4, ncols,
+                                       cudaMemcpyHostToDevice, c->stream),
+                     "copy of matvec x");
+  }
+  return rc ? rc : enqueue_matvecs(c, cp, ncols, io.y);
+}
+
+static bool same_io(const Io &a, const Io &b) {
+  return a.src == b.src && a.x == b.x && a.xld == b.xld && a.y == b.y;
+}
+
+/* enqueue_io as it is, or, from the second time the same (tensor, columns, x and y) come by, as
  * one launch of the CUDA graph captured from that sequence then (cached per context, LRU): one
  * submission instead of 1 + 2 per column. */
-static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
-  float *y = nullptr;
-  CU_TRY(cudaHostGetDevicePointer((void **)&y, c->hout.p, 0), "cudaHostGetDevicePointer");
-  size_t xb = (size_t)ncols * cp->k16 * 4;
+static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
   Graph *slot = &c->graphs[0];
   bool match = false;
   for (Graph &g : c->graphs) {
-    if (g.id == cp->id && g.ncols == ncols) {
+    if (g.id == cp->id && g.ncols == ncols && same_io(g.io, io)) {
       slot = &g, match = true;
       break;
     }
@@ -602,15 +694,13 @@ static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
   bool again = match; /* seen once before: capture it this time */
   if (!again) {
     if (slot->exec) cudaGraphExecDestroy(slot->exec);
-    *slot = Graph{cp->id, ncols, c->tick, nullptr};
+    *slot = Graph{cp->id, ncols, io, c->tick, nullptr};
   }
   /* Relaxed: the kernels' entry points set function attributes while this thread captures; the
    * stream is this context's alone, so nothing else joins the capture. */
   if (again)
     CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "stream capture");
-  int rc = fail_cuda(cudaMemcpyAsync(c->dx.p, c->hin.p, xb, cudaMemcpyHostToDevice, c->stream),
-                     "copy of matvec x");
-  if (rc == 0) rc = enqueue_matvecs(c, cp, ncols, y);
+  int rc = enqueue_io(c, cp, ncols, io);
   if (!again) return rc;
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(c->stream, &graph); /* ends it whatever happened inside */
@@ -622,6 +712,14 @@ static int launch_matvec(Ctx *c, const Copy *cp, unsigned ncols) {
     return rc;
   }
   return fail_cuda(cudaGraphLaunch(slot->exec, c->stream), "cudaGraphLaunch of a matvec");
+}
+
+/* launch_matvec, then the wait (spinning: cudaDeviceScheduleSpin); it waits also after a failed
+ * launch, so that nothing still runs on the context's buffers when it goes back to the pool. */
+static int run_matvec(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
+  int rc = launch_matvec(c, cp, ncols, io);
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  return rc ? rc : fail_cuda(e, "matvec");
 }
 
 extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx,
@@ -638,15 +736,28 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   TRY(grow(c, c->hout, yb, true));
   for (unsigned col = 0; col < ncols; col++)
     memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
-  int rc = launch_matvec(c, cp, ncols);
-  /* spins (cudaDeviceScheduleSpin); also after a failed launch, so that nothing still runs on
-   * the context's buffers when it goes back to the pool */
-  cudaError_t e = cudaStreamSynchronize(c->stream);
-  if (rc == 0) rc = fail_cuda(e, "matvec");
-  if (rc < 0) return rc;
+  Io io = {0, (const float *)c->hin.p, K16, nullptr};
+  CU_TRY(cudaHostGetDevicePointer((void **)&io.y, c->hout.p, 0), "cudaHostGetDevicePointer");
+  TRY(run_matvec(c, cp, ncols, io));
   for (unsigned col = 0; col < ncols; col++)
     memcpy(Y + col * ldy, (const float *)c->hout.p + col * M, M * 4);
   return 0;
+}
+
+extern "C" int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t window,
+                                       const void *dcopy, uint64_t x_off, unsigned ncols,
+                                       uint64_t y_off) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  Lease lease;
+  TRY(lease.take(cp->dev));
+  const Region *g = nullptr;
+  TRY(region_of(owner, static_cast<uint8_t *>(region), window, &g));
+  Ctx *c = lease.c;
+  TRY(grow(c, c->dx, (size_t)ncols * cp->k16 * 4, false));
+  TRY(grow(c, c->ds, cp->scratch * 4, false));
+  Io io = {g->id, reinterpret_cast<const float *>(g->base + x_off), cp->k.cols,
+           reinterpret_cast<float *>(g->dev + y_off)};
+  return run_matvec(c, cp, ncols, io);
 }
 
 extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,

@@ -56,11 +56,19 @@ int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_t n, uint16
  * the same tensor, columns and context this is one CUDA graph launch. */
 int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncols, size_t ldx, float *Y,
                      size_t ldy);
+/* The same with x and y in a client's shared region (host memory nwcd maps): its first window
+ * bytes at region are registered with CUDA (mapped) for owner at its first call and stay so
+ * until nwcd_cuda_forget(owner), so that the x copy reads the region and the kernels write y
+ * into it, no host copy.  x: ncols dense columns of K floats at region + x_off; y: ncols columns
+ * of M floats at region + y_off (4-aligned); both inside the window (the caller checked).
+ * -EAGAIN (detail: why) when CUDA cannot register the region: the caller copies instead. */
+int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t window, const void *dcopy,
+                            uint64_t x_off, unsigned ncols, uint64_t y_off);
 
 /* CUDA IPC (zero copy): a client's device buffer as cudaIpcMemHandle_t bytes, the offset of the
  * buffer inside that allocation and its size in bytes.  The daemon opens the handle on the
  * copy's device, keeps it open for the owner (the client's connection: at most 16 allocations
- * each, least recently used closed first) until nwcd_cuda_ipc_forget(owner), and checks every
+ * each, least recently used closed first) until nwcd_cuda_forget(owner), and checks every
  * request's offset + bytes against the allocation's real size. */
 typedef struct nwcd_ipc_buf {
   uint8_t handle[64];
@@ -75,8 +83,9 @@ int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const nwcd_ipc_bu
 /* The whole tensor, dense rows x cols (no K16 padding), BF16 or float, into the client's buffer. */
 int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const nwcd_ipc_buf *out, int bf16,
                           const uint8_t *ev);
-/* Closes the allocations opened for owner (its connection has ended). */
-void nwcd_cuda_ipc_forget(const void *owner);
+/* Drops what the backend keeps for owner (its connection has ended, no request of it runs): closes
+ * the allocations opened for it, unregisters its shared region. */
+void nwcd_cuda_forget(const void *owner);
 
 #ifdef __cplusplus
 }

@@ -108,16 +108,23 @@ typedef struct nwcd_backend {
   int (*dev_gather)(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);
   int (*dev_matvec)(const void *dcopy, const float *X, unsigned ncols, size_t ldx, float *Y,
                     size_t ldy);
+  /* dev_matvec with x and y in owner's shared region (nwcd_cuda_matvec_shared says how): the
+   * backend registers the region's first window bytes with the device at owner's first call and
+   * keeps them registered until forget(owner); -EAGAIN when it cannot (copy instead). */
+  int (*dev_matvec_shared)(const void *owner, void *region, uint64_t window, const void *dcopy,
+                           uint64_t x_off, unsigned ncols, uint64_t y_off);
   int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
   void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
   /* CUDA IPC: the client's own device buffers, kept open per owner (its connection) until
-   * ipc_forget (backend_cuda.h says what is checked). */
+   * forget (backend_cuda.h says what is checked). */
   int (*dev_matvec_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
                         const nwcd_ipc_buf *y, unsigned ncols, float scale, const float *bias,
                         int bf16, const uint8_t *ev);
   int (*dev_dequant_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *out, int bf16,
                          const uint8_t *ev);
-  void (*ipc_forget)(const void *owner);
+  /* Drops what the backend keeps for owner, a connection that has ended with none of its
+   * requests running (IPC handles, the registered shared region); NULL where it keeps none. */
+  void (*forget)(const void *owner);
 } nwcd_backend;
 
 /* Where a tensor lives: NWCD_LOC_CPU (host memory) or device n >= 0 (cuda:n); requests may say

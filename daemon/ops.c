@@ -497,9 +497,9 @@ bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b) {
          !strcmp(x->bias, y->bias);
 }
 
-/* The x of job j (ncols columns of K floats) copied to X (column stride K16, padding left 0);
- * checks sizes and the shared region. */
-static int matvec_input(nwcd_job *j, uint64_t K, uint64_t K16, float *X) {
+/* Where the x of job j (ncols dense columns of K floats) is: inline or in the shared region;
+ * checks its size and the region's bounds. */
+static int matvec_src(const nwcd_job *j, uint64_t K, const uint8_t **out) {
   const nwc_proto_req *r = &j->req;
   NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
                 "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats (%llu bytes)",
@@ -514,7 +514,73 @@ static int matvec_input(nwcd_job *j, uint64_t K, uint64_t K16, float *X) {
                   (unsigned long long)j->shm_size);
     src = j->shm + r->in_off;
   }
-  for (uint32_t c = 0; c < r->ncols; c++) memcpy(X + c * K16, src + c * K * 4, K * 4);
+  *out = src;
+  return 0;
+}
+
+/* The x of job j copied to X (column stride K16, padding left 0). */
+static int matvec_input(nwcd_job *j, uint64_t K, uint64_t K16, float *X) {
+  const uint8_t *src;
+  NWC_TRY(matvec_src(j, K, &src));
+  for (uint32_t c = 0; c < j->req.ncols; c++) memcpy(X + c * K16, src + c * K * 4, K * 4);
+  return 0;
+}
+
+/* n values of y = scale * src + bias (bias: M values, or NULL) into dst as float or BF16 (esz 4
+ * or 2); dst may be src (float, in place). */
+static void emit_y(const float *src, size_t n, uint64_t M, float scale, const float *bias,
+                   uint64_t esz, void *dst) {
+  if (esz == 4 && scale == 1.0f && !bias) {
+    if (dst != src) memcpy(dst, src, n * 4);
+  } else if (esz == 4) {
+    for (size_t k = 0; k < n; k++) {
+      float v = scale * src[k] + (bias ? bias[k % M] : 0.0f);
+      memcpy((uint8_t *)dst + 4 * k, &v, 4);
+    }
+  } else {
+    for (size_t k = 0; k < n; k++) {
+      uint16_t h = nwc_f32_to_bf16(scale * src[k] + (bias ? bias[k % M] : 0.0f));
+      memcpy((uint8_t *)dst + 2 * k, &h, 2);
+    }
+  }
+}
+
+/* The part of a connection's shared region that the backend registers with the GPU (once per
+ * connection): matvecs whose x and y lie inside it go straight between it and the device. */
+#define SHARED_WINDOW (4u << 20)
+
+/* A lone matvec on a GPU tensor whose x and y (float) are in j's shared region, inside its
+ * window: the backend copies x from the region to the device and the kernels write y into it,
+ * with no host copy; scale and bias are applied to y in place.  Returns 0 after the reply, a
+ * negative errno (the caller replies), or 1 when the request does not qualify or the backend
+ * cannot register the region (the copying path runs it). */
+static int matvec_shared(nwcd_job *j, const nwcd_ref *ref, const float *bias) {
+  nwcd *d = j->d;
+  const nwc_proto_req *r = &j->req;
+  const uint64_t M = ref->view.rows, K = ref->view.cols, win =
+      j->shm_size < SHARED_WINDOW ? j->shm_size : SHARED_WINDOW;
+  if (!ref->dcopy || !d->backend->dev_matvec_shared || r->where != NWC_WHERE_SHM ||
+      r->out != NWC_OUT_F32 || r->out_off % 4)
+    return 1;
+  const uint8_t *src;
+  NWC_TRY(matvec_src(j, K, &src));
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_compute c = {.rows = r->ncols, .cols = M};
+  size_t n = (size_t)r->ncols * M;
+  void *dst = NULL;
+  int rc = out_place(j, n * 4, &w, &c, &dst); /* checks the region's bounds and out_cap */
+  if (rc == 0 && (r->in_off + r->x_bytes > win || r->out_off + n * 4 > win)) rc = 1;
+  if (rc == 0)
+    rc = d->backend->dev_matvec_shared(j->conn, j->shm, win, ref->dcopy, r->in_off, r->ncols,
+                                       r->out_off);
+  if (rc == -EAGAIN) rc = 1;
+  if (rc != 0) {
+    nwc_pw_free(&w);
+    return rc;
+  }
+  emit_y(dst, n, M, r->scale, bias, 4, dst);
+  reply(j, &w);
   return 0;
 }
 
@@ -554,37 +620,24 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
   return rc;
 }
 
-/* Runs j and the jobs chained on j->batch in one pass; each gets its own reply (which frees that
- * job: nothing of j is read after its reply). */
-static void op_matvec(nwcd_job *j) {
-  nwcd *d = j->d;
-  nwc_proto_req *r = &j->req;
-  const float scale = r->scale;
-  nwcd_job *jobs[8];
-  unsigned nj = 0;
-  for (nwcd_job *b = j; b && nj < 8; b = b->batch) jobs[nj++] = b;
-  nwcd_ref ref;
-  int rc = nwcd_res_acquire(d->res, r->model, r->tensor, NWCD_ACQ_MAP_OK, &ref, NULL);
-  if (rc < 0) {
-    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
-    return;
-  }
-  const nwc_tensor *t = &ref.view;
-  uint64_t M = t->rows, K = t->cols;
-  float *bias = NULL;
-  rc = bias_vector(d, r, M, &bias);
+/* The copying pass: the jobs' x copied into one block, one backend matvec per 8 columns, each
+ * job's y written into its reply (inline or its shared region) with scale and bias. */
+static void matvec_pass(nwcd *d, nwcd_job *const *jobs, unsigned nj, const nwcd_ref *ref,
+                        const float *bias) {
+  const nwc_tensor *t = &ref->view;
+  const uint64_t M = t->rows, K = t->cols, K16 = k16_of(K);
+  const float scale = jobs[0]->req.scale;
   unsigned total = 0;
   for (unsigned i = 0; i < nj; i++) total += jobs[i]->req.ncols;
-  uint64_t K16 = k16_of(K);
-  float *X = rc == 0 ? calloc((size_t)total * K16 + 16, 4) : NULL;
-  float *Y = rc == 0 ? malloc((size_t)total * M * 4 + 64) : NULL;
-  if (rc == 0 && (!X || !Y)) rc = -ENOMEM;
-  if (rc < 0) {
-    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
-    goto done;
+  float *X = calloc((size_t)total * K16 + 16, 4);
+  float *Y = malloc((size_t)total * M * 4 + 64);
+  if (!X || !Y) {
+    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], -ENOMEM);
+    free(X), free(Y);
+    return;
   }
   /* Validate each job's input; the failures get their error and leave the pass. */
-  int jrc[8];
+  int jrc[8], rc = 0;
   unsigned col0[8], cols = 0;
   for (unsigned i = 0; i < nj; i++) {
     col0[i] = cols;
@@ -594,9 +647,9 @@ static void op_matvec(nwcd_job *j) {
   }
   for (unsigned c = 0; rc == 0 && c < cols; c += 8) {
     unsigned nc = cols - c < 8 ? cols - c : 8;
-    rc = ref.dcopy ? d->backend->dev_matvec(ref.dcopy, X + (size_t)c * K16, nc, K16,
-                                            Y + (size_t)c * M, M)
-                   : d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
+    rc = ref->dcopy ? d->backend->dev_matvec(ref->dcopy, X + (size_t)c * K16, nc, K16,
+                                             Y + (size_t)c * M, M)
+                    : d->backend->matvec(t, X + (size_t)c * K16, nc, K16, NULL, Y + (size_t)c * M, M);
   }
   if (nj > 1 && cols) {
     atomic_fetch_add(&d->stats.batched_passes, 1);
@@ -612,7 +665,7 @@ static void op_matvec(nwcd_job *j) {
     nwc_pw w;
     nwc_pw_init(&w);
     nwc_proto_compute c = {.rows = b->req.ncols, .cols = M,
-                           .rflags = (ref.map ? NWC_RF_MAPPED : 0) | (nj > 1 ? NWC_RF_BATCHED : 0)};
+                           .rflags = (ref->map ? NWC_RF_MAPPED : 0) | (nj > 1 ? NWC_RF_BATCHED : 0)};
     void *dst = NULL;
     uint64_t esz = b->req.out == NWC_OUT_BF16 ? 2 : 4;
     int prc = out_place(b, (uint64_t)b->req.ncols * M * esz, &w, &c, &dst);
@@ -622,25 +675,36 @@ static void op_matvec(nwcd_job *j) {
       continue;
     }
     /* scale and bias applied as the reply is written (one pass over the columns) */
-    const float *src = Y + (size_t)col0[i] * M;
-    size_t n = (size_t)b->req.ncols * M;
-    if (esz == 4 && scale == 1.0f && !bias) {
-      memcpy(dst, src, n * 4);
-    } else if (esz == 4) {
-      for (size_t k = 0; k < n; k++) {
-        float v = scale * src[k] + (bias ? bias[k % M] : 0.0f);
-        memcpy((uint8_t *)dst + 4 * k, &v, 4);
-      }
-    } else {
-      for (size_t k = 0; k < n; k++) {
-        uint16_t h = nwc_f32_to_bf16(scale * src[k] + (bias ? bias[k % M] : 0.0f));
-        memcpy((uint8_t *)dst + 2 * k, &h, 2);
-      }
-    }
+    emit_y(Y + (size_t)col0[i] * M, (size_t)b->req.ncols * M, M, scale, bias, esz, dst);
     reply(b, &w);
   }
-done:
-  free(X), free(Y), free(bias);
+  free(X), free(Y);
+}
+
+/* Runs j and the jobs chained on j->batch in one pass (a lone one through its shared region
+ * where it can); each gets its own reply (which frees that job: nothing of j is read after its
+ * reply). */
+static void op_matvec(nwcd_job *j) {
+  nwcd *d = j->d;
+  nwc_proto_req *r = &j->req;
+  nwcd_job *jobs[8];
+  unsigned nj = 0;
+  for (nwcd_job *b = j; b && nj < 8; b = b->batch) jobs[nj++] = b;
+  nwcd_ref ref;
+  int rc = nwcd_res_acquire(d->res, r->model, r->tensor, NWCD_ACQ_MAP_OK, &ref, NULL);
+  if (rc < 0) {
+    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
+    return;
+  }
+  float *bias = NULL;
+  rc = bias_vector(d, r, ref.view.rows, &bias);
+  if (rc == 0 && nj == 1) rc = matvec_shared(j, &ref, bias);
+  if (rc < 0) {
+    for (unsigned i = 0; i < nj; i++) reply_error(jobs[i], rc);
+  } else if (nj > 1 || rc == 1) {
+    matvec_pass(d, jobs, nj, &ref, bias);
+  }
+  free(bias);
   nwcd_res_release(d->res, &ref);
 }
 

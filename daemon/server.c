@@ -127,7 +127,7 @@ static void check_shutdown(nwcd_server *s);
 /* Drops a reference (any thread); the last one frees the struct. */
 static void conn_unref(nwcd_conn *c) {
   if (atomic_fetch_sub(&c->refs, 1) != 1) return;
-  if (c->srv->d->backend->ipc_forget) c->srv->d->backend->ipc_forget(c); /* its CUDA IPC handles */
+  if (c->srv->d->backend->forget) c->srv->d->backend->forget(c); /* IPC handles, registrations */
   for (unsigned i = 0; i < c->nfdq; i++) close(c->fdq[i]);
   for (outbuf *o = c->oh, *n; o; o = n) n = o->next, free(o->buf), free(o);
   if (c->shm) munmap(c->shm, c->shm_size);
@@ -311,7 +311,8 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
                            NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
                                NWC_CAP_ALONE |
                                (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0) |
-                               (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0),
+                               (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0) |
+                               (c->srv->d->backend->dev_matvec_shared ? NWC_CAP_SHM_DEVICE : 0),
                            NWC_PROTO_MAX_PAYLOAD, NWCD_VERSION, ""};
   snprintf(hello.backend, sizeof hello.backend, "%s", c->srv->d->backend->name);
   nwc_pw w;
@@ -350,20 +351,23 @@ static int do_shm(nwcd_conn *c, const nwc_proto_req *r, int fd) {
  * at most; INLINE_MAX_DEVICE_BYTES on a GPU, where the loop thread only submits the kernels and
  * waits for them: ~25 us per column for the 23 MB of a 4096 x 4096 BF16 tensor on an H200), from
  * the one connection with work: nothing in flight anywhere (the pool is idle), nothing more
- * buffered on c, and no other connection's request in the last INLINE_QUIET_NS.  Pipelined
- * requests and concurrent clients go to the workers, where concurrent matvecs share a pass. */
+ * buffered on c, and no other connection's request in the last INLINE_QUIET_NS.  An IPC matvec
+ * qualifies on a GPU tensor when it names no event (the stream would wait for the client's
+ * work).  Pipelined requests and concurrent clients go to the workers, where concurrent matvecs
+ * share a pass. */
 static bool run_inline(nwcd_conn *c, const nwcd_job *j, bool quiet, bool more) {
   nwcd_server *s = c->srv;
   const nwc_proto_req *r = &j->req;
-  if ((r->op != NWC_OP_MATVEC || r->ncols > 8) && (r->op != NWC_OP_GATHER || r->nrows > 1024))
-    return false;
+  bool ipc = r->op == NWC_OP_MATVEC_IPC && r->ncols <= 8 && !r->has_event;
+  bool mv = (r->op == NWC_OP_MATVEC && r->ncols <= 8) || ipc;
+  if (!mv && (r->op != NWC_OP_GATHER || r->nrows > 1024)) return false;
   if (!quiet || more || atomic_load(&s->jobs) || atomic_load(&c->inflight)) return false;
   nwcd_res *res = s->d->res;
   int loc = NWCD_LOC_CPU;
   uint64_t bytes = nwcd_res_resident_bytes(res, r->model, r->tensor, &loc);
   return bytes && bytes <= (loc == NWCD_LOC_CPU ? INLINE_MAX_BYTES : INLINE_MAX_DEVICE_BYTES) &&
-         (r->op != NWC_OP_MATVEC || !r->bias[0] ||
-          nwcd_res_resident_bytes(res, r->model, r->bias, NULL));
+         (!ipc || loc != NWCD_LOC_CPU) &&
+         (!mv || !r->bias[0] || nwcd_res_resident_bytes(res, r->model, r->bias, NULL));
 }
 
 /* Polling: after a request the loop does not sleep in epoll_wait for poll_us but polls (an
