@@ -25,7 +25,11 @@
  *          (the mapping pinned with cudaHostRegister, read-only, and copied to the device from
  *          the page cache itself, then unregistered); and
  *          cudamalloc (a device allocation of each blob's size, as a load makes)
- *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs
+ *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs,
+ *                       x and y through the connection's shared region (the default with a
+ *                       cuda daemon: straight between the region and the GPU)
+ *          inline       the same with x and y in the frames (NWC_CLIENT_INLINE), alternating
+ *                       call by call with the shared-region ones
  *          kernel       the bare nwc_k_matvec of the same tensor in this process (CUDA events)
  *          pipeline     in this process, what nwcd's device matvec does around the kernel: x
  *                       into pinned memory, one graph launch (x up, the kernels, y written into
@@ -460,10 +464,17 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   float *x = calloc(K16, 4), *y = malloc(M * 4);
   for (uint64_t k = 0; k < K; k++) x[k] = (float)sin((double)k);
   double *sv = malloc(iters * sizeof *sv), *kv = malloc(iters * sizeof *kv);
+  double *nv = malloc(iters * sizeof *nv);
+  unsigned rf_shared = 0;
   for (unsigned i = 0; i < iters + 20; i++) {
+    unsigned rf = 0;
     t0 = nwc_bench_now();
-    rc = nwc_client_matvec(c, "m", tn, NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+    rc = nwc_client_matvec(c, "m", tn, NULL, 1.0f, x, K, 1, 0, y, M * 4, &rf);
     if (i >= 20) sv[i - 20] = nwc_bench_now() - t0;
+    rf_shared |= rf;
+    t0 = nwc_bench_now();
+    if (rc == 0) rc = nwc_client_matvec(c, "m", tn, NULL, 1.0f, x, K, 1, NWC_CLIENT_INLINE, y, M * 4, NULL);
+    if (i >= 20) nv[i - 20] = nwc_bench_now() - t0;
     if (rc < 0) return fprintf(stderr, "matvec: %s\n", nwc_client_last_error()), 1;
   }
   nwc_tensor t;
@@ -537,15 +548,22 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   }
   double i50 = ipc ? pctl(iv, iters, 0.5) * 1e6 : -1;
   double s50 = pctl(sv, iters, 0.5) * 1e6, s99 = pctl(sv, iters, 0.99) * 1e6;
+  double n50 = pctl(nv, iters, 0.5) * 1e6, n99 = pctl(nv, iters, 0.99) * 1e6;
   double k50 = pctl(kv, iters, 0.5) * 1e6, k99 = pctl(kv, iters, 0.99) * 1e6;
   double l8 = median(wall8, 64) * 1e6;
+  bool shared = rf_shared & NWC_CLIENT_SHARED;
   printf("{\"bench\":\"matvec\",\"rows\":%llu,\"cols\":%llu,\"socket_p50_us\":%.2f,\"socket_p99_us\":%.2f,"
+         "\"shared\":%s,\"socket_inline_p50_us\":%.2f,\"socket_inline_p99_us\":%.2f,"
          "\"kernel_p50_us\":%.2f,\"kernel_p99_us\":%.2f,\"launches8_wall_us\":%.2f,"
          "\"pipeline_p50_us\":%.2f,\"ipc_p50_us\":%.2f}\n",
-         (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, l8, p50, i50);
-  fprintf(stderr, "matvec %llux%llu: socket p50 %.1f us (p99 %.1f), bare kernel p50 %.1f us (p99 %.1f), "
-          "in-process pipeline (x up, graph, wait, y out) p50 %.1f us, IPC (device x, y) p50 %.1f us\n",
-          (unsigned long long)M, (unsigned long long)K, s50, s99, k50, k99, p50, i50);
+         (unsigned long long)M, (unsigned long long)K, s50, s99, shared ? "true" : "false", n50, n99,
+         k50, k99, l8, p50, i50);
+  fprintf(stderr, "matvec %llux%llu: socket p50 %.1f us (p99 %.1f; %s), inline p50 %.1f us (p99 "
+          "%.1f), bare kernel p50 %.1f us (p99 %.1f), in-process pipeline (x up, graph, wait, y "
+          "out) p50 %.1f us, IPC (device x, y) p50 %.1f us\n",
+          (unsigned long long)M, (unsigned long long)K, s50, s99,
+          shared ? "x, y straight between the region and the GPU" : "copied", n50, n99, k50, k99,
+          p50, i50);
   /* 8 clients at once vs one client's 8 in a row */
   unsigned rounds = 200;
   double *ser = malloc(rounds * sizeof *ser), *con = malloc(rounds * sizeof *con);
@@ -584,21 +602,21 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   printf("{\"bench\":\"summary\",\"cold_vs_odirect\":%.3f,\"target_cold\":0.9,"
          "\"bf16_time_over_nwcd_time\":%.3f,\"target_sooner\":1.3,\"warm_gbps\":%.2f,"
          "\"target_warm_gbps\":40,\"socket_minus_kernel_p50_us\":%.2f,\"target_us\":15,"
-         "\"concurrent_over_serial\":%.3f,\"drop\":\"%s\"}\n",
+         "\"inline_minus_kernel_p50_us\":%.2f,\"concurrent_over_serial\":%.3f,\"drop\":\"%s\"}\n",
          (blob_bytes / med[1]) / (file_bytes / med[0]), med[3] / med[1], blob_bytes / med[2] / 1e9,
-         s50 - k50, con50 / ser50, drop_how);
+         s50 - k50, n50 - k50, con50 / ser50, drop_how);
   fprintf(stderr, "summary: cold nwcd / O_DIRECT %.2f (>= 0.9); BF16 file time / nwcd time %.2f "
-          "(>= 1.3); warm %.1f GB/s (>= 40); socket - kernel p50 %.1f us (<= 15); 8 clients at "
-          "once / in a row %.2f (< 1); cache dropped by %s\n",
+          "(>= 1.3); warm %.1f GB/s (>= 40); socket - kernel p50 %.1f us (<= 15; inline %.1f); 8 "
+          "clients at once / in a row %.2f (< 1); cache dropped by %s\n",
           (blob_bytes / med[1]) / (file_bytes / med[0]), med[3] / med[1], blob_bytes / med[2] / 1e9,
-          s50 - k50, con50 / ser50, drop_how);
+          s50 - k50, n50 - k50, con50 / ser50, drop_how);
   nwc_client_free(c);
   kill(pid, SIGTERM), waitpid(pid, NULL, 0);
   nwc_k_tensor_free(&kt), nwc_tensor_release(&t);
   cudaFree(dx), cudaFree(dy), cudaFree(ds), cudaStreamDestroy(s);
   for (int i = 0; i < 4; i++) free(mats[i]);
   for (size_t k = 0; k < nfiles; k++) free(files[k]);
-  free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(kv), free(iv), free(ser), free(con);
+  free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(nv), free(kv), free(iv), free(ser), free(con);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (keep) fprintf(stderr, "kept %s\n", dir);

@@ -169,6 +169,8 @@ NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
                               * they use the region anyway */
 #define NWC_CLIENT_MAPPED 1u /* *rflags: computed on the mmap'ed container, not resident */
 #define NWC_CLIENT_BATCHED 2u /* *rflags: shared a decoder pass with other requests */
+#define NWC_CLIENT_SHARED 4u  /* *rflags: x and y went straight between this connection's shared
+                               * region and the GPU (no copy in the daemon) */
 
 /* Dequantizes the whole tensor into out (cap bytes): rows x cols dense, float or (flags
  * NWC_CLIENT_BF16) BF16.  fp8 tensors give their unscaled fp8 values.  *rows, *cols, *rflags may

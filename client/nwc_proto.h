@@ -79,6 +79,7 @@ enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies 
 /* Reply flags of compute replies. */
 #define NWC_RF_MAPPED 1u  /* computed on the mmap'ed container, not a resident copy */
 #define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
+#define NWC_RF_SHARED 4u  /* x and y moved straight between the shared region and the GPU */
 
 typedef struct nwc_proto_hdr {
   uint32_t magic;

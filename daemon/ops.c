@@ -566,7 +566,7 @@ static int matvec_shared(nwcd_job *j, const nwcd_ref *ref, const float *bias) {
   NWC_TRY(matvec_src(j, K, &src));
   nwc_pw w;
   nwc_pw_init(&w);
-  nwc_proto_compute c = {.rows = r->ncols, .cols = M};
+  nwc_proto_compute c = {.rows = r->ncols, .cols = M, .rflags = NWC_RF_SHARED};
   size_t n = (size_t)r->ncols * M;
   void *dst = NULL;
   int rc = out_place(j, n * 4, &w, &c, &dst); /* checks the region's bounds and out_cap */

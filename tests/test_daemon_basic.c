@@ -156,10 +156,11 @@ static void check_matvec(nwc_client *c) {
     float *x = malloc(ncols * t->cols * 4), *y = malloc(ncols * t->rows * 4);
     for (size_t k = 0; k < ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
     float scale = bias ? 0.5f : 1.0f;
-    unsigned rf = 0;
+    unsigned rf = 0, flags = test_below(2) ? NWC_CLIENT_INLINE : 0; /* the same on a cpu daemon */
     int rc = nwc_client_matvec(c, "use", t->name, bias ? bias->name : NULL, scale, x, t->cols, ncols,
-                               0, y, ncols * t->rows * 4, &rf);
+                               flags, y, ncols * t->rows * 4, &rf);
     CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
+    CHECK(!(rf & NWC_CLIENT_SHARED), "matvec %s on a cpu daemon: rflags 0x%x", t->name, rf);
     for (unsigned col = 0; rc == 0 && col < ncols; col++) {
       double e = td_matvec_err(t, x + col * t->cols, scale, bias, y + col * t->rows);
       CHECK(e <= 1e-5, "matvec %s column %u: relative error %.3g", t->name, col, e);

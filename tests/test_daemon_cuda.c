@@ -2,6 +2,9 @@
  * test_daemon_cuda.c - nwcd with --backend cuda (exit 77 without a GPU): CUDA IPC and device
  * budgets, against the original weights of the sample model.
  *
+ *   0. Socket matvecs: x and y through the connection's shared region, registered with CUDA by
+ *      the daemon (rflags NWC_CLIENT_SHARED), equal to the same in the frames and within 1e-5
+ *      of fp64, with a bias and a scale, K a multiple of 16 and not, 1 - 3 columns.
  *   1. A client process (this program re-executed as "ipc") that owns CUDA memory: matvec from
  *      its device x into its device y (offsets inside one allocation, an IPC event to wait for,
  *      y poisoned first), checked against fp64, then ten more with fresh x on the same buffers
@@ -39,6 +42,55 @@ static const td_tensor *find_tensor(bool k_aligned) {
     if (!best || t->rows * t->cols > best->rows * best->cols) best = t;
   }
   return best;
+}
+
+/* Socket matvecs of t (resident on cuda:0) three times each way, fresh x and y poisoned every
+ * time: float through the shared region (NWC_CLIENT_SHARED: straight between the region and the
+ * GPU), float in the frames (NWC_CLIENT_INLINE) and BF16 (copied); with a bias of M values
+ * when the sample has one (and a scale), checked against fp64, and the three outputs equal to
+ * the inline float (the same kernel; BF16: its rounding). */
+static void shared_tensor(nwc_client *c, const td_tensor *t) {
+  const uint64_t M = t->rows, K = t->cols;
+  const td_tensor *bias = NULL;
+  for (size_t j = 0; j < td_nt; j++)
+    if (td_t[j].rows == 1 && td_t[j].cols == M) bias = &td_t[j];
+  const unsigned ncols = 1 + (unsigned)test_below(3);
+  const float scale = bias ? 0.5f : 1.0f;
+  size_t n = (size_t)ncols * M;
+  float *x = malloc(ncols * K * 4), *ys = malloc(n * 4), *yi = malloc(n * 4);
+  uint16_t *yh = malloc(n * 2);
+  for (int rep = 0; rep < 3 && !test_failures; rep++) { /* the second captures a graph */
+    for (size_t k = 0; k < ncols * K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+    memset(ys, 0xff, n * 4), memset(yi, 0xff, n * 4), memset(yh, 0xff, n * 2);
+    unsigned rs = 0, ri = 0, rh = 0;
+    const char *bn = bias ? bias->name : NULL;
+    int rc = nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, 0, ys, n * 4, &rs);
+    CHECK(rc == 0 && (rs & NWC_CLIENT_SHARED), "matvec %s through the shared region: %d %s, "
+          "rflags 0x%x", t->name, rc, rc ? nwc_client_last_error() : "", rs);
+    rc |= nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, NWC_CLIENT_INLINE, yi,
+                            n * 4, &ri);
+    rc |= nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, NWC_CLIENT_BF16, yh, n * 2,
+                            &rh);
+    CHECK(rc == 0 && !(ri & NWC_CLIENT_SHARED) && !(rh & NWC_CLIENT_SHARED),
+          "matvec %s inline / bf16: %d %s, rflags 0x%x 0x%x", t->name, rc,
+          rc ? nwc_client_last_error() : "", ri, rh);
+    if (rc) break;
+    for (unsigned col = 0; col < ncols; col++) {
+      double e = td_matvec_err(t, x + col * K, scale, bias, ys + col * M);
+      CHECK(e <= 1e-5, "matvec %s [%llux%llu] col %u/%u through the region: error %.3g", t->name,
+            (unsigned long long)M, (unsigned long long)K, col, ncols, e);
+    }
+    size_t diff = 0, hdiff = 0;
+    for (size_t i = 0; i < n; i++) {
+      diff += memcmp(&ys[i], &yi[i], 4) != 0;
+      hdiff += yh[i] != nwc_f32_to_bf16(yi[i]);
+    }
+    CHECK(diff == 0 && hdiff == 0, "matvec %s: %zu values through the region and %zu BF16 differ "
+          "from the inline ones", t->name, diff, hdiff);
+  }
+  printf("shared-region matvec %s [%llux%llu], %u columns%s: ok\n", t->name,
+         (unsigned long long)M, (unsigned long long)K, ncols, bias ? ", bias, scale 0.5" : "");
+  free(x), free(ys), free(yi), free(yh);
 }
 
 /* Matvec and dequant of t through IPC into this process's device memory. */
@@ -307,6 +359,10 @@ int main(int argc, char **argv) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   CHECK(!strcmp(nwc_client_backend(c), "cuda"), "backend %s", nwc_client_backend(c));
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
+  /* 0. socket matvecs through the shared region (K a multiple of 16 and not) */
+  for (int aligned = 1; aligned >= 0; aligned--)
+    if (find_tensor(aligned)) shared_tensor(c, find_tensor(aligned));
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   /* 1. the IPC client process */
   pid_t kid = fork();
   if (kid == 0) {
