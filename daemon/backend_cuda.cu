@@ -76,9 +76,9 @@ struct Buf {
 };
 
 /* Where a socket matvec's x comes from and its y goes: host memory the device reads and writes,
- * the context's pinned hin and hout (src 0) or a client's registered shared region (src: the
- * Region's id).  x: host, columns xld floats apart (K16: padded already; K: dense, padded on the
- * device); y: the device's view, columns M apart. */
+ * the context's mapped pinned hin and hout (src 0) or a client's registered shared region (src:
+ * the Region's id).  x and y are the device's views; x: columns xld floats apart (K16: padded
+ * already; K: dense), y: columns M apart. */
 struct Io {
   uint64_t src;
   const float *x;
@@ -90,7 +90,7 @@ struct Io {
  * host memory.  It names the buffers as they were when it was captured, so a context drops its
  * graphs before it reallocates any buffer (grow), and a graph on a shared region is keyed by the
  * region's id, never reused, so it is never launched once the region has gone. */
-constexpr int kGraphs = 8;
+constexpr int kGraphs = 32; /* a few tensors times the connections that use them */
 struct Graph {
   uint64_t id = 0; /* the Copy's; 0: empty */
   unsigned ncols = 0;
@@ -305,6 +305,19 @@ __global__ void epilogue_kernel(const float *t, uint64_t M, uint64_t n, float sc
     } else {
       static_cast<float *>(y)[i] = v;
     }
+  }
+}
+
+/* A socket matvec's x for the kernels: ncols columns of K floats, xld apart in host memory the
+ * device maps (src: its device view), into dx as columns of K16, zero padded (n = ncols * K16).
+ * The SMs read it over the bus: for a few KiB that starts sooner than a copy engine's transfer,
+ * and the graph has no engine switch before the matvec kernels. */
+__global__ void load_x_kernel(const float *src, uint64_t K, uint64_t xld, uint64_t K16, uint64_t n,
+                              float *dx) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t col = i / K16, k = i - col * K16;
+    dx[i] = k < K ? src[col * xld + k] : 0.0f;
   }
 }
 
@@ -653,22 +666,13 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   return rc;
 }
 
-/* x up into c->dx (zero padded to K16), then the kernels writing y, enqueued on c's stream. */
+/* x up into c->dx (zero padded to K16) by load_x_kernel, then the kernels writing y, enqueued
+ * on c's stream. */
 static int enqueue_io(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
-  const uint64_t K = cp->k.cols, K16 = cp->k16;
-  size_t xb = (size_t)ncols * K16 * 4;
-  int rc = 0;
-  if (io.xld == K16) {
-    rc = fail_cuda(cudaMemcpyAsync(c->dx.p, io.x, xb, cudaMemcpyHostToDevice, c->stream),
-                   "copy of matvec x");
-  } else {
-    rc = fail_cuda(cudaMemsetAsync(c->dx.p, 0, xb, c->stream), "memset of matvec x");
-    if (rc == 0)
-      rc = fail_cuda(cudaMemcpy2DAsync(c->dx.p, K16 * 4, io.x, io.xld * 4, K * 4, ncols,
-                                       cudaMemcpyHostToDevice, c->stream),
-                     "copy of matvec x");
-  }
-  return rc ? rc : enqueue_matvecs(c, cp, ncols, io.y);
+  const uint64_t K = cp->k.cols, K16 = cp->k16, n = (uint64_t)ncols * K16;
+  load_x_kernel<<<grid_for(n), 256, 0, c->stream>>>(io.x, K, io.xld, K16, n, (float *)c->dx.p);
+  CU_TRY(cudaGetLastError(), "launch of the x copy");
+  return enqueue_matvecs(c, cp, ncols, io.y);
 }
 
 static bool same_io(const Io &a, const Io &b) {
@@ -736,7 +740,8 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   TRY(grow(c, c->hout, yb, true));
   for (unsigned col = 0; col < ncols; col++)
     memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
-  Io io = {0, (const float *)c->hin.p, K16, nullptr};
+  Io io = {0, nullptr, K16, nullptr};
+  CU_TRY(cudaHostGetDevicePointer((void **)&io.x, c->hin.p, 0), "cudaHostGetDevicePointer");
   CU_TRY(cudaHostGetDevicePointer((void **)&io.y, c->hout.p, 0), "cudaHostGetDevicePointer");
   TRY(run_matvec(c, cp, ncols, io));
   for (unsigned col = 0; col < ncols; col++)
@@ -755,7 +760,7 @@ extern "C" int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t
   Ctx *c = lease.c;
   TRY(grow(c, c->dx, (size_t)ncols * cp->k16 * 4, false));
   TRY(grow(c, c->ds, cp->scratch * 4, false));
-  Io io = {g->id, reinterpret_cast<const float *>(g->base + x_off), cp->k.cols,
+  Io io = {g->id, reinterpret_cast<const float *>(g->dev + x_off), cp->k.cols,
            reinterpret_cast<float *>(g->dev + y_off)};
   return run_matvec(c, cp, ncols, io);
 }
