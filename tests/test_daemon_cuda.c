@@ -4,7 +4,8 @@
  *
  *   0. Socket matvecs: x and y through the connection's shared region, registered with CUDA by
  *      the daemon (rflags NWC_CLIENT_SHARED), equal to the same in the frames and within 1e-5
- *      of fp64, with a bias and a scale, K a multiple of 16 and not, 1 - 3 columns.
+ *      of fp64, with a bias and a scale, 1 - 3 columns; on the sample's largest matrix and on a
+ *      model written here whose K is not a multiple of 16 (the sample has none).
  *   1. A client process (this program re-executed as "ipc") that owns CUDA memory: matvec from
  *      its device x into its device y (offsets inside one allocation, an IPC event to wait for,
  *      y poisoned first), checked against fp64, then ten more with fresh x on the same buffers
@@ -22,6 +23,7 @@
  *      retrying"); once the memory is given back it loads and computes as before.
  */
 #include "test_daemon_util.h"
+#include "test_store_util.h" /* st_write */
 
 #include "nwc_client.h"
 
@@ -44,16 +46,14 @@ static const td_tensor *find_tensor(bool k_aligned) {
   return best;
 }
 
-/* Socket matvecs of t (resident on cuda:0) three times each way, fresh x and y poisoned every
- * time: float through the shared region (NWC_CLIENT_SHARED: straight between the region and the
- * GPU), float in the frames (NWC_CLIENT_INLINE) and BF16 (copied); with a bias of M values
- * when the sample has one (and a scale), checked against fp64, and the three outputs equal to
- * the inline float (the same kernel; BF16: its rounding). */
-static void shared_tensor(nwc_client *c, const td_tensor *t) {
+/* Socket matvecs of model/t (resident on cuda:0) three times each way, fresh x and y poisoned
+ * every time: float through the shared region (NWC_CLIENT_SHARED: straight between the region
+ * and the GPU), float in the frames (NWC_CLIENT_INLINE) and BF16 (copied); with bias (M values,
+ * or NULL) and then a scale, checked against fp64, and the three outputs equal to the inline
+ * float (the same kernel; BF16: its rounding). */
+static void shared_tensor(nwc_client *c, const char *model, const td_tensor *t,
+                          const td_tensor *bias) {
   const uint64_t M = t->rows, K = t->cols;
-  const td_tensor *bias = NULL;
-  for (size_t j = 0; j < td_nt; j++)
-    if (td_t[j].rows == 1 && td_t[j].cols == M) bias = &td_t[j];
   const unsigned ncols = 1 + (unsigned)test_below(3);
   const float scale = bias ? 0.5f : 1.0f;
   size_t n = (size_t)ncols * M;
@@ -64,12 +64,12 @@ static void shared_tensor(nwc_client *c, const td_tensor *t) {
     memset(ys, 0xff, n * 4), memset(yi, 0xff, n * 4), memset(yh, 0xff, n * 2);
     unsigned rs = 0, ri = 0, rh = 0;
     const char *bn = bias ? bias->name : NULL;
-    int rc = nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, 0, ys, n * 4, &rs);
+    int rc = nwc_client_matvec(c, model, t->name, bn, scale, x, K, ncols, 0, ys, n * 4, &rs);
     CHECK(rc == 0 && (rs & NWC_CLIENT_SHARED), "matvec %s through the shared region: %d %s, "
           "rflags 0x%x", t->name, rc, rc ? nwc_client_last_error() : "", rs);
-    rc |= nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, NWC_CLIENT_INLINE, yi,
+    rc |= nwc_client_matvec(c, model, t->name, bn, scale, x, K, ncols, NWC_CLIENT_INLINE, yi,
                             n * 4, &ri);
-    rc |= nwc_client_matvec(c, "use", t->name, bn, scale, x, K, ncols, NWC_CLIENT_BF16, yh, n * 2,
+    rc |= nwc_client_matvec(c, model, t->name, bn, scale, x, K, ncols, NWC_CLIENT_BF16, yh, n * 2,
                             &rh);
     CHECK(rc == 0 && !(ri & NWC_CLIENT_SHARED) && !(rh & NWC_CLIENT_SHARED),
           "matvec %s inline / bf16: %d %s, rflags 0x%x 0x%x", t->name, rc,
@@ -91,6 +91,29 @@ static void shared_tensor(nwc_client *c, const td_tensor *t) {
   printf("shared-region matvec %s [%llux%llu], %u columns%s: ok\n", t->name,
          (unsigned long long)M, (unsigned long long)K, ncols, bias ? ", bias, scale 0.5" : "");
   free(x), free(ys), free(yi), free(yh);
+}
+
+/* The shared-region matvecs on the sample's largest matrix and, since the sample has no matrix
+ * whose K is not a multiple of 16, on a model written here: M x K (K not a multiple of 16, so
+ * the daemon pads x on the device) with a bias of M values. */
+static void shared_matvecs(nwc_client *c) {
+  const td_tensor *t = find_tensor(true), *bias = NULL;
+  for (size_t j = 0; t && j < td_nt; j++)
+    if (td_t[j].rows == 1 && td_t[j].cols == t->rows) bias = &td_t[j];
+  if (t) shared_tensor(c, "use", t, bias);
+  const uint64_t M = 8 + test_below(100), K = 17 + 16 * test_below(20) + test_below(15);
+  uint16_t *w = malloc(M * K * 2), *b = malloc(M * 2);
+  for (uint64_t i = 0; i < M * K; i++) w[i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
+  for (uint64_t i = 0; i < M; i++) b[i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5));
+  st_spec sp[2] = {{"odd.w", "BF16", 2, {M, K}, w, M * K * 2}, {"odd.b", "BF16", 1, {M}, b, M * 2}};
+  char path[600];
+  snprintf(path, sizeof path, "%s/odd.safetensors", td_dir);
+  CHECK_RC(st_write(path, sp, 2));
+  CHECK_RC(nwc_client_import(c, "odd", path, NULL, NULL));
+  td_tensor tw = {"odd.w", M, K, w}, tb = {"odd.b", 1, M, b};
+  shared_tensor(c, "odd", &tw, &tb);
+  CHECK_RC(nwc_client_remove(c, "odd"));
+  free(w), free(b);
 }
 
 /* Matvec and dequant of t through IPC into this process's device memory. */
@@ -360,8 +383,7 @@ int main(int argc, char **argv) {
   CHECK(!strcmp(nwc_client_backend(c), "cuda"), "backend %s", nwc_client_backend(c));
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
   /* 0. socket matvecs through the shared region (K a multiple of 16 and not) */
-  for (int aligned = 1; aligned >= 0; aligned--)
-    if (find_tensor(aligned)) shared_tensor(c, find_tensor(aligned));
+  shared_matvecs(c);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   /* 1. the IPC client process */
   pid_t kid = fork();
