@@ -31,9 +31,10 @@
  *          inline       the same with x and y in the frames (NWC_CLIENT_INLINE), alternating
  *                       call by call with the shared-region ones
  *          kernel       the bare nwc_k_matvec of the same tensor in this process (CUDA events)
- *          pipeline     in this process, what nwcd's device matvec does around the kernel: x
- *                       into pinned memory, one graph launch (x up, the kernels, y written into
- *                       mapped pinned memory), a spinning wait, y copied out (host clock)
+ *          pipeline     in this process, nwcd's device matvec around the kernel as it was
+ *                       before x came up by a kernel: x into pinned memory, one graph launch (x
+ *                       up by the copy engine, the kernels, y written into mapped pinned
+ *                       memory), a spinning wait, y copied out (host clock)
  *   clients serial      one client, 8 matvecs one after the other (µs per 8, p50)
  *           concurrent  8 clients (threads, one connection each), one matvec each at once
  * and a summary line with the issue's ratios: cold nwcd / odirect (>= 0.9), BF16 cold time /
@@ -507,8 +508,8 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     for (int k = 0; k < NCLIENTS; k++) nwc_k_matvec(&kt, dx, NULL, dy, ds, s), cudaStreamSynchronize(s);
     wall8[r] = nwc_bench_now() - t0;
   }
-  /* what nwcd's device matvec does, in this process: x into pinned memory, one graph launch (x
-   * up, the kernels writing y into mapped pinned memory), a spinning wait, y copied out */
+  /* nwcd's device matvec with the copy engine, in this process: x into pinned memory, one graph
+   * launch (x up, the kernels writing y into mapped pinned memory), a spinning wait, y copied out */
   double *pv = malloc(iters * sizeof *pv);
   float *px = NULL, *py = NULL, *pyd = NULL, *yout = malloc(M * 4);
   cudaGraph_t g = NULL;
