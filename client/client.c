@@ -10,7 +10,8 @@
  * completes the ticket it belongs to, so synchronous calls and tickets mix on one connection.
  * Descriptors (import files, the shared region) travel with the first byte of their frame via
  * SCM_RIGHTS.
- * The shared region is a memfd created on the first transfer above INLINE_MAX, sealed against
+ * The shared region is a memfd created on the first transfer above INLINE_MAX (or the first
+ * matvec, with a daemon whose GPU reads and writes the region: NWC_CAP_SHM_DEVICE), sealed against
  * shrinking (the daemon requires it, so a client cannot make it fault), mapped here and there;
  * since calls are serialized, each call uses it from offset 0.  Errors: a negative errno, with
  * the daemon's message (or ours) in a thread-local buffer.
