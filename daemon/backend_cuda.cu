@@ -17,22 +17,23 @@
  *     kernels and copy-out on that stream, waits for them (spinning: cudaDeviceScheduleSpin),
  *     copies out of the pinned buffer and gives the context back.  So concurrent requests run on
  *     their own streams, and there are never more contexts than requests that ran at once.
- *   - A socket matvec is one submission: its kernels write y straight into the mapped pinned
- *     out buffer (no copy back), and the x copy plus the kernels are captured into a CUDA graph
- *     per (tensor, columns, x and y), cached in the context (8, LRU) from the second request that
+ *   - A socket matvec is one submission: a kernel reads x from mapped pinned memory (no copy
+ *     engine: for a few KiB it starts sooner), the matvec kernels write y straight into the
+ *     mapped pinned out buffer (no copy back), and the three are captured into a CUDA graph per
+ *     (tensor, columns, x and y), cached in the context (32, LRU) from the second request that
  *     needs it and launched from then on (the request then costs the kernel + 2-5 us on the H200,
  *     docs/results.md).  A graph names the context's buffers as they were, so the context drops
  *     its graphs before it reallocates one.
  *   - Shared regions: a matvec whose x and y are in the client's shared region (its memfd, which
  *     nwcd maps) skips the pinned buffers: the region's first bytes (a window) are registered with
- *     CUDA once per connection, at its first such matvec, so the graph copies x from the region
- *     and the kernels write y into it; nothing is copied on the host.  The registration ends
+ *     CUDA once per connection, at its first such matvec, so the graph's kernels read x from the
+ *     region and write y into it; nothing is copied on the host.  The registration ends
  *     with the connection (nwcd_cuda_forget, when none of its requests runs); graphs naming it
  *     are keyed by its id, unique for the process's life, so none is launched after that.
  *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
  *     tensor any more), so evicting everything gives all device memory back.
- *   - Several columns of one matvec (a batched pass of several clients) go up in one copy, run
- *     as back-to-back launches (the kernels take one right-hand side) and come back in one copy:
+ *   - Several columns of one matvec (a batched pass of several clients) go up together, run
+ *     as back-to-back launches (the kernels take one right-hand side) and write y in one go:
  *     one round trip and one wait for all of them.
  *   - IPC: the client's handles are opened on the copy's device and kept open for its connection
  *     (at most 16 per connection, LRU; closed when the connection ends); the allocation's real
