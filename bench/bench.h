@@ -20,10 +20,12 @@ double nwc_bench_thread_cpu(void);
 double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds);
 
 
-/* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, and
- * waits (up to 5 s) until sock accepts connections: its pid (-1 if fork failed).  The caller
- * stops it (SIGTERM, waitpid).  bench_daemon.c. */
-pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock);
+/* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, with
+ * --backend backend (NULL: nwcd's default), and waits (up to 5 s) until sock accepts
+ * connections: its pid (-1 if fork failed).  The caller stops it (SIGTERM, waitpid).
+ * bench_daemon.c. */
+pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
+                           const char *backend);
 
 /* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */
 int nwc_bench_codec(int argc, char **argv);

@@ -10,7 +10,8 @@
  *   {"bench":"throughput", clients 1|4|16, mode sync|pipelined, depth, matvec_per_s}
  *                                                     client processes in parallel
  * (Loads through nwcd against cat and plain reads, cold and warm: `nwc-bench load`.)
- * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here.
+ * In-process means the same codec call (nwc_matvec / nwc_dequant) on the tensor encoded here,
+ * so nwcd runs its cpu backend (on a GPU machine too: nwc-bench gpu-daemon times the GPU).
  * "socket" is a connection with libnwc-client's default wait (it polls for the reply before it
  * sleeps), "sleep" a second one set to sleep at once (nwc_client_set_spin 0), timed in a second
  * pass against its own in-process turns (two connections taking turns would be concurrent
@@ -155,12 +156,17 @@ static bool connectable(const char *path) {
   return ok;
 }
 
-pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock) {
+pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
+                           const char *backend) {
   pid_t pid = fork();
   if (pid == 0) {
     int nul = open("/dev/null", O_WRONLY);
     dup2(nul, 1), dup2(nul, 2);
-    execl(nwcd, nwcd, "--store", store, "--socket", sock, "--quiet", (char *)NULL);
+    if (backend)
+      execl(nwcd, nwcd, "--store", store, "--socket", sock, "--backend", backend, "--quiet",
+            (char *)NULL);
+    else
+      execl(nwcd, nwcd, "--store", store, "--socket", sock, "--quiet", (char *)NULL);
     _exit(127);
   }
   for (int i = 0; pid > 0 && i < 500 && !connectable(sock); i++) usleep(10000);
@@ -219,7 +225,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   char sock[128], store[128];
   snprintf(sock, sizeof sock, "%s/nwcd.sock", dir);
   snprintf(store, sizeof store, "%s/store", dir);
-  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock);
+  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock, "cpu"); /* what in-process runs */
   nwc_client *c = NULL;
   int rc = nwc_client_connect(sock, &c);
   if (rc == 0) rc = nwc_client_import(c, "bench", file, NULL, NULL);
