@@ -34,5 +34,11 @@ int nwc_bench_daemon(int argc, char **argv); /* bench_daemon.c */
 int nwc_bench_load(int argc, char **argv);   /* bench_load.c */
 int nwc_bench_map(int argc, char **argv);    /* bench_map.c */
 int nwc_bench_gpu_daemon(int argc, char **argv); /* bench_gpu_daemon.c (CUDA builds) */
+/* bench_gpu_load.c (CUDA builds): the warm GPU load of model's blobs in store_dir (no daemon may
+ * hold the store) taken apart: stages alone, then the loader in the configurations specs names
+ * (default set if nspecs is 0), R rounds each; 0 or a negative errno.  _spec: 0 if spec parses. */
+int nwc_bench_gpu_load(const char *store_dir, const char *model, unsigned R,
+                       const char *const *specs, size_t nspecs);
+int nwc_bench_gpu_load_spec(const char *spec);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * bench_gpu_daemon.c - `nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R]
- * [--iters N] [--nwcd PATH] [--keep]` (CUDA builds): nwcd's cuda backend (PATH, default the one
- * built with the bench) against its baselines, in one run (issue 8).  --keep leaves the temporary
+ * [--iters N] [--nwcd PATH] [--keep] [--loader SPEC]...` (CUDA builds): nwcd's cuda backend
+ * (PATH, default the one built with the bench) against its baselines, in one run (issue 8).  --keep leaves the temporary
  * directory (model.safetensors, store/) for other benchmarks (nwc-bench load DIR/store) and
  * prints its path last.
  *
@@ -15,16 +15,10 @@
  *          bf16_cold    the BF16 safetensors file read() in 64 MiB pieces, each cudaMemcpy'd to
  *          bf16_warm    device memory (the uncompressed alternative), cold and warm
  *          (median of R rounds; GB/s of the bytes each moves: container blobs or the BF16 file)
- *   stage  the warm load's stages alone, in this process, on the same blobs (page cache warm):
- *          h2d (pinned slots to device memory, no read), read (pread of 1 MiB pieces into pinned
- *          slots), read_xxh3 (each piece's XXH3 taken as it lands, as the loader checks it),
- *          read_xxh3_h2d (and each 4 MiB slot copied to the device, cudaMemcpyAsync on the
- *          thread's stream): N threads each taking the next blob, 8 slots of 4 MiB each (pinned
- *          and made before the timing); the zero-copy alternatives: map_xxh3 (each blob's
- *          page-cache pages mapped, MAP_POPULATE, and hashed there: no copy) and register_h2d
- *          (the mapping pinned with cudaHostRegister, read-only, and copied to the device from
- *          the page cache itself, then unregistered); and
- *          cudamalloc (a device allocation of each blob's size, as a load makes)
+ *   stage, loader  after nwcd has stopped, on its store: the warm load taken apart in this
+ *          process (bench_gpu_load.c): each stage alone (read, check, copy to the device, zero
+ *          copy) and nwcd's loader itself in lanes of GPU rings as nwcd runs it, in the
+ *          configurations --loader SPEC names (repeated; "L:B:S:C[:none][:alloc]", see there)
  *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs,
  *                       x and y through the connection's shared region (the default with a
  *                       cuda daemon: straight between the region and the GPU)
@@ -65,7 +59,6 @@
 #include <sys/wait.h>
 #include <stdatomic.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define NCLIENTS 8
 
@@ -190,164 +183,6 @@ static void *client_thread(void *p) {
   return NULL;
 }
 
-/* ---- the warm load's stages, each alone (in this process, on nwcd's container bytes) ------ */
-
-enum { ST_H2D, ST_READ, ST_XXH3, ST_ALL, ST_MAP_XXH3, ST_REGISTER_H2D };
-static const char *stage_names[] = {"h2d", "read", "read_xxh3", "read_xxh3_h2d", "map_xxh3",
-                                    "register_h2d"};
-#define ST_SLOTS 8
-#define ST_SLOT (4u << 20)
-#define ST_PIECE (1u << 20)
-
-#define ST_THREADS 12
-
-/* A stage thread's pinned slots, stream and per-slot events, made before any timing. */
-typedef struct stage_res {
-  uint8_t *buf;
-  cudaStream_t st;
-  cudaEvent_t ev[ST_SLOTS];
-} stage_res;
-
-typedef struct stage_ctx {
-  const nwc_client_tensor_info *in;
-  const uint64_t *dev_off; /* each blob's place in dev */
-  size_t n;
-  int what;
-  uint8_t *dev;
-  stage_res res[ST_THREADS];
-  atomic_size_t next;
-  atomic_uint started;
-  atomic_int rc;
-} stage_ctx;
-
-/* Blob i of a zero-copy stage (map_xxh3, register_h2d), straight from its page-cache pages. */
-static int stage_mapped(stage_ctx *s, size_t i, cudaStream_t st, uint64_t *sum) {
-  const nwc_client_tensor_info *t = &s->in[i];
-  int fd = open(t->path, O_RDONLY);
-  if (fd < 0) return -errno;
-  uint8_t *p = mmap(NULL, t->length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)t->offset);
-  close(fd);
-  if (p == MAP_FAILED) return -errno;
-  int rc = 0;
-  if (s->what == ST_MAP_XXH3) {
-    for (uint64_t q = 0; q < t->length; q += ST_PIECE)
-      *sum ^= XXH3_64bits(p + q, t->length - q < ST_PIECE ? t->length - q : ST_PIECE);
-  } else if (cudaHostRegister(p, t->length, cudaHostRegisterReadOnly) != cudaSuccess) {
-    cudaGetLastError();
-    rc = -EIO;
-  } else {
-    if (cudaMemcpyAsync(s->dev + s->dev_off[i], p, t->length, cudaMemcpyHostToDevice, st) ||
-        cudaStreamSynchronize(st))
-      rc = -EIO;
-    cudaHostUnregister(p);
-  }
-  munmap(p, t->length);
-  return rc;
-}
-
-/* One thread of a stage: takes the next blob until none is left (see the file's comment). */
-static void *stage_thread(void *p) {
-  stage_ctx *s = p;
-  stage_res *m = &s->res[atomic_fetch_add(&s->started, 1)];
-  bool pending[ST_SLOTS] = {false};
-  uint64_t sum = 0;
-  unsigned k = 0;
-  int rc = 0;
-  for (size_t i; rc == 0 && (i = atomic_fetch_add(&s->next, 1)) < s->n;) {
-    const nwc_client_tensor_info *t = &s->in[i];
-    if (s->what >= ST_MAP_XXH3) {
-      rc = stage_mapped(s, i, m->st, &sum);
-      continue;
-    }
-    int fd = s->what == ST_H2D ? -1 : open(t->path, O_RDONLY);
-    if (s->what != ST_H2D && fd < 0) rc = -errno;
-    for (uint64_t off = 0; rc == 0 && off < t->length; off += ST_SLOT, k = (k + 1) % ST_SLOTS) {
-      uint8_t *b = m->buf + (size_t)k * ST_SLOT;
-      uint64_t n = t->length - off < ST_SLOT ? t->length - off : ST_SLOT;
-      if (pending[k] && cudaEventSynchronize(m->ev[k]) != cudaSuccess) rc = -EIO;
-      pending[k] = false;
-      for (uint64_t q = 0; rc == 0 && s->what != ST_H2D && q < n; q += ST_PIECE) {
-        size_t want = n - q < ST_PIECE ? n - q : ST_PIECE;
-        if (pread(fd, b + q, want, (off_t)(t->offset + off + q)) != (ssize_t)want) rc = -EIO;
-        if (rc == 0 && s->what >= ST_XXH3) sum ^= XXH3_64bits(b + q, want);
-      }
-      if (rc == 0 && (s->what == ST_H2D || s->what == ST_ALL)) {
-        if (cudaMemcpyAsync(s->dev + s->dev_off[i] + off, b, n, cudaMemcpyHostToDevice, m->st) ||
-            cudaEventRecord(m->ev[k], m->st))
-          rc = -EIO;
-        pending[k] = rc == 0;
-      }
-    }
-    if (fd >= 0) close(fd);
-  }
-  if (cudaStreamSynchronize(m->st) != cudaSuccess) rc = -EIO;
-  if (rc) atomic_store(&s->rc, rc);
-  return (void *)(uintptr_t)(sum == 1); /* keeps the hashes computed */
-}
-
-/* Seconds for one pass of stage what over the blobs with nthreads threads (< 0: failed). */
-static double stage_pass(stage_ctx *s, int what, unsigned nthreads) {
-  pthread_t th[ST_THREADS];
-  s->what = what;
-  atomic_store(&s->next, 0);
-  atomic_store(&s->started, 0);
-  atomic_store(&s->rc, 0);
-  double t0 = nwc_bench_now();
-  unsigned started = 0;
-  for (; started < nthreads && started < ST_THREADS; started++)
-    if (pthread_create(&th[started], NULL, stage_thread, s)) break;
-  for (unsigned i = 0; i < started; i++) pthread_join(th[i], NULL);
-  double t = nwc_bench_now() - t0;
-  return atomic_load(&s->rc) || started < nthreads ? -1 : t;
-}
-
-/* Prints each stage's median rate over R passes, warm, for a few thread counts; dev holds the
- * blobs back to back.  Then the device allocations a load of every blob makes. */
-static void stages(const nwc_client_tensor_info *in, size_t n, uint8_t *dev, unsigned R) {
-  uint64_t *off = calloc(n + 1, sizeof *off), bytes = 0;
-  for (size_t i = 0; i < n; i++) off[i] = bytes, bytes += in[i].length;
-  static stage_ctx s;
-  s = (stage_ctx){.in = in, .dev_off = off, .n = n, .dev = dev};
-  for (int t = 0; t < ST_THREADS; t++) {
-    stage_res *m = &s.res[t];
-    int bad = cudaHostAlloc((void **)&m->buf, (size_t)ST_SLOTS * ST_SLOT, cudaHostAllocDefault) ||
-              cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
-    for (int k = 0; !bad && k < ST_SLOTS; k++)
-      bad = cudaEventCreateWithFlags(&m->ev[k], cudaEventDisableTiming);
-    if (bad) {
-      fprintf(stderr, "stage: no pinned slots, streams or events\n");
-      return;
-    }
-  }
-  stage_pass(&s, ST_READ, 8); /* the page cache warm */
-  static const unsigned threads[] = {1, 4, 8, 12};
-  for (int what = ST_H2D; what <= ST_REGISTER_H2D; what++)
-    for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
-      double tv[64], med;
-      for (unsigned r = 0; r < R; r++) tv[r] = stage_pass(&s, what, threads[ti]);
-      med = median(tv, R);
-      printf("{\"bench\":\"stage\",\"item\":\"%s\",\"threads\":%u,\"seconds\":%.6f,\"bytes\":%llu,"
-             "\"gbps\":%.3f}\n", stage_names[what], threads[ti], med, (unsigned long long)bytes,
-             med > 0 ? bytes / med / 1e9 : -1);
-      fprintf(stderr, "stage    %-14s %2u threads %8.2f GB/s\n", stage_names[what], threads[ti],
-              med > 0 ? bytes / med / 1e9 : -1);
-    }
-  double t0 = nwc_bench_now();
-  void *p[1024];
-  size_t k = 0;
-  for (; k < n && k < 1024 && cudaMalloc(&p[k], in[k].length) == cudaSuccess; k++) {
-  }
-  double ta = nwc_bench_now() - t0;
-  for (size_t i = 0; i < k; i++) cudaFree(p[i]);
-  printf("{\"bench\":\"stage\",\"item\":\"cudamalloc\",\"allocations\":%zu,\"seconds\":%.6f}\n", k, ta);
-  fprintf(stderr, "stage    cudamalloc     %zu blobs %.3f ms\n", k, ta * 1e3);
-  for (int t = 0; t < ST_THREADS; t++) {
-    for (int j = 0; j < ST_SLOTS; j++) cudaEventDestroy(s.res[t].ev[j]);
-    cudaStreamDestroy(s.res[t].st), cudaFreeHost(s.res[t].buf);
-  }
-  free(off);
-}
-
 static void line(const char *bench, const char *item, double seconds, double bytes) {
   printf("{\"bench\":\"%s\",\"item\":\"%s\",\"seconds\":%.6f,\"bytes\":%.0f,\"gbps\":%.3f}\n", bench,
          item, seconds, bytes, bytes / seconds / 1e9);
@@ -357,6 +192,8 @@ static void line(const char *bench, const char *item, double seconds, double byt
 int nwc_bench_gpu_daemon(int argc, char **argv) {
   unsigned T = 32, R = 3, iters = 2000;
   bool keep = false;
+  const char *specs[32];
+  size_t nspecs = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tensors") && i + 1 < argc) T = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) M = strtoull(argv[++i], NULL, 0);
@@ -365,8 +202,12 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd_path = argv[++i];
     else if (!strcmp(argv[i], "--keep")) keep = true;
+    else if (!strcmp(argv[i], "--loader") && i + 1 < argc && nspecs < 32 &&
+             nwc_bench_gpu_load_spec(argv[i + 1]) == 0)
+      specs[nspecs++] = argv[++i];
     else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
-                                "[--rounds R] [--iters N] [--nwcd PATH] [--keep]\n"), 2;
+                                "[--rounds R] [--iters N] [--nwcd PATH] [--keep] "
+                                "[--loader L:B:S:C[:none][:alloc]]...\n"), 2;
   }
   if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
   int ndev = 0;
@@ -452,11 +293,6 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     med[i] = median(tv[i], R);
     line("load", items[i], med[i], i == 0 ? (double)file_bytes : i < 3 ? (double)blob_bytes : (double)bf16_bytes);
   }
-  nwc_client_tensor_info *infos = calloc(nt ? nt : 1, sizeof *infos);
-  for (size_t i = 0; infos && i < nt; i++)
-    if (nwc_client_info(c, "m", ts[i].name, &infos[i]) < 0) return 1;
-  if (infos && blob_bytes <= bf16_bytes) stages(infos, nt, dev, R);
-  free(infos);
   cudaFree(dev);
   /* matvec through the socket and the bare kernel */
   const char *tn = "w.0";
@@ -613,6 +449,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
           s50 - k50, n50 - k50, con50 / ser50, drop_how);
   nwc_client_free(c);
   kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+  if (nwc_bench_gpu_load(store, "m", R, specs, nspecs) < 0) rc = 1;
   nwc_k_tensor_free(&kt), nwc_tensor_release(&t);
   cudaFree(dx), cudaFree(dy), cudaFree(ds), cudaStreamDestroy(s);
   for (int i = 0; i < 4; i++) free(mats[i]);

@@ -146,6 +146,7 @@ typedef struct load {
   uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
   unsigned mode, depth, inflight, nfree;
   uint64_t cs, read_size, next, checked, direct_bytes;
+  uint64_t wait_ns, check_ns, sink_ns, drain_ns; /* nwcd_load_info's */
   nwcd_progress_fn progress;
   void *ctx;
   int err;
@@ -172,10 +173,10 @@ void nwcd_load_observe(nwcd_progress_fn fn, void *ctx) {
   tl_observer_ctx = ctx;
 }
 
-static uint64_t now_us(void) {
+static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- checking chunks ---------------------------------------------------------------------- */
@@ -435,7 +436,9 @@ static void complete(load *L, rd *r, int res) {
 
 /* The sink's reclaim; on its failure every slot not under a read is the ring's again. */
 static void reclaim(load *L, bool wait) {
+  uint64_t t = now_ns();
   int rc = L->sink->reclaim(L->sink->ctx, L->ring, wait);
+  *(wait ? &L->drain_ns : &L->sink_ns) += now_ns() - t;
   if (rc >= 0) return;
   fail(L, rc);
   nwcd_ring *g = L->ring;
@@ -478,7 +481,9 @@ static void run(load *L) {
         fail(L, nwc__fail(-EIO, "the ring's sink gave no slot back"));
       continue;
     }
+    uint64_t t = now_ns();
     int rc = io_uring_submit_and_wait(u, 1);
+    L->wait_ns += now_ns() - t;
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
       abandon(L, rc);
       break;
@@ -490,9 +495,12 @@ static void run(load *L) {
       complete(L, &L->rds[cqe->user_data], cqe->res);
     }
     io_uring_cq_advance(u, seen);
+    t = now_ns();
     check_ready(L);
+    uint64_t t1 = now_ns();
     for (unsigned k = 0; k < L->nready; k++) finish(L, L->ready[k]);
     L->nready = 0;
+    L->check_ns += t1 - t, L->sink_ns += now_ns() - t1;
   }
   if (!L->ring) return;
   while (L->ring->nfree < L->ring->nslots) { /* the sink's work on its slots finishes */
@@ -563,12 +571,14 @@ static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {
     li->bytes = L->ti->length;
     li->direct_bytes = L->direct_bytes;
     li->direct = L->direct_bytes > 0;
-    li->micros = now_us() - t0;
+    li->micros = (now_ns() - t0) / 1000u;
+    li->wait_ns = L->wait_ns, li->check_ns = L->check_ns;
+    li->sink_ns = L->sink_ns, li->drain_ns = L->drain_ns;
   }
 }
 
 int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwcd_load_info *li) {
-  uint64_t t0 = now_us();
+  uint64_t t0 = now_ns();
   if (li) memset(li, 0, sizeof *li);
   NWC_RETURN_IF(!ti || !buf || (uintptr_t)buf % PAGE, -EINVAL, "nwcd_load: no blob or buffer not "
                 "4096-aligned");
@@ -662,7 +672,7 @@ void nwcd_ring_release(nwcd_ring *r, unsigned slot) {
 
 int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
                    const nwcd_sink *sink, nwcd_load_info *li) {
-  uint64_t t0 = now_us();
+  uint64_t t0 = now_ns();
   if (li) memset(li, 0, sizeof *li);
   NWC_RETURN_IF(!r || !ti || !sink || !sink->consume || !sink->reclaim, -EINVAL,
                 "nwcd_ring_load: missing argument");

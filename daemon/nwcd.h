@@ -149,6 +149,10 @@ typedef struct nwcd_load_info {
   uint64_t bytes;        /* the blob's length */
   uint64_t direct_bytes; /* of bytes, read with O_DIRECT; the rest came through the page cache */
   uint64_t micros;
+  /* where the loading thread's time went (ns): blocked in io_uring waiting for reads, checking
+   * chunks (its share; helper threads check beside it), in the sink (ring loads: consume and
+   * reclaim without waiting) and waiting for the sink to give slots back */
+  uint64_t wait_ns, check_ns, sink_ns, drain_ns;
 } nwcd_load_info;
 
 /* Bytes of a blob read and checked so far (monotonic, chunk by chunk), of total. */
