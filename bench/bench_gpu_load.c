@@ -24,7 +24,7 @@
  *           is split as nwcd_load_info reports it: waiting for reads, checking, in the sink,
  *           draining the copies, and the rest (submitting, opening, mapping), per lane.
  * A loader configuration is written "L:B:S:C[:none][:alloc]" (`--loader SPEC`, repeated); the
- * default set starts with nwcd's own (8 lanes, rings of 32 MiB in 4 MiB slots, C 0).
+ * default set starts with nwcd's own (16 lanes, rings of 16 MiB in 4 MiB slots, C 1).
  */
 #include "bench.h"
 
@@ -391,8 +391,9 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
 
 /* ---- the whole item ------------------------------------------------------------------------ */
 
-static const char *default_specs[] = {"8:32:4:0", "8:32:4:1", "8:32:4:0:none", "8:32:4:0:alloc",
-                                      "16:32:4:1", "16:32:2:1", "4:64:4:0", "1:256:4:0"};
+static const char *default_specs[] = {"16:16:4:1", "16:16:4:1:none", "16:16:4:1:alloc",
+                                      "16:16:2:1", "16:32:4:1", "12:16:4:1", "8:32:4:1",
+                                      "8:32:4:0", "1:256:4:0"};
 
 int nwc_bench_gpu_load(const char *store_dir, const char *model, unsigned R,
                        const char *const *specs, size_t nspecs) {

@@ -8,7 +8,9 @@
  *
  * Slots are released in the order their copies were queued (one stream: copies complete in
  * order), polled with cudaEventQuery while there are free slots and waited for with
- * cudaEventSynchronize when the loader has none.  The ring memory is mapped by loader.c and
+ * cudaEventSynchronize when the loader has none.  The events block (cudaEventBlockingSync): a
+ * waiting lane sleeps instead of spinning on a core that io_uring's workers need for their
+ * copies out of the page cache (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  The ring memory is mapped by loader.c and
  * pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
  * in the detail); the stream is synchronized before the slots are given back, so no copy reads
  * a slot that a later load refills.
@@ -105,7 +107,7 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
   if (e == cudaSuccess) g->mem = mem;
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
   for (unsigned s = 0; e == cudaSuccess && g->ev && s < g->nslots; s++)
-    e = cudaEventCreateWithFlags(&g->ev[s], cudaEventDisableTiming);
+    e = cudaEventCreateWithFlags(&g->ev[s], cudaEventDisableTiming | cudaEventBlockingSync);
   rc = !g->ev || !g->fifo ? nwc__fail(-ENOMEM, "no memory for a GPU ring")
        : e != cudaSuccess ? cuda_fail(e, "GPU ring (cudaHostRegister, stream, events)")
                           : 0;

@@ -223,12 +223,11 @@ static int op_remove(nwcd_job *j) {
   return 0;
 }
 
-/* Loads of a model run in NWCD_LOAD_LANES parallel lanes (the backend has as many staging rings
- * per device), each lane taking the next tensor; the request's own worker is one of them and
- * alone sends progress.  Into host memory too: each lane writes its tensor's fresh memfd
- * through its worker's staging ring (making pages costs more than the read itself, and the
- * lanes make them in parallel, on as many cores as they run on). */
-#define NWCD_LOAD_LANES 8
+/* Loads of a model run in NWCD_LOAD_LANES parallel lanes (NWCD_GPU_LOAD_LANES onto a device,
+ * where the backend has as many staging rings: nwcd.h), each lane taking the next tensor; the
+ * request's own worker is one of them and alone sends progress.  Into host memory too: each lane
+ * writes its tensor's fresh memfd through its worker's staging ring (making pages costs more than
+ * the read itself, and the lanes make them in parallel, on as many cores as they run on). */
 
 typedef struct lanes_ctx {
   nwcd *d;
@@ -315,7 +314,9 @@ static int op_residency(nwcd_job *j) {
     lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
                     .pc = &pc, .total = total};
     pthread_mutex_init(&lc.lock, NULL);
-    nwcd_pool_parallel(d->pool, n < NWCD_LOAD_LANES ? n : NWCD_LOAD_LANES, load_lane, &lc);
+    bool gpu = loc >= 0 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
+    size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
+    nwcd_pool_parallel(d->pool, n < lanes ? n : lanes, load_lane, &lc);
     pthread_mutex_destroy(&lc.lock);
     res = lc.res, rc = lc.rc;
     if (rc < 0) nwc__fail(rc, "%s", lc.msg);
