@@ -22,9 +22,12 @@
  *           sink gives each slot straight back (no copy to the device); "alloc": each blob's
  *           device memory made with cudaMalloc in its lane first, as nwcd does.  The lanes' time
  *           is split as nwcd_load_info reports it: waiting for reads, checking, in the sink,
- *           draining the copies, and the rest (submitting, opening, mapping), per lane.
- * A loader configuration is written "L:B:S:C[:none][:alloc]" (`--loader SPEC`, repeated); the
- * default set starts with nwcd's own (16 lanes, rings of 16 MiB in 4 MiB slots, C 1).
+ *           draining the copies, and the rest (submitting, opening, mapping), per lane.  "hot":
+ *           hot loads (nwcd_load_opts.hot: cached reads one at a time, copied by the lane and
+ *           checked at once); without it io_uring's workers copy, many reads at a time.
+ * A loader configuration is written "L:B:S:C[:none][:alloc][:hot]" (`--loader SPEC`,
+ * repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB in 1 MiB slots,
+ * C 1, hot).
  */
 #include "bench.h"
 
@@ -223,10 +226,10 @@ static int stages(const blobs *b, unsigned R) {
 
 typedef struct lcfg {
   unsigned lanes, ring_mib, slot_mib, checkers;
-  bool none, alloc;
+  bool none, alloc, hot;
 } lcfg;
 
-/* Parses "L:B:S:C[:none][:alloc]": 0, or -EINVAL. */
+/* Parses "L:B:S:C[:none][:alloc][:hot]": 0, or -EINVAL. */
 static int lcfg_parse(const char *spec, lcfg *c) {
   *c = (lcfg){0};
   int used = 0;
@@ -236,6 +239,7 @@ static int lcfg_parse(const char *spec, lcfg *c) {
   for (const char *p = spec + used; *p;) {
     if (!strncmp(p, ":none", 5)) c->none = true, p += 5;
     else if (!strncmp(p, ":alloc", 6)) c->alloc = true, p += 6;
+    else if (!strncmp(p, ":hot", 4)) c->hot = true, p += 4;
     else return -EINVAL;
   }
   bool ok = c->lanes >= 1 && c->lanes <= LANES_MAX && c->slot_mib >= 1 &&
@@ -276,7 +280,7 @@ static int nothing_held(void *ctx, nwcd_ring *r, bool wait) {
 
 /* One lane's share of a pass: the next blob until none is left or a lane failed. */
 static void lane_run(lane_ctx *L, void *ring) {
-  nwcd_load_opts o = {.checkers = L->c->checkers};
+  nwcd_load_opts o = {.checkers = L->c->checkers, .hot = L->c->hot};
   nwcd_sink none = {release_at_once, nothing_held, NULL};
   for (size_t i; !atomic_load(&L->rc) && (i = atomic_fetch_add(&L->next, 1)) < L->b->n;) {
     const nwc_tensor_info *t = &L->b->ti[i];
@@ -376,13 +380,13 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
   const split *s = &sp[m];
   double other = s->load - s->wait - s->check - s->sink - s->drain;
   printf("{\"bench\":\"loader\",\"spec\":\"%s\",\"lanes\":%u,\"ring_mib\":%u,\"slot_mib\":%u,"
-         "\"checkers\":%u,\"sink\":\"%s\",\"alloc\":%s,\"seconds\":%.6f,\"bytes\":%llu,"
+         "\"checkers\":%u,\"hot\":%s,\"sink\":\"%s\",\"alloc\":%s,\"seconds\":%.6f,\"bytes\":%llu,"
          "\"gbps\":%.3f,\"cpu_cores\":%.2f,\"lane_ms\":{\"load\":%.3f,\"wait\":%.3f,"
          "\"check\":%.3f,\"sink\":%.3f,\"drain\":%.3f,\"other\":%.3f}}\n", spec, c->lanes,
-         c->ring_mib, c->slot_mib, c->checkers, c->none ? "none" : "gpu",
+         c->ring_mib, c->slot_mib, c->checkers, c->hot ? "true" : "false", c->none ? "none" : "gpu",
          c->alloc ? "true" : "false", med, (unsigned long long)b->bytes, b->bytes / med / 1e9,
          s->cpu / med, s->load, s->wait, s->check, s->sink, s->drain, other);
-  fprintf(stderr, "loader   %-16s %6.2f GB/s %5.1f cores; per lane ms: pass %.2f, in loads %.2f "
+  fprintf(stderr, "loader   %-20s %6.2f GB/s %5.1f cores; per lane ms: pass %.2f, in loads %.2f "
           "= wait %.2f + check %.2f + sink %.2f + drain %.2f + other %.2f\n", spec,
           b->bytes / med / 1e9, s->cpu / med, med * 1e3, s->load, s->wait, s->check, s->sink,
           s->drain, other);
@@ -391,9 +395,9 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
 
 /* ---- the whole item ------------------------------------------------------------------------ */
 
-static const char *default_specs[] = {"16:16:4:1", "16:16:4:1:none", "16:16:4:1:alloc",
-                                      "16:16:2:1", "16:32:4:1", "12:16:4:1", "8:32:4:1",
-                                      "8:32:4:0", "1:256:4:0"};
+static const char *default_specs[] = {
+    "16:16:1:1:hot", "16:16:1:1:hot:none", "16:16:1:1:hot:alloc", "16:16:2:1:hot", "16:16:4:1:hot",
+    "12:16:1:1:hot", "16:16:4:1", "16:16:4:1:none", "8:32:4:0", "1:256:4:0"};
 
 int nwc_bench_gpu_load(const char *store_dir, const char *model, unsigned R,
                        const char *const *specs, size_t nspecs) {

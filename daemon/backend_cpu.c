@@ -272,12 +272,13 @@ static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_lo
 
 #ifdef NWC_WITH_CUDA
 static nwcd_backend cuda_backend;
-/* Staging rings per device: one per load lane, 16 MiB each in 4 MiB slots (256 MiB in all),
- * so that every lane streams at once; made at a device's first load, kept until exit.  A load
- * checks its chunks on its lane alone (the lanes are as many as the cores: helper threads would
- * only add wake-ups). */
+/* Staging rings per device: one per load lane, 16 MiB each in 1 MiB slots (256 MiB in all),
+ * so that every lane streams at once; made at a device's first load, kept until exit.  Loads
+ * are hot (nwcd_load_opts.hot): each lane copies a cached chunk and checks it on its own core,
+ * alone (the lanes are as many as the cores: helper threads would only add wake-ups). */
 #define RINGS NWCD_GPU_LOAD_LANES
 #define RING_BYTES ((256u << 20) / RINGS)
+#define RING_SLOT (1u << 20)
 static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES][RINGS];
 static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
 static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -292,7 +293,7 @@ static int ring_take(int dev, unsigned *k) {
     if (*k < RINGS) break;
     pthread_cond_wait(&ring_free, &rings_lock);
   }
-  int rc = rings[dev][*k] ? 0 : nwcd_gpu_ring_create(dev, RING_BYTES, 0, &rings[dev][*k]);
+  int rc = rings[dev][*k] ? 0 : nwcd_gpu_ring_create(dev, RING_BYTES, RING_SLOT, &rings[dev][*k]);
   ring_busy[dev][*k] = rc == 0;
   pthread_mutex_unlock(&rings_lock);
   return rc;
@@ -321,7 +322,7 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   rc = nwcd_cuda_blob_alloc(&b, dev, dcopy, &blob);
   if (rc == 0 && ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
     rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
-  nwcd_load_opts o = {.checkers = 1};
+  nwcd_load_opts o = {.checkers = 1, .hot = true};
   if (rc == 0) rc = nwcd_load_to_device(rings[dev][k], ti, blob, &o, li);
   ring_give(dev, k);
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);

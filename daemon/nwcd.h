@@ -157,9 +157,10 @@ typedef struct nwcd_load_info {
   uint64_t bytes;        /* the blob's length */
   uint64_t direct_bytes; /* of bytes, read with O_DIRECT; the rest came through the page cache */
   uint64_t micros;
-  /* where the loading thread's time went (ns): blocked in io_uring waiting for reads, checking
-   * chunks (its share; helper threads check beside it), in the sink (ring loads: consume and
-   * reclaim without waiting) and waiting for the sink to give slots back */
+  /* where the loading thread's time went (ns): in io_uring waiting for reads (hot loads: also
+   * copying them), checking chunks (its share; helper threads check beside it), in the sink
+   * (ring loads: consume and reclaim without waiting) and waiting for the sink to give slots
+   * back */
   uint64_t wait_ns, check_ns, sink_ns, drain_ns;
 } nwcd_load_info;
 
@@ -181,6 +182,10 @@ typedef struct nwcd_load_opts {
                          blob size (ring loads: the slot size) */
   unsigned checkers;  /* threads checking chunks, the loading one included, 1..4; 0: one more
                          per 8 online cores */
+  bool hot;           /* page-cache reads one at a time, without IOSQE_ASYNC: the loading thread
+                         copies each inside io_uring_enter and checks it while the bytes are in
+                         its own cache (for loads that run in as many lanes as there are cores;
+                         O_DIRECT reads still go many at a time) */
   nwcd_progress_fn progress; /* may be NULL */
   void *ctx;
 } nwcd_load_opts;

@@ -2,14 +2,15 @@
  * test_loader.c - nwcd's loader (daemon/loader.c) on real files and a real io_uring: a store made
  * from random BF16 weights (fresh seed), every blob loaded in every mode (auto, O_DIRECT,
  * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
- * sizes, from several threads at once, and through a ring of registered buffers to a sink that
- * holds and gives back slots in random order, with one to four threads checking chunks, and into
- * memfds through the thread's staging ring (nwcd_load_fd, host residency's).  Each
- * load must give exactly the container's bytes (read independently with pread) and decode to the
- * original weights; progress must be monotonic, read by read, ending at the length; a thread
- * keeps one io_uring across loads; bad options are refused.  A byte flipped in a container fails
- * the load naming the chunk; a truncated container fails naming the end; a load into a file
- * that refuses writes (read-only, sealed) fails naming the tensor.
+ * sizes, hot or not (page-cache reads copied inline one at a time), from several threads at
+ * once, and through a ring of registered buffers to a sink that holds and gives back slots in
+ * random order, with one to four threads checking chunks, and into memfds through the thread's
+ * staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
+ * bytes (read independently with pread) and decode to the original weights; progress must be
+ * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
+ * options are refused.  A byte flipped in a container fails the load naming the chunk; a
+ * truncated container fails naming the end; a load into a file that refuses writes (read-only,
+ * sealed) fails naming the tensor.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -160,14 +161,15 @@ static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsig
                              bool to_fd, nwcd_load_info *li, const char *what) {
   nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
                       .read_size = test_below(3) ? 0 : MIB * (1 + test_below(to_fd ? 1 : 4)),
-                      .checkers = (unsigned)test_below(5)}; /* memfd: slots of 1 MiB */
+                      .checkers = (unsigned)test_below(5), /* memfd: slots of 1 MiB */
+                      .hot = test_below(2)};
   prog p = {0};
   o.progress = on_progress, o.ctx = &p;
   uint8_t *buf = aligned_garbage(t->length);
   int rc = to_fd ? fd_load(t, &o, buf, li) : nwcd_load(t, buf, &o, li);
-  CHECK(rc == 0, "%s %s (%s%s, depth %u, read %llu, checkers %u): %s: %s", what, t->name,
-        mode_name(mode), to_fd ? ", into a memfd" : "", o.depth, (unsigned long long)o.read_size,
-        o.checkers, nwc_strerror(rc), nwc_error_detail());
+  CHECK(rc == 0, "%s %s (%s%s, depth %u, read %llu, checkers %u, hot %d): %s: %s", what,
+        t->name, mode_name(mode), to_fd ? ", into a memfd" : "", o.depth,
+        (unsigned long long)o.read_size, o.checkers, o.hot, nwc_strerror(rc), nwc_error_detail());
   CHECK(rc || !memcmp(buf, ref, t->length), "%s %s (%s%s): bytes differ", what, t->name,
         mode_name(mode), to_fd ? ", into a memfd" : "");
   if (rc == 0) check_progress(&p, t, what);
@@ -200,11 +202,11 @@ static void test_gpu(void) {
         if (cold) drop_cache(t->path);
         prog p = {0};
         nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
-                            .progress = on_progress, .ctx = &p};
+                            .hot = test_below(2), .progress = on_progress, .ctx = &p};
         nwcd_load_info li;
         int rc = gpu_load(t, &o, back, &li);
-        CHECK(rc == 0, "gpu load %s (%s, %s): %s: %s", t->name, mode_name(mode),
-              cold ? "cold" : "warm", nwc_strerror(rc), nwc_error_detail());
+        CHECK(rc == 0, "gpu load %s (%s, %s, hot %d): %s: %s", t->name, mode_name(mode),
+              cold ? "cold" : "warm", o.hot, nwc_strerror(rc), nwc_error_detail());
         CHECK(rc || !memcmp(back, ref, t->length), "gpu load %s (%s): bytes differ", t->name,
               mode_name(mode));
         if (rc == 0) check_progress(&p, t, "gpu");
@@ -287,7 +289,7 @@ static void *worker_main(void *arg) {
     const nwc_tensor_info *t = &ti[(size_t)rand() % nti];
     uint8_t *ref = file_bytes(t), *buf = aligned_garbage(t->length);
     nwcd_load_opts o = {.mode = (unsigned)(rand() % 3), .depth = 1 + (unsigned)(rand() % 64),
-                        .checkers = (unsigned)(rand() % 5)};
+                        .checkers = (unsigned)(rand() % 5), .hot = rand() % 2};
     if (nwcd_load(t, buf, &o, NULL) < 0 || memcmp(buf, ref, t->length)) w->failures++;
     free(ref), free(buf);
   }
@@ -367,12 +369,12 @@ static void test_ring(void) {
     nwcd_sink sk = {hs_consume, hs_reclaim, &h};
     prog p = {0};
     nwcd_load_opts o = {.mode = (unsigned)test_below(3), .depth = 1 + (unsigned)test_below(64),
-                        .checkers = (unsigned)test_below(5),
+                        .checkers = (unsigned)test_below(5), .hot = test_below(2),
                         .progress = on_progress, .ctx = &p};
     nwcd_load_info li;
     int rc = nwcd_ring_load(r, t, &o, &sk, &li);
-    CHECK(rc == 0, "ring load %s (%u slots of %llu): %s: %s", t->name, slots,
-          (unsigned long long)slot, nwc_strerror(rc), nwc_error_detail());
+    CHECK(rc == 0, "ring load %s (%u slots of %llu, hot %d): %s: %s", t->name, slots,
+          (unsigned long long)slot, o.hot, nwc_strerror(rc), nwc_error_detail());
     CHECK(!memcmp(h.dst, ref, t->length) && !h.bad, "ring load %s: bytes differ", t->name);
     CHECK(h.nheld == 0, "ring load returned with %u slots still held", h.nheld);
     check_progress(&p, t, "ring");
@@ -396,11 +398,11 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
   for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
     drop_cache(t->path);
     nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
-                        .checkers = 1 + (unsigned)test_below(4)};
+                        .checkers = 1 + (unsigned)test_below(4), .hot = test_below(2)};
     int rc = nwcd_load(t, buf, &o, NULL);
     const char *d = nwc_error_detail();
-    CHECK(rc == want && strstr(d, text), "%s (%s): %d (%s), want %d naming '%s'", what,
-          mode_name(mode), rc, d, want, text);
+    CHECK(rc == want && strstr(d, text), "%s (%s, hot %d): %d (%s), want %d naming '%s'", what,
+          mode_name(mode), o.hot, rc, d, want, text);
     hold_sink h = {.dst = buf, .hold = 2};
     nwcd_sink sk = {hs_consume, hs_reclaim, &h};
     nwcd_ring *r = NULL;
