@@ -26,7 +26,7 @@
  *           hot loads (nwcd_load_opts.hot: cached reads one at a time, copied by the lane and
  *           checked at once); without it io_uring's workers copy, many reads at a time.
  * A loader configuration is written "L:B:S:C[:none][:alloc][:hot]" (`--loader SPEC`,
- * repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB in 1 MiB slots,
+ * repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB in 2 MiB slots,
  * C 1, hot).
  */
 #include "bench.h"
@@ -396,8 +396,8 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
 /* ---- the whole item ------------------------------------------------------------------------ */
 
 static const char *default_specs[] = {
-    "16:16:1:1:hot", "16:16:1:1:hot:none", "16:16:1:1:hot:alloc", "16:16:2:1:hot", "16:16:4:1:hot",
-    "12:16:1:1:hot", "16:16:4:1", "16:16:4:1:none", "8:32:4:0", "1:256:4:0"};
+    "16:16:2:1:hot", "16:16:2:1:hot:none", "16:16:2:1:hot:alloc", "16:16:1:1:hot", "16:16:4:1:hot",
+    "12:16:2:1:hot", "16:16:4:1", "16:16:4:1:none", "8:32:4:0", "1:256:4:0"};
 
 int nwc_bench_gpu_load(const char *store_dir, const char *model, unsigned R,
                        const char *const *specs, size_t nspecs) {

@@ -272,13 +272,15 @@ static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_lo
 
 #ifdef NWC_WITH_CUDA
 static nwcd_backend cuda_backend;
-/* Staging rings per device: one per load lane, 16 MiB each in 1 MiB slots (256 MiB in all),
+/* Staging rings per device: one per load lane, 16 MiB each in 2 MiB slots (256 MiB in all),
  * so that every lane streams at once; made at a device's first load, kept until exit.  Loads
- * are hot (nwcd_load_opts.hot): each lane copies a cached chunk and checks it on its own core,
- * alone (the lanes are as many as the cores: helper threads would only add wake-ups). */
+ * are hot (nwcd_load_opts.hot): each lane copies 2 MiB of the page cache (a core's L2) and
+ * checks it on its own core, alone (the lanes are as many as the cores: helper threads would
+ * only add wake-ups).  Slots of 2 MiB: in-process on the H200 host 39.9 GB/s, 1 MiB 32.6 (more
+ * and smaller copies to the device), 4 MiB 37.8 (docs/results.md). */
 #define RINGS NWCD_GPU_LOAD_LANES
 #define RING_BYTES ((256u << 20) / RINGS)
-#define RING_SLOT (1u << 20)
+#define RING_SLOT (2u << 20)
 static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES][RINGS];
 static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
 static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
