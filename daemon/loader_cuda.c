@@ -9,9 +9,9 @@
  * Slots are released in the order their copies were queued (one stream: copies complete in
  * order), polled with cudaEventQuery while there are free slots and waited for with
  * cudaEventSynchronize when the loader has none.  The events block (cudaEventBlockingSync): a
- * waiting lane sleeps instead of spinning on a core that io_uring's workers need for their
- * copies out of the page cache (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  The ring memory is mapped by loader.c and
- * pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
+ * waiting lane sleeps instead of spinning on a core that the copies out of the page cache need
+ * (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  The ring memory is mapped by
+ * loader.c and pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
  * in the detail); the stream is synchronized before the slots are given back, so no copy reads
  * a slot that a later load refills.
  */

@@ -146,9 +146,9 @@ void nwcd_host_pages_note(void);
 
 /* A model's tensors load in this many lanes at once (ops.c): into host memory 8, into GPU
  * memory 16, and the cuda backend keeps as many staging rings per device (backend_cpu.c).  A
- * warm load into GPU memory is bound by the CPU: io_uring's workers copy out of the page cache
- * and the lanes check the chunks, each at a few GB/s per core on the H200 host, so its lanes
- * are as many as that host's 16 cores (docs/results.md, issue 8). */
+ * warm load into GPU memory is bound by the CPU: each lane copies the page cache into its ring
+ * and checks the chunks (a hot load), at a few GB/s per core on the H200 host, so its lanes are
+ * as many as that host's 16 cores (docs/results.md, issue 8). */
 #define NWCD_LOAD_LANES 8
 #define NWCD_GPU_LOAD_LANES 16
 
