@@ -5,7 +5,8 @@
  *   0. Socket matvecs: x and y through the connection's shared region, registered with CUDA by
  *      the daemon (rflags NWC_CLIENT_SHARED), equal to the same in the frames and within 1e-5
  *      of fp64, with a bias and a scale, 1 - 3 columns; on the sample's largest matrix and on a
- *      model written here whose K is not a multiple of 16 (the sample has none).
+ *      model written here whose K is not a multiple of 16 (the sample has none), loaded onto
+ *      cuda:0 one tensor first, then whole.
  *   1. A client process (this program re-executed as "ipc") that owns CUDA memory: matvec from
  *      its device x into its device y (offsets inside one allocation, an IPC event to wait for,
  *      y poisoned first), checked against fp64, then ten more with fresh x on the same buffers
@@ -21,6 +22,11 @@
  *      the largest one, which the budget allows, fails to allocate, the daemon evicts the small
  *      one and retries, then fails the request with ENOMEM ("... after evicting ... and
  *      retrying"); once the memory is given back it loads and computes as before.
+ *   4. fp8: the sample imported with elem fp8 (matrices quantized, 1-D tensors kept BF16), each
+ *      matrix loaded onto cuda:0 alone (ps says so): dequant equal bit for bit to the
+ *      quantizer's fp8 values for the original weights (nwc_quantize_fp8, as BF16), a gather of
+ *      random rows the same, and the matvecs of 0 (through the region, inline, BF16) within 1e-5
+ *      of fp64 on those values times the quantizer's row scales.
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write */
@@ -93,6 +99,18 @@ static void shared_tensor(nwc_client *c, const char *model, const td_tensor *t,
   free(x), free(ys), free(yi), free(yh);
 }
 
+/* Device of model/tensor in ps: NWC_CLIENT_CPU, the device, or -2 when it is not resident. */
+static int ps_device(nwc_client *c, const char *model, const char *tensor) {
+  nwc_client_resident *p;
+  size_t n;
+  int dev = -2;
+  CHECK_RC(nwc_client_ps(c, &p, &n));
+  for (size_t k = 0; k < n; k++)
+    if (!strcmp(p[k].model, model) && !strcmp(p[k].tensor, tensor)) dev = p[k].device;
+  free(p);
+  return dev;
+}
+
 /* The shared-region matvecs on the sample's largest matrix and, since the sample has no matrix
  * whose K is not a multiple of 16, on a model written here: M x K (K not a multiple of 16, so
  * the daemon pads x on the device) with a bias of M values. */
@@ -110,7 +128,12 @@ static void shared_matvecs(nwc_client *c) {
   snprintf(path, sizeof path, "%s/odd.safetensors", td_dir);
   CHECK_RC(st_write(path, sp, 2));
   CHECK_RC(nwc_client_import(c, "odd", path, NULL, NULL));
-  td_tensor tw = {"odd.w", M, K, w}, tb = {"odd.b", 1, M, b};
+  /* one tensor alone, then the model (one of its two loads finds its tensor resident) */
+  CHECK_RC(nwc_client_load_on(c, "odd", "odd.w", 0, NULL, NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "odd", NULL, 0, NULL, NULL, NULL));
+  CHECK(ps_device(c, "odd", "odd.w") == 0 && ps_device(c, "odd", "odd.b") == 0,
+        "the odd model is not on cuda:0");
+  td_tensor tw = {"odd.w", M, K, w, NULL}, tb = {"odd.b", 1, M, b, NULL};
   shared_tensor(c, "odd", &tw, &tb);
   CHECK_RC(nwc_client_remove(c, "odd"));
   free(w), free(b);
@@ -358,6 +381,68 @@ static void oom_steps(nwc_client *c) {
   free(ts);
 }
 
+/* 4. fp8 through the GPU path, matrix by matrix (the budget holds one at a time). */
+static void fp8_steps(nwc_client *c) {
+  nwc_client_import_opts f8 = {.elem = NWC_ELEM_FP8};
+  CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &f8, NULL));
+  nwc_client_tensor *ts = NULL;
+  size_t nts = 0;
+  CHECK_RC(nwc_client_tensors(c, "use8", &ts, &nts));
+  unsigned mats = 0;
+  uint64_t weights = 0;
+  for (size_t i = 0; i < td_nt && test_failures == 0; i++) {
+    const td_tensor *t = &td_t[i];
+    const uint64_t M = t->rows, K = t->cols, n = M * K;
+    size_t j = 0;
+    while (j < nts && strcmp(ts[j].name, t->name)) j++;
+    CHECK(j < nts, "use8 has no %s", t->name);
+    if (j == nts) break;
+    bool quantized = ts[j].ndim >= 2;
+    CHECK(NWC_ELEM_TYPE(ts[j].elem) == (quantized ? NWC_ELEM_FP8 : NWC_ELEM_BF16),
+          "use8/%s (%u dimensions): elem %u", t->name, ts[j].ndim, ts[j].elem);
+    if (!quantized) continue;
+    uint64_t idx[16], ng = 1 + test_below(16); /* rows to gather: may be more than M */
+    uint16_t *w = malloc(n * 2), *want = malloc(n * 2);
+    uint16_t *got = malloc((n > ng * K ? n : ng * K) * 2); /* a dequant, or ng rows */
+    uint8_t *q = malloc(n);
+    float *scale = malloc(M * sizeof *scale);
+    memcpy(w, t->w, n * 2); /* the sample's view is unaligned */
+    CHECK_RC(nwc_quantize_fp8(w, M, K, q, scale));
+    for (uint64_t k = 0; k < n; k++) want[k] = nwc_fp8_to_bf16(q[k]);
+    CHECK_RC(nwc_client_load_on(c, "use8", t->name, 0, NULL, NULL, NULL));
+    CHECK(ps_device(c, "use8", t->name) == 0, "use8/%s is not on cuda:0 (ps: %d)", t->name,
+          ps_device(c, "use8", t->name));
+    memset(got, 0xff, n * 2);
+    uint64_t rows = 0, cols = 0;
+    int rc = nwc_client_dequant(c, "use8", t->name, NWC_CLIENT_BF16, got, n * 2, &rows, &cols, NULL);
+    size_t bad = 0;
+    for (uint64_t k = 0; rc == 0 && k < n; k++) bad += got[k] != want[k];
+    CHECK(rc == 0 && rows == M && cols == K && bad == 0,
+          "fp8 dequant %s [%llux%llu]: %d %s, %zu of %llu values differ from the quantizer's", t->name,
+          (unsigned long long)M, (unsigned long long)K, rc, rc ? nwc_client_last_error() : "", bad,
+          (unsigned long long)n);
+    for (size_t k = 0; k < ng; k++) idx[k] = test_below(M);
+    memset(got, 0xff, ng * K * 2);
+    rc = nwc_client_gather(c, "use8", t->name, idx, ng, NWC_CLIENT_BF16, got, ng * K * 2, &cols, NULL);
+    CHECK(rc == 0 && cols == K, "fp8 gather %s: %d %s", t->name, rc, nwc_client_last_error());
+    for (size_t k = 0; rc == 0 && k < ng; k++)
+      CHECK(!memcmp(got + k * K, want + idx[k] * K, K * 2), "fp8 gather %s: row %llu differs",
+            t->name, (unsigned long long)idx[k]);
+    if (M >= 2) {
+      td_tensor t8 = {t->name, M, K, want, scale};
+      shared_tensor(c, "use8", &t8, NULL);
+    }
+    CHECK_RC(nwc_client_evict(c, "use8", t->name, NULL));
+    mats++, weights += n;
+    free(w), free(want), free(got), free(q), free(scale);
+  }
+  printf("fp8 on cuda:0: %u matrices, %llu weights: dequant and gather bit for bit, matvec ok\n",
+         mats, (unsigned long long)weights);
+  CHECK(mats > 0, "no fp8 matrix in use8");
+  free(ts);
+  CHECK_RC(nwc_client_remove(c, "use8"));
+}
+
 int main(int argc, char **argv) {
   int skip = td_open_sample();
   if (argc >= 4 && !strcmp(argv[1], "ipc")) {
@@ -437,6 +522,7 @@ int main(int argc, char **argv) {
   CHECK(free1 == free0, "device memory did not come back: %llu -> %llu",
         (unsigned long long)free0, (unsigned long long)free1);
   oom_steps(c);
+  fp8_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();

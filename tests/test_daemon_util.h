@@ -241,6 +241,7 @@ typedef struct td_tensor {
   const char *name;
   uint64_t rows, cols; /* as stored: 1-D 1 x N, else (d0, rest) */
   const uint16_t *w;   /* BF16 bits, rows x cols (unaligned view into the mapping: memcpy) */
+  const float *row_scale; /* per-row scale of W (fp8: the quantizer's), or NULL for 1 */
 } td_tensor;
 
 static nwc_st_file *td_sample;
@@ -292,7 +293,8 @@ static uint16_t td_w(const td_tensor *t, uint64_t i) {
   return v;
 }
 
-/* ||y - ref|| / ||ref|| for y = scale * W x + bias, reference in fp64. */
+/* ||y - ref|| / ||ref|| for y = scale * W x + bias (W's rows times t->row_scale when it has
+ * one), reference in fp64. */
 static double td_matvec_err(const td_tensor *t, const float *x, double scale, const td_tensor *bias,
                             const float *y) {
   double num = 0, den = 0;
@@ -300,6 +302,7 @@ static double td_matvec_err(const td_tensor *t, const float *x, double scale, co
     double acc = 0;
     for (uint64_t k = 0; k < t->cols; k++)
       acc += (double)nwc_bf16_to_f32(td_w(t, r * t->cols + k)) * (double)x[k];
+    if (t->row_scale) acc *= (double)t->row_scale[r];
     double ref = scale * acc + (bias ? (double)nwc_bf16_to_f32(td_w(bias, r)) : 0.0);
     num += (y[r] - ref) * (y[r] - ref);
     den += ref * ref;
