@@ -18,8 +18,8 @@
  *   stage, loader  after nwcd has stopped, on its store: the warm load taken apart in this
  *          process (bench_gpu_load.c): each stage alone (read, check, copy to the device, zero
  *          copy) and nwcd's loader itself in lanes of GPU rings as nwcd runs it, in the
- *          configurations --loader SPEC names (repeated; "L:B:S:C[:none][:alloc][:hot]": see
- *          there)
+ *          configurations --loader SPEC names (repeated;
+ *          "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]": see there)
  *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs,
  *                       x and y through the connection's shared region (the default with a
  *                       cuda daemon: straight between the region and the GPU)
@@ -208,7 +208,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
       specs[nspecs++] = argv[++i];
     else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
                                 "[--rounds R] [--iters N] [--nwcd PATH] [--keep] "
-                                "[--loader L:B:S:C[:none][:alloc][:hot]]...\n"), 2;
+                                "[--loader L:B:S:C[:none][:alloc][:fresh][:touch][:hot]]...\n"), 2;
   }
   if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
   int ndev = 0;

@@ -20,14 +20,17 @@
  *           timing), each taking the next blob and streaming it with nwcd_load_to_device (C
  *           checking threads per load; 0: the loader's default).  "none": a plain ring whose
  *           sink gives each slot straight back (no copy to the device); "alloc": each blob's
- *           device memory made with cudaMalloc in its lane first, as nwcd does.  The lanes' time
+ *           device memory made with cudaMalloc in its lane first, as nwcd does; "fresh": each
+ *           blob's device memory made before the pass (untimed: new memory, but no lane
+ *           allocates beside the others, as when a model load makes its copies first); "touch":
+ *           fresh, and each allocation written once by cudaMemset before the pass.  The lanes' time
  *           is split as nwcd_load_info reports it: waiting for reads, checking, in the sink,
  *           draining the copies, and the rest (submitting, opening, mapping), per lane.  "hot":
  *           hot loads (nwcd_load_opts.hot: cached reads one at a time, copied by the lane and
  *           checked at once); without it io_uring's workers copy, many reads at a time.
- * A loader configuration is written "L:B:S:C[:none][:alloc][:hot]" (`--loader SPEC`,
- * repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB in 2 MiB slots,
- * C 1, hot).
+ * A loader configuration is written "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]"
+ * (`--loader SPEC`, repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB
+ * in 2 MiB slots, C 1, hot).
  */
 #include "bench.h"
 
@@ -226,10 +229,10 @@ static int stages(const blobs *b, unsigned R) {
 
 typedef struct lcfg {
   unsigned lanes, ring_mib, slot_mib, checkers;
-  bool none, alloc, hot;
+  bool none, alloc, fresh, touch, hot;
 } lcfg;
 
-/* Parses "L:B:S:C[:none][:alloc][:hot]": 0, or -EINVAL. */
+/* Parses "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]": 0, or -EINVAL. */
 static int lcfg_parse(const char *spec, lcfg *c) {
   *c = (lcfg){0};
   int used = 0;
@@ -239,12 +242,14 @@ static int lcfg_parse(const char *spec, lcfg *c) {
   for (const char *p = spec + used; *p;) {
     if (!strncmp(p, ":none", 5)) c->none = true, p += 5;
     else if (!strncmp(p, ":alloc", 6)) c->alloc = true, p += 6;
+    else if (!strncmp(p, ":fresh", 6)) c->fresh = true, p += 6;
+    else if (!strncmp(p, ":touch", 6)) c->fresh = c->touch = true, p += 6;
     else if (!strncmp(p, ":hot", 4)) c->hot = true, p += 4;
     else return -EINVAL;
   }
   bool ok = c->lanes >= 1 && c->lanes <= LANES_MAX && c->slot_mib >= 1 &&
             c->ring_mib >= c->slot_mib && c->ring_mib <= 1024 && c->checkers <= 4 &&
-            !(c->none && c->alloc);
+            !(c->none && (c->alloc || c->fresh)) && !(c->alloc && c->fresh);
   return ok ? 0 : -EINVAL;
 }
 
@@ -259,7 +264,7 @@ typedef struct lane_ctx {
   unsigned passes;
   pthread_barrier_t go, done; /* each pass starts and ends on them (the lanes and the timer) */
   void *ring[LANES_MAX];      /* nwcd_gpu_ring, or nwcd_ring with none */
-  void *mem[BLOBS_MAX];       /* alloc: each blob's own device memory */
+  void *mem[BLOBS_MAX];       /* alloc, fresh: each blob's own device memory */
   atomic_size_t next;
   atomic_uint started;
   atomic_int rc;
@@ -287,7 +292,7 @@ static void lane_run(lane_ctx *L, void *ring) {
     nwcd_load_info li;
     void *dst = L->b->dev + L->b->off[i];
     bool nomem = L->c->alloc && cudaMalloc(&L->mem[i], t->length) != cudaSuccess;
-    if (L->c->alloc) dst = L->mem[i];
+    if (L->c->alloc || L->c->fresh) dst = L->mem[i];
     int rc = nomem                ? -ENOMEM
              : L->c->none ? nwcd_ring_load(ring, t, &o, &none, &li)
                           : nwcd_load_to_device(ring, t, dst, &o, &li);
@@ -347,6 +352,12 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
       exit(1);
     }
   for (unsigned r = 0; r < L.passes; r++) {
+    for (size_t i = 0; c->fresh && i < b->n && atomic_load(&L.rc) == 0; i++)
+      if (cudaMalloc(&L.mem[i], b->ti[i].length) != cudaSuccess ||
+          (c->touch && cudaMemset(L.mem[i], 0, b->ti[i].length) != cudaSuccess))
+        atomic_store(&L.rc, -ENOMEM), snprintf(L.err, sizeof L.err, "fresh memory: %s",
+                                               cudaGetErrorString(cudaGetLastError()));
+    if (c->touch) cudaDeviceSynchronize();
     atomic_store(&L.next, 0);
     atomic_store(&L.load_us, 0), atomic_store(&L.wait_ns, 0), atomic_store(&L.check_ns, 0);
     atomic_store(&L.sink_ns, 0), atomic_store(&L.drain_ns, 0);
@@ -380,11 +391,12 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
   const split *s = &sp[m];
   double other = s->load - s->wait - s->check - s->sink - s->drain;
   printf("{\"bench\":\"loader\",\"spec\":\"%s\",\"lanes\":%u,\"ring_mib\":%u,\"slot_mib\":%u,"
-         "\"checkers\":%u,\"hot\":%s,\"sink\":\"%s\",\"alloc\":%s,\"seconds\":%.6f,\"bytes\":%llu,"
-         "\"gbps\":%.3f,\"cpu_cores\":%.2f,\"lane_ms\":{\"load\":%.3f,\"wait\":%.3f,"
-         "\"check\":%.3f,\"sink\":%.3f,\"drain\":%.3f,\"other\":%.3f}}\n", spec, c->lanes,
+         "\"checkers\":%u,\"hot\":%s,\"sink\":\"%s\",\"alloc\":%s,\"fresh\":%s,\"touch\":%s,"
+         "\"seconds\":%.6f,\"bytes\":%llu,\"gbps\":%.3f,\"cpu_cores\":%.2f,"
+         "\"lane_ms\":{\"load\":%.3f,\"wait\":%.3f,\"check\":%.3f,\"sink\":%.3f,\"drain\":%.3f,\"other\":%.3f}}\n", spec, c->lanes,
          c->ring_mib, c->slot_mib, c->checkers, c->hot ? "true" : "false", c->none ? "none" : "gpu",
-         c->alloc ? "true" : "false", med, (unsigned long long)b->bytes, b->bytes / med / 1e9,
+         c->alloc ? "true" : "false", c->fresh ? "true" : "false", c->touch ? "true" : "false",
+         med, (unsigned long long)b->bytes, b->bytes / med / 1e9,
          s->cpu / med, s->load, s->wait, s->check, s->sink, s->drain, other);
   fprintf(stderr, "loader   %-20s %6.2f GB/s %5.1f cores; per lane ms: pass %.2f, in loads %.2f "
           "= wait %.2f + check %.2f + sink %.2f + drain %.2f + other %.2f\n", spec,
