@@ -101,8 +101,8 @@ static void shared_tensor(nwc_client *c, const char *model, const td_tensor *t,
 
 /* Device of model/tensor in ps: NWC_CLIENT_CPU, the device, or -2 when it is not resident. */
 static int ps_device(nwc_client *c, const char *model, const char *tensor) {
-  nwc_client_resident *p;
-  size_t n;
+  nwc_client_resident *p = NULL;
+  size_t n = 0;
   int dev = -2;
   CHECK_RC(nwc_client_ps(c, &p, &n));
   for (size_t k = 0; k < n; k++)
