@@ -54,7 +54,6 @@ static void check_poll(void) {
   CHECK(td_daemon_refuses(td_sock, bad) == 2, "--poll-us -5 not refused");
 }
 
-/* The flags of the reply to one stats request on fd. */
 /* nwcd's startup line on its tensor memory's pages names the kernel's shmem huge page setting,
  * read here from sysfs, and the page size it implies; no line where the kernel has no such file. */
 static void check_pages_note(void) {
@@ -84,6 +83,7 @@ static void check_pages_note(void) {
   else CHECK(!said, "a pages line though the kernel has no shmem_enabled file");
 }
 
+/* The flags of the reply to one stats request on fd. */
 static unsigned stats_flags(int fd, uint64_t id) {
   nwc_proto_req r;
   memset(&r, 0, sizeof r);
