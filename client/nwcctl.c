@@ -7,13 +7,13 @@
  */
 #include "nwc_client.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 static const char *prog = "nwcctl";
@@ -56,6 +56,39 @@ static int split(const char *arg, char *model, size_t mcap, const char **tensor)
   return 0;
 }
 
+/* Strict parses of a command-line value: 0, or -1 after saying what was expected (bad usage). */
+static int parse_u64(const char *what, const char *s, uint64_t max, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
+  if (s[0] < '0' || s[0] > '9' || *end || errno || v > max) {
+    if (max == UINT64_MAX) fprintf(stderr, "%s: %s: %s: expected a whole number, got '%s'\n", prog, cmd, what, s);
+    else fprintf(stderr, "%s: %s: %s: expected 0..%llu, got '%s'\n", prog, cmd, what, (unsigned long long)max, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_float(const char *what, const char *s, float *out) {
+  char *end;
+  errno = 0;
+  float v = strtof(s, &end);
+  if (!*s || *end || errno || v != v) {
+    fprintf(stderr, "%s: %s: %s: expected a number, got '%s'\n", prog, cmd, what, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* An argument that looks like an option the command does not take (a lone "-" is a name). */
+static int unknown_option(const char *arg) {
+  if (arg[0] != '-' || !arg[1]) return 0;
+  fprintf(stderr, "%s: %s: unknown option '%s' (or it needs a value)\n", prog, cmd, arg);
+  return 1;
+}
+
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
 
 static const char *elem_name(unsigned elem) { return (elem & 15) == 1 ? "fp8" : "bf16"; }
@@ -78,31 +111,33 @@ static int progress_bar(void *ctx, uint64_t done, uint64_t total) {
 
 /* ---- .npy --------------------------------------------------------------------------------- */
 
+/* Writes a .npy of shape (d0,) or (d0, d1); -1 after a line saying why it could not. */
 static int npy_write(const char *path, const char *descr, uint64_t d0, uint64_t d1, int ndim,
                      const void *data, size_t bytes) {
   FILE *f = fopen(path, "wb");
-  if (!f) {
-    fprintf(stderr, "%s: %s: cannot write %s: %s\n", prog, cmd, path, strerror(errno));
-    return -1;
+  bool ok = f != NULL;
+  if (ok) {
+    char hdr[256];
+    int n = ndim == 1 ? snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
+                                 descr, (unsigned long long)d0)
+                      : snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
+                                 descr, (unsigned long long)d0, (unsigned long long)d1);
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+    unsigned hl = (unsigned)(n + pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc((int)(hl & 255), f), fputc((int)(hl >> 8), f);
+    fwrite(hdr, 1, (size_t)n, f);
+    for (int i = 0; i < pad; i++) fputc(' ', f);
+    fputc('\n', f);
+    fwrite(data, 1, bytes, f);
+    ok = !(ferror(f) | fclose(f));
   }
-  char hdr[256];
-  int n = ndim == 1 ? snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
-                               descr, (unsigned long long)d0)
-                    : snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
-                               descr, (unsigned long long)d0, (unsigned long long)d1);
-  int total = 10 + n + 1, pad = (64 - total % 64) % 64;
-  unsigned hl = (unsigned)(n + pad + 1);
-  fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-  fputc((int)(hl & 255), f), fputc((int)(hl >> 8), f);
-  fwrite(hdr, 1, (size_t)n, f);
-  for (int i = 0; i < pad; i++) fputc(' ', f);
-  fputc('\n', f);
-  fwrite(data, 1, bytes, f);
-  if (fclose(f) != 0) return -1;
-  return 0;
+  if (!ok) fprintf(stderr, "%s: %s: cannot write %s: %s\n", prog, cmd, path, strerror(errno));
+  return ok ? 0 : -1;
 }
 
-/* Reads a little-endian float32 .npy of shape (K,) or (n, K). */
+/* Reads a little-endian float32 .npy of shape (K,) or (n, K) with n <= 64; NULL after a line
+ * that says what is wrong with it. */
 static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K) {
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -112,29 +147,38 @@ static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K) {
   unsigned char m[10];
   char hdr[4096];
   float *x = NULL;
+  const char *why = "not a .npy file (version 1.0)";
   if (fread(m, 1, 10, f) != 10 || memcmp(m, "\x93NUMPY", 6) || m[6] != 1) goto bad;
   unsigned hl = m[8] | (unsigned)m[9] << 8;
   if (hl >= sizeof hdr || fread(hdr, 1, hl, f) != hl) goto bad;
   hdr[hl] = 0;
-  if (!strstr(hdr, "'<f4'") || strstr(hdr, "'fortran_order': True")) {
-    fprintf(stderr, "%s: %s: %s must be float32 ('<f4'), C order\n", prog, cmd, path);
-    fclose(f);
-    return NULL;
-  }
+  why = "must be float32 ('<f4'), C order";
+  if (!strstr(hdr, "'<f4'") || strstr(hdr, "'fortran_order': True")) goto bad;
+  /* The shape tuple: (K,) or (n, K), nothing more. */
+  why = "has no shape of [K] or [n, K]";
   const char *s = strstr(hdr, "'shape': (");
   if (!s) goto bad;
-  unsigned long long a = 0, b = 0;
-  int k = sscanf(s, "'shape': (%llu, %llu)", &a, &b);
-  if (k == 2) *n = a, *K = b;
-  else if (k == 1) *n = 1, *K = a;
-  else goto bad;
+  s += strlen("'shape': (");
+  unsigned long long d[3];
+  int nd = 0;
+  for (char *end; nd < 3 && *s >= '0' && *s <= '9'; nd++) {
+    d[nd] = strtoull(s, &end, 10);
+    s = end + strspn(end, " ");
+    if (*s == ',') s += 1 + strspn(s + 1, " ");
+  }
+  if (*s != ')' || nd < 1 || nd > 2) goto bad;
+  *n = nd == 2 ? d[0] : 1, *K = d[nd - 1];
+  why = "is empty, or has more than 64 vectors or 2^28 columns";
   if (!*n || !*K || *n > 64 || *K > (1u << 28)) goto bad;
+  why = "is too large to read";
   x = malloc(*n * *K * 4);
-  if (!x || fread(x, 4, *n * *K, f) != *n * *K) goto bad;
+  if (!x) goto bad;
+  why = "holds fewer values than its shape says";
+  if (fread(x, 4, *n * *K, f) != *n * *K) goto bad;
   fclose(f);
   return x;
 bad:
-  fprintf(stderr, "%s: %s: %s is not a float32 .npy of shape [K] or [n<=64, K]\n", prog, cmd, path);
+  fprintf(stderr, "%s: %s: %s %s (x is float32 of shape [K] or [n<=64, K])\n", prog, cmd, path, why);
   free(x);
   fclose(f);
   return NULL;
@@ -241,10 +285,8 @@ static int cmd_ps(nwc_client *c) {
 static int cmd_info(nwc_client *c, const char *arg) {
   char model[1024];
   const char *tensor;
-  if (split(arg, model, sizeof model, &tensor) < 0 || !tensor) {
-    if (!tensor) fprintf(stderr, "%s: info: expected MODEL/TENSOR\n", prog);
-    return 2;
-  }
+  if (split(arg, model, sizeof model, &tensor) < 0) return 2;
+  if (!tensor || !*tensor) return fprintf(stderr, "%s: info: expected MODEL/TENSOR, got '%s'\n", prog, arg), 2;
   nwc_client_tensor_info i;
   int rc = nwc_client_info(c, model, tensor, &i);
   if (rc < 0) return die(rc);
@@ -275,7 +317,8 @@ static int cmd_info(nwc_client *c, const char *arg) {
          (unsigned long long)i.t.cols, elem_name(i.t.elem), (i.t.elem >> 4) & 15, i.conversion,
          human(i.t.raw_bytes, b0), human(i.t.nwc_bytes, b1), ratio(i.t.nwc_bytes, i.t.raw_bytes),
          (unsigned long long)i.nblocks, (unsigned long long)i.nchunks, i.path,
-         (unsigned long long)i.offset, state_name(i.t.state), i.t.pinned ? ", pinned" : "");
+         (unsigned long long)i.offset, i.t.state ? state_name(i.t.state) : "not resident",
+         i.t.pinned ? ", pinned" : "");
   return 0;
 }
 
@@ -324,12 +367,17 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
   nwc_client_import_opts o = {0, 0, progress_bar, "import"};
   const char *model = NULL, *path = NULL;
   for (int i = 0; i < argc; i++) {
+    uint64_t layout;
     if (!strcmp(argv[i], "--elem") && i + 1 < argc) {
       i++;
       if (!strcmp(argv[i], "fp8")) o.elem = 1;
-      else if (strcmp(argv[i], "bf16")) return fprintf(stderr, "%s: import: --elem bf16|fp8\n", prog), 2;
+      else if (strcmp(argv[i], "bf16"))
+        return fprintf(stderr, "%s: import: --elem: expected bf16 or fp8, got '%s'\n", prog, argv[i]), 2;
     } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
-      o.layout = (unsigned)atoi(argv[++i]);
+      if (parse_u64("--layout", argv[++i], 2, &layout) < 0) return 2;
+      o.layout = (unsigned)layout;
+    } else if (unknown_option(argv[i])) {
+      return 2;
     } else if (!model) {
       model = argv[i];
     } else if (!path) {
@@ -396,6 +444,14 @@ static int cmd_stats(nwc_client *c) {
   return 0;
 }
 
+/* --json of a data command: what it wrote where (out's shape and dtype). */
+static void json_written(const char *target, const char *out, uint64_t d0, uint64_t d1,
+                         const char *dtype, unsigned rflags) {
+  json_out(json_pack("{s:s,s:s,s:[I,I],s:s,s:b}", "tensor", target, "out", out, "shape",
+                     (json_int_t)d0, (json_int_t)d1, "dtype", dtype, "mapped",
+                     (rflags & NWC_CLIENT_MAPPED) != 0));
+}
+
 static int cmd_compute(nwc_client *c, int argc, char **argv) {
   const char *out = NULL, *target = NULL, *xpath = NULL, *bias = NULL;
   unsigned flags = 0;
@@ -406,14 +462,18 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
     else if (!strcmp(argv[i], "--bf16")) flags |= NWC_CLIENT_BF16;
     else if (!strcmp(argv[i], "--bias") && i + 1 < argc) bias = argv[++i];
-    else if (!strcmp(argv[i], "--scale") && i + 1 < argc) scale = strtof(argv[++i], NULL);
+    else if (!strcmp(argv[i], "--scale") && i + 1 < argc) {
+      if (parse_float("--scale", argv[++i], &scale) < 0) return 2;
+    } else if (target && !strcmp(cmd, "gather") && (argv[i][0] != '-' || isdigit((unsigned char)argv[i][1]))) {
+      if (nrows == 4096) return fprintf(stderr, "%s: gather: at most 4096 rows at once\n", prog), 2;
+      if (parse_u64("ROW", argv[i], UINT64_MAX, &rows[nrows++]) < 0) return 2;
+    } else if (unknown_option(argv[i])) return 2;
     else if (!target) target = argv[i];
     else if (!strcmp(cmd, "matvec") && !xpath) xpath = argv[i];
-    else if (!strcmp(cmd, "gather") && nrows < 4096) rows[nrows++] = strtoull(argv[i], NULL, 0);
     else return fprintf(stderr, "%s: %s: unexpected '%s'\n", prog, cmd, argv[i]), 2;
   }
   char model[1024];
-  const char *tensor;
+  const char *tensor = NULL;
   if (!target || split(target, model, sizeof model, &tensor) < 0 || !tensor || !out ||
       (!strcmp(cmd, "matvec") && !xpath) || (!strcmp(cmd, "gather") && !nrows)) {
     fprintf(stderr, "usage: %s matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]\n"
@@ -428,8 +488,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   unsigned rflags = 0;
   const char *descr = flags & NWC_CLIENT_BF16 ? "<u2" : "<f4";
   size_t esz = flags & NWC_CLIENT_BF16 ? 2 : 4;
-  double t0 = (double)clock() / CLOCKS_PER_SEC;
-  (void)t0;
+  int written = -1; /* npy_write's status once the daemon answered */
   if (!strcmp(cmd, "matvec")) {
     uint64_t n, xk;
     float *x = npy_read_f32(xpath, &n, &xk);
@@ -443,8 +502,9 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     size_t cap = n * M * 4;
     float *y = malloc(cap);
     rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)n, 0, y, cap, &rflags) : -ENOMEM;
-    if (rc == 0) rc = npy_write(out, "<f4", n, M, n == 1 && info.t.ndim == 1 ? 1 : 2, y, cap) < 0 ? -EIO : 0;
-    if (rc == 0 && !json)
+    if (rc == 0) written = npy_write(out, "<f4", n, M, n == 1 && info.t.ndim == 1 ? 1 : 2, y, cap);
+    if (written == 0 && json) json_written(target, out, n, M, "float32", rflags);
+    else if (written == 0)
       printf("matvec %s: %llu x %llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
              (unsigned long long)K, (unsigned long long)n, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
     free(x), free(y);
@@ -456,50 +516,48 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     else if (!strcmp(cmd, "gather")) rc = nwc_client_gather(c, model, tensor, rows, nrows, flags, buf, cap, NULL, &rflags);
     else rc = nwc_client_dequant(c, model, tensor, flags, buf, cap, NULL, NULL, &rflags);
     if (rc == 0)
-      rc = npy_write(out, descr, n, K, !strcmp(cmd, "dequant") && info.t.ndim == 1 ? 1 : 2,
-                     buf, cap) < 0 ? -EIO : 0;
-    if (rc == 0 && !json)
+      written = npy_write(out, descr, n, K, !strcmp(cmd, "dequant") && info.t.ndim == 1 ? 1 : 2, buf, cap);
+    if (written == 0 && json) json_written(target, out, n, K, esz == 2 ? "bf16" : "float32", rflags);
+    else if (written == 0)
       printf("%s %s: %llu x %llu %s -> %s%s\n", cmd, target, (unsigned long long)n,
              (unsigned long long)K, esz == 2 ? "bf16" : "float32", out,
              rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
     free(buf);
   }
   if (rc < 0) return die(rc);
-  return 0;
+  return written == 0 ? 0 : 1;
 }
 
-static const char *const cmd_help[][2] = {
-    {"ls", "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
-           "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
-    {"ps", "ps [--json]: the resident tensors: where (cpu, cuda:0, ...), bytes, pinned, mlock'ed,\n"
-           "  references, client mappings, last use"},
-    {"info", "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
-    {"load", "load MODEL[/TENSOR] [--device cpu|cuda:N]: read a model or one tensor into memory (io_uring,\n"
-             "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
-             "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
-    {"evict", "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
-    {"pin", "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
-    {"unpin", "unpin MODEL[/TENSOR]: let LRU eviction take it again"},
-    {"import", "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]: encode into\n"
-               "  the store; the files are opened here and passed to nwcd, which reads only those"},
-    {"rm", "rm MODEL: remove a model (refused while one of its tensors is in use)"},
-    {"verify", "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
-    {"stats", "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
-    {"matvec", "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]: y = S * W x + bias for X\n"
-               "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M]"},
-    {"gather", "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index, float32 (or BF16 bits as uint16)"},
-    {"dequant", "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor, float32 (or BF16 bits as uint16)"},
+/* Each command, how many plain arguments it takes (min, max; -1: it parses its own, options
+ * included) and its --help. */
+static const struct command {
+  const char *name;
+  int min, max;
+  const char *help;
+} commands[] = {
+    {"ls", 0, 1, "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
+                 "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
+    {"ps", 0, 0, "ps [--json]: the resident tensors: where (cpu, cuda:0, ...), bytes, pinned, mlock'ed,\n"
+                 "  references, client mappings, last use"},
+    {"info", 1, 1, "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
+    {"load", 1, 1, "load MODEL[/TENSOR] [--device cpu|cuda:N]: read a model or one tensor into memory (io_uring,\n"
+                   "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
+                   "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
+    {"evict", 1, 1, "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
+    {"pin", 1, 1, "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
+    {"unpin", 1, 1, "unpin MODEL[/TENSOR]: let LRU eviction take it again"},
+    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]: encode into\n"
+                       "  the store; the files are opened here and passed to nwcd, which reads only those"},
+    {"rm", 1, 1, "rm MODEL: remove a model (refused while one of its tensors is in use)"},
+    {"verify", 0, 1, "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
+    {"stats", 0, 0, "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
+    {"matvec", -1, -1, "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]: y = S * W x + bias for X\n"
+                       "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M]; the bias is a tensor of\n"
+                       "  the same model, named without MODEL/"},
+    {"gather", -1, -1, "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index (at most 4096), float32\n"
+                       "  (or BF16 bits as uint16)"},
+    {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor, float32 (or BF16 bits as uint16)"},
 };
-
-static int command_help(void) {
-  for (size_t i = 0; i < sizeof cmd_help / sizeof *cmd_help; i++)
-    if (!strcmp(cmd, cmd_help[i][0])) {
-      printf("usage: %s [--socket PATH] %s\n", prog, cmd_help[i][1]);
-      return 0;
-    }
-  fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd);
-  return 2;
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -532,30 +590,32 @@ int main(int argc, char **argv) {
   }
   if (i >= argc) return usage(stderr), 2;
   cmd = argv[i++];
+  const struct command *spec = NULL;
+  for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
+    if (!strcmp(cmd, commands[k].name)) spec = &commands[k];
+  if (!spec) return fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd), usage(stderr), 2;
   /* Options after the command: --json, --socket, --help anywhere. */
-  char *args[512];
+  char **args = calloc((size_t)argc, sizeof *args);
   int nargs = 0;
-  for (; i < argc && nargs < 512; i++) {
+  if (!args) return fprintf(stderr, "%s: out of memory\n", prog), 1;
+  for (; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
     else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(cmd, "load")) device_opt = argv[++i];
-    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return command_help();
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+      return printf("usage: %s [--socket PATH] %s\n", prog, spec->help), free(args), 0;
     else args[nargs++] = argv[i];
   }
-  static const char *known[] = {"ls", "ps", "info", "load", "evict", "pin", "unpin", "import", "rm",
-                                "verify", "stats", "matvec", "gather", "dequant"};
-  bool ok = false;
-  for (size_t k = 0; k < sizeof known / sizeof *known; k++) ok |= !strcmp(cmd, known[k]);
-  if (!ok) return fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd), usage(stderr), 2;
-  bool one = !strcmp(cmd, "info") || !strcmp(cmd, "load") || !strcmp(cmd, "evict") ||
-             !strcmp(cmd, "pin") || !strcmp(cmd, "unpin") || !strcmp(cmd, "rm");
-  if (one && nargs != 1) {
-    fprintf(stderr, "usage: %s %s %s\n", prog, cmd, !strcmp(cmd, "rm") ? "MODEL" : !strcmp(cmd, "info") ? "MODEL/TENSOR" : "MODEL[/TENSOR]");
-    return 2;
+  bool bad = false;
+  for (int k = 0; spec->max >= 0 && k < nargs; k++) bad |= unknown_option(args[k]);
+  if (!bad && spec->max >= 0 && (nargs < spec->min || nargs > spec->max)) {
+    fprintf(stderr, "usage: %s [--socket PATH] %s\n", prog, spec->help);
+    bad = true;
   }
+  if (bad) return free(args), 2;
   nwc_client *c;
   int rc = nwc_client_connect(sock, &c);
-  if (rc < 0) return die(rc);
+  if (rc < 0) return die(rc), free(args), 1; /* no daemon is 1; 3 is a model or tensor not found */
   int ret;
   if (!strcmp(cmd, "ls")) ret = cmd_ls(c, nargs, args);
   else if (!strcmp(cmd, "ps")) ret = cmd_ps(c);
@@ -569,5 +629,6 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd, "matvec") || !strcmp(cmd, "gather") || !strcmp(cmd, "dequant")) ret = cmd_compute(c, nargs, args);
   else ret = cmd_residency(c, args[0]);
   nwc_client_free(c);
+  free(args);
   return ret;
 }
