@@ -189,7 +189,15 @@ static int on_key(void *user, const char *section, const char *name, const char 
   } else {
     return bad(p, "unknown section [%s] (daemon, memory, limits, preload)", section);
   }
-  return bad(p, "unknown key '%s' in [%s]", name, section);
+  static const char *const keys[][2] = {
+      {"daemon", "store, socket, socket_mode, backend, threads, log_level, admin_group"},
+      {"memory", "host_budget, gpu_budget"},
+      {"limits", "max_conn_per_uid, max_inflight, max_outq, poll_us"},
+      {"preload", "models"}};
+  const char *known = "";
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+    if (!strcmp(section, keys[i][0])) known = keys[i][1];
+  return bad(p, "unknown key '%s' in [%s] (%s)", name, section, known);
 }
 
 static void settings_free(nwcd_settings *s) {
@@ -206,8 +214,10 @@ static int settings_parse(const char *path, nwcd_settings *s) {
   s->log_level = -1;
   parse_ctx p = {.path = path, .s = s, .line_done = true};
   p.f = fopen(path, "re");
-  if (!p.f) {
-    int err = errno;
+  struct stat st;
+  int err = !p.f ? errno : fstat(fileno(p.f), &st) < 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+  if (err) { /* a directory opens, and reads as an empty file */
+    if (p.f) fclose(p.f);
     return nwc__fail(-err, "%s: %s", path, strerror(err));
   }
   int rc = ini_parse_stream(read_line, &p, on_key, &p);

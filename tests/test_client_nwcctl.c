@@ -4,43 +4,82 @@
  * descriptors are passed by SCM_RIGHTS), ls / ls MODEL / info / ps / stats with --json parsed by
  * jansson (the field names of the issue), load, pin, unpin, evict, verify, dequant / gather /
  * matvec writing .npy files checked against the original weights, NWC_SOCKET as the default
- * socket, and failures: unknown model (non-zero exit, one line with the daemon's message), bad
- * usage (exit 2), no daemon.
+ * socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
+ * bad usage (exit 2: unknown options, extra arguments, values that are not numbers, --layout
+ * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1).
  */
 #include "test_daemon_util.h"
 
 #include <jansson.h>
 
-/* Runs nwcctl with args (NULL-terminated); stdout into out (malloc'ed), returns exit status. */
-static int run(char **out, const char *const *args) {
-  int pfd[2];
+/* Runs nwcctl with args (NULL-terminated); stdout into out and stderr into err (malloc'ed, each
+ * may be NULL), returns the exit status. */
+static int run2(char **out, char **err, const char *const *args) {
+  int pfd[2], efd[2];
   if (pipe(pfd) < 0) return -1;
+  if (pipe(efd) < 0) return close(pfd[0]), close(pfd[1]), -1;
   pid_t pid = fork();
   if (pid == 0) {
-    const char *argv[40] = {NWCCTL_PATH};
+    const char *argv[5000] = {NWCCTL_PATH};
     int n = 1;
-    for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+    for (int i = 0; args[i] && n < 4999; i++) argv[n++] = args[i];
     argv[n] = NULL;
     dup2(pfd[1], 1);
-    close(pfd[0]);
+    dup2(efd[1], 2);
+    close(pfd[0]), close(efd[0]);
     execv(NWCCTL_PATH, (char *const *)argv);
     _exit(127);
   }
-  close(pfd[1]);
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  ssize_t k;
-  while ((k = read(pfd[0], buf + len, cap - len - 1)) > 0) {
-    len += (size_t)k;
-    if (cap - len < 2) buf = realloc(buf, cap *= 2);
+  close(pfd[1]), close(efd[1]);
+  char *bufs[2];
+  int fds[2] = {pfd[0], efd[0]};
+  for (int f = 0; f < 2; f++) { /* stderr is a few lines: it fits its pipe while stdout drains */
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while ((k = read(fds[f], buf + len, cap - len - 1)) > 0) {
+      len += (size_t)k;
+      if (cap - len < 2) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    close(fds[f]);
+    bufs[f] = buf;
   }
-  buf[len] = 0;
-  close(pfd[0]);
   int st;
   waitpid(pid, &st, 0);
-  if (out) *out = buf;
-  else free(buf);
+  if (out) *out = bufs[0];
+  else free(bufs[0]);
+  if (err) *err = bufs[1];
+  else free(bufs[1]);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int run(char **out, const char *const *args) { return run2(out, NULL, args); }
+
+/* Runs a failing nwcctl: its exit status must be want, and its stderr one line holding expect. */
+static void run_fails(int want, const char *expect, const char *const *args) {
+  char *err;
+  int rc = run2(NULL, &err, args);
+  char *nl = strchr(err, '\n');
+  CHECK(rc == want && strstr(err, expect) && nl && !nl[1], "nwcctl %s %s: exit %d (want %d), stderr '%s' (want one line with '%s')",
+        args[0], args[1] ? args[1] : "", rc, want, err, expect);
+  free(err);
+}
+
+/* Writes a float32 .npy with the header's shape text and count values (may not match). */
+static void write_npy(const char *path, const char *shape, const float *x, size_t count) {
+  FILE *f = fopen(path, "wb");
+  char h[128];
+  int hl = snprintf(h, sizeof h, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }", shape);
+  int pad = (64 - (10 + hl + 1) % 64) % 64;
+  unsigned total = (unsigned)(hl + pad + 1);
+  fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  fputc((int)(total & 255), f), fputc((int)(total >> 8), f);
+  fwrite(h, 1, (size_t)hl, f);
+  for (int i = 0; i < pad; i++) fputc(' ', f);
+  fputc('\n', f);
+  fwrite(x, 4, count, f);
+  fclose(f);
 }
 
 static json_t *run_json(const char *const *args) {
@@ -76,7 +115,7 @@ int main(void) {
   if (td_mkdir("nwc-ctl") < 0) return 1;
   setenv("NWC_SOCKET", td_sock, 1);
   char *out = NULL;
-  CHECK(run(NULL, (const char *[]){"ls", NULL}) != 0, "ls without a daemon should fail");
+  run_fails(1, "cannot connect to nwcd", (const char *[]){"ls", NULL});
   pid_t d = td_start_daemon(NULL);
   CHECK(d > 0, "nwcd did not start");
   if (d <= 0) return td_show_log(), 1;
@@ -169,32 +208,57 @@ int main(void) {
   snprintf(xnpy, sizeof xnpy, "%.200s/x.npy", td_dir);
   float *x = malloc(2 * t->cols * 4);
   for (uint64_t k = 0; k < 2 * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
-  {
-    FILE *f = fopen(xnpy, "wb");
-    char h[128];
-    int hl = snprintf(h, sizeof h, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, %llu), }",
-                      (unsigned long long)t->cols);
-    int pad = (64 - (10 + hl + 1) % 64) % 64;
-    unsigned total = (unsigned)(hl + pad + 1);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    fputc((int)(total & 255), f), fputc((int)(total >> 8), f);
-    fwrite(h, 1, (size_t)hl, f);
-    for (int i = 0; i < pad; i++) fputc(' ', f);
-    fputc('\n', f);
-    fwrite(x, 4, 2 * t->cols, f);
-    fclose(f);
-  }
-  CHECK(run(NULL, (const char *[]){"matvec", name, xnpy, "-o", npy, NULL}) == 0, "matvec");
+  char shape[64];
+  snprintf(shape, sizeof shape, "(2, %llu)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, 2 * t->cols);
+  j = run_json((const char *[]){"matvec", name, xnpy, "-o", npy, "--json", NULL});
+  CHECK(j && json_integer_value(json_array_get(json_object_get(j, "shape"), 0)) == 2 &&
+            json_integer_value(json_array_get(json_object_get(j, "shape"), 1)) == (json_int_t)t->rows &&
+            !strcmp(json_string_value(json_object_get(j, "out")), npy), "matvec --json");
+  json_decref(j);
   data = read_npy(npy, &n, hdr, sizeof hdr);
   CHECK(data && n == 2 * t->rows * 4, "matvec size %zu", n);
   for (int c = 0; data && c < 2; c++) {
     double e = td_matvec_err(t, x + c * t->cols, 1.0, NULL, (const float *)(data + c * t->rows * 4));
     CHECK(e <= 1e-5, "matvec column %d: error %.3g", c, e);
   }
+  /* Bad x files: a third dimension, fewer values than the shape, more than 64 vectors. */
+  snprintf(shape, sizeof shape, "(2, %llu, 1)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, 2 * t->cols);
+  run_fails(1, "has no shape of [K] or [n, K]", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  snprintf(shape, sizeof shape, "(2, %llu)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, 2 * t->cols - 1);
+  run_fails(1, "holds fewer values than its shape says", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  snprintf(shape, sizeof shape, "(65, %llu)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, 2 * t->cols);
+  run_fails(1, "more than 64 vectors", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  snprintf(shape, sizeof shape, "(%llu,)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, t->cols);
+  run_fails(1, "cannot write /nonexistent-nwc/y.npy", (const char *[]){"matvec", name, xnpy, "-o", "/nonexistent-nwc/y.npy", NULL});
+  run_fails(2, "--scale: expected a number, got 'abc'", (const char *[]){"matvec", name, xnpy, "-o", npy, "--scale", "abc", NULL});
   free(data), free(x);
+  /* Rows: as many as given (past the old 510-argument cap), each a whole number. */
+  const char *many[700] = {"gather", name, "-o", npy};
+  char nums[600][8];
+  for (int r = 0; r < 600; r++) snprintf(nums[r], sizeof nums[r], "%d", (int)(test_below(t->rows))), many[4 + r] = nums[r];
+  CHECK(run(NULL, many) == 0, "gather of 600 rows");
+  data = read_npy(npy, &n, hdr, sizeof hdr);
+  CHECK(data && n == 600 * t->cols * 4, "gather of 600 rows wrote %zu bytes", n);
+  free(data);
+  run_fails(2, "ROW: expected a whole number, got 'abc'", (const char *[]){"gather", name, "abc", "-o", npy, NULL});
+  run_fails(2, "ROW: expected a whole number, got '-1'", (const char *[]){"gather", name, "-1", "-o", npy, NULL});
 
   /* Failures. */
-  CHECK(run(NULL, (const char *[]){"ls", "nope", NULL}) != 0, "ls of an unknown model should fail");
+  run_fails(3, "no model 'nope'", (const char *[]){"ls", "nope", NULL});
+  run_fails(2, "expected MODEL/TENSOR, got 'use'", (const char *[]){"info", "use", NULL});
+  run_fails(2, "'/x' is not MODEL or MODEL/TENSOR", (const char *[]){"info", "/x", NULL});
+  run_fails(2, "--layout: expected 0..2, got 'x'", (const char *[]){"import", "m2", idx, "--layout", "x", NULL});
+  run_fails(2, "--layout: expected 0..2, got '7'", (const char *[]){"import", "m2", idx, "--layout", "7", NULL});
+  run_fails(2, "unknown option '--frob'", (const char *[]){"import", "m2", idx, "--frob", NULL});
+  run_fails(2, "unknown option '--bogus'", (const char *[]){"ls", "--bogus", NULL});
+  run_fails(2, "unknown option '--device'", (const char *[]){"load", "use", "--device", NULL});
+  CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
+  CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
   CHECK(run(NULL, (const char *[]){"load", NULL}) == 2, "usage error should exit 2");
   CHECK(run(NULL, (const char *[]){"frobnicate", NULL}) == 2, "unknown command should exit 2");
   CHECK(run(&out, (const char *[]){"--help", NULL}) == 0 && strstr(out, "usage"), "--help");

@@ -1,7 +1,8 @@
 /*
  * test_service_config.c - /etc/nwc/nwcd.conf handling by a real nwcd:
- *   - start-up errors: unknown section/key, bad values, a line that is not key = value, an
- *     unknown admin group and a missing --config file each exit 2 with "FILE:LINE: why";
+ *   - start-up errors: unknown section/key (the section's keys named), bad values, a line that
+ *     is not key = value, an unknown admin group, a missing --config file and a directory as
+ *     --config each exit 2 with "FILE:LINE: why" (or "FILE: why");
  *   - precedence: a flag (--budget, --threads) wins over the file; the file wins over the
  *     defaults (max_conn_per_uid: one connection too many gets EUSERS);
  *   - SIGHUP: a smaller budget evicts down to it; a preload list makes the model resident and
@@ -19,7 +20,8 @@ typedef struct bad_case {
 
 static void start_errors(void) {
   static const bad_case cases[] = {
-      {"[daemon]\nthreads = 2\nthreadz = 3\n", "unknown key 'threadz' in [daemon]", 3},
+      {"[daemon]\nthreads = 2\nthreadz = 3\n", "unknown key 'threadz' in [daemon] (store, socket,", 3},
+      {"[memory]\nbudget = 1G\n", "unknown key 'budget' in [memory] (host_budget, gpu_budget)", 2},
       {"# c\n[daemon]\n\n[memroy]\nhost_budget = 1G\n", "unknown section [memroy]", 5},
       {"[memory]\nhost_budget = 12Q\n", "host_budget: bad size '12Q'", 2},
       {"[daemon]\nthreads = -1\n", "threads: expected a count", 2},
@@ -52,6 +54,13 @@ static void start_errors(void) {
   CHECK(td_daemon_refuses(td_sock, extra) == 2, "a missing --config file is an error");
   char *log = ts_log();
   CHECK(log && strstr(log, "missing.conf: No such file"), "log: %s", log ? log : "");
+  free(log);
+  /* A directory opens and reads as an empty file: it must be refused, not taken as no settings. */
+  ts_log_clear();
+  extra[1] = td_dir;
+  CHECK(td_daemon_refuses(td_sock, extra) == 2, "a directory as --config is an error");
+  log = ts_log();
+  CHECK(log && strstr(log, "Is a directory"), "log: %s", log ? log : "");
   free(log);
 }
 
@@ -156,7 +165,7 @@ int main(void) {
 
   ts_write(conf, "nwcd.conf", "[memory]\nhost_budget = 8M\nbudget_typo = 1\n");
   kill(d, SIGHUP);
-  CHECK(ts_log_wait("unknown key 'budget_typo' in [memory]; nothing changed", 5000),
+  CHECK(ts_log_wait("unknown key 'budget_typo' in [memory] (host_budget, gpu_budget); nothing changed", 5000),
         "the broken file on reload is not logged");
   if (stats(c, &s) == 0)
     CHECK(s.budget == (256u << 20), "a broken reload changed the budget to %llu",
