@@ -3,7 +3,8 @@
 # program outside the tree (client_consumer.c) is built against the installed header and
 # nwc-client.pc twice, with the shared and with the static libnwc-client, and both talk to the
 # installed nwcd: one imports a random BF16 safetensors file (fresh each run, seed printed), both
-# dequantize its tensors, and the bytes must equal the file's own.
+# dequantize its tensors, and the bytes must equal the file's own; the installed nwcctl lists
+# them with no LD_LIBRARY_PATH.
 set -u
 b=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -73,6 +74,10 @@ for kind in shared static; do
     cmp -s "$tmp/out" "$ref" || die "$kind: dequant of $t differs from the file's bytes"
   done
 done
+# The installed nwcctl runs as installed, with no LD_LIBRARY_PATH (its RUNPATH finds the library).
+ctl=$(find "$tmp/root" -path '*bin/nwcctl' | head -1)
+env -u LD_LIBRARY_PATH "$ctl" --socket "$tmp/nwcd.sock" ls m >"$tmp/ls.out" 2>&1 && grep -q '^w/b ' "$tmp/ls.out" ||
+  die "the installed nwcctl does not run: $(cat "$tmp/ls.out")"
 kill -TERM "$pid"; wait "$pid"; st=$?; pid=
 [ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
 echo "test_client_install: ok (shared and static libnwc-client, prefix $prefix)"
