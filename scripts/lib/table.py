@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """table.py - print `nwc-bench codec` JSON lines (stdin) as a table: one row per tensor, then the
-summary."""
+summary (names longer than the column keep their end, after "...")."""
 import json
 import sys
 
 rows = [json.loads(line) for line in sys.stdin if line.strip()]
 cols = ["rows", "cols", "ratio", "exact", "decode_gbps", "matvec_gbps", "plain_bf16_matvec_gbps"]
-print(f"{'tensor':<44} " + " ".join(f"{c.replace('_gbps', ''):>12}" for c in cols))
+heads = ["rows", "cols", "ratio", "exact", "decode GB/s", "matvec GB/s", "bf16 mv GB/s"]
+print(f"{'tensor':<44} " + " ".join(f"{h:>12}" for h in heads))
 for r in rows:
     if "name" not in r:
         continue
@@ -14,7 +15,8 @@ for r in rows:
     for c in cols:
         v = r[c]
         cells.append(f"{v:>12.3f}" if isinstance(v, float) else f"{str(v):>12}")
-    print(f"{r['name'][-44:]:<44} " + " ".join(cells))
+    name = r["name"] if len(r["name"]) <= 44 else "..." + r["name"][-41:]
+    print(f"{name:<44} " + " ".join(cells))
 for r in rows:
     if "summary" in r:
         print(f"\n{r['tensors']} tensors, {r['elem']} layout {r['layout']}: "
