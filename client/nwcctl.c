@@ -218,8 +218,10 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
                                              "nwc_bytes", (json_int_t)t[i].nwc_bytes,
                                              "resident", t[i].state == NWC_CLIENT_RESIDENT));
       } else {
-        printf("%-*s %-14s %-5s %-4s/%u %10s %10s %s%s\n", tw, t[i].name, shape, t[i].dtype,
-               elem_name(t[i].elem), (t[i].elem >> 4) & 15, human(t[i].raw_bytes, buf[0]),
+        char elem[16];
+        snprintf(elem, sizeof elem, "%s/%u", elem_name(t[i].elem), (t[i].elem >> 4) & 15);
+        printf("%-*s %-14s %-5s %-6s %10s %10s %s%s\n", tw, t[i].name, shape, t[i].dtype, elem,
+               human(t[i].raw_bytes, buf[0]),
                human(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
       }
     }
