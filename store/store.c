@@ -117,7 +117,8 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   *out = NULL;
   int rdonly = (flags & NWC_STORE_RDONLY) != 0, create = !rdonly && (flags & NWC_STORE_CREATE);
   if (create && mkdir(dir, 0750) < 0 && errno != EEXIST)
-    return nwc__fail(-errno, "%s: cannot create the store directory", dir);
+    return nwc__fail(-errno, "%s: cannot create the store directory: %s%s", dir, strerror(errno),
+                     errno == ENOENT ? " (the directory is made, not its parents)" : "");
   nwc_store *s = calloc(1, sizeof *s);
   if (!s) return -ENOMEM;
   s->lockfd = s->cdirfd = -1;

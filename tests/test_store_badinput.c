@@ -1,7 +1,8 @@
 /*
  * test_store_badinput.c - every kind of bad input of issue 4 item 5, each in its own case: the
  * import fails with the expected errno, the detail line names the file and (where there is one)
- * the tensor, and the store is unchanged: no model, no file in containers/.
+ * the tensor, and the store is unchanged: no model, no file in containers/.  A store under a
+ * missing parent directory is refused with ENOENT and says that parents are not made.
  */
 #include "test_store_util.h"
 
@@ -62,9 +63,14 @@ int main(void) {
   test_seed("test_store_badinput");
   make_tmpdir(dir, sizeof dir, "store");
   make_tmpdir(src, sizeof src, "src");
+  char path[700];
+  /* A store whose parent is missing: the directory is made, not its parents, and it says so. */
+  snprintf(path, sizeof path, "%s/no-such-parent/store", src);
+  CHECK(nwc_store_open(path, NWC_STORE_CREATE, &s) == -ENOENT && !s &&
+            strstr(nwc_error_detail(), "not its parents"), "store under a missing parent: %s",
+        nwc_error_detail());
   CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s));
   if (!s) return 1;
-  char path[700];
 
   /* A valid two-tensor file, then cut short. */
   const char *good = "{\"a.weight\":{\"dtype\":\"BF16\",\"shape\":[4,8],\"data_offsets\":[0,64]},"
