@@ -436,13 +436,22 @@ static int cmd_stats(nwc_client *c) {
                                 "evictions", "mlock_ok", "mlock_failed", "mapped_computes",
                                 "batched_passes", "batched_columns", "threads", "gpu_budget",
                                 "gpu_resident_bytes"};
-  json_t *o = json_object();
-  json_object_set_new(o, "backend", json_string(s.backend));
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-    json ? (void)json_object_set_new(o, names[i], json_integer((json_int_t)v[i]))
-         : (void)printf("%-18s %llu\n", names[i], (unsigned long long)v[i]);
-  if (json) json_out(o);
-  else printf("%-18s %s\n", "backend", s.backend), json_decref(o);
+  if (json) {
+    json_t *o = json_object();
+    json_object_set_new(o, "backend", json_string(s.backend));
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+      json_object_set_new(o, names[i], json_integer((json_int_t)v[i]));
+    json_out(o);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    size_t n = strlen(names[i]);
+    bool bytes = (n >= 5 && !strcmp(names[i] + n - 5, "bytes")) || (n >= 6 && !strcmp(names[i] + n - 6, "budget"));
+    char h[32];
+    printf("%-18s %llu%s%s%s\n", names[i], (unsigned long long)v[i], bytes ? " (" : "",
+           bytes ? human(v[i], h) : "", bytes ? ")" : "");
+  }
+  printf("%-18s %s\n", "backend", s.backend);
   return 0;
 }
 

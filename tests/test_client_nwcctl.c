@@ -178,6 +178,9 @@ int main(void) {
   CHECK(j && json_integer_value(json_object_get(j, "resident_tensors")) == 0 &&
             !strcmp(json_string_value(json_object_get(j, "backend")), "cpu"), "stats --json");
   json_decref(j);
+  CHECK(run(&out, (const char *[]){"stats", NULL}) == 0 && strstr(out, "\nbudget ") &&
+            strstr(strstr(out, "\nbudget "), "iB)\n"), "stats: the budget without a human size: %s", out);
+  free(out);
   CHECK(run(&out, (const char *[]){"verify", NULL}) == 0 && strstr(out, "0 problems"), "verify: %s", out);
   free(out);
 
