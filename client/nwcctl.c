@@ -234,7 +234,9 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
   int rc = nwc_client_models(c, &m, &n);
   if (rc < 0) return die(rc);
   json_t *arr = json ? json_array() : NULL;
-  if (!json) printf("%-32s %8s %10s %10s %6s %10s\n", "MODEL", "TENSORS", "RAW", "NWC", "RATIO", "RESIDENT");
+  int mw = 32;
+  for (size_t i = 0; i < n; i++) mw = widen(mw, m[i].name);
+  if (!json) printf("%-*s %8s %10s %10s %6s %10s\n", mw, "MODEL", "TENSORS", "RAW", "NWC", "RATIO", "RESIDENT");
   for (size_t i = 0; i < n; i++) {
     if (json)
       json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:f,s:I}", "name", m[i].name, "tensors",
@@ -243,7 +245,7 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
                                            ratio(m[i].nwc_bytes, m[i].raw_bytes), "resident_bytes",
                                            (json_int_t)m[i].resident_bytes));
     else
-      printf("%-32s %8llu %10s %10s %6.3f %10s\n", m[i].name, (unsigned long long)m[i].tensors,
+      printf("%-*s %8llu %10s %10s %6.3f %10s\n", mw, m[i].name, (unsigned long long)m[i].tensors,
              human(m[i].raw_bytes, buf[0]), human(m[i].nwc_bytes, buf[1]),
              ratio(m[i].nwc_bytes, m[i].raw_bytes), human(m[i].resident_bytes, buf[2]));
   }

@@ -138,6 +138,15 @@ int main(void) {
   printf("%s", out);
   free(out);
   CHECK(run(NULL, (const char *[]){"import", "use", idx, NULL}) == 1, "second import should fail");
+  /* ls lines up: with a model name longer than the column's 32, every line is as long. */
+  const char *longname = "a-model-name-longer-than-thirty-two-chars";
+  CHECK(run(NULL, (const char *[]){"import", longname, idx, NULL}) == 0, "import %s", longname);
+  CHECK(run(&out, (const char *[]){"ls", NULL}) == 0, "ls");
+  size_t width = strcspn(out, "\n");
+  for (char *l = out; *l; l += strcspn(l, "\n") + 1)
+    CHECK(strcspn(l, "\n") == width, "ls: a line of %zu characters, the header's %zu:\n%s", strcspn(l, "\n"), width, out);
+  free(out);
+  CHECK(run(NULL, (const char *[]){"rm", longname, NULL}) == 0, "rm %s", longname);
 
   json_t *j = run_json((const char *[]){"ls", "--json", NULL});
   CHECK(json_is_array(j) && json_array_size(j) == 1, "ls --json");
