@@ -111,17 +111,18 @@ static int progress_bar(void *ctx, uint64_t done, uint64_t total) {
 
 /* ---- .npy --------------------------------------------------------------------------------- */
 
-/* Writes a .npy of shape (d0,) or (d0, d1); -1 after a line saying why it could not. */
-static int npy_write(const char *path, const char *descr, uint64_t d0, uint64_t d1, int ndim,
+/* Writes a .npy of the given shape (ndim 0..8); -1 after a line saying why it could not. */
+static int npy_write(const char *path, const char *descr, const uint64_t *shape, unsigned ndim,
                      const void *data, size_t bytes) {
+  char dims[256] = "";
+  for (unsigned d = 0; d < ndim; d++)
+    snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%llu%s", (unsigned long long)shape[d],
+             ndim == 1 ? "," : d + 1 < ndim ? ", " : "");
   FILE *f = fopen(path, "wb");
   bool ok = f != NULL;
   if (ok) {
-    char hdr[256];
-    int n = ndim == 1 ? snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,), }",
-                                 descr, (unsigned long long)d0)
-                      : snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
-                                 descr, (unsigned long long)d0, (unsigned long long)d1);
+    char hdr[512];
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, dims);
     int total = 10 + n + 1, pad = (64 - total % 64) % 64;
     unsigned hl = (unsigned)(n + pad + 1);
     fwrite("\x93NUMPY\x01\x00", 1, 8, f);
@@ -458,11 +459,12 @@ static int cmd_stats(nwc_client *c) {
 }
 
 /* --json of a data command: what it wrote where (out's shape and dtype). */
-static void json_written(const char *target, const char *out, uint64_t d0, uint64_t d1,
+static void json_written(const char *target, const char *out, const uint64_t *shape, unsigned ndim,
                          const char *dtype, unsigned rflags) {
-  json_out(json_pack("{s:s,s:s,s:[I,I],s:s,s:b}", "tensor", target, "out", out, "shape",
-                     (json_int_t)d0, (json_int_t)d1, "dtype", dtype, "mapped",
-                     (rflags & NWC_CLIENT_MAPPED) != 0));
+  json_t *sh = json_array();
+  for (unsigned d = 0; d < ndim; d++) json_array_append_new(sh, json_integer((json_int_t)shape[d]));
+  json_out(json_pack("{s:s,s:s,s:o,s:s,s:b}", "tensor", target, "out", out, "shape", sh, "dtype",
+                     dtype, "mapped", (rflags & NWC_CLIENT_MAPPED) != 0));
 }
 
 static int cmd_compute(nwc_client *c, int argc, char **argv) {
@@ -515,8 +517,10 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     size_t cap = n * M * 4;
     float *y = malloc(cap);
     rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)n, 0, y, cap, &rflags) : -ENOMEM;
-    if (rc == 0) written = npy_write(out, "<f4", n, M, n == 1 && info.t.ndim == 1 ? 1 : 2, y, cap);
-    if (written == 0 && json) json_written(target, out, n, M, "float32", rflags);
+    uint64_t shape[2] = {n, M};
+    unsigned ndim = n == 1 && info.t.ndim == 1 ? 1 : 2;
+    if (rc == 0) written = npy_write(out, "<f4", shape, ndim, y, cap);
+    if (written == 0 && json) json_written(target, out, shape, ndim, "float32", rflags);
     else if (written == 0)
       printf("matvec %s: %llu x %llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
              (unsigned long long)K, (unsigned long long)n, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
@@ -528,9 +532,14 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     if (!buf) rc = -ENOMEM;
     else if (!strcmp(cmd, "gather")) rc = nwc_client_gather(c, model, tensor, rows, nrows, flags, buf, cap, NULL, &rflags);
     else rc = nwc_client_dequant(c, model, tensor, flags, buf, cap, NULL, NULL, &rflags);
-    if (rc == 0)
-      written = npy_write(out, descr, n, K, !strcmp(cmd, "dequant") && info.t.ndim == 1 ? 1 : 2, buf, cap);
-    if (written == 0 && json) json_written(target, out, n, K, esz == 2 ? "bf16" : "float32", rflags);
+    /* gather: n x K; dequant: the tensor's own shape (a [N] tensor is stored as 1 x N). */
+    uint64_t rowcol[2] = {n, K}, numel = 1;
+    for (unsigned d = 0; d < info.t.ndim; d++) numel *= info.t.shape[d];
+    bool own = !strcmp(cmd, "dequant") && info.t.ndim <= 8 && numel == M * K;
+    const uint64_t *shape = own ? info.t.shape : rowcol;
+    unsigned ndim = own ? info.t.ndim : 2;
+    if (rc == 0) written = npy_write(out, descr, shape, ndim, buf, cap);
+    if (written == 0 && json) json_written(target, out, shape, ndim, esz == 2 ? "bf16" : "float32", rflags);
     else if (written == 0)
       printf("%s %s: %llu x %llu %s -> %s%s\n", cmd, target, (unsigned long long)n,
              (unsigned long long)K, esz == 2 ? "bf16" : "float32", out,

@@ -3,8 +3,8 @@
  * import of the sample model through a sharded index (.json naming it as its one shard; the
  * descriptors are passed by SCM_RIGHTS), ls / ls MODEL / info / ps / stats with --json parsed by
  * jansson (the field names of the issue), load, pin, unpin, evict, verify, dequant / gather /
- * matvec writing .npy files checked against the original weights, NWC_SOCKET as the default
- * socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
+ * matvec writing .npy files checked against the original weights (dequant in the tensor's own
+ * shape, a 1-D one too), NWC_SOCKET as the default socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
  * bad usage (exit 2: unknown options, extra arguments, values that are not numbers, --layout
  * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1).
  */
@@ -202,6 +202,20 @@ int main(void) {
   CHECK(data && n == t->rows * t->cols * 2 && !memcmp(data, t->w, n) && strstr(hdr, "'<u2'"),
         "dequant .npy differs (%zu bytes)", n);
   free(data);
+  /* dequant writes the tensor's own shape from the file: a 1-D [N] one (stored 1 x N) as (N,). */
+  for (size_t i = 0; i < td_sample->count; i++) {
+    const nwc_st_tensor *v = &td_sample->tensors[i];
+    if (v->ndim != 1 || v->shape[0] < 2 || strcmp(v->dtype, "BF16")) continue;
+    char vname[1200], want[64];
+    snprintf(vname, sizeof vname, "use/%s", v->name);
+    snprintf(want, sizeof want, "'shape': (%llu,)", (unsigned long long)v->shape[0]);
+    CHECK(run(NULL, (const char *[]){"dequant", vname, "-o", npy, "--bf16", NULL}) == 0, "dequant %s", vname);
+    data = read_npy(npy, &n, hdr, sizeof hdr);
+    CHECK(data && strstr(hdr, want) && n == v->end - v->begin &&
+              !memcmp(data, nwc_st_data(td_sample, v), n), "dequant of 1-D %s: header %s, %zu bytes", v->name, hdr, n);
+    free(data);
+    break;
+  }
   CHECK(run(NULL, (const char *[]){"gather", name, "3", "0", "7", "-o", npy, NULL}) == 0, "gather");
   data = read_npy(npy, &n, hdr, sizeof hdr);
   CHECK(data && n == 3 * t->cols * 4, "gather size");
