@@ -578,7 +578,8 @@ static const struct command {
                        "  the same model, named without MODEL/"},
     {"gather", -1, -1, "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index (at most 4096), float32\n"
                        "  (or BF16 bits as uint16)"},
-    {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor, float32 (or BF16 bits as uint16)"},
+    {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor in its shape, float32 (or BF16 bits\n"
+                        "  as uint16)"},
 };
 
 static void usage(FILE *f) {
