@@ -471,6 +471,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   const char *out = NULL, *target = NULL, *xpath = NULL, *bias = NULL;
   unsigned flags = 0;
   float scale = 1;
+  bool scaled = false;
   uint64_t rows[4096];
   size_t nrows = 0;
   for (int i = 0; i < argc; i++) {
@@ -479,6 +480,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     else if (!strcmp(argv[i], "--bias") && i + 1 < argc) bias = argv[++i];
     else if (!strcmp(argv[i], "--scale") && i + 1 < argc) {
       if (parse_float("--scale", argv[++i], &scale) < 0) return 2;
+      scaled = true;
     } else if (target && !strcmp(cmd, "gather") && (argv[i][0] != '-' || isdigit((unsigned char)argv[i][1]))) {
       if (nrows == 4096) return fprintf(stderr, "%s: gather: at most 4096 rows at once\n", prog), 2;
       if (parse_u64("ROW", argv[i], UINT64_MAX, &rows[nrows++]) < 0) return 2;
@@ -487,6 +489,9 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     else if (!strcmp(cmd, "matvec") && !xpath) xpath = argv[i];
     else return fprintf(stderr, "%s: %s: unexpected '%s'\n", prog, cmd, argv[i]), 2;
   }
+  bool matvec = !strcmp(cmd, "matvec");
+  if ((!matvec && (bias || scaled)) || (matvec && (flags & NWC_CLIENT_BF16)))
+    return fprintf(stderr, "%s: %s: --bias and --scale are matvec's, --bf16 gather's and dequant's\n", prog, cmd), 2;
   char model[1024];
   const char *tensor = NULL;
   if (!target || split(target, model, sizeof model, &tensor) < 0 || !tensor || !out ||

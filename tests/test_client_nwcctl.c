@@ -262,6 +262,8 @@ int main(void) {
   write_npy(xnpy, shape, x, t->cols);
   run_fails(1, "cannot write /nonexistent-nwc/y.npy", (const char *[]){"matvec", name, xnpy, "-o", "/nonexistent-nwc/y.npy", NULL});
   run_fails(2, "--scale: expected a number, got 'abc'", (const char *[]){"matvec", name, xnpy, "-o", npy, "--scale", "abc", NULL});
+  run_fails(2, "--bf16 gather's", (const char *[]){"matvec", name, xnpy, "-o", npy, "--bf16", NULL});
+  run_fails(2, "--scale are matvec's", (const char *[]){"gather", name, "0", "-o", npy, "--scale", "1", NULL});
   free(data), free(x);
   /* Rows: as many as given (past the old 510-argument cap), each a whole number. */
   const char *many[700] = {"gather", name, "-o", npy};
