@@ -191,6 +191,20 @@ static int widen(int width, const char *name) {
   return n > width ? n : width;
 }
 
+/* A shape as text ("8002x256", "()" for a scalar) into buf, and as a JSON array (new reference). */
+static const char *shape_text(const uint64_t *shape, unsigned ndim, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s", ndim ? "" : "()");
+  for (unsigned d = 0; d < ndim; d++)
+    snprintf(buf + strlen(buf), cap - strlen(buf), "%s%llu", d ? "x" : "", (unsigned long long)shape[d]);
+  return buf;
+}
+
+static json_t *shape_json(const uint64_t *shape, unsigned ndim) {
+  json_t *sh = json_array();
+  for (unsigned d = 0; d < ndim; d++) json_array_append_new(sh, json_integer((json_int_t)shape[d]));
+  return sh;
+}
+
 /* ---- commands ----------------------------------------------------------------------------- */
 
 static int cmd_ls(nwc_client *c, int argc, char **argv) {
@@ -205,15 +219,10 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
     for (size_t i = 0; i < n; i++) tw = widen(tw, t[i].name);
     if (!json) printf("%-*s %-14s %-5s %-6s %10s %10s %s\n", tw, "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
     for (size_t i = 0; i < n; i++) {
-      char shape[64] = "";
-      for (unsigned d = 0; d < t[i].ndim; d++)
-        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%llu", d ? "x" : "",
-                 (unsigned long long)t[i].shape[d]);
+      char shape[200];
       if (json) {
-        json_t *sh = json_array();
-        for (unsigned d = 0; d < t[i].ndim; d++) json_array_append_new(sh, json_integer((json_int_t)t[i].shape[d]));
         json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b}", "name", t[i].name,
-                                             "shape", sh, "dtype", t[i].dtype, "elem", elem_name(t[i].elem),
+                                             "shape", shape_json(t[i].shape, t[i].ndim), "dtype", t[i].dtype, "elem", elem_name(t[i].elem),
                                              "layout", (int)((t[i].elem >> 4) & 15),
                                              "raw_bytes", (json_int_t)t[i].raw_bytes,
                                              "nwc_bytes", (json_int_t)t[i].nwc_bytes,
@@ -221,7 +230,8 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
       } else {
         char elem[16];
         snprintf(elem, sizeof elem, "%s/%u", elem_name(t[i].elem), (t[i].elem >> 4) & 15);
-        printf("%-*s %-14s %-5s %-6s %10s %10s %s%s\n", tw, t[i].name, shape, t[i].dtype, elem,
+        printf("%-*s %-14s %-5s %-6s %10s %10s %s%s\n", tw, t[i].name,
+               shape_text(t[i].shape, t[i].ndim, shape, sizeof shape), t[i].dtype, elem,
                human(t[i].raw_bytes, buf[0]),
                human(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
       }
@@ -295,16 +305,10 @@ static int cmd_info(nwc_client *c, const char *arg) {
   nwc_client_tensor_info i;
   int rc = nwc_client_info(c, model, tensor, &i);
   if (rc < 0) return die(rc);
-  json_t *sh = json_array();
-  char shape[64] = "";
-  for (unsigned d = 0; d < i.t.ndim; d++) {
-    json_array_append_new(sh, json_integer((json_int_t)i.t.shape[d]));
-    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%llu", d ? "x" : "",
-             (unsigned long long)i.t.shape[d]);
-  }
+  char shape[200];
   if (json) {
     json_out(json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b,s:I,s:I,s:s,s:s,s:I,s:I,s:I,s:b}", "name",
-                       i.t.name, "shape", sh, "dtype", i.t.dtype, "elem", elem_name(i.t.elem),
+                       i.t.name, "shape", shape_json(i.t.shape, i.t.ndim), "dtype", i.t.dtype, "elem", elem_name(i.t.elem),
                        "layout", (int)((i.t.elem >> 4) & 15), "raw_bytes", (json_int_t)i.t.raw_bytes,
                        "nwc_bytes", (json_int_t)i.t.nwc_bytes, "resident",
                        i.t.state == NWC_CLIENT_RESIDENT, "rows", (json_int_t)i.t.rows, "cols",
@@ -313,12 +317,11 @@ static int cmd_info(nwc_client *c, const char *arg) {
                        (json_int_t)i.nblocks, "pinned", i.t.pinned));
     return 0;
   }
-  json_decref(sh);
   char b0[32], b1[32];
   printf("name        %s/%s\nshape       %s (%s)\nstored as   %llu x %llu %s layout %u\n"
          "conversion  %s\nsize        %s raw, %s nwc (%.3f)\nblocks      %llu, %llu chunks\n"
          "container   %s @ %llu\nresidency   %s%s\n",
-         model, i.t.name, shape, i.t.dtype, (unsigned long long)i.t.rows,
+         model, i.t.name, shape_text(i.t.shape, i.t.ndim, shape, sizeof shape), i.t.dtype, (unsigned long long)i.t.rows,
          (unsigned long long)i.t.cols, elem_name(i.t.elem), (i.t.elem >> 4) & 15, i.conversion,
          human(i.t.raw_bytes, b0), human(i.t.nwc_bytes, b1), ratio(i.t.nwc_bytes, i.t.raw_bytes),
          (unsigned long long)i.nblocks, (unsigned long long)i.nchunks, i.path,
@@ -461,9 +464,7 @@ static int cmd_stats(nwc_client *c) {
 /* --json of a data command: what it wrote where (out's shape and dtype). */
 static void json_written(const char *target, const char *out, const uint64_t *shape, unsigned ndim,
                          const char *dtype, unsigned rflags) {
-  json_t *sh = json_array();
-  for (unsigned d = 0; d < ndim; d++) json_array_append_new(sh, json_integer((json_int_t)shape[d]));
-  json_out(json_pack("{s:s,s:s,s:o,s:s,s:b}", "tensor", target, "out", out, "shape", sh, "dtype",
+  json_out(json_pack("{s:s,s:s,s:o,s:s,s:b}", "tensor", target, "out", out, "shape", shape_json(shape, ndim), "dtype",
                      dtype, "mapped", (rflags & NWC_CLIENT_MAPPED) != 0));
 }
 
@@ -545,10 +546,11 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     unsigned ndim = own ? info.t.ndim : 2;
     if (rc == 0) written = npy_write(out, descr, shape, ndim, buf, cap);
     if (written == 0 && json) json_written(target, out, shape, ndim, esz == 2 ? "bf16" : "float32", rflags);
-    else if (written == 0)
-      printf("%s %s: %llu x %llu %s -> %s%s\n", cmd, target, (unsigned long long)n,
-             (unsigned long long)K, esz == 2 ? "bf16" : "float32", out,
-             rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
+    else if (written == 0) {
+      char text[200];
+      printf("%s %s: %s %s -> %s%s\n", cmd, target, shape_text(shape, ndim, text, sizeof text),
+             esz == 2 ? "bf16" : "float32", out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
+    }
     free(buf);
   }
   if (rc < 0) return die(rc);
