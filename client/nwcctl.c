@@ -528,7 +528,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     if (rc == 0) written = npy_write(out, "<f4", shape, ndim, y, cap);
     if (written == 0 && json) json_written(target, out, shape, ndim, "float32", rflags);
     else if (written == 0)
-      printf("matvec %s: %llu x %llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
+      printf("matvec %s: %llux%llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
              (unsigned long long)K, (unsigned long long)n, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
     free(x), free(y);
   } else {
