@@ -87,14 +87,16 @@ static void usage(FILE *f) {
           "  --budget SIZE     bytes of host-resident tensors (e.g. 512M, 4G; default half of RAM)\n"
           "  --gpu-budget SIZE bytes of tensors per GPU (default 90%% of its free memory)\n"
           "  --threads N       worker threads (default: online cores)\n"
-          "  --max-conn-per-uid N  connections one client uid may hold at once (default 64)\n"
+          "  --max-conn-per-uid N\n"
+          "                    connections one client uid may hold at once (default 64)\n"
           "  --poll-us N       after a request, poll this long for the next one before sleeping,\n"
           "                    yielding to other threads (default 300; 0: always sleep)\n"
           "  --config FILE     settings file (default $NWCD_CONFIG, else " NWCD_CONFIG_DEFAULT "\n"
           "                    where it exists; NWCD_CONFIG= for none);\n"
           "                    flags override it; SIGHUP re-reads it\n"
           "  --log-level L     error, warning, info (default) or debug\n"
-          "  --verbose, --quiet  --log-level debug, --log-level warning\n"
+          "  --verbose         --log-level debug\n"
+          "  --quiet           --log-level warning\n"
           "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
           nwcd_default_socket(def, sizeof def));
 }
