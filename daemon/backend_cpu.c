@@ -371,13 +371,13 @@ void nwcd_host_pages_note(void) {
   if (!end) return;
   mode++, *end = 0;
   if (!strcmp(mode, "always") || !strcmp(mode, "within_size") || !strcmp(mode, "force"))
-    nwcd_log(NWCD_LOG_INFO, "tensor memory: 2 MiB pages where a tensor allows (%s is '%s')",
-             path, mode);
+    nwcd_log(NWCD_LOG_INFO, "tensor memory: 2 MiB pages where a tensor allows (shmem_enabled is '%s')",
+             mode);
   else
     nwcd_log(NWCD_LOG_INFO,
-             "tensor memory: 4 KiB pages (%s is '%s'): a load into new memory makes 512 times "
-             "the pages it would with 'within_size' (nwcd(8), PERFORMANCE)",
-             path, mode);
+             "tensor memory: 4 KiB pages (shmem_enabled is '%s'; 'within_size' loads faster: "
+             "nwcd(8), PERFORMANCE)",
+             mode);
 }
 
 int nwcd_backend_get(const char *name, const nwcd_backend **out) {
