@@ -139,7 +139,7 @@ static int npy_write(const char *path, const char *descr, const uint64_t *shape,
 
 /* Reads a little-endian float32 .npy of shape (K,) or (n, K) with n <= 64; NULL after a line
  * that says what is wrong with it. */
-static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K) {
+static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K, unsigned *ndim) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     fprintf(stderr, "%s: %s: cannot open %s: %s\n", prog, cmd, path, strerror(errno));
@@ -168,7 +168,7 @@ static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K) {
     if (*s == ',') s += 1 + strspn(s + 1, " ");
   }
   if (*s != ')' || nd < 1 || nd > 2) goto bad;
-  *n = nd == 2 ? d[0] : 1, *K = d[nd - 1];
+  *n = nd == 2 ? d[0] : 1, *K = d[nd - 1], *ndim = (unsigned)nd;
   why = "is empty, or has more than 64 vectors or 2^28 columns";
   if (!*n || !*K || *n > 64 || *K > (1u << 28)) goto bad;
   why = "is too large to read";
@@ -512,7 +512,8 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   int written = -1; /* npy_write's status once the daemon answered */
   if (!strcmp(cmd, "matvec")) {
     uint64_t n, xk;
-    float *x = npy_read_f32(xpath, &n, &xk);
+    unsigned ndim;
+    float *x = npy_read_f32(xpath, &n, &xk, &ndim);
     if (!x) return 1;
     if (xk != K) {
       fprintf(stderr, "%s: matvec: x has %llu columns, %s takes %llu\n", prog,
@@ -523,8 +524,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     size_t cap = n * M * 4;
     float *y = malloc(cap);
     rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)n, 0, y, cap, &rflags) : -ENOMEM;
-    uint64_t shape[2] = {n, M};
-    unsigned ndim = n == 1 && info.t.ndim == 1 ? 1 : 2;
+    uint64_t shape2[2] = {n, M}, *shape = ndim == 1 ? shape2 + 1 : shape2; /* y is x's rank */
     if (rc == 0) written = npy_write(out, "<f4", shape, ndim, y, cap);
     if (written == 0 && json) json_written(target, out, shape, ndim, "float32", rflags);
     else if (written == 0)

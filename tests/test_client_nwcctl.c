@@ -248,6 +248,19 @@ int main(void) {
     double e = td_matvec_err(t, x + c * t->cols, 1.0, NULL, (const float *)(data + c * t->rows * 4));
     CHECK(e <= 1e-5, "matvec column %d: error %.3g", c, e);
   }
+  /* X of shape [K]: Y of shape [M], as numpy's W @ x. */
+  snprintf(shape, sizeof shape, "(%llu,)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, t->cols);
+  CHECK(run(NULL, (const char *[]){"matvec", name, xnpy, "-o", npy, NULL}) == 0, "matvec of a 1-D x");
+  free(data);
+  data = read_npy(npy, &n, hdr, sizeof hdr);
+  snprintf(shape, sizeof shape, "'shape': (%llu,)", (unsigned long long)t->rows);
+  CHECK(data && strstr(hdr, shape) && n == t->rows * 4, "matvec of a 1-D x: header %s, %zu bytes",
+        data ? hdr : "", n);
+  if (data && n == t->rows * 4) {
+    double e = td_matvec_err(t, x, 1.0, NULL, (const float *)data);
+    CHECK(e <= 1e-5, "matvec of a 1-D x: error %.3g", e);
+  }
   /* Bad x files: a third dimension, fewer values than the shape, more than 64 vectors. */
   snprintf(shape, sizeof shape, "(2, %llu, 1)", (unsigned long long)t->cols);
   write_npy(xnpy, shape, x, 2 * t->cols);
