@@ -26,6 +26,9 @@ static int die(int rc) {
   return rc == -ENOENT ? 3 : 1;
 }
 
+/* "s" unless n is 1: "%llu tensor%s". */
+static const char *plural(uint64_t n) { return n == 1 ? "" : "s"; }
+
 static const char *human(uint64_t b, char *buf) {
   static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)b;
@@ -360,13 +363,13 @@ static int cmd_residency(nwc_client *c, const char *arg) {
                        (json_int_t)r.bytes, "skipped", (json_int_t)r.skipped, "seconds", r.micros / 1e6,
                        "direct", (json_int_t)r.direct, "buffered", (json_int_t)r.buffered));
   else if (!strcmp(cmd, "load"))
-    printf("loaded %s: %llu tensors, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
-           (unsigned long long)r.tensors, human(r.bytes, b), r.micros / 1e6,
+    printf("loaded %s: %llu tensor%s, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
+           (unsigned long long)r.tensors, plural(r.tensors), human(r.bytes, b), r.micros / 1e6,
            r.micros ? r.bytes / (double)r.micros : 0.0, (unsigned long long)r.direct,
            (unsigned long long)r.buffered);
   else
-    printf("%s %s: %llu tensors, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
-           arg, (unsigned long long)r.tensors, human(r.bytes, b),
+    printf("%s %s: %llu tensor%s, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
+           arg, (unsigned long long)r.tensors, plural(r.tensors), human(r.bytes, b),
            r.skipped ? " (some in use or pinned were kept)" : "");
   return 0;
 }
@@ -404,8 +407,8 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
                        "raw_bytes", (json_int_t)r.raw_bytes, "nwc_bytes", (json_int_t)r.bytes,
                        "ratio", ratio(r.bytes, r.raw_bytes), "seconds", r.micros / 1e6));
   else
-    printf("imported %s: %llu tensors, %s -> %s (ratio %.3f) in %.2f s\n", model,
-           (unsigned long long)r.tensors, human(r.raw_bytes, b0), human(r.bytes, b1),
+    printf("imported %s: %llu tensor%s, %s -> %s (ratio %.3f) in %.2f s\n", model,
+           (unsigned long long)r.tensors, plural(r.tensors), human(r.raw_bytes, b0), human(r.bytes, b1),
            ratio(r.bytes, r.raw_bytes), r.micros / 1e6);
   return 0;
 }
@@ -425,9 +428,10 @@ static int cmd_verify(nwc_client *c, const char *model) {
                        (json_int_t)r.tensors, "chunks", (json_int_t)r.chunks, "bytes",
                        (json_int_t)r.bytes, "problems", (json_int_t)r.problems));
   else
-    printf("verified %llu models, %llu tensors, %llu chunks, %s: %llu problems\n",
-           (unsigned long long)r.skipped, (unsigned long long)r.tensors, (unsigned long long)r.chunks,
-           human(r.bytes, b), (unsigned long long)r.problems);
+    printf("verified %llu model%s, %llu tensor%s, %llu chunk%s, %s: %llu problem%s\n",
+           (unsigned long long)r.skipped, plural(r.skipped), (unsigned long long)r.tensors,
+           plural(r.tensors), (unsigned long long)r.chunks, plural(r.chunks), human(r.bytes, b),
+           (unsigned long long)r.problems, plural(r.problems));
   return r.problems ? 1 : 0;
 }
 

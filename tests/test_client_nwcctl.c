@@ -179,7 +179,8 @@ int main(void) {
   j = run_json((const char *[]){"ps", "--json", NULL});
   CHECK(json_array_size(j) == td_nt, "ps after load: %zu", json_array_size(j));
   json_decref(j);
-  CHECK(run(NULL, (const char *[]){"pin", name, NULL}) == 0, "pin");
+  CHECK(run(&out, (const char *[]){"pin", name, NULL}) == 0 && strstr(out, ": 1 tensor, "), "pin of one tensor: %s", out);
+  free(out);
   CHECK(run(NULL, (const char *[]){"evict", name, NULL}) == 1, "evict of a pinned tensor should fail");
   CHECK(run(NULL, (const char *[]){"unpin", name, NULL}) == 0, "unpin");
   CHECK(run(NULL, (const char *[]){"evict", "use", NULL}) == 0, "evict");
