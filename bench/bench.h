@@ -18,6 +18,10 @@ double nwc_bench_thread_cpu(void);
 /* Runs fn(arg) until at least min_seconds have passed (and at least 3 times); returns the median
  * seconds per call of 3 such rounds.  A negative return from fn aborts and is returned. */
 double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds);
+/* qsort's comparison of two doubles, ascending. */
+int nwc_bench_cmp_double(const void *a, const void *b);
+/* The median of t[0..n) (t[n / 2] after sorting t in place). */
+double nwc_bench_median(double *t, size_t n);
 
 
 /* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, with

@@ -53,13 +53,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static void pct(double *t, size_t n, double *p50, double *p99) {
-  qsort(t, n, sizeof *t, cmp_d);
+  qsort(t, n, sizeof *t, nwc_bench_cmp_double);
   *p50 = t[n / 2] * 1e6;
   *p99 = t[(size_t)((double)n * 0.99)] * 1e6;
 }

@@ -68,13 +68,8 @@ static uint64_t M = 4096, K = 4096;
 static const char *drop_how = "drop_caches";
 static const char *nwcd_path = NWCD_PATH;
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *t, size_t n) { return qsort(t, n, sizeof *t, cmp_d), t[n / 2]; }
 static double pctl(double *t, size_t n, double p) {
-  qsort(t, n, sizeof *t, cmp_d);
+  qsort(t, n, sizeof *t, nwc_bench_cmp_double);
   return t[(size_t)((double)(n - 1) * p)];
 }
 
@@ -291,7 +286,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   fprintf(stderr, "%u tensors, containers %.1f MB (%zu files), BF16 %.1f MB, %u rounds (median)\n",
           T, file_bytes / 1e6, nfiles, bf16_bytes / 1e6, R);
   for (int i = 0; i < 5; i++) {
-    med[i] = median(tv[i], R);
+    med[i] = nwc_bench_median(tv[i], R);
     line("load", items[i], med[i], i == 0 ? (double)file_bytes : i < 3 ? (double)blob_bytes : (double)bf16_bytes);
   }
   cudaFree(dev);
@@ -388,7 +383,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   double s50 = pctl(sv, iters, 0.5) * 1e6, s99 = pctl(sv, iters, 0.99) * 1e6;
   double n50 = pctl(nv, iters, 0.5) * 1e6, n99 = pctl(nv, iters, 0.99) * 1e6;
   double k50 = pctl(kv, iters, 0.5) * 1e6, k99 = pctl(kv, iters, 0.99) * 1e6;
-  double l8 = median(wall8, 64) * 1e6;
+  double l8 = nwc_bench_median(wall8, 64) * 1e6;
   bool shared = rf_shared & NWC_CLIENT_SHARED;
   printf("{\"bench\":\"matvec\",\"rows\":%llu,\"cols\":%llu,\"socket_p50_us\":%.2f,\"socket_p99_us\":%.2f,"
          "\"shared\":%s,\"socket_inline_p50_us\":%.2f,\"socket_inline_p99_us\":%.2f,"
@@ -428,7 +423,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   }
   for (int k = 0; k < NCLIENTS; k++) pthread_join(th[k], NULL), rc |= cc[k].rc;
   nwc_client_stats(c, &after);
-  double ser50 = median(ser, rounds) * 1e6, con50 = median(con, rounds) * 1e6;
+  double ser50 = nwc_bench_median(ser, rounds) * 1e6, con50 = nwc_bench_median(con, rounds) * 1e6;
   printf("{\"bench\":\"clients\",\"clients\":%d,\"serial_p50_us\":%.2f,\"concurrent_p50_us\":%.2f,"
          "\"batched_passes\":%llu,\"batched_columns\":%llu,\"launches8_wall_us\":%.2f,\"errors\":%d}\n",
          NCLIENTS, ser50, con50, (unsigned long long)(after.batched_passes - before.batched_passes),

@@ -53,13 +53,6 @@
 #define ROUNDS_MAX 64
 #define BLOBS_MAX 4096
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* The median of t[0..n) (sorts t). */
-static double median(double *t, unsigned n) { return qsort(t, n, sizeof *t, cmp_d), t[n / 2]; }
 
 /* ---- stages --------------------------------------------------------------------------------- */
 
@@ -195,7 +188,7 @@ static int stages(const blobs *b, unsigned R) {
     for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
       double tv[ROUNDS_MAX];
       for (unsigned r = 0; r < R; r++) tv[r] = stage_pass(&s, what, threads[ti]);
-      double med = median(tv, R);
+      double med = nwc_bench_median(tv, R);
       printf("{\"bench\":\"stage\",\"item\":\"%s\",\"threads\":%u,\"seconds\":%.6f,\"bytes\":%llu,"
              "\"gbps\":%.3f}\n", stage_names[what], threads[ti], med,
              (unsigned long long)b->bytes, med > 0 ? b->bytes / med / 1e9 : -1);
@@ -385,7 +378,7 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
     return rc;
   }
   memcpy(sorted, tv, R * sizeof *tv);
-  double med = median(sorted, R);
+  double med = nwc_bench_median(sorted, R);
   unsigned m = 0;
   while (tv[m] != med) m++;
   const split *s = &sp[m];

@@ -414,11 +414,6 @@ static double cpu_seconds(void) {
                          c.ru_stime.tv_usec);
 }
 
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, c = *(const double *)y;
-  return (a > c) - (a < c);
-}
-
 static void usage(void) {
   fputs("usage: nwc-bench load STORE_DIR|FILE.safetensors [--copies N] [--repeat R]\n"
         "                      [--depth D] [--read-size BYTES] [--mode auto|direct|buffered]\n"
@@ -516,8 +511,8 @@ int nwc_bench_load(int argc, char **argv) {
     }
   double gbps[ITEMS] = {0};
   for (int it = 0; rc == 0 && it < nitems; it++) {
-    qsort(secs[it], rounds, sizeof secs[it][0], cmp_double);
-    qsort(cpu[it], rounds, sizeof cpu[it][0], cmp_double);
+    qsort(secs[it], rounds, sizeof secs[it][0], nwc_bench_cmp_double);
+    qsort(cpu[it], rounds, sizeof cpu[it][0], nwc_bench_cmp_double);
     double med = secs[it][rounds / 2];
     uint64_t bytes = items[it].file_bytes ? b.file_bytes : b.blob_bytes;
     gbps[it] = (double)bytes / med * 1e-9;

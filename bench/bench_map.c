@@ -31,11 +31,6 @@
 
 extern char **environ;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Calls fn(ctx) n times after 10 warm-up calls; prints the JSON line with p50 and p99. */
 static void time_calls(const char *head, size_t n, void (*fn)(void *), void *ctx) {
   double *t = malloc(n * sizeof *t);
@@ -44,7 +39,7 @@ static void time_calls(const char *head, size_t n, void (*fn)(void *), void *ctx
     fn(ctx);
     if (i >= 10) t[i - 10] = nwc_bench_now() - t0;
   }
-  qsort(t, n, sizeof *t, cmp_double);
+  qsort(t, n, sizeof *t, nwc_bench_cmp_double);
   printf("{%s,\"p50_us\":%.2f,\"p99_us\":%.2f,\"n\":%zu}\n", head, t[n / 2] * 1e6,
          t[(size_t)(0.99 * (double)n)] * 1e6, n);
   fflush(stdout);

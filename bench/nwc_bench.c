@@ -21,9 +21,14 @@ double nwc_bench_thread_cpu(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
+int nwc_bench_cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+double nwc_bench_median(double *t, size_t n) {
+  qsort(t, n, sizeof *t, nwc_bench_cmp_double);
+  return t[n / 2];
 }
 
 double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds) {
@@ -39,8 +44,7 @@ double nwc_bench_time(int (*fn)(void *), void *arg, double min_seconds) {
     } while (t < min_seconds / 3 || n < 1);
     round_time[k] = t / n;
   }
-  qsort(round_time, 3, sizeof round_time[0], cmp_double);
-  return round_time[1];
+  return nwc_bench_median(round_time, 3);
 }
 
 static void usage(FILE *f) {
