@@ -71,6 +71,20 @@ int nwcd_parse_size(const char *s, uint64_t *out) {
   return 0;
 }
 
+/* A whole number in [min, max] given to flag (unit: how the message names it, e.g.
+ * "microseconds "): 0 and *out, or -1 after a line saying what was expected. */
+static int flag_count(const char *flag, const char *unit, const char *arg, long min, long max,
+                      unsigned *out) {
+  char *end;
+  long v = strtol(arg, &end, 10);
+  if (!*arg || *end || v < min || v > max) {
+    fprintf(stderr, "nwcd: %s: expected %s%ld..%ld, got '%s'\n", flag, unit, min, max, arg);
+    return -1;
+  }
+  *out = (unsigned)v;
+  return 0;
+}
+
 static void usage(FILE *f) {
   char def[256];
   fprintf(f,
@@ -135,36 +149,17 @@ int main(int argc, char **argv) {
           return 2;
         }
         break;
-      case 't': {
-        char *end;
-        long v = strtol(optarg, &end, 10);
-        if (*end || v < 1 || v > 1024) {
-          fprintf(stderr, "nwcd: --threads: expected 1..1024, got '%s'\n", optarg);
-          return 2;
-        }
-        d.cfg.threads = (unsigned)v;
+      case 't':
+        if (flag_count("--threads", "", optarg, 1, 1024, &d.cfg.threads) < 0) return 2;
         break;
-      }
-      case 'c': {
-        char *end;
-        long v = strtol(optarg, &end, 10);
-        if (*end || v < 1 || v > 100000) {
-          fprintf(stderr, "nwcd: --max-conn-per-uid: expected 1..100000, got '%s'\n", optarg);
+      case 'c':
+        if (flag_count("--max-conn-per-uid", "", optarg, 1, 100000, &d.cfg.max_conn_per_uid) < 0)
           return 2;
-        }
-        d.cfg.max_conn_per_uid = (unsigned)v;
         break;
-      }
-      case 'P': {
-        char *end;
-        long v = strtol(optarg, &end, 10);
-        if (!*optarg || *end || v < 0 || v > 1000000) {
-          fprintf(stderr, "nwcd: --poll-us: expected microseconds 0..1000000, got '%s'\n", optarg);
+      case 'P':
+        if (flag_count("--poll-us", "microseconds ", optarg, 0, 1000000, &d.cfg.poll_us) < 0)
           return 2;
-        }
-        d.cfg.poll_us = (unsigned)v;
         break;
-      }
       case 'v': d.cfg.verbose = 1, nwcd_log_level = NWCD_LOG_DEBUG; break;
       case 'q': nwcd_log_level = NWCD_LOG_WARN; break;
       case 'h': usage(stdout); return 0;
