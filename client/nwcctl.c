@@ -585,8 +585,8 @@ static const struct command {
     {"verify", 0, 1, "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
     {"stats", 0, 0, "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
     {"matvec", -1, -1, "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]: y = S * W x + bias for X\n"
-                       "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M]; the bias is a tensor of\n"
-                       "  the same model, named without MODEL/"},
+                       "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M] ([M] for X of shape [K]);\n"
+                       "  the bias is a tensor of the same model, named without MODEL/"},
     {"gather", -1, -1, "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index (at most 4096), float32\n"
                        "  (or BF16 bits as uint16)"},
     {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor in its shape, float32 (or BF16 bits\n"
