@@ -29,6 +29,9 @@
  *              io_uring_enter and checks at once, while the bytes are in its own cache (a
  *              worker's copy leaves them in another core's: checking them there ran at under 5
  *              GB/s per thread on the H200 host, against over 60 for bytes in a core's L2);
+ *              with nwcd_load_opts.piece, such a read is copied that many bytes at a time and
+ *              each piece's chunks checked as it lands, so that a ring slot larger than a
+ *              core's L2 (4 MiB, for fewer and larger copies to the GPU) is still checked hot;
  *   not     -> an O_DIRECT read (no double caching of what nwcd keeps resident), many at once.
  * O_DIRECT refused at open (EINVAL: tmpfs on old kernels, ramfs, some FUSE) or by a read
  * (EINVAL: file systems that accept the flag and refuse the I/O) sends the reads buffered for
@@ -44,7 +47,7 @@
  * States of one read (up to depth of them in flight, 32 by default, 1-4 MiB each):
  *
  *   FREE ──(next range of the blob; a ring slot if a ring load)──► IN FLIGHT
- *   IN FLIGHT ──short read──► IN FLIGHT (the rest resubmitted)
+ *   IN FLIGHT ──short read, or a hot piece (its chunks checked)──► IN FLIGHT (the rest)
  *   IN FLIGHT ──EINVAL from O_DIRECT──► IN FLIGHT (resubmitted buffered)
  *   IN FLIGHT ──all bytes──► chunks checked ──► (ring: slot to the sink) ──► FREE, progress
  *   IN FLIGHT ──error, 0 bytes (file ends early)──► FREE, the load FAILS
@@ -130,8 +133,8 @@ struct nwcd_ring {
 enum { VIA_DIRECT, VIA_CACHE };
 
 typedef struct rd {
-  uint64_t off;       /* blob offset of the read's first byte */
-  uint32_t len, done; /* bytes asked, bytes arrived */
+  uint64_t off;                /* blob offset of the read's first byte */
+  uint32_t len, done, checked; /* bytes asked, arrived, and checked (whole chunks) already */
   uint8_t *dst;       /* where byte 0 of the read lands */
   int slot;           /* ring slot, -1 for a host load */
   uint8_t via;
@@ -149,6 +152,7 @@ typedef struct load {
   bool direct_refused;     /* a read got EINVAL from O_DIRECT */
   bool async;              /* more than one read: page-cache reads go to io_uring's workers */
   bool hot;                /* nwcd_load_opts.hot: page-cache reads one at a time, inline */
+  uint64_t piece;          /* nwcd_load_opts.piece: a hot read's bytes copied at a time */
   uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
   unsigned mode, depth, inflight, nfree;
   uint64_t cs, read_size, next, checked, direct_bytes;
@@ -187,18 +191,23 @@ static uint64_t now_ns(void) {
 
 /* ---- checking chunks ---------------------------------------------------------------------- */
 
-/* Checks the ready reads' chunks that no thread has taken yet; a mismatch is recorded in its
- * read (the submitting thread names it afterwards: the detail is thread-local). */
+/* Checks chunk c of the blob, which lies in r's bytes; a mismatch is recorded in r (the
+ * submitting thread names it afterwards: the detail is thread-local). */
+static void check_chunk(struct load *L, rd *r, uint64_t c) {
+  if (nwc_store_chunk_check(L->ti, c, r->dst + (c * L->cs - r->off)) == 0) return;
+  uint64_t was = atomic_load(&r->bad);
+  while (c < was && !atomic_compare_exchange_weak(&r->bad, &was, c)) {}
+}
+
+/* Checks the ready reads' chunks that no thread has taken yet. */
 static void check_chunks(struct load *L) {
   uint64_t total = L->ready_start[L->nready];
   unsigned k = 0;
   for (uint64_t i; (i = atomic_fetch_add(&L->next_chunk, 1)) < total;) {
     while (L->ready_start[k + 1] <= i) k++;
     rd *r = L->ready[k];
-    uint64_t c = r->off / L->cs + (i - L->ready_start[k]);
-    if (nwc_store_chunk_check(L->ti, c, r->dst + (c * L->cs - r->off)) == 0) continue;
-    uint64_t was = atomic_load(&r->bad);
-    while (c < was && !atomic_compare_exchange_weak(&r->bad, &was, c)) {}
+    uint64_t c = (r->off + r->checked) / L->cs + (i - L->ready_start[k]);
+    check_chunk(L, r, c);
   }
 }
 
@@ -253,8 +262,7 @@ static void check_ready(struct load *L) {
   L->ready_start[0] = 0;
   for (unsigned k = 0; k < L->nready; k++) {
     rd *r = L->ready[k];
-    atomic_store(&r->bad, UINT64_MAX);
-    L->ready_start[k + 1] = L->ready_start[k] + (r->len + L->cs - 1) / L->cs;
+    L->ready_start[k + 1] = L->ready_start[k] + (r->len - r->checked + L->cs - 1) / L->cs;
   }
   atomic_store(&L->next_chunk, 0);
   team *t = &L->eng->tm;
@@ -339,6 +347,7 @@ static void prep(load *L, rd *r) {
   int fd = r->via == VIA_DIRECT ? L->fd_direct : L->fd_cache;
   uint8_t *p = r->dst + r->done;
   unsigned n = r->len - r->done;
+  if (L->piece && r->via == VIA_CACHE && n > L->piece) n = (unsigned)L->piece; /* hot */
   uint64_t fo = L->ti->offset + r->off + r->done;
   if (r->slot >= 0 && L->ring->fixed) io_uring_prep_read_fixed(sqe, fd, p, n, fo, r->slot);
   else io_uring_prep_read(sqe, fd, p, n, fo);
@@ -372,6 +381,7 @@ static void start_reads(load *L) {
     }
     rd *r = &L->rds[L->free_rd[--L->nfree]];
     *r = (rd){.off = L->next, .len = len, .dst = dst, .slot = slot, .via = via, .busy = true};
+    atomic_store(&r->bad, UINT64_MAX);
     prep(L, r);
     L->next += r->len;
   }
@@ -406,6 +416,16 @@ static void finish(load *L, rd *r) {
   report(L);
 }
 
+/* A hot read's whole chunks that arrived since the last piece, checked at once, while the
+ * thread that copied them still has them in its cache. */
+static void check_piece(load *L, rd *r) {
+  uint64_t t = now_ns();
+  uint32_t upto = (uint32_t)(r->done / L->cs * L->cs);
+  for (; r->checked < upto; r->checked += (uint32_t)L->cs)
+    check_chunk(L, r, (r->off + r->checked) / L->cs);
+  L->check_ns += now_ns() - t;
+}
+
 static void complete(load *L, rd *r, int res) {
   L->inflight--;
   const nwc_tensor_info *ti = L->ti;
@@ -431,7 +451,8 @@ static void complete(load *L, rd *r, int res) {
   } else {
     if (r->via == VIA_DIRECT) L->direct_bytes += (uint64_t)res;
     r->done += (uint32_t)res;
-    if (r->done < r->len) { /* short read: ask for the rest */
+    if (r->done < r->len) { /* a piece of a hot read, or a short read: ask for the rest */
+      if (L->piece && r->via == VIA_CACHE) check_piece(L, r);
       if (r->done % PAGE) r->via = VIA_CACHE;
       prep(L, r);
     } else {
@@ -540,10 +561,12 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
                 -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
                 ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
   NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED || L->checkers > CHECKERS_MAX ||
-                    (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)),
-                -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu (chunks), "
-                "checkers %u (1..%u)", L->depth, ENTRIES, o->mode,
-                (unsigned long long)o->read_size, L->checkers, CHECKERS_MAX);
+                    (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)) ||
+                    o->piece % L->cs || o->piece > UINT32_MAX || (o->piece && !o->hot),
+                -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu and piece %llu "
+                "(chunks; a piece for hot loads only), checkers %u (1..%u)", L->depth, ENTRIES,
+                o->mode, (unsigned long long)o->read_size, (unsigned long long)o->piece,
+                L->checkers, CHECKERS_MAX);
   bool small = o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB;
   if (o->read_size) {
     L->read_size = o->read_size;
@@ -552,7 +575,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     L->read_size = r < L->cs ? L->cs : r > READ_MAX ? (READ_MAX / L->cs) * L->cs : r;
     if (!L->read_size) L->read_size = L->cs;
   }
-  L->hot = o->hot;
+  L->hot = o->hot, L->piece = o->piece;
   L->async = !small && !L->hot && ti->length > L->read_size;
   for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
   if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && !small)) {

@@ -114,7 +114,9 @@ typedef struct nwcd_backend {
   int (*dev_matvec_shared)(const void *owner, void *region, uint64_t window, const void *dcopy,
                            uint64_t x_off, unsigned ncols, uint64_t y_off);
   int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
-  void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
+  /* Gives the device memory that evicted copies left for later loads back to dev; with idle (dev
+   * holds no tensor) also its idle work memory. */
+  void (*dev_trim)(int dev, bool idle);
   /* CUDA IPC: the client's own device buffers, kept open per owner (its connection) until
    * forget (backend_cuda.h says what is checked). */
   int (*dev_matvec_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,
@@ -186,6 +188,9 @@ typedef struct nwcd_load_opts {
                          copies each inside io_uring_enter and checks it while the bytes are in
                          its own cache (for loads that run in as many lanes as there are cores;
                          O_DIRECT reads still go many at a time) */
+  uint64_t piece;     /* hot loads: page-cache bytes copied, then checked, this many at a time (a
+                         multiple of the chunk size; 0: a whole read at once), so that a read
+                         larger than a core's L2 is still checked while its bytes are there */
   nwcd_progress_fn progress; /* may be NULL */
   void *ctx;
 } nwcd_load_opts;
@@ -259,6 +264,9 @@ void nwcd_gpu_ring_free(nwcd_gpu_ring *g);
  * naming the chunk, -EIO with the CUDA error).  One load at a time per ring (others wait). */
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li);
+/* The ring's stream (a cudaStream_t) on which its copies go: work queued on it before a load
+ * (the copy's allocation) is ordered before the load's copies and done when the load returns. */
+void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g);
 
 /* ---- residency --------------------------------------------------------------------------- */
 

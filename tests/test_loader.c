@@ -155,6 +155,11 @@ static int fd_load(const nwc_tensor_info *t, const nwcd_load_opts *o, uint8_t *b
   return rc;
 }
 
+/* For hot loads, half the time: a piece of 1 or 2 MiB (a read copied and checked in pieces). */
+static uint64_t random_piece(bool hot) {
+  return hot && test_below(2) ? MIB * (1 + test_below(2)) : 0;
+}
+
 /* Loads t (random depth, read size and checkers) into host memory, or (to_fd) into a memfd,
  * and compares with ref. */
 static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsigned mode,
@@ -163,6 +168,7 @@ static void load_and_compare(const nwc_tensor_info *t, const uint8_t *ref, unsig
                       .read_size = test_below(3) ? 0 : MIB * (1 + test_below(to_fd ? 1 : 4)),
                       .checkers = (unsigned)test_below(5), /* memfd: slots of 1 MiB */
                       .hot = test_below(2)};
+  o.piece = random_piece(o.hot);
   prog p = {0};
   o.progress = on_progress, o.ctx = &p;
   uint8_t *buf = aligned_garbage(t->length);
@@ -203,6 +209,7 @@ static void test_gpu(void) {
         prog p = {0};
         nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
                             .hot = test_below(2), .progress = on_progress, .ctx = &p};
+        o.piece = random_piece(o.hot);
         nwcd_load_info li;
         int rc = gpu_load(t, &o, back, &li);
         CHECK(rc == 0, "gpu load %s (%s, %s, hot %d): %s: %s", t->name, mode_name(mode),
@@ -290,6 +297,7 @@ static void *worker_main(void *arg) {
     uint8_t *ref = file_bytes(t), *buf = aligned_garbage(t->length);
     nwcd_load_opts o = {.mode = (unsigned)(rand() % 3), .depth = 1 + (unsigned)(rand() % 64),
                         .checkers = (unsigned)(rand() % 5), .hot = rand() % 2};
+    o.piece = o.hot && rand() % 2 ? MIB : 0;
     if (nwcd_load(t, buf, &o, NULL) < 0 || memcmp(buf, ref, t->length)) w->failures++;
     free(ref), free(buf);
   }
@@ -301,8 +309,9 @@ static void test_threads(void) {
   int before = count_uring_fds();
   uint8_t *buf = aligned_garbage(ti[0].length + 4096);
   CHECK(nwcd_load_blob(&ti[0], buf + 8, NULL, NULL, NULL) == -EINVAL, "unaligned buffer taken");
-  nwcd_load_opts bad[3] = {{.depth = 65}, {.checkers = 5}, {.read_size = MIB + 4096}};
-  for (int k = 0; k < 3; k++)
+  nwcd_load_opts bad[5] = {{.depth = 65}, {.checkers = 5}, {.read_size = MIB + 4096},
+                           {.hot = true, .piece = MIB + 4096}, {.piece = MIB}};
+  for (int k = 0; k < 5; k++)
     CHECK(nwcd_load(&ti[0], buf, &bad[k], NULL) == -EINVAL, "bad options %d taken", k);
   for (int k = 0; k < 10; k++) CHECK_RC(nwcd_load_blob(&ti[k % nti], buf, NULL, NULL, NULL));
   free(buf);
@@ -371,6 +380,7 @@ static void test_ring(void) {
     nwcd_load_opts o = {.mode = (unsigned)test_below(3), .depth = 1 + (unsigned)test_below(64),
                         .checkers = (unsigned)test_below(5), .hot = test_below(2),
                         .progress = on_progress, .ctx = &p};
+    o.piece = random_piece(o.hot);
     nwcd_load_info li;
     int rc = nwcd_ring_load(r, t, &o, &sk, &li);
     CHECK(rc == 0, "ring load %s (%u slots of %llu, hot %d): %s: %s", t->name, slots,
@@ -397,8 +407,11 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
   uint8_t *buf = aligned_garbage(t->length);
   for (unsigned mode = NWCD_LOAD_AUTO; mode <= NWCD_LOAD_BUFFERED; mode++) {
     drop_cache(t->path);
+    /* buffered: hot, in pieces of a chunk (a bad chunk named from its piece's check) */
+    bool buffered = mode == NWCD_LOAD_BUFFERED;
     nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(64),
-                        .checkers = 1 + (unsigned)test_below(4), .hot = test_below(2)};
+                        .checkers = 1 + (unsigned)test_below(4),
+                        .hot = buffered || test_below(2), .piece = buffered ? MIB : 0};
     int rc = nwcd_load(t, buf, &o, NULL);
     const char *d = nwc_error_detail();
     CHECK(rc == want && strstr(d, text), "%s (%s, hot %d): %d (%s), want %d naming '%s'", what,
