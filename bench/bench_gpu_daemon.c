@@ -1,7 +1,8 @@
 /*
  * bench_gpu_daemon.c - `nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R]
- * [--iters N] [--nwcd PATH] [--keep] [--loader SPEC]...` (CUDA builds): nwcd's cuda backend
- * (PATH, default the one built with the bench) against its baselines, in one run (issue 8).  --keep leaves the temporary
+ * [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] [--loader SPEC]...` (CUDA builds): nwcd's
+ * cuda backend (PATH, default the one built with the bench; --nwcd-verbose: its debug log on
+ * stderr, which splits each model load's time) against its baselines, in one run (issue 8).  --keep leaves the temporary
  * directory (model.safetensors, store/) for other benchmarks (nwc-bench load DIR/store) and
  * prints its path last.
  *
@@ -19,7 +20,7 @@
  *          process (bench_gpu_load.c): each stage alone (read, check, copy to the device, zero
  *          copy) and nwcd's loader itself in lanes of GPU rings as nwcd runs it, in the
  *          configurations --loader SPEC names (repeated;
- *          "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]": see there)
+ *          "L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]": see there)
  *   matvec socket       nwc_client_matvec of one column on a resident M x K tensor: p50/p99 µs,
  *                       x and y through the connection's shared region (the default with a
  *                       cuda daemon: straight between the region and the GPU)
@@ -188,6 +189,7 @@ static void line(const char *bench, const char *item, double seconds, double byt
 int nwc_bench_gpu_daemon(int argc, char **argv) {
   unsigned T = 32, R = 3, iters = 2000;
   bool keep = false;
+  const char *log_level = "--quiet";
   const char *specs[32];
   size_t nspecs = 0;
   for (int i = 1; i < argc; i++) {
@@ -198,12 +200,13 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd_path = argv[++i];
     else if (!strcmp(argv[i], "--keep")) keep = true;
+    else if (!strcmp(argv[i], "--nwcd-verbose")) log_level = "--verbose";
     else if (!strcmp(argv[i], "--loader") && i + 1 < argc && nspecs < 32 &&
              nwc_bench_gpu_load_spec(argv[i + 1]) == 0)
       specs[nspecs++] = argv[++i];
     else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
-                                "[--rounds R] [--iters N] [--nwcd PATH] [--keep] "
-                                "[--loader L:B:S:C[:none][:alloc][:fresh][:touch][:hot]]...\n"), 2;
+                                "[--rounds R] [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] "
+                                "[--loader L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]]...\n"), 2;
   }
   if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
   int ndev = 0;
@@ -219,7 +222,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   if (pid == 0) {
     int nul = open("/dev/null", O_WRONLY);
     dup2(nul, 1);
-    execl(nwcd_path, nwcd_path, "--store", store, "--socket", sock, "--backend", "cuda", "--quiet",
+    execl(nwcd_path, nwcd_path, "--store", store, "--socket", sock, "--backend", "cuda", log_level,
           (char *)NULL);
     _exit(127);
   }

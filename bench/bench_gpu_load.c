@@ -23,12 +23,18 @@
  *           device memory made with cudaMalloc in its lane first, as nwcd does; "fresh": each
  *           blob's device memory made before the pass (untimed: new memory, but no lane
  *           allocates beside the others, as when a model load makes its copies first); "touch":
- *           fresh, and each allocation written once by cudaMemset before the pass.  The lanes' time
+ *           fresh, and each allocation written once by cudaMemset before the pass; "pool": each
+ *           blob's memory taken in its lane from the device's memory pool (cudaMallocFromPoolAsync
+ *           on a stream of the lane's, waited for), the pool trimmed to nothing after each pass
+ *           (new memory each time, as after evicting everything); "reuse": the same, not trimmed
+ *           (the memory of the last pass taken again).  "pN": hot loads copy and check N MiB
+ *           at a time (nwcd_load_opts.piece), whatever the slot size.  The lanes' time
  *           is split as nwcd_load_info reports it: waiting for reads, checking, in the sink,
  *           draining the copies, and the rest (submitting, opening, mapping), per lane.  "hot":
  *           hot loads (nwcd_load_opts.hot: cached reads one at a time, copied by the lane and
  *           checked at once); without it io_uring's workers copy, many reads at a time.
- * A loader configuration is written "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]"
+ * A loader configuration is written
+ * "L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]"
  * (`--loader SPEC`, repeated); the default set starts with nwcd's own (16 lanes, rings of 16 MiB
  * in 2 MiB slots, C 1, hot).
  */
@@ -221,11 +227,11 @@ static int stages(const blobs *b, unsigned R) {
 #define LANES_MAX 32
 
 typedef struct lcfg {
-  unsigned lanes, ring_mib, slot_mib, checkers;
-  bool none, alloc, fresh, touch, hot;
+  unsigned lanes, ring_mib, slot_mib, checkers, piece_mib;
+  bool none, alloc, fresh, touch, hot, pool, reuse;
 } lcfg;
 
-/* Parses "L:B:S:C[:none][:alloc][:fresh][:touch][:hot]": 0, or -EINVAL. */
+/* Parses "L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]": 0, or -EINVAL. */
 static int lcfg_parse(const char *spec, lcfg *c) {
   *c = (lcfg){0};
   int used = 0;
@@ -238,11 +244,16 @@ static int lcfg_parse(const char *spec, lcfg *c) {
     else if (!strncmp(p, ":fresh", 6)) c->fresh = true, p += 6;
     else if (!strncmp(p, ":touch", 6)) c->fresh = c->touch = true, p += 6;
     else if (!strncmp(p, ":hot", 4)) c->hot = true, p += 4;
+    else if (!strncmp(p, ":pool", 5)) c->pool = true, p += 5;
+    else if (!strncmp(p, ":reuse", 6)) c->pool = c->reuse = true, p += 6;
+    else if (!strncmp(p, ":p", 2) && p[2] >= '1' && p[2] <= '9')
+      c->piece_mib = (unsigned)strtoul(p + 2, (char **)&p, 10);
     else return -EINVAL;
   }
+  unsigned mem = c->alloc + c->fresh + c->pool;
   bool ok = c->lanes >= 1 && c->lanes <= LANES_MAX && c->slot_mib >= 1 &&
             c->ring_mib >= c->slot_mib && c->ring_mib <= 1024 && c->checkers <= 4 &&
-            !(c->none && (c->alloc || c->fresh)) && !(c->alloc && c->fresh);
+            !(c->none && mem) && mem <= 1 && (!c->piece_mib || c->hot);
   return ok ? 0 : -EINVAL;
 }
 
@@ -257,7 +268,8 @@ typedef struct lane_ctx {
   unsigned passes;
   pthread_barrier_t go, done; /* each pass starts and ends on them (the lanes and the timer) */
   void *ring[LANES_MAX];      /* nwcd_gpu_ring, or nwcd_ring with none */
-  void *mem[BLOBS_MAX];       /* alloc, fresh: each blob's own device memory */
+  void *mem[BLOBS_MAX];       /* alloc, fresh, pool: each blob's own device memory */
+  cudaMemPool_t pool;         /* pool: the device's default pool, memory kept until trimmed */
   atomic_size_t next;
   atomic_uint started;
   atomic_int rc;
@@ -278,14 +290,20 @@ static int nothing_held(void *ctx, nwcd_ring *r, bool wait) {
 
 /* One lane's share of a pass: the next blob until none is left or a lane failed. */
 static void lane_run(lane_ctx *L, void *ring) {
-  nwcd_load_opts o = {.checkers = L->c->checkers, .hot = L->c->hot};
+  nwcd_load_opts o = {.checkers = L->c->checkers, .hot = L->c->hot,
+                      .piece = (uint64_t)L->c->piece_mib << 20};
   nwcd_sink none = {release_at_once, nothing_held, NULL};
+  cudaStream_t st = NULL;
+  if (L->c->pool && cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) st = NULL;
   for (size_t i; !atomic_load(&L->rc) && (i = atomic_fetch_add(&L->next, 1)) < L->b->n;) {
     const nwc_tensor_info *t = &L->b->ti[i];
     nwcd_load_info li;
     void *dst = L->b->dev + L->b->off[i];
     bool nomem = L->c->alloc && cudaMalloc(&L->mem[i], t->length) != cudaSuccess;
-    if (L->c->alloc || L->c->fresh) dst = L->mem[i];
+    if (L->c->pool) /* stream-ordered from the pool, waited for: usable on any stream */
+      nomem = !st || cudaMallocFromPoolAsync(&L->mem[i], t->length, L->pool, st) != cudaSuccess ||
+              cudaStreamSynchronize(st) != cudaSuccess;
+    if (L->c->alloc || L->c->fresh || L->c->pool) dst = L->mem[i];
     int rc = nomem                ? -ENOMEM
              : L->c->none ? nwcd_ring_load(ring, t, &o, &none, &li)
                           : nwcd_load_to_device(ring, t, dst, &o, &li);
@@ -293,12 +311,13 @@ static void lane_run(lane_ctx *L, void *ring) {
       int was = 0;
       if (atomic_compare_exchange_strong(&L->rc, &was, rc))
         snprintf(L->err, sizeof L->err, "%s", nomem ? "cudaMalloc failed" : nwc_error_detail());
-      return;
+      break;
     }
     atomic_fetch_add(&L->load_us, li.micros);
     atomic_fetch_add(&L->wait_ns, li.wait_ns), atomic_fetch_add(&L->check_ns, li.check_ns);
     atomic_fetch_add(&L->sink_ns, li.sink_ns), atomic_fetch_add(&L->drain_ns, li.drain_ns);
   }
+  if (st) cudaStreamDestroy(st);
 }
 
 /* A lane: one thread for every pass (its io_uring workers stay, as a pool worker's do). */
@@ -330,6 +349,12 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
   L = (lane_ctx){.b = b, .c = c};
   uint64_t ring = (uint64_t)c->ring_mib << 20, slot = (uint64_t)c->slot_mib << 20;
   int rc = 0;
+  if (c->pool) {
+    uint64_t keep = UINT64_MAX; /* freed memory stays in the pool until trimmed */
+    if (cudaDeviceGetDefaultMemPool(&L.pool, 0) != cudaSuccess ||
+        cudaMemPoolSetAttribute(L.pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+      rc = -EIO, snprintf(L.err, sizeof L.err, "no memory pool");
+  }
   for (unsigned k = 0; rc == 0 && k < c->lanes; k++)
     rc = c->none ? nwcd_ring_create(ring, slot, (nwcd_ring **)&L.ring[k])
                  : nwcd_gpu_ring_create(0, ring, slot, (nwcd_gpu_ring **)&L.ring[k]);
@@ -366,7 +391,9 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
       if (L.mem[i]) cudaFree(L.mem[i]);
       L.mem[i] = NULL;
     }
+    if (c->pool && !c->reuse) cudaDeviceSynchronize(), cudaMemPoolTrimTo(L.pool, 0);
   }
+  if (c->pool) cudaDeviceSynchronize(), cudaMemPoolTrimTo(L.pool, 0);
   for (unsigned k = 0; L.passes && k < c->lanes; k++) pthread_join(th[k], NULL);
   pthread_barrier_destroy(&L.go), pthread_barrier_destroy(&L.done);
   if (rc == 0) rc = atomic_load(&L.rc);
@@ -384,11 +411,13 @@ static int loader(const blobs *b, const lcfg *c, const char *spec, unsigned R) {
   const split *s = &sp[m];
   double other = s->load - s->wait - s->check - s->sink - s->drain;
   printf("{\"bench\":\"loader\",\"spec\":\"%s\",\"lanes\":%u,\"ring_mib\":%u,\"slot_mib\":%u,"
-         "\"checkers\":%u,\"hot\":%s,\"sink\":\"%s\",\"alloc\":%s,\"fresh\":%s,\"touch\":%s,"
+         "\"checkers\":%u,\"hot\":%s,\"piece_mib\":%u,\"sink\":\"%s\",\"alloc\":%s,"
+         "\"fresh\":%s,\"touch\":%s,\"pool\":\"%s\","
          "\"seconds\":%.6f,\"bytes\":%llu,\"gbps\":%.3f,\"cpu_cores\":%.2f,"
          "\"lane_ms\":{\"load\":%.3f,\"wait\":%.3f,\"check\":%.3f,\"sink\":%.3f,\"drain\":%.3f,\"other\":%.3f}}\n", spec, c->lanes,
-         c->ring_mib, c->slot_mib, c->checkers, c->hot ? "true" : "false", c->none ? "none" : "gpu",
-         c->alloc ? "true" : "false", c->fresh ? "true" : "false", c->touch ? "true" : "false",
+         c->ring_mib, c->slot_mib, c->checkers, c->hot ? "true" : "false", c->piece_mib,
+         c->none ? "none" : "gpu", c->alloc ? "true" : "false", c->fresh ? "true" : "false",
+         c->touch ? "true" : "false", c->reuse ? "reuse" : c->pool ? "trimmed" : "no",
          med, (unsigned long long)b->bytes, b->bytes / med / 1e9,
          s->cpu / med, s->load, s->wait, s->check, s->sink, s->drain, other);
   fprintf(stderr, "loader   %-20s %6.2f GB/s %5.1f cores; per lane ms: pass %.2f, in loads %.2f "
