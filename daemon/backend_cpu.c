@@ -272,15 +272,19 @@ static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_lo
 
 #ifdef NWC_WITH_CUDA
 static nwcd_backend cuda_backend;
-/* Staging rings per device: one per load lane, 16 MiB each in 2 MiB slots (256 MiB in all),
- * so that every lane streams at once; made at a device's first load, kept until exit.  Loads
- * are hot (nwcd_load_opts.hot): each lane copies 2 MiB of the page cache (a core's L2) and
- * checks it on its own core, alone (the lanes are as many as the cores: helper threads would
- * only add wake-ups).  Slots of 2 MiB: in-process on the H200 host 39.9 GB/s, 1 MiB 32.6 (more
- * and smaller copies to the device), 4 MiB 37.8 (docs/results.md). */
+/* Staging rings per device: one per load lane, two slots of 4 MiB each (128 MiB in all), so
+ * that every lane streams at once; made at a device's first load, kept until exit.  Loads are
+ * hot (nwcd_load_opts.hot): each lane copies the page cache 1 MiB at a time (RING_PIECE: in a
+ * core's 2 MiB L2) and checks it at once on its own core, alone (the lanes are as many as the
+ * cores: helper threads would only add wake-ups), and a slot goes to the device when its 4 MiB
+ * are in.  The in-process loader on the H200 host (docs/results.md, 2026-12-02 session 13): 16
+ * lanes of two 4 MiB slots in 1 MiB pieces 44.4 GB/s; 16 MiB rings of 2 MiB slots, read whole
+ * (the last geometry) 36.3-37.9; 16 MiB of 4 MiB in pieces 38.6; 8 MiB slots 31.9-33.7.  Fewer
+ * bytes staged at once leave each slot in the caches until its copy reads it. */
 #define RINGS NWCD_GPU_LOAD_LANES
-#define RING_BYTES ((256u << 20) / RINGS)
-#define RING_SLOT (2u << 20)
+#define RING_BYTES ((128u << 20) / RINGS)
+#define RING_SLOT (4u << 20)
+#define RING_PIECE (1u << 20)
 static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES][RINGS];
 static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
 static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -321,10 +325,10 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
                       .off_scale = ti->off_scale};
   memcpy(b.psym, ti->psym, sizeof b.psym);
   void *blob = NULL;
-  rc = nwcd_cuda_blob_alloc(&b, dev, dcopy, &blob);
+  rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(rings[dev][k]), dcopy, &blob);
   if (rc == 0 && ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
     rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
-  nwcd_load_opts o = {.checkers = 1, .hot = true};
+  nwcd_load_opts o = {.checkers = 1, .hot = true, .piece = RING_PIECE};
   if (rc == 0) rc = nwcd_load_to_device(rings[dev][k], ti, blob, &o, li);
   ring_give(dev, k);
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);

@@ -4,13 +4,18 @@
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
  * Design:
- *   - A device copy is one cudaMalloc: the 16 KiB lookup table built here from the catalog's
+ *   - A device copy is one allocation: the 16 KiB lookup table built here from the catalog's
  *     exp_of_rank, then the blob exactly as the container holds it, which the loader streams
  *     into device memory through its pinned ring (chunk checksums checked on the way); the
  *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
  *     256-aligned).  The blob's structure was validated at import and its bytes are the
- *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  cudaMalloc
- *     failing is -ENOMEM (residency.c evicts and retries once).
+ *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  Copies come
+ *     from the device's memory pool (cudaMallocFromPoolAsync on the request's stream, waited
+ *     for), not cudaMalloc: 16 load lanes calling cudaMalloc beside each other's copies lost 13 %
+ *     of a warm load to it, the pool nothing measurable (docs/results.md).  The pool keeps what
+ *     evicted copies free, for the next loads, until nwcd_cuda_trim gives it back to the device
+ *     (residency: after an explicit evict, and when the device holds no tensor).  Running out
+ *     is -ENOMEM (residency.c evicts and retries once).
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
@@ -30,8 +35,9 @@
  *     region and write y into it; nothing is copied on the host.  The registration ends
  *     with the connection (nwcd_cuda_forget, when none of its requests runs); graphs naming it
  *     are keyed by its id, unique for the process's life, so none is launched after that.
- *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
- *     tensor any more), so evicting everything gives all device memory back.
+ *     nwcd_cuda_trim gives the memory the copy pool keeps back to the device and, when the device
+ *     holds no tensor any more, frees its idle contexts, so evicting everything gives all device
+ *     memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up together, run
  *     as back-to-back launches (the kernels take one right-hand side) and write y in one go:
  *     one round trip and one wait for all of them.
@@ -59,11 +65,13 @@ namespace {
 
 constexpr int kMaxDev = 16;
 
-/* A device copy: one cudaMalloc holding the lookup table (kTabSpace bytes), then the blob as it
- * is on disk; the kernel tensor's arrays point at the blob's sections. */
+/* A device copy: one allocation from the device's pool (mem) holding the lookup table
+ * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
+ * blob's sections (k.owned stays NULL: the copy frees mem itself, into the pool). */
 constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
 struct Copy {
   nwc_k_tensor k;
+  uint8_t *mem;
   int dev;
   uint64_t k16, scratch, bytes;
   uint64_t id; /* unique for the process's life: keys the matvec graphs (addresses are reused) */
@@ -152,6 +160,34 @@ struct Pool {
   int n = 0;
 };
 Pool pools[kMaxDev];
+
+/* Each device's memory pool for copies, made at its first copy: what freed copies give back stays
+ * in it for the next loads until nwcd_cuda_trim. */
+pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
+cudaMemPool_t copy_pools[kMaxDev];
+
+int copy_pool(int dev, cudaMemPool_t *out) {
+  pthread_mutex_lock(&copy_pools_lock);
+  int rc = 0;
+  if (!copy_pools[dev]) {
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t p = nullptr;
+    uint64_t keep = UINT64_MAX; /* nothing goes back at a synchronization, only when trimmed */
+    rc = fail_cuda(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
+    if (rc == 0)
+      rc = fail_cuda(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep),
+                     "the release threshold of a memory pool");
+    if (rc == 0) copy_pools[dev] = p;
+    else if (p) cudaMemPoolDestroy(p);
+  }
+  *out = copy_pools[dev];
+  pthread_mutex_unlock(&copy_pools_lock);
+  return rc;
+}
 
 /* Destroys c's graphs (before a buffer they use goes). */
 void drop_graphs(Ctx *c) {
@@ -526,17 +562,23 @@ extern "C" void nwcd_cuda_forget(const void *owner) {
   region_forget(owner);
 }
 
-extern "C" void nwcd_cuda_trim(int dev) {
+extern "C" void nwcd_cuda_trim(int dev, bool idle) {
   if (dev < 0 || dev >= kMaxDev) return;
+  pthread_mutex_lock(&copy_pools_lock);
+  cudaMemPool_t cp = copy_pools[dev];
+  pthread_mutex_unlock(&copy_pools_lock);
+  if (cp && (cudaSetDevice(dev) != cudaSuccess || cudaMemPoolTrimTo(cp, 0) != cudaSuccess))
+    cudaGetLastError();
+  if (!idle) return;
   Pool &p = pools[dev];
   pthread_mutex_lock(&p.lock);
   int n = p.n;
-  Ctx *idle[kMaxIdle];
-  memcpy(idle, p.idle, sizeof(Ctx *) * n);
+  Ctx *unused[kMaxIdle];
+  memcpy(unused, p.idle, sizeof(Ctx *) * n);
   p.n = 0;
   pthread_mutex_unlock(&p.lock);
   if (n && cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
-  for (int i = 0; i < n; i++) ctx_destroy(idle[i]);
+  for (int i = 0; i < n; i++) ctx_destroy(unused[i]);
 }
 
 extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -547,45 +589,49 @@ extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_
   return 0;
 }
 
-extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void **dcopy, void **blob) {
-  Lease lease;
-  TRY(lease.take(dev));
+extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void **dcopy,
+                                    void **blob) {
+  CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   uint64_t lay[4];
   TRY(nwc_layout(b->rows, b->cols, b->elem, lay));
   if (lay[NWC_LAYOUT_BLOCKS] != b->nblocks)
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
                      (unsigned long long)b->nblocks, (unsigned long long)b->rows,
                      (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
+  cudaMemPool_t pool;
+  TRY(copy_pool(dev, &pool));
   uint32_t tab[NWC_TAB_ENTRIES];
   TRY(nwc_build_tab(b->psym, b->elem, tab));
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
   Copy *cp = new (std::nothrow) Copy;
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
   memset(&cp->k, 0, sizeof cp->k);
   cp->bytes = kTabSpace + b->length;
-  uint8_t *mem = nullptr;
-  cudaError_t e = cudaMalloc((void **)&mem, cp->bytes);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(mem, tab, sizeof tab, cudaMemcpyHostToDevice, lease.c->stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(lease.c->stream);
-  if (e != cudaSuccess) {
-    if (mem) cudaFree(mem);
-    delete cp;
+  cp->mem = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync((void **)&cp->mem, cp->bytes, pool, st);
+  int rc = e == cudaErrorMemoryAllocation
+               ? nwc__fail(-ENOMEM, "no device memory for a copy of %llu bytes on cuda:%d",
+                           (unsigned long long)cp->bytes, dev)
+               : fail_cuda(e, "cudaMallocFromPoolAsync of a device copy");
+  /* from pageable memory: tab is staged before the call returns, the copy follows in order */
+  if (rc == 0)
+    rc = fail_cuda(cudaMemcpyAsync(cp->mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
+                   "copy of the lookup table");
+  if (rc < 0) {
+    if (cp->mem && cudaFreeAsync(cp->mem, st) == cudaSuccess) cudaStreamSynchronize(st);
     cudaGetLastError();
-    if (e == cudaErrorMemoryAllocation)
-      return nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
-                       (unsigned long long)(kTabSpace + b->length), dev);
-    return fail_cuda(e, "the lookup table of a device copy");
+    delete cp;
+    return rc;
   }
   cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
   cp->id = __atomic_add_fetch(&copy_ids, 1, __ATOMIC_RELAXED);
-  cp->k.owned = mem;
-  *dcopy = cp, *blob = mem + kTabSpace;
+  *dcopy = cp, *blob = cp->mem + kTabSpace;
   return 0;
 }
 
 extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale) {
   Copy *cp = static_cast<Copy *>(dcopy);
-  uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
+  uint8_t *mem = cp->mem, *blob = mem + kTabSpace;
   nwc_k_tensor &k = cp->k;
   k.elem = b->elem, k.rows = b->rows, k.cols = b->cols, k.nblocks = b->nblocks;
   k.tab = reinterpret_cast<const uint32_t *>(mem);
@@ -606,8 +652,14 @@ extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
 extern "C" void nwcd_cuda_free(void *dcopy) {
   Copy *cp = static_cast<Copy *>(dcopy);
   if (!cp) return;
-  cudaSetDevice(cp->dev);
-  nwc_k_tensor_free(&cp->k);
+  /* Into the pool, on a stream of the device (no request uses the copy any more); cudaFree, which
+   * waits for the whole device, only if no context can be had. */
+  Lease lease;
+  if (lease.take(cp->dev) < 0 || cudaFreeAsync(cp->mem, lease.c->stream) != cudaSuccess ||
+      cudaStreamSynchronize(lease.c->stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(cp->mem);
+  }
   delete cp;
 }
 

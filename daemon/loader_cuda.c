@@ -119,6 +119,8 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
   return 0;
 }
 
+void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g) { return g->stream; }
+
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li) {
   NWC_RETURN_IF(!g || !ti || !dev, -EINVAL, "nwcd_load_to_device: missing argument");

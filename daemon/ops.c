@@ -241,6 +241,7 @@ typedef struct lanes_ctx {
   size_t next;
   uint64_t done, total;
   nwc_proto_result res;
+  nwcd_load_info sum; /* the lanes' loads added up: their time in acquire (micros), its split */
   int rc;
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
@@ -255,8 +256,12 @@ static void load_lane(void *ctx, uint64_t lane) {
     if (i == c->n) return;
     nwcd_ref ref;
     nwcd_load_info li;
+    uint64_t t0 = nwcd_now_ns();
     int rc = nwcd_res_acquire(c->d->res, c->r->model, c->ti[i].name, c->flags, &ref, &li);
+    uint64_t ns = nwcd_now_ns() - t0;
     pthread_mutex_lock(&c->lock);
+    c->sum.micros += ns / 1000, c->sum.wait_ns += li.wait_ns, c->sum.check_ns += li.check_ns;
+    c->sum.sink_ns += li.sink_ns, c->sum.drain_ns += li.drain_ns;
     if (rc < 0 && c->rc == 0) {
       c->rc = rc;
       snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
@@ -316,9 +321,18 @@ static int op_residency(nwcd_job *j) {
     pthread_mutex_init(&lc.lock, NULL);
     bool gpu = loc >= 0 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
-    nwcd_pool_parallel(d->pool, n < lanes ? n : lanes, load_lane, &lc);
+    if (n < lanes) lanes = n;
+    nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     pthread_mutex_destroy(&lc.lock);
     res = lc.res, rc = lc.rc;
+    const nwcd_load_info *s = &lc.sum;
+    double per = 1e-6 / (double)lanes; /* ns summed over the lanes -> ms per lane */
+    nwcd_log(NWCD_LOG_DEBUG, "load %s: per lane (%zu) %.2f ms = reads %.2f + checks %.2f + sink "
+             "%.2f + drain %.2f + the rest (allocating, opening, residency) %.2f", r->model,
+             lanes, s->micros * 1e3 * per, s->wait_ns * per, s->check_ns * per,
+             s->sink_ns * per, s->drain_ns * per,
+             (s->micros * 1e3 - (double)(s->wait_ns + s->check_ns + s->sink_ns + s->drain_ns)) *
+                 per);
     if (rc < 0) nwc__fail(rc, "%s", lc.msg);
     else send_progress(&pc, total, total, true);
   }
@@ -351,9 +365,10 @@ static int op_residency(nwcd_job *j) {
   if (rc < 0) return rc;
   res.micros = (nwcd_now_ns() - t0) / 1000;
   if (op == NWC_OP_LOAD || op == NWC_OP_EVICT)
-    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s", nwc_proto_op_name(op),
-             r->model, r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)res.tensors,
-             (unsigned long long)res.bytes, res.micros / 1e6);
+    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s (%.2f GB/s)",
+             nwc_proto_op_name(op), r->model, r->tensor[0] ? "/" : "", r->tensor,
+             (unsigned long long)res.tensors, (unsigned long long)res.bytes, res.micros / 1e6,
+             res.micros ? res.bytes / (res.micros * 1e3) : 0.0);
   nwc_pw w;
   nwc_pw_init(&w);
   nwc_proto_put_result(&w, &res);
