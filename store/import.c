@@ -5,15 +5,18 @@
  * Phases, each finishing before the next starts:
  *   1. plan    parse every file (store/safetensors.c) and the index; check names, dtypes, shapes,
  *              duplicates across shards, that the index and the shards agree, and that the model
- *              name is free.  Any bad input fails here, before a byte is written.
+ *              name is free.  Any bad input fails here, before a byte is written.  Well-formed
+ *              tensors that nwc does not store (integer and boolean dtypes, empty tensors) are set
+ *              aside as skipped (a strict import fails on the first); they are reported after
+ *              the publish.
  *   2. encode  tensors largest first: those of TEAM_BYTES or more one at a time on all threads
- *              (nwc__enc_*), the rest one per worker thread.  Convert (F16/F32 -> BF16 by round
- *              to nearest even, optional BF16 -> fp8 per row) or let the encoder pread the
- *              source piece by piece; encode the blob's head in place (encode_in_place) and its
- *              raw plane in 1 MiB chunks (stream_chunk), each checksummed and queued as soon as
- *              it is made.  A writer thread writes the queue to DIR/containers/ID.tmp (large
- *              pieces O_DIRECT) while encoding goes on.  The calling thread reports progress;
- *              the first error stops the others.
+ *              (nwc__enc_*), the rest one per worker thread.  Convert (F16/F32/F64 -> BF16 by
+ *              round to nearest even, F8_E5M2 -> BF16 exactly, optional BF16 -> fp8 per row) or
+ *              let the encoder pread the source piece by piece; encode the blob's head in place
+ *              (encode_in_place) and its raw plane in 1 MiB chunks (stream_chunk), each
+ *              checksummed and queued as soon as it is made.  A writer thread writes the queue
+ *              to DIR/containers/ID.tmp (large pieces O_DIRECT) while encoding goes on.  The
+ *              calling thread reports progress; the first error stops the others.
  *   3. publish fsync the file, rename it to ID.nwc, fsync the directory, then one SQLite
  *              transaction inserts the model.  Any failure unlinks the file.  A crash anywhere
  *              leaves a file that the next open sweeps (store.c).
@@ -50,7 +53,7 @@ typedef struct src_file {
   uint64_t header_xxh3;
 } src_file;
 
-enum conv { CONV_NONE, CONV_F16, CONV_F32 };
+enum conv { CONV_NONE, CONV_F16, CONV_F32, CONV_F64, CONV_E5M2 };
 
 /* A buffer reused from tensor to tensor; busy while the writer thread has a write from it queued. */
 typedef struct wbuf {
@@ -95,6 +98,12 @@ typedef struct job {
   nwc__pub_tensor pub;
 } job;
 
+/* A tensor set aside by the plan (not stored), and its source file. */
+typedef struct skip_ref {
+  const nwc_st_tensor *st;
+  unsigned source;
+} skip_ref;
+
 typedef struct imp {
   nwc_store *s;
   const char *model;
@@ -103,6 +112,8 @@ typedef struct imp {
   size_t nsrc;
   job *jobs;
   size_t njobs;
+  skip_ref *skips; /* in source order */
+  size_t nskips;
   size_t *order;
   uint64_t total;
   /* encode phase */
@@ -140,16 +151,38 @@ static float f16_to_f32(uint16_t h) {
   return f;
 }
 
-/* Element i of a float tensor (F32, F16 or BF16) at possibly unaligned p. */
+/* Element i of a float tensor (F32, F16, BF16 or F8_E5M2) at possibly unaligned p.  F8_E5M2 is
+ * the high byte of an F16, so every one of its values is exact in F32 and in BF16. */
 static float load_float(const char *dtype, const uint8_t *p, uint64_t i) {
   if (!strcmp(dtype, "F32")) {
     float f;
     memcpy(&f, p + 4 * i, 4);
     return f;
   }
+  if (!strcmp(dtype, "F8_E5M2")) return f16_to_f32((uint16_t)(p[i] << 8));
   uint16_t h;
   memcpy(&h, p + 2 * i, 2);
   return !strcmp(dtype, "F16") ? f16_to_f32(h) : nwc_bf16_to_f32(h);
+}
+
+/* F64 to BF16 with one rounding to nearest even.  Rounding to F32 and then to BF16 would round
+ * twice (1 + 2^-8 + 2^-40 would become 1, not 1 + 2^-7), so the step to F32 rounds to odd
+ * instead (toward zero, the last bit set when inexact): F32 keeps 16 bits more than BF16, in the
+ * subnormal range too, and round to odd followed by a rounding to 2 or more bits fewer is the
+ * one correct rounding.  Beyond the F32 range the truncation is the largest F32, odd, which
+ * rounds to infinity as it must; NaN stays NaN. */
+static uint16_t f64_to_bf16(const uint8_t *p, uint64_t i) {
+  double d;
+  memcpy(&d, p + 8 * i, 8);
+  float f = (float)d;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (!isnan(d) && (double)f != d) {
+    if (fabs((double)f) > fabs(d)) u--; /* rounded away from zero: the truncation is below */
+    u |= 1;
+  }
+  memcpy(&f, &u, 4);
+  return nwc_f32_to_bf16(f);
 }
 
 /* ---- the encode phase ----------------------------------------------------------------------- */
@@ -463,7 +496,9 @@ static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) 
   if (j->conv != CONV_NONE) {
     NWC_TRY(wbuf_reserve(&wb->conv, n * 2));
     uint16_t *bf = (uint16_t *)wb->conv.p;
-    for (uint64_t i = 0; i < n; i++) bf[i] = nwc_f32_to_bf16(load_float(st->dtype, wb->src.p, i));
+    for (uint64_t i = 0; i < n; i++)
+      bf[i] = j->conv == CONV_F64 ? f64_to_bf16(wb->src.p, i)
+                                  : nwc_f32_to_bf16(load_float(st->dtype, wb->src.p, i));
     w = bf;
   }
   if (j->quantize) {
@@ -657,21 +692,46 @@ static int cmp_job_pos(const void *a, const void *b) {
   return (x->st->begin > y->st->begin) - (x->st->begin < y->st->begin);
 }
 
+/* The dtypes nwc stores: every floating-point one safetensors has.  The others (integers, BOOL)
+ * are skipped, as are empty tensors: nothing in them is a weight to compress. */
+#define STORED_DTYPES "BF16, F16, F32, F64, F8_E4M3, F8_E5M2"
+
+static int stored_dtype(const char *d) {
+  static const char *const k[] = {"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (!strcmp(d, k[i])) return 1;
+  return 0;
+}
+
+/* 1 if the import stores st, 0 if it skips it. */
+static int storable(const nwc_st_tensor *st) { return st->numel > 0 && stored_dtype(st->dtype); }
+
+/* What makes st unstorable, for messages: "I64" or "an empty F32 tensor" (static buffer). */
+static const char *unstorable_why(const nwc_st_tensor *st) {
+  static _Thread_local char why[48];
+  if (stored_dtype(st->dtype)) snprintf(why, sizeof why, "an empty %s tensor", st->dtype);
+  else snprintf(why, sizeof why, "%s", st->dtype);
+  return why;
+}
+
+/* The checks every tensor passes, stored or skipped: a valid name, a dtype safetensors defines
+ * (its size against the shape was checked by the parser). */
+static int check_tensor(const imp *im, const job *j) {
+  const char *f = im->src[j->source].label, *nm = j->st->name;
+  NWC_RETURN_IF(!nwc_tensor_name_valid(nm), -EBADMSG,
+                "%s: tensor name '%s' is not UTF-8 without control characters", f, nm);
+  NWC_RETURN_IF(!j->st->dtype_size, -EBADMSG, "%s: tensor '%s': unknown dtype '%s'", f, nm,
+                j->st->dtype);
+  return 0;
+}
+
 static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
   const src_file *sf = &im->src[j->source];
   const nwc_st_tensor *st = j->st;
   const char *f = sf->label, *nm = st->name;
-  NWC_RETURN_IF(!nwc_tensor_name_valid(nm), -EBADMSG,
-                "%s: tensor name '%s' is not UTF-8 without control characters", f, nm);
-  NWC_RETURN_IF(!st->dtype_size, -EBADMSG, "%s: tensor '%s': unknown dtype '%s'", f, nm,
-                st->dtype);
-  int bf16 = !strcmp(st->dtype, "BF16"), f16 = !strcmp(st->dtype, "F16");
-  int f32 = !strcmp(st->dtype, "F32"), f8 = !strcmp(st->dtype, "F8_E4M3");
-  NWC_RETURN_IF(!bf16 && !f16 && !f32 && !f8, -ENOTSUP,
-                "%s: tensor '%s': dtype %s cannot be stored (BF16, F16, F32, F8_E4M3 can)", f, nm,
-                st->dtype);
-  NWC_RETURN_IF(st->numel == 0, -ENOTSUP, "%s: tensor '%s': empty tensors cannot be stored", f,
-                nm);
+  int f16 = !strcmp(st->dtype, "F16"), f32 = !strcmp(st->dtype, "F32");
+  int f64 = !strcmp(st->dtype, "F64"), e5m2 = !strcmp(st->dtype, "F8_E5M2");
+  int f8 = !strcmp(st->dtype, "F8_E4M3");
   nwc__pub_tensor *pt = &j->pub;
   pt->name = nm;
   pt->ndim = st->ndim;
@@ -680,7 +740,7 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
   pt->source = j->source;
   nwc_st_matrix_shape(st, &pt->rows, &pt->cols);
   pt->source_bytes = st->end - st->begin;
-  j->conv = f16 ? CONV_F16 : f32 ? CONV_F32 : CONV_NONE;
+  j->conv = f16 ? CONV_F16 : f32 ? CONV_F32 : f64 ? CONV_F64 : e5m2 ? CONV_E5M2 : CONV_NONE;
   j->quantize = !f8 && im->o.elem == NWC_ELEM_FP8 && st->ndim >= 2;
   unsigned type = f8 || j->quantize ? NWC_ELEM_FP8 : NWC_ELEM_BF16;
   pt->elem = NWC_ELEM(type, im->o.layout);
@@ -688,8 +748,10 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
   uint64_t lay[4];
   int rc = nwc_layout(pt->rows, pt->cols, pt->elem, lay);
   if (rc < 0) return nwc__fail_prefix(rc, "%s: tensor '%s'", f, nm);
-  const char *c = j->conv == CONV_F16 ? "f16->bf16 rne" : j->conv == CONV_F32 ? "f32->bf16 rne"
-                                                                              : "none";
+  static const char *const conv_name[] = {
+      [CONV_NONE] = "none", [CONV_F16] = "f16->bf16 rne", [CONV_F32] = "f32->bf16 rne",
+      [CONV_F64] = "f64->bf16 rne", [CONV_E5M2] = "f8_e5m2->bf16 exact"};
+  const char *c = conv_name[j->conv];
   if (j->quantize)
     snprintf(j->conversion, sizeof j->conversion, "%s%sbf16->fp8 row absmax/448",
              j->conv ? c : "", j->conv ? ", " : "");
@@ -701,7 +763,7 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
       char buf[4096];
       if (snprintf(buf, sizeof buf, "%s%s", nm, suffix[k]) >= (int)sizeof buf) continue;
       const name_ref *r = find_name(names, nnames, buf);
-      if (!r) continue;
+      if (!r || !storable(&im->src[r->src].f->tensors[r->idx])) continue;
       j->scale = &im->src[r->src].f->tensors[r->idx];
       j->scale_source = (unsigned)r->src;
     }
@@ -772,14 +834,35 @@ static int plan(imp *im, const nwc_st_index *x, const char *index_label) {
     j->st = &im->src[names[i].src].f->tensors[names[i].idx];
     j->source = (unsigned)names[i].src;
   }
-  if (rc == 0) {
-    im->njobs = n;
-    qsort(im->jobs, n, sizeof *im->jobs, cmp_job_pos);
-  }
+  if (rc == 0) qsort(im->jobs, n, sizeof *im->jobs, cmp_job_pos);
+  /* In source order: the tensors to store move down to jobs[0, njobs), the others are skipped. */
+  im->skips = rc ? NULL : malloc(n * sizeof *im->skips);
+  if (rc == 0 && !im->skips) rc = -ENOMEM;
   for (size_t i = 0; rc == 0 && i < n; i++) {
-    rc = plan_tensor(im, &im->jobs[i], names, n);
-    im->total += im->jobs[i].st->end - im->jobs[i].st->begin;
+    job j = im->jobs[i];
+    rc = check_tensor(im, &j);
+    if (rc == 0 && !storable(j.st)) {
+      if (im->o.strict)
+        rc = nwc__fail(-ENOTSUP,
+                       "%s: tensor '%s' is %s, which nwc does not store (a strict import stores "
+                       "every tensor or none; nwc stores " STORED_DTYPES ")",
+                       im->src[j.source].label, j.st->name, unstorable_why(j.st));
+      else im->skips[im->nskips++] = (skip_ref){j.st, j.source};
+      continue;
+    }
+    if (rc == 0) {
+      job *k = &im->jobs[im->njobs++];
+      *k = j;
+      rc = plan_tensor(im, k, names, n);
+      im->total += k->st->end - k->st->begin;
+    }
   }
+  if (rc == 0 && im->njobs == 0)
+    rc = nwc__fail(-ENOTSUP,
+                   "%s: no tensor can be stored ('%s' is %s%s); nwc stores the floating-point "
+                   "dtypes " STORED_DTYPES ", and no empty tensor",
+                   x ? index_label : im->src[0].label, im->skips[0].st->name,
+                   unstorable_why(im->skips[0].st), n > 1 ? ", and so are all the others" : "");
   /* Bias links: PREFIXweight -> PREFIXbias when that is 1 x rows (the rule of migration 2->3). */
   for (size_t i = 0; rc == 0 && i < n; i++) {
     job *j = &im->jobs[i];
@@ -796,6 +879,7 @@ static int plan(imp *im, const nwc_st_index *x, const char *index_label) {
     free(bn);
     if (!r) continue;
     const nwc_st_tensor *b = &im->src[r->src].f->tensors[r->idx];
+    if (!storable(b)) continue;
     uint64_t brows, bcols;
     nwc_st_matrix_shape(b, &brows, &bcols);
     if (brows == 1 && b->numel == j->pub.rows) j->pub.bias_tensor = b->name;
@@ -879,8 +963,14 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   if (opts) im.o = *opts;
   int rc = plan(&im, x, index_label);
   if (rc == 0) rc = run(&im);
+  for (size_t i = 0; rc == 0 && im.o.skipped && i < im.nskips; i++) {
+    const nwc_st_tensor *st = im.skips[i].st;
+    nwc_import_skip t = {src[im.skips[i].source].label, st->name, st->dtype, st->ndim, st->shape};
+    im.o.skipped(im.o.skipped_ctx, &t);
+  }
   for (size_t i = 0; i < im.njobs; i++) free(im.jobs[i].pub.checksums);
   free(im.jobs);
+  free(im.skips);
   free(im.order);
   free(im.wq);
   for (unsigned k = 0; im.slots && k < im.nslots; k++) free(im.slots[k].p);

@@ -72,21 +72,44 @@ NWC_EXTERN int nwc_tensor_name_valid(const char *name);
  * non-zero to cancel (import then returns -ECANCELED and writes nothing). */
 typedef int (*nwc_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
+/* A tensor that an import left out: well-formed, but of a dtype nwc does not store (the integer
+ * and boolean dtypes: BOOL, U8, I8, U16, I16, U32, I32, U64, I64) or empty (a 0 in its shape).
+ * The pointers are valid during the callback only. */
+typedef struct nwc_import_skip {
+  const char *file;      /* the source file, as the import labels it */
+  const char *name;      /* as in the file */
+  const char *dtype;     /* "I64", ... */
+  unsigned ndim;
+  const uint64_t *shape; /* ndim dimensions */
+} nwc_import_skip;
+
+/* Called once per skipped tensor, in source order, on the thread that called import, after the
+ * model is published (never for an import that fails). */
+typedef void (*nwc_skip_fn)(void *ctx, const nwc_import_skip *t);
+
 typedef struct nwc_import_opts {
   unsigned elem;    /* NWC_ELEM_BF16: keep source precision (F8_E4M3 stays fp8);
-                       NWC_ELEM_FP8: quantize BF16/F16/F32 tensors of 2 or more dims to fp8 per
+                       NWC_ELEM_FP8: quantize the float tensors of 2 or more dims to fp8 per
                        output row (nwc_quantize_fp8); 1-D tensors stay BF16 */
   unsigned layout;  /* codec layout 0..15, passed through (the codec says -ENOTSUP if missing) */
   unsigned threads; /* encoder threads; 0 = all online cores */
   nwc_progress_fn progress;
   void *progress_ctx;
+  unsigned strict;  /* 0: tensors nwc does not store are skipped (nwc_import_skip) and reported
+                       through skipped; 1: all or nothing, the first of them fails the import */
+  nwc_skip_fn skipped; /* may be NULL */
+  void *skipped_ctx;
 } nwc_import_opts;
 
 /* Imports path as model: a .safetensors file, or a sharded model's index (a name ending in
  * ".json", e.g. model.safetensors.index.json, whose shards are read from its directory).
- * opts may be NULL (bf16, layout 0, all cores, no progress).  On any error nothing is published
- * and no file is left behind.  -EEXIST if the model exists, -EINVAL for a bad name or option,
- * -EBADMSG for a malformed file, -ENOTSUP for a dtype that cannot be stored. */
+ * Every floating-point tensor is stored (BF16, F8_E4M3 as they are; F16, F32, F64 rounded to
+ * BF16, F8_E5M2 widened to BF16 exactly); the others are skipped (nwc_import_skip) unless
+ * opts->strict.  opts may be NULL (bf16, layout 0, all cores, no progress, skipping).  On any
+ * error nothing is published and no file is left behind.  -EEXIST if the model exists, -EINVAL
+ * for a bad name or option, -EBADMSG for a malformed file (a bad size or an unknown dtype, of a
+ * tensor that would be skipped too), -ENOTSUP when no tensor can be stored or, strict, when one
+ * cannot. */
 NWC_EXTERN int nwc_store_import(nwc_store *s, const char *model, const char *path,
                                 const nwc_import_opts *opts);
 
@@ -131,7 +154,7 @@ typedef struct nwc_tensor_info {
   char *model, *name;            /* name as in the source file */
   unsigned ndim;
   uint64_t shape[8];             /* source shape */
-  char dtype[12];                /* source dtype: BF16, F16, F32, F8_E4M3 */
+  char dtype[12];                /* source dtype: BF16, F16, F32, F64, F8_E4M3, F8_E5M2 */
   char *conversion;              /* what was done, e.g. "none", "f32->bf16 rne", "bf16->fp8 row" */
   char *scale_tensor;            /* F8_E4M3 source: companion scale tensor's name, or NULL */
   char *bias_tensor;             /* "P.bias" for a tensor "P.weight" (any P, "weight" at the end)
