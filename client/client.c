@@ -594,11 +594,39 @@ int nwc_client_verify(nwc_client *c, const char *model, void (*cb)(void *, const
 
 /* ---- import ------------------------------------------------------------------------------- */
 
+/* The list of an import2 reply after its result, into *out (malloc'ed; NULL when empty). */
+static int get_skipped(nwc_pr *r, nwc_client_skipped **out, size_t *n) {
+  uint32_t k = nwc_pr_u32(r);
+  if (r->err || k > NWC_PROTO_MAX_SKIPPED) return bad_reply();
+  nwc_client_skipped *v = k && out ? calloc(k, sizeof *v) : NULL;
+  if (k && out && !v) return fail(-ENOMEM, "out of memory");
+  int rc = 0;
+  for (uint32_t i = 0; i < k && rc == 0; i++) {
+    nwc_proto_skipped s;
+    if ((rc = nwc_proto_get_skipped(r, &s)) < 0 || !v) continue;
+    _Static_assert(sizeof v->name == sizeof s.name && sizeof v->dtype == sizeof s.dtype, "names");
+    memcpy(v[i].name, s.name, sizeof s.name);
+    memcpy(v[i].dtype, s.dtype, sizeof s.dtype);
+    v[i].ndim = s.ndim;
+    memcpy(v[i].shape, s.shape, sizeof s.shape);
+  }
+  if (rc < 0 || nwc_pr_end(r, "import2") < 0) {
+    free(v);
+    return bad_reply();
+  }
+  if (out) *out = v, *n = k;
+  return 0;
+}
+
+/* import2 where the daemon has it (capability 256), else import, which is all or nothing. */
 static int do_import(nwc_client *c, const char *model, const char *path,
-                     const nwc_client_import_opts *o, nwc_client_result *res) {
+                     const nwc_client_import_opts *o, unsigned flags, nwc_client_result *res,
+                     nwc_client_skipped **skipped, size_t *nskipped) {
   nwc_proto_req req = {0};
-  set_names(&req, NWC_OP_IMPORT, model, NULL);
+  bool v2 = c->hello.caps & NWC_CAP_IMPORT2;
+  set_names(&req, v2 ? NWC_OP_IMPORT2 : NWC_OP_IMPORT, model, NULL);
   req.elem = (uint8_t)(o ? o->elem : 0), req.layout = (uint8_t)(o ? o->layout : 0);
+  req.import_flags = flags & NWC_CLIENT_IMPORT_STRICT ? NWC_IMPORT_STRICT : 0;
   size_t plen = strlen(path);
   bool index = plen > 5 && !strcmp(path + plen - 5, ".json");
   int fds[NWC_PROTO_MAX_FILES + 1];
@@ -647,6 +675,8 @@ static int do_import(nwc_client *c, const char *model, const char *path,
     rc = call(c, &req, fds, nfds, o ? o->progress : NULL, o ? o->ctx : NULL, &len);
     nwc_pr r;
     if (rc == 0) rc = get_result(c, len, res, &r);
+    if (rc == 0) rc = v2 ? get_skipped(&r, skipped, nskipped)
+                         : nwc_pr_end(&r, "import") < 0 ? bad_reply() : 0;
     req.files = NULL;
   }
   for (unsigned i = 0; i < req.nfiles; i++) free(names[i]);
@@ -654,10 +684,19 @@ static int do_import(nwc_client *c, const char *model, const char *path,
   return rc;
 }
 
+int nwc_client_import2(nwc_client *c, const char *model, const char *path,
+                       const nwc_client_import_opts *opts, unsigned flags, nwc_client_result *res,
+                       nwc_client_skipped **skipped, size_t *nskipped) {
+  if (check_names(model, NULL) < 0 || !path || (skipped && !nskipped) ||
+      (flags & ~NWC_CLIENT_IMPORT_STRICT))
+    return fail(-EINVAL, "bad arguments");
+  if (skipped) *skipped = NULL, *nskipped = 0;
+  return LOCKED(c, do_import(c, model, path, opts, flags, res, skipped, nskipped));
+}
+
 int nwc_client_import(nwc_client *c, const char *model, const char *path,
                       const nwc_client_import_opts *opts, nwc_client_result *res) {
-  if (check_names(model, NULL) < 0 || !path) return fail(-EINVAL, "bad arguments");
-  return LOCKED(c, do_import(c, model, path, opts, res));
+  return nwc_client_import2(c, model, path, opts, 0, res, NULL, NULL);
 }
 
 /* ---- compute ------------------------------------------------------------------------------ */

@@ -139,9 +139,33 @@ typedef struct nwc_client_import_opts {
 
 /* Imports path (a .safetensors file or a sharded model's *.json index, whose shards are opened
  * from its directory) as model: the files are opened here and their descriptors passed to the
- * daemon, which reads only those.  opts may be NULL.  res (may be NULL) gets the counts. */
+ * daemon, which reads only those.  opts may be NULL.  res (may be NULL) gets the counts.  The
+ * same as nwc_client_import2 with flags 0 and no list: tensors nwc does not store are skipped,
+ * and res->skipped counts them. */
 NWC_CLIENT_API int nwc_client_import(nwc_client *c, const char *model, const char *path,
                                      const nwc_client_import_opts *opts, nwc_client_result *res);
+
+/* A tensor an import left out: well-formed, but of a dtype nwc does not store (BOOL and the
+ * integer dtypes) or empty (a 0 in its shape). */
+typedef struct nwc_client_skipped {
+  char name[1024];
+  unsigned ndim;
+  uint64_t shape[8];
+  char dtype[12];
+} nwc_client_skipped;
+
+#define NWC_CLIENT_IMPORT_STRICT 1u /* all or nothing: a tensor that would be skipped fails the
+                                     * import with -ENOTSUP, naming it and its dtype */
+
+/* nwc_client_import with flags (NWC_CLIENT_IMPORT_*) and the list of the tensors skipped: at
+ * most 1024 of them (res->skipped counts all) in *skipped, a malloc'ed array of *nskipped (free
+ * it; NULL and 0 when none); skipped and nskipped may be NULL.  Every floating-point tensor is
+ * stored; a file without one is -ENOTSUP.  A daemon older than the import2 operation
+ * (protocol capability 256) imports all or nothing whatever the flags say. */
+NWC_CLIENT_API int nwc_client_import2(nwc_client *c, const char *model, const char *path,
+                                      const nwc_client_import_opts *opts, unsigned flags,
+                                      nwc_client_result *res, nwc_client_skipped **skipped,
+                                      size_t *nskipped);
 NWC_CLIENT_API int nwc_client_remove(nwc_client *c, const char *model);
 /* tensor NULL or "": every tensor of the model.  progress may be NULL; res may be NULL. */
 NWC_CLIENT_API int nwc_client_load(nwc_client *c, const char *model, const char *tensor,

@@ -25,6 +25,7 @@
 #define NWC_PROTO_MAX_FILES 256           /* files of one import */
 #define NWC_PROTO_MAX_COLS 64             /* columns of one matvec request */
 #define NWC_PROTO_NAME_MAX 1024           /* tensor name bytes */
+#define NWC_PROTO_MAX_SKIPPED 1024        /* skipped tensors listed in an import2 reply */
 
 /* Header flags. */
 #define NWC_PF_EVENT 1u /* a progress event, not the final reply (replies only) */
@@ -43,6 +44,8 @@
 #define NWC_CAP_ALONE 64u    /* final replies carry NWC_PF_ALONE when it holds */
 #define NWC_CAP_SHM_DEVICE 128u /* matvecs on GPU tensors move x and y straight between the
                                  * shared region and the GPU: clients pass small ones there too */
+#define NWC_CAP_IMPORT2 256u    /* import2: skips the tensors nwc does not store and names them
+                                 * (or, strict, fails on the first) */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -66,6 +69,7 @@ enum nwc_op {
   NWC_OP_MATVEC_IPC = 19,
   NWC_OP_DEQUANT_IPC = 20,
   NWC_OP_LOAD_ON = 21,
+  NWC_OP_IMPORT2 = 22,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -157,8 +161,9 @@ typedef struct nwc_proto_req {
   char model[NWC_PROTO_NAME_MAX];
   char tensor[NWC_PROTO_NAME_MAX];
   char bias[NWC_PROTO_NAME_MAX]; /* matvec: bias tensor of the same model, "" for none */
-  /* import */
+  /* import, import2 */
   uint8_t elem, layout, has_index;
+  uint8_t import_flags; /* import2: NWC_IMPORT_* */
   uint32_t nfiles;
   char **files; /* nfiles labels, malloc'ed (nwc_proto_req_clear) */
   /* dequant, gather, matvec */
@@ -179,6 +184,10 @@ typedef struct nwc_proto_req {
   uint8_t has_event;
   uint8_t ipc_x[NWC_PROTO_IPC_HANDLE], ipc_y[NWC_PROTO_IPC_HANDLE], ipc_event[NWC_PROTO_IPC_HANDLE];
 } nwc_proto_req;
+
+/* import2 flags. */
+#define NWC_IMPORT_STRICT 1u /* all or nothing: a tensor nwc does not store fails the import */
+#define NWC_IMPORT_KNOWN 1u
 
 /* Encodes r as a complete frame into w (nwc_pw_init first).  Returns the frame size or <0. */
 int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w);
@@ -258,6 +267,17 @@ typedef struct nwc_proto_result {
 } nwc_proto_result;
 void nwc_proto_put_result(nwc_pw *w, const nwc_proto_result *r);
 int nwc_proto_get_result(nwc_pr *r, nwc_proto_result *o);
+
+/* import2 replies: the result, then u32 n (at most NWC_PROTO_MAX_SKIPPED; result.skipped counts
+ * them all) and n of these, the tensors left out. */
+typedef struct nwc_proto_skipped {
+  char name[NWC_PROTO_NAME_MAX];
+  char dtype[12];
+  uint8_t ndim; /* <= 8 */
+  uint64_t shape[8];
+} nwc_proto_skipped;
+void nwc_proto_put_skipped(nwc_pw *w, const nwc_proto_skipped *s);
+int nwc_proto_get_skipped(nwc_pr *r, nwc_proto_skipped *s);
 
 /* Progress events: done of total. */
 void nwc_proto_put_progress(nwc_pw *w, uint64_t done, uint64_t total);

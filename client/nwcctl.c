@@ -374,12 +374,40 @@ static int cmd_residency(nwc_client *c, const char *arg) {
   return 0;
 }
 
+/* The tensors an import skipped, for its line: "; skipped 2 tensors that nwc does not store:
+ * position_ids (I64), e (F32, empty)", the first SKIPPED_SHOWN of them, then how many more. */
+#define SKIPPED_SHOWN 8
+
+static void print_skipped(const nwc_client_skipped *v, size_t n, uint64_t count) {
+  size_t shown = n < SKIPPED_SHOWN ? n : SKIPPED_SHOWN;
+  printf("; skipped %llu tensor%s that nwc does not store: ", (unsigned long long)count, plural(count));
+  for (size_t i = 0; i < shown; i++) {
+    uint64_t numel = 1;
+    for (unsigned d = 0; d < v[i].ndim; d++) numel *= v[i].shape[d];
+    printf("%s%s (%s%s)", i ? ", " : "", v[i].name, v[i].dtype, numel ? "" : ", empty");
+  }
+  if (count > shown)
+    printf("%s%llu more (--json lists %s)", shown ? ", and " : "", (unsigned long long)(count - shown),
+           count > n ? "the first 1024" : "them");
+}
+
+static json_t *skipped_json(const nwc_client_skipped *v, size_t n) {
+  json_t *arr = json_array();
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(arr, json_pack("{s:s,s:s,s:o}", "name", v[i].name, "dtype", v[i].dtype,
+                                         "shape", shape_json(v[i].shape, v[i].ndim)));
+  return arr;
+}
+
 static int cmd_import(nwc_client *c, int argc, char **argv) {
   nwc_client_import_opts o = {0, 0, progress_bar, "import"};
   const char *model = NULL, *path = NULL;
+  unsigned flags = 0;
   for (int i = 0; i < argc; i++) {
     uint64_t layout;
-    if (!strcmp(argv[i], "--elem") && i + 1 < argc) {
+    if (!strcmp(argv[i], "--strict")) {
+      flags |= NWC_CLIENT_IMPORT_STRICT;
+    } else if (!strcmp(argv[i], "--elem") && i + 1 < argc) {
       i++;
       if (!strcmp(argv[i], "fp8")) o.elem = 1;
       else if (strcmp(argv[i], "bf16"))
@@ -397,19 +425,26 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
       return fprintf(stderr, "%s: import: unexpected '%s'\n", prog, argv[i]), 2;
     }
   }
-  if (!path) return fprintf(stderr, "usage: %s import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]\n", prog), 2;
+  if (!path) return fprintf(stderr, "usage: %s import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n", prog), 2;
   nwc_client_result r;
-  int rc = nwc_client_import(c, model, path, &o, &r);
+  nwc_client_skipped *sk;
+  size_t nsk;
+  int rc = nwc_client_import2(c, model, path, &o, flags, &r, &sk, &nsk);
   if (rc < 0) return die(rc);
   char b0[32], b1[32];
-  if (json)
-    json_out(json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "name", model, "tensors", (json_int_t)r.tensors,
+  if (json) {
+    json_out(json_pack("{s:s,s:I,s:I,s:I,s:f,s:f,s:I,s:o}", "name", model, "tensors", (json_int_t)r.tensors,
                        "raw_bytes", (json_int_t)r.raw_bytes, "nwc_bytes", (json_int_t)r.bytes,
-                       "ratio", ratio(r.bytes, r.raw_bytes), "seconds", r.micros / 1e6));
-  else
-    printf("imported %s: %llu tensor%s, %s -> %s (ratio %.3f) in %.2f s\n", model,
+                       "ratio", ratio(r.bytes, r.raw_bytes), "seconds", r.micros / 1e6,
+                       "skipped", (json_int_t)r.skipped, "skipped_tensors", skipped_json(sk, nsk)));
+  } else {
+    printf("imported %s: %llu tensor%s, %s -> %s (ratio %.3f) in %.2f s", model,
            (unsigned long long)r.tensors, plural(r.tensors), human(r.raw_bytes, b0), human(r.bytes, b1),
            ratio(r.bytes, r.raw_bytes), r.micros / 1e6);
+    if (r.skipped) print_skipped(sk, nsk, r.skipped);
+    putchar('\n');
+  }
+  free(sk);
   return 0;
 }
 
@@ -579,8 +614,10 @@ static const struct command {
     {"evict", 1, 1, "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
     {"pin", 1, 1, "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR]: let LRU eviction take it again"},
-    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]: encode into\n"
-                       "  the store; the files are opened here and passed to nwcd, which reads only those"},
+    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]:\n"
+                       "  encode into the store; the files are opened here and passed to nwcd, which reads only\n"
+                       "  those; tensors of dtypes nwc does not store (integers, BOOL) and empty ones are skipped\n"
+                       "  and named, or with --strict fail the import (nothing is stored)"},
     {"rm", 1, 1, "rm MODEL: remove a model (refused while one of its tensors is in use)"},
     {"verify", 0, 1, "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
     {"stats", 0, 0, "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
@@ -602,7 +639,7 @@ static void usage(FILE *f) {
           "  load MODEL[/TENSOR]        read into memory (progress on a TTY)\n"
           "  evict MODEL[/TENSOR]       drop from memory\n"
           "  pin | unpin MODEL[/TENSOR] keep resident (loads first) / release\n"
-          "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2]\n"
+          "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n"
           "  rm MODEL                   remove a model from the store\n"
           "  verify [MODEL]             re-read and check every chunk and tensor\n"
           "  stats                      daemon counters\n"

@@ -25,7 +25,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_GATHER] = "gather", [NWC_OP_MATVEC] = "matvec", [NWC_OP_VERIFY] = "verify",
     [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
-    [NWC_OP_LOAD_ON] = "load_on",
+    [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -228,8 +228,10 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       flags |= NWC_PF_FDS;
       break;
     case NWC_OP_IMPORT:
+    case NWC_OP_IMPORT2:
       nwc_pw_str(w, r->model);
       nwc_pw_u8(w, r->elem), nwc_pw_u8(w, r->layout), nwc_pw_u8(w, r->has_index);
+      if (r->op == NWC_OP_IMPORT2) nwc_pw_u8(w, r->import_flags);
       nwc_pw_u32(w, r->nfiles);
       for (uint32_t i = 0; i < r->nfiles; i++) nwc_pw_str(w, r->files[i]);
       flags |= NWC_PF_FDS;
@@ -288,7 +290,8 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
   NWC_RETURN_IF(h->status != 0, -EBADMSG, "request with a non-zero status");
   NWC_RETURN_IF(h->flags & NWC_PF_EVENT, -EBADMSG, "request with the event flag");
   NWC_RETURN_IF(h->flags & NWC_PF_ALONE, -EBADMSG, "request with the alone flag");
-  int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT || h->op == NWC_OP_MAP;
+  int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT || h->op == NWC_OP_IMPORT2 ||
+                  h->op == NWC_OP_MAP;
   NWC_RETURN_IF(!!(h->flags & NWC_PF_FDS) != wants_fds, -EBADMSG,
                 "%s request %s the descriptor flag", name, wants_fds ? "lacks" : "carries");
   nwc_pr p;
@@ -328,12 +331,16 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
       NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "load_on device %d (-1 host, 0.. CUDA)",
                     (int)r->device);
       break;
-    case NWC_OP_IMPORT: {
+    case NWC_OP_IMPORT:
+    case NWC_OP_IMPORT2: {
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
       r->elem = nwc_pr_u8(&p), r->layout = nwc_pr_u8(&p), r->has_index = nwc_pr_u8(&p);
+      if (h->op == NWC_OP_IMPORT2) r->import_flags = nwc_pr_u8(&p);
       uint32_t n = nwc_pr_u32(&p);
-      NWC_RETURN_IF(p.err, -EBADMSG, "import payload is truncated");
+      NWC_RETURN_IF(p.err, -EBADMSG, "%s payload is truncated", name);
       NWC_RETURN_IF(r->has_index > 1, -EBADMSG, "import index flag %u is not 0 or 1", r->has_index);
+      NWC_RETURN_IF(r->import_flags & ~NWC_IMPORT_KNOWN, -EBADMSG, "import2 flags 0x%x unknown",
+                    r->import_flags);
       NWC_RETURN_IF(n == 0 || n > NWC_PROTO_MAX_FILES, -EBADMSG,
                     "import of %u files (1..%u allowed)", n, NWC_PROTO_MAX_FILES);
       NWC_RETURN_IF(!r->has_index && n != 1, -EBADMSG, "import without an index takes one file, not %u",
@@ -513,6 +520,22 @@ int nwc_proto_get_result(nwc_pr *r, nwc_proto_result *o) {
   o->tensors = nwc_pr_u64(r), o->bytes = nwc_pr_u64(r), o->skipped = nwc_pr_u64(r);
   o->micros = nwc_pr_u64(r), o->direct = nwc_pr_u64(r), o->buffered = nwc_pr_u64(r);
   o->raw_bytes = nwc_pr_u64(r), o->chunks = nwc_pr_u64(r), o->problems = nwc_pr_u64(r);
+  return r->err;
+}
+
+/* The fields in the order of the tensor record's first ones. */
+void nwc_proto_put_skipped(nwc_pw *w, const nwc_proto_skipped *s) {
+  unsigned nd = s->ndim > 8 ? 8 : s->ndim;
+  nwc_pw_str(w, s->name), nwc_pw_u8(w, (uint8_t)nd);
+  for (unsigned d = 0; d < nd; d++) nwc_pw_u64(w, s->shape[d]);
+  nwc_pw_str(w, s->dtype);
+}
+int nwc_proto_get_skipped(nwc_pr *r, nwc_proto_skipped *s) {
+  NWC_TRY(nwc_pr_str(r, s->name, sizeof s->name));
+  s->ndim = nwc_pr_u8(r);
+  NWC_RETURN_IF(s->ndim > 8, -EBADMSG, "skipped tensor of %u dimensions", s->ndim);
+  for (unsigned d = 0; d < s->ndim; d++) s->shape[d] = nwc_pr_u64(r);
+  NWC_TRY(nwc_pr_str(r, s->dtype, sizeof s->dtype));
   return r->err;
 }
 

@@ -169,6 +169,33 @@ static int op_info(nwcd_job *j) {
   return 0;
 }
 
+/* The tensors an import skipped: all counted, the first NWC_PROTO_MAX_SKIPPED kept for the
+ * import2 reply (fewer if memory runs out: the count stays right). */
+typedef struct skipped_list {
+  nwc_proto_skipped *v;
+  size_t n, cap;
+  uint64_t count;
+} skipped_list;
+
+static void on_skipped(void *ctx, const nwc_import_skip *t) {
+  skipped_list *l = ctx;
+  if (l->count++ >= NWC_PROTO_MAX_SKIPPED) return;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 8;
+    nwc_proto_skipped *v = realloc(l->v, cap * sizeof *v);
+    if (!v) return;
+    l->v = v, l->cap = cap;
+  }
+  nwc_proto_skipped *e = &l->v[l->n++];
+  snprintf(e->name, sizeof e->name, "%s", t->name);
+  snprintf(e->dtype, sizeof e->dtype, "%s", t->dtype);
+  e->ndim = (uint8_t)(t->ndim > 8 ? 8 : t->ndim);
+  memcpy(e->shape, t->shape, e->ndim * sizeof *e->shape);
+}
+
+/* import and import2.  import (op 6) is all or nothing, as it always was: its clients cannot
+ * hear which tensors were left out.  import2 skips them unless its flags say strict, and lists
+ * them after the result. */
 static int op_import(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
@@ -179,7 +206,10 @@ static int op_import(nwcd_job *j) {
   for (uint32_t i = 0; i < r->nfiles; i++)
     files[i] = (nwc_import_file){r->files[i], j->fds[r->has_index + i]};
   progress_ctx pc = {j, 0};
-  nwc_import_opts o = {r->elem, r->layout, d->cfg.threads, import_progress, &pc};
+  skipped_list sk = {0};
+  unsigned strict = r->op == NWC_OP_IMPORT || (r->import_flags & NWC_IMPORT_STRICT);
+  nwc_import_opts o = {r->elem, r->layout, d->cfg.threads, import_progress, &pc,
+                       strict, on_skipped, &sk};
   uint64_t t0 = nwcd_now_ns();
   /* Not under d->store_lock: the store serializes its own catalog access and holds none of it
    * while encoding, so requests on other models go on during an import; two imports of one
@@ -192,16 +222,28 @@ static int op_import(nwcd_job *j) {
     rc = nwc_store_model(d->store, r->model, &m);
     pthread_mutex_unlock(&d->store_lock);
   }
-  if (rc < 0) return rc;
+  if (rc < 0) {
+    free(sk.v);
+    return rc;
+  }
   nwc_proto_result res = {.tensors = m->tensors, .bytes = m->nwc_bytes, .raw_bytes = m->raw_bytes,
-                          .micros = (nwcd_now_ns() - t0) / 1000};
-  nwcd_log(NWCD_LOG_INFO, "imported %s: %llu tensors, %llu -> %llu bytes in %.2f s", r->model,
+                          .skipped = sk.count, .micros = (nwcd_now_ns() - t0) / 1000};
+  char why[NWC_PROTO_NAME_MAX + 64] = "";
+  if (sk.n)
+    snprintf(why, sizeof why, "; skipped %llu that nwc does not store, the first '%s' (%s)",
+             (unsigned long long)sk.count, sk.v[0].name, sk.v[0].dtype);
+  nwcd_log(NWCD_LOG_INFO, "imported %s: %llu tensors, %llu -> %llu bytes in %.2f s%s", r->model,
            (unsigned long long)m->tensors, (unsigned long long)m->raw_bytes,
-           (unsigned long long)m->nwc_bytes, res.micros / 1e6);
+           (unsigned long long)m->nwc_bytes, res.micros / 1e6, why);
   nwc_model_info_free(m, 1);
   nwc_pw w;
   nwc_pw_init(&w);
   nwc_proto_put_result(&w, &res);
+  if (r->op == NWC_OP_IMPORT2) {
+    nwc_pw_u32(&w, (uint32_t)sk.n);
+    for (size_t i = 0; i < sk.n; i++) nwc_proto_put_skipped(&w, &sk.v[i]);
+  }
+  free(sk.v);
   reply(j, &w);
   return 0;
 }
@@ -856,7 +898,8 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_MODELS: rc = op_models(j); break;
     case NWC_OP_TENSORS: rc = op_tensors(j); break;
     case NWC_OP_INFO: rc = op_info(j); break;
-    case NWC_OP_IMPORT: rc = op_import(j); break;
+    case NWC_OP_IMPORT:
+    case NWC_OP_IMPORT2: rc = op_import(j); break;
     case NWC_OP_REMOVE: rc = op_remove(j); break;
     case NWC_OP_LOAD:
     case NWC_OP_EVICT:

@@ -50,8 +50,8 @@ int nwcd_policy_set_admin_group(const char *name) {
 
 static bool needs_admin(unsigned op) {
   switch (op) {
-    case NWC_OP_IMPORT: case NWC_OP_REMOVE: case NWC_OP_LOAD: case NWC_OP_EVICT:
-    case NWC_OP_PIN: case NWC_OP_UNPIN: case NWC_OP_LOAD_ON: return true;
+    case NWC_OP_IMPORT: case NWC_OP_IMPORT2: case NWC_OP_REMOVE: case NWC_OP_LOAD:
+    case NWC_OP_EVICT: case NWC_OP_PIN: case NWC_OP_UNPIN: case NWC_OP_LOAD_ON: return true;
     default: return false;
   }
 }
