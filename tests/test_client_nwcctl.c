@@ -4,11 +4,14 @@
  * descriptors are passed by SCM_RIGHTS), ls / ls MODEL / info / ps / stats with --json parsed by
  * jansson (the field names of the issue), load, pin, unpin, evict, verify, dequant / gather /
  * matvec writing .npy files checked against the original weights (dequant in the tensor's own
- * shape, a 1-D one too), NWC_SOCKET as the default socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
+ * shape, a 1-D one too), import of a checkpoint with I64/BOOL/I32 tensors (its line names what
+ * was skipped, a long list cut short; --json lists them; --strict fails and stores nothing; a
+ * file of only I64 fails), NWC_SOCKET as the default socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
  * bad usage (exit 2: unknown options, extra arguments, values that are not numbers, --layout
  * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1).
  */
 #include "test_daemon_util.h"
+#include "test_store_util.h"
 
 #include <jansson.h>
 
@@ -108,6 +111,68 @@ static uint8_t *read_npy(const char *path, size_t *n, char *hdr, size_t hcap) {
   return d;
 }
 
+/* Checkpoints with tensors nwc does not store. */
+static void check_import_skips(void) {
+  static float w[4 * 8];
+  static int64_t ids[8];
+  static uint8_t mask[8];
+  static int32_t buf[4];
+  for (int i = 0; i < 32; i++) w[i] = (float)(test_uniform() - 0.5);
+  st_spec ck[] = {{"w", "F32", 2, {4, 8}, w, sizeof w},
+                  {"position_ids", "I64", 2, {1, 8}, ids, sizeof ids},
+                  {"mask", "BOOL", 1, {8}, mask, sizeof mask},
+                  {"buf", "I32", 2, {2, 2}, buf, sizeof buf},
+                  {"e", "F32", 2, {0, 4}, NULL, 0}};
+  char path[400], many[400], ints[400];
+  snprintf(path, sizeof path, "%s/ckpt.safetensors", td_dir);
+  CHECK_RC(st_write(path, ck, 5));
+  char *out = NULL;
+  CHECK(run(&out, (const char *[]){"import", "ck", path, NULL}) == 0 &&
+            strstr(out, "imported ck: 1 tensor, ") &&
+            strstr(out, "; skipped 4 tensors that nwc does not store: position_ids (I64), mask "
+                        "(BOOL), buf (I32), e (F32, empty)\n"),
+        "import of a checkpoint with I64/BOOL/I32: %s", out);
+  printf("%s", out);
+  free(out);
+  json_t *j = run_json((const char *[]){"import", "ck2", path, "--json", NULL});
+  json_t *sk = json_object_get(j, "skipped_tensors"), *s0 = json_array_get(sk, 0);
+  CHECK(json_integer_value(json_object_get(j, "tensors")) == 1 &&
+            json_integer_value(json_object_get(j, "skipped")) == 4 && json_array_size(sk) == 4 &&
+            !strcmp(json_string_value(json_object_get(s0, "name")), "position_ids") &&
+            !strcmp(json_string_value(json_object_get(s0, "dtype")), "I64") &&
+            json_integer_value(json_array_get(json_object_get(s0, "shape"), 1)) == 8,
+        "import --json does not list the skipped tensors");
+  json_decref(j);
+  run_fails(1, "tensor 'position_ids' is I64, which nwc does not store",
+            (const char *[]){"import", "ck3", path, "--strict", NULL});
+  j = run_json((const char *[]){"ls", "--json", NULL});
+  for (size_t i = 0; i < json_array_size(j); i++)
+    CHECK(strcmp(json_string_value(json_object_get(json_array_get(j, i), "name")), "ck3"),
+          "import --strict failed but published ck3");
+  json_decref(j);
+  /* A long list: the first 8, then how many more. */
+  st_spec lots[13];
+  char names[12][16];
+  lots[0] = ck[0];
+  for (int i = 0; i < 12; i++) {
+    snprintf(names[i], sizeof names[i], "ids%d", i);
+    lots[i + 1] = (st_spec){names[i], "I64", 1, {8}, ids, sizeof ids};
+  }
+  snprintf(many, sizeof many, "%s/many.safetensors", td_dir);
+  CHECK_RC(st_write(many, lots, 13));
+  CHECK(run(&out, (const char *[]){"import", "ck4", many, NULL}) == 0 &&
+            strstr(out, "skipped 12 tensors that nwc does not store: ids0 (I64), ") &&
+            strstr(out, "ids7 (I64), and 4 more (--json lists them)\n") && !strstr(out, "ids8"),
+        "import with 12 skipped: %s", out);
+  free(out);
+  snprintf(ints, sizeof ints, "%s/ints.safetensors", td_dir);
+  CHECK_RC(st_write(ints, &ck[1], 1));
+  run_fails(1, "no tensor can be stored ('position_ids' is I64)",
+            (const char *[]){"import", "ck5", ints, NULL});
+  const char *const made[] = {"ck", "ck2", "ck4"};
+  for (int i = 0; i < 3; i++) CHECK(run(NULL, (const char *[]){"rm", made[i], NULL}) == 0, "rm %s", made[i]);
+}
+
 int main(void) {
   test_seed("test_client_nwcctl");
   int skip = td_open_sample();
@@ -147,6 +212,7 @@ int main(void) {
     CHECK(strcspn(l, "\n") == width, "ls: a line of %zu characters, the header's %zu:\n%s", strcspn(l, "\n"), width, out);
   free(out);
   CHECK(run(NULL, (const char *[]){"rm", longname, NULL}) == 0, "rm %s", longname);
+  check_import_skips();
 
   json_t *j = run_json((const char *[]){"ls", "--json", NULL});
   CHECK(json_is_array(j) && json_array_size(j) == 1, "ls --json");

@@ -34,23 +34,6 @@ static void still_serving(const char *after) {
   free(x), free(y);
 }
 
-/* Sends a frame with descriptors. */
-static int send_fds(int fd, const uint8_t *buf, size_t len, const int *fds, unsigned n) {
-  struct iovec iov = {(void *)buf, len};
-  union {
-    char b[CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr a;
-  } cm;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (n) {
-    msg.msg_control = cm.b, msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-    h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
-  }
-  return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
-}
-
 /* Sends raw bytes with nfds descriptors on a connection (after hello if hello) and expects an
  * error reply with status err; disconnect: expects the daemon to close the connection
  * afterwards. */
@@ -59,7 +42,7 @@ static void expect_error_fds(const char *what, bool hello, const void *buf, size
   int fd = hello ? td_raw_hello(td_sock) : td_raw_connect(td_sock);
   CHECK(fd >= 0, "%s: connect", what);
   if (fd < 0) return;
-  CHECK(send_fds(fd, buf, len, fds, nfds) == 0, "%s: send", what);
+  CHECK(td_send_fds(fd, buf, len, fds, nfds) == 0, "%s: send", what);
   nwc_proto_hdr h;
   uint8_t *p = NULL;
   int rc = td_recv_frame(fd, &h, &p, 5000);
@@ -110,7 +93,7 @@ static void shm_cases(void) {
   int fd = td_raw_hello(td_sock);
   nwc_proto_req r = {.op = NWC_OP_SHM, .id = 5, .shm_size = 1 << 20};
   size_t n = encode(&r, buf, sizeof buf);
-  CHECK(send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == -EPERM,
+  CHECK(td_send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == -EPERM,
         "unsealed memfd accepted");
   if (p) printf("%-34s -> %d: %s\n", "shm: not sealed", h.status, td_error_text(p, h.length)), free(p), p = NULL;
   /* no descriptor */
@@ -121,12 +104,12 @@ static void shm_cases(void) {
   CHECK(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, "seal");
   r.shm_size = 2 << 20;
   n = encode(&r, buf, sizeof buf);
-  CHECK(send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == -EINVAL,
+  CHECK(td_send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == -EINVAL,
         "shm larger than the memfd accepted");
   if (p) printf("%-34s -> %d: %s\n", "shm: larger than the memfd", h.status, td_error_text(p, h.length)), free(p), p = NULL;
   r.shm_size = 1 << 20;
   n = encode(&r, buf, sizeof buf);
-  CHECK(send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
+  CHECK(td_send_fds(fd, buf, n, &mfd, 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
         "good shm refused");
   free(p), p = NULL;
   /* offsets past the end */
@@ -194,7 +177,7 @@ static void map_cases(void) {
   int fd = td_raw_hello(td_sock);
   nwc_proto_hdr h;
   uint8_t *p = NULL;
-  CHECK(send_fds(fd, buf, n, &sv[1], 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
+  CHECK(td_send_fds(fd, buf, n, &sv[1], 1) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
         "a good raw map refused");
   uint8_t tok[8];
   union {

@@ -147,6 +147,8 @@ int main(void) {
   r.files = files;
   strcpy(r.model, "qwen3-4b");
   check_request("req_import", &r);
+  r.op = NWC_OP_IMPORT2, r.id = 29, r.import_flags = NWC_IMPORT_STRICT;
+  check_request("req_import2", &r);
 
   memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite"), strcpy(r.tensor, "emb");
@@ -238,6 +240,25 @@ int main(void) {
   nwc_proto_result res = {35, 9822208, 0, 22000, 35, 0, 0, 0, 0};
   nwc_proto_put_result(&w, &res);
   check_reply("rep_load", &w, NWC_OP_LOAD, 0, 0, 10);
+  nwc_pw_free(&w);
+
+  /* import2: the result, then the skipped tensors. */
+  nwc_pw_init(&w);
+  nwc_proto_result ires = {34, 9822208, 2, 510000, 0, 0, 13951690, 0, 0};
+  nwc_proto_put_result(&w, &ires);
+  nwc_proto_skipped sk[2] = {{"position_ids", "I64", 2, {1, 512}}, {"attention.masked_bias", "BOOL", 0, {0}}};
+  nwc_pw_u32(&w, 2);
+  for (int i = 0; i < 2; i++) nwc_proto_put_skipped(&w, &sk[i]);
+  check_reply("rep_import2", &w, NWC_OP_IMPORT2, 0, 0, 29);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_result ires2;
+  nwc_proto_skipped sk2[2];
+  CHECK(nwc_proto_get_result(&pr, &ires2) == 0 && ires2.skipped == 2 && nwc_pr_u32(&pr) == 2 &&
+            nwc_proto_get_skipped(&pr, &sk2[0]) == 0 && nwc_proto_get_skipped(&pr, &sk2[1]) == 0 &&
+            nwc_pr_end(&pr, "import2") == 0 && !strcmp(sk2[0].name, "position_ids") &&
+            sk2[0].ndim == 2 && sk2[0].shape[1] == 512 && !strcmp(sk2[0].dtype, "I64") &&
+            !strcmp(sk2[1].dtype, "BOOL") && sk2[1].ndim == 0,
+        "import2 reply decode");
   nwc_pw_free(&w);
 
   nwc_pw_init(&w);

@@ -177,6 +177,24 @@ static int td_recv_all(int fd, void *buf, size_t len, int timeout_ms) {
   return 0;
 }
 
+/* Sends a frame with n (at most 4) descriptors (SCM_RIGHTS). */
+__attribute__((unused)) static int td_send_fds(int fd, const uint8_t *buf, size_t len,
+                                               const int *fds, unsigned n) {
+  struct iovec iov = {(void *)buf, len};
+  union {
+    char b[CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr a;
+  } cm;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (n) {
+    msg.msg_control = cm.b, msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+    h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
+  }
+  return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
+}
+
 /* Reads one frame: 0 and *h, payload malloc'ed in *payload (free it); <0 on EOF/timeout. */
 static int td_recv_frame(int fd, nwc_proto_hdr *h, uint8_t **payload, int timeout_ms) {
   uint8_t hb[NWC_PROTO_HEADER];
@@ -295,8 +313,9 @@ static uint16_t td_w(const td_tensor *t, uint64_t i) {
 
 /* ||y - ref|| / ||ref|| for y = scale * W x + bias (W's rows times t->row_scale when it has
  * one), reference in fp64. */
-static double td_matvec_err(const td_tensor *t, const float *x, double scale, const td_tensor *bias,
-                            const float *y) {
+__attribute__((unused)) static double td_matvec_err(const td_tensor *t, const float *x,
+                                                   double scale, const td_tensor *bias,
+                                                   const float *y) {
   double num = 0, den = 0;
   for (uint64_t r = 0; r < t->rows; r++) {
     double acc = 0;

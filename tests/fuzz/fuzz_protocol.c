@@ -34,6 +34,9 @@ static void replies(const uint8_t *p, size_t n) {
   for (uint32_t k = nwc_pr_u32(&r), i = 0; i < k && !r.err; i++) nwc_proto_get_ps(&r, &ps);
   nwc_proto_result res;
   nwc_pr_init(&r, p, n), nwc_proto_get_result(&r, &res);
+  nwc_proto_skipped sk; /* import2: the result, then the skipped tensors */
+  for (uint32_t k = nwc_pr_u32(&r), i = 0; i < k && !r.err; i++)
+    if (nwc_proto_get_skipped(&r, &sk) < 0) break;
   nwc_proto_compute c;
   nwc_pr_init(&r, p, n), nwc_proto_get_compute(&r, &c), nwc_pr_bytes(&r, c.bytes);
   nwc_proto_stats s;
