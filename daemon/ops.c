@@ -266,7 +266,8 @@ static int op_remove(nwcd_job *j) {
 }
 
 /* Loads of a model run in NWCD_LOAD_LANES parallel lanes (NWCD_GPU_LOAD_LANES onto a device,
- * where the backend has as many staging rings: nwcd.h), each lane taking the next tensor; the
+ * where the backend has as many staging rings: nwcd.h), each lane taking the next tensor, the
+ * largest first; the
  * request's own worker is one of them and alone sends progress.  Into host memory too: each lane
  * writes its tensor's fresh memfd through its worker's staging ring (making pages costs more than
  * the read itself, and the lanes make them in parallel, on as many cores as they run on). */
@@ -287,6 +288,12 @@ typedef struct lanes_ctx {
   int rc;
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
+
+/* Largest first (qsort): the lanes end together when the last tensors taken are the small ones. */
+static int larger_first(const void *a, const void *b) {
+  uint64_t x = ((const nwc_tensor_info *)a)->length, y = ((const nwc_tensor_info *)b)->length;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
 
 static void load_lane(void *ctx, uint64_t lane) {
   (void)lane;
@@ -364,6 +371,7 @@ static int op_residency(nwcd_job *j) {
     bool gpu = loc >= 0 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
     if (n < lanes) lanes = n;
+    qsort(ti, n, sizeof *ti, larger_first);
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     pthread_mutex_destroy(&lc.lock);
     res = lc.res, rc = lc.rc;
