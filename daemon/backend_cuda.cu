@@ -9,13 +9,12 @@
  *     into device memory through its pinned ring (chunk checksums checked on the way); the
  *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
  *     256-aligned).  The blob's structure was validated at import and its bytes are the
- *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  Copies come
- *     from the device's memory pool (cudaMallocFromPoolAsync on the request's stream, waited
- *     for), not cudaMalloc: 16 load lanes calling cudaMalloc beside each other's copies lost 13 %
- *     of a warm load to it, the pool nothing measurable (docs/results.md).  The pool keeps what
- *     evicted copies free, for the next loads, until nwcd_cuda_trim gives it back to the device
- *     (residency: after an explicit evict, and when the device holds no tensor).  Running out
- *     is -ENOMEM (residency.c evicts and retries once).
+ *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  The table
+ *     goes up on the loader's ring stream ahead of the blob, so a load waits once, at its end.
+ *     cudaMalloc failing is -ENOMEM (residency.c evicts and retries once).  (A memory pool,
+ *     cudaMallocFromPoolAsync, made the in-process loader 7-14 % faster on the H200, but it
+ *     keeps slack in the chunks it reserves, device memory no budget counts: not adopted,
+ *     docs/results.md.)
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
@@ -35,9 +34,8 @@
  *     region and write y into it; nothing is copied on the host.  The registration ends
  *     with the connection (nwcd_cuda_forget, when none of its requests runs); graphs naming it
  *     are keyed by its id, unique for the process's life, so none is launched after that.
- *     nwcd_cuda_trim gives the memory the copy pool keeps back to the device and, when the device
- *     holds no tensor any more, frees its idle contexts, so evicting everything gives all device
- *     memory back.
+ *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
+ *     tensor any more), so evicting everything gives all device memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up together, run
  *     as back-to-back launches (the kernels take one right-hand side) and write y in one go:
  *     one round trip and one wait for all of them.
@@ -65,9 +63,9 @@ namespace {
 
 constexpr int kMaxDev = 16;
 
-/* A device copy: one allocation from the device's pool (mem) holding the lookup table
- * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
- * blob's sections (k.owned stays NULL: the copy frees mem itself, into the pool). */
+/* A device copy: one cudaMalloc (mem) holding the lookup table (kTabSpace bytes), then the blob
+ * as it is on disk; the kernel tensor's arrays point at the blob's sections (k.owned stays NULL:
+ * the copy frees mem itself). */
 constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
 struct Copy {
   nwc_k_tensor k;
@@ -160,34 +158,6 @@ struct Pool {
   int n = 0;
 };
 Pool pools[kMaxDev];
-
-/* Each device's memory pool for copies, made at its first copy: what freed copies give back stays
- * in it for the next loads until nwcd_cuda_trim. */
-pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
-cudaMemPool_t copy_pools[kMaxDev];
-
-int copy_pool(int dev, cudaMemPool_t *out) {
-  pthread_mutex_lock(&copy_pools_lock);
-  int rc = 0;
-  if (!copy_pools[dev]) {
-    cudaMemPoolProps props;
-    memset(&props, 0, sizeof props);
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    cudaMemPool_t p = nullptr;
-    uint64_t keep = UINT64_MAX; /* nothing goes back at a synchronization, only when trimmed */
-    rc = fail_cuda(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
-    if (rc == 0)
-      rc = fail_cuda(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep),
-                     "the release threshold of a memory pool");
-    if (rc == 0) copy_pools[dev] = p;
-    else if (p) cudaMemPoolDestroy(p);
-  }
-  *out = copy_pools[dev];
-  pthread_mutex_unlock(&copy_pools_lock);
-  return rc;
-}
 
 /* Destroys c's graphs (before a buffer they use goes). */
 void drop_graphs(Ctx *c) {
@@ -562,14 +532,8 @@ extern "C" void nwcd_cuda_forget(const void *owner) {
   region_forget(owner);
 }
 
-extern "C" void nwcd_cuda_trim(int dev, bool idle) {
+extern "C" void nwcd_cuda_trim(int dev) {
   if (dev < 0 || dev >= kMaxDev) return;
-  pthread_mutex_lock(&copy_pools_lock);
-  cudaMemPool_t cp = copy_pools[dev];
-  pthread_mutex_unlock(&copy_pools_lock);
-  if (cp && (cudaSetDevice(dev) != cudaSuccess || cudaMemPoolTrimTo(cp, 0) != cudaSuccess))
-    cudaGetLastError();
-  if (!idle) return;
   Pool &p = pools[dev];
   pthread_mutex_lock(&p.lock);
   int n = p.n;
@@ -598,8 +562,6 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
                      (unsigned long long)b->nblocks, (unsigned long long)b->rows,
                      (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
-  cudaMemPool_t pool;
-  TRY(copy_pool(dev, &pool));
   uint32_t tab[NWC_TAB_ENTRIES];
   TRY(nwc_build_tab(b->psym, b->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -608,17 +570,17 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   memset(&cp->k, 0, sizeof cp->k);
   cp->bytes = kTabSpace + b->length;
   cp->mem = nullptr;
-  cudaError_t e = cudaMallocFromPoolAsync((void **)&cp->mem, cp->bytes, pool, st);
+  cudaError_t e = cudaMalloc((void **)&cp->mem, cp->bytes);
   int rc = e == cudaErrorMemoryAllocation
-               ? nwc__fail(-ENOMEM, "no device memory for a copy of %llu bytes on cuda:%d",
+               ? nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
                            (unsigned long long)cp->bytes, dev)
-               : fail_cuda(e, "cudaMallocFromPoolAsync of a device copy");
+               : fail_cuda(e, "cudaMalloc of a device copy");
   /* from pageable memory: tab is staged before the call returns, the copy follows in order */
   if (rc == 0)
     rc = fail_cuda(cudaMemcpyAsync(cp->mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
                    "copy of the lookup table");
   if (rc < 0) {
-    if (cp->mem && cudaFreeAsync(cp->mem, st) == cudaSuccess) cudaStreamSynchronize(st);
+    if (cp->mem) cudaStreamSynchronize(st), cudaFree(cp->mem);
     cudaGetLastError();
     delete cp;
     return rc;
@@ -652,14 +614,8 @@ extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
 extern "C" void nwcd_cuda_free(void *dcopy) {
   Copy *cp = static_cast<Copy *>(dcopy);
   if (!cp) return;
-  /* Into the pool, on a stream of the device (no request uses the copy any more); cudaFree, which
-   * waits for the whole device, only if no context can be had. */
-  Lease lease;
-  if (lease.take(cp->dev) < 0 || cudaFreeAsync(cp->mem, lease.c->stream) != cudaSuccess ||
-      cudaStreamSynchronize(lease.c->stream) != cudaSuccess) {
-    cudaGetLastError();
-    cudaFree(cp->mem);
-  }
+  cudaSetDevice(cp->dev);
+  cudaFree(cp->mem);
   delete cp;
 }
 

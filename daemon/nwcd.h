@@ -114,9 +114,7 @@ typedef struct nwcd_backend {
   int (*dev_matvec_shared)(const void *owner, void *region, uint64_t window, const void *dcopy,
                            uint64_t x_off, unsigned ncols, uint64_t y_off);
   int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
-  /* Gives the device memory that evicted copies left for later loads back to dev; with idle (dev
-   * holds no tensor) also its idle work memory. */
-  void (*dev_trim)(int dev, bool idle);
+  void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
   /* CUDA IPC: the client's own device buffers, kept open per owner (its connection) until
    * forget (backend_cuda.h says what is checked). */
   int (*dev_matvec_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *x,

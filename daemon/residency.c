@@ -60,12 +60,9 @@
  * bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
  * then holds the copy's exact size.  A device allocation that fails although the budget
  * allowed it (device memory used by others) evicts LRU entries of that device for the size and
- * retries once; a second failure fails the request with -ENOMEM.  A device copy's memory goes
- * back to the backend's pool for that device, where LRU evictions leave it for the load that
- * made room; an explicit evict, removing a model or lowering the budget gives it back to the
- * device (dev_trim), and when a device holds no tensor any more the backend also frees its idle
- * work buffers, so evicting everything returns all device memory but the loader's ring (pinned
- * host memory, kept).
+ * retries once; a second failure fails the request with -ENOMEM.  When a device holds no
+ * tensor any more, the backend frees its idle work buffers (dev_trim), so evicting everything
+ * returns all device memory but the loader's ring (pinned host memory, kept).
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
@@ -214,7 +211,7 @@ static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   free(e->scale);
   e->buf = e->dcopy = e->scale = NULL, e->fd = -1;
   *used_at(r, e->loc) -= held(e);
-  if (e->loc >= 0 && !r->gused[e->loc]) r->d->backend->dev_trim(e->loc, true); /* none left */
+  if (e->loc >= 0 && !r->gused[e->loc]) r->d->backend->dev_trim(e->loc); /* nothing left there */
   if (e->pinned) r->pinned_bytes -= e->len, e->pinned = false;
   memset(&e->view, 0, sizeof e->view);
   e->state = NWC_RES_ABSENT;
@@ -280,7 +277,6 @@ static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy, 
   uint64_t freed = 0, got;
   pthread_mutex_lock(&r->lock);
   while (freed < need && (got = evict_lru(r, e->loc))) freed += got;
-  b->dev_trim(e->loc, false); /* all the pool keeps back to the device: one piece to take from */
   pthread_mutex_unlock(&r->lock);
   rc = b->dev_load(e->info, e->loc, dcopy, scale, l);
   char where[16];
@@ -480,10 +476,9 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
     *bytes = held(e);
     entry_unload(r, e);
     r->evictions++;
-    if (e->loc >= 0) r->d->backend->dev_trim(e->loc, false);
   }
-  /* An explicit evict gives the memory back to the system: no spares stay behind, on the host or
-   * in a device's pool (only LRU evictions, which make room for a load, keep theirs). */
+  /* An explicit evict gives the memory back to the system: no spares stay behind (only LRU
+   * evictions, which make room for a load, keep theirs). */
   if (e && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   pthread_mutex_unlock(&r->lock);
   return rc;
@@ -513,7 +508,6 @@ void nwcd_res_set_gpu_budget(nwcd_res *r, uint64_t per_device) {
     r->gbudget[dev] = budget;
     reap_maps(r);
     make_room(r, dev, 0);
-    b->dev_trim(dev, !r->gused[dev]); /* what the budget no longer holds goes back */
     pthread_mutex_unlock(&r->lock);
     nwcd_log(NWCD_LOG_INFO, "cuda:%d: budget %llu MiB", dev, (unsigned long long)(budget >> 20));
   }
@@ -555,19 +549,11 @@ int nwcd_res_forget_model(nwcd_res *r, const char *model) {
     }
   }
   size_t k = 0;
-  bool on_dev[NWCD_MAX_DEVICES] = {false};
   for (size_t i = 0; i < r->n; i++) {
-    nwcd_entry *e = r->e[i];
-    if (strcmp(e->model, model)) {
-      r->e[k++] = e;
-      continue;
-    }
-    if (e->state == NWC_RES_RESIDENT && e->loc >= 0) on_dev[e->loc] = true;
-    entry_free(r, e);
+    if (!strcmp(r->e[i]->model, model)) entry_free(r, r->e[i]);
+    else r->e[k++] = r->e[i];
   }
   r->n = k;
-  for (int dev = 0; dev < r->d->backend->ndevices; dev++) /* its copies' memory goes back */
-    if (on_dev[dev]) r->d->backend->dev_trim(dev, !r->gused[dev]);
   pthread_mutex_unlock(&r->lock);
   return 0;
 }

@@ -359,17 +359,10 @@ static void oom_steps(nwc_client *c) {
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
   budget_step_matvec(c, ts[b].name); /* the daemon's stream and work buffers exist before */
   static void *hold[400000];
-  static bool pooled[400000];
   size_t nhold = 0, f = gpu_free();
   if (f > (256u << 20) && cudaMalloc(&hold[nhold], f - (128u << 20)) == cudaSuccess) nhold++;
   for (size_t chunk = 1u << 20; chunk >= 4096; chunk /= 4) /* everything this process can get */
     while (nhold < 400000 && cudaMalloc(&hold[nhold], chunk) == cudaSuccess) nhold++;
-  /* and what a memory pool still gets where cudaMalloc gets nothing (nwcd's copies come from
-   * one: pages that cudaMalloc leaves, megabytes of them) */
-  for (size_t chunk = 1u << 20; chunk >= 4096; chunk /= 4)
-    while (nhold < 400000 && cudaMallocAsync(&hold[nhold], chunk, 0) == cudaSuccess)
-      pooled[nhold++] = true;
-  cudaStreamSynchronize(0);
   cudaGetLastError();
   nwc_client_counters s0, s1;
   CHECK_RC(nwc_client_stats(c, &s0));
@@ -381,8 +374,7 @@ static void oom_steps(nwc_client *c) {
   CHECK_RC(nwc_client_stats(c, &s1));
   CHECK(s1.evictions > s0.evictions, "the failed allocation evicted nothing (%llu -> %llu)",
         (unsigned long long)s0.evictions, (unsigned long long)s1.evictions);
-  for (size_t i = 0; i < nhold; i++) pooled[i] ? cudaFreeAsync(hold[i], 0) : cudaFree(hold[i]);
-  cudaStreamSynchronize(0); /* the pool's memory goes back at the synchronization */
+  for (size_t i = 0; i < nhold; i++) cudaFree(hold[i]);
   CHECK_RC(nwc_client_load_on(c, "use", ts[a].name, 0, NULL, NULL, NULL)); /* still serving */
   budget_step_matvec(c, ts[a].name);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
