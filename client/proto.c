@@ -456,12 +456,25 @@ int nwc_proto_get_model(nwc_pr *r, nwc_proto_model *m) {
   return r->err;
 }
 
+/* The head of a tensor record and of a skipped tensor: name, ndim (at most 8), shape, dtype. */
+static void put_named_shape(nwc_pw *w, const char *name, uint8_t ndim, const uint64_t *shape,
+                            const char *dtype) {
+  unsigned nd = ndim > 8 ? 8 : ndim;
+  nwc_pw_str(w, name), nwc_pw_u8(w, (uint8_t)nd);
+  for (unsigned i = 0; i < nd; i++) nwc_pw_u64(w, shape[i]);
+  nwc_pw_str(w, dtype);
+}
+static int get_named_shape(nwc_pr *r, char name[NWC_PROTO_NAME_MAX], uint8_t *ndim,
+                           uint64_t shape[8], char dtype[12], const char *what) {
+  NWC_TRY(nwc_pr_str(r, name, NWC_PROTO_NAME_MAX));
+  *ndim = nwc_pr_u8(r);
+  NWC_RETURN_IF(*ndim > 8, -EBADMSG, "%s of %u dimensions", what, *ndim);
+  for (unsigned i = 0; i < *ndim; i++) shape[i] = nwc_pr_u64(r);
+  return nwc_pr_str(r, dtype, 12);
+}
+
 void nwc_proto_put_tensor(nwc_pw *w, const nwc_proto_tensor *t) {
-  nwc_pw_str(w, t->name);
-  unsigned nd = t->ndim > 8 ? 8 : t->ndim;
-  nwc_pw_u8(w, (uint8_t)nd);
-  for (unsigned i = 0; i < nd; i++) nwc_pw_u64(w, t->shape[i]);
-  nwc_pw_str(w, t->dtype);
+  put_named_shape(w, t->name, t->ndim, t->shape, t->dtype);
   nwc_pw_u32(w, t->elem);
   nwc_pw_u64(w, t->rows), nwc_pw_u64(w, t->cols), nwc_pw_u64(w, t->raw_bytes);
   nwc_pw_u64(w, t->nwc_bytes);
@@ -469,11 +482,7 @@ void nwc_proto_put_tensor(nwc_pw *w, const nwc_proto_tensor *t) {
   nwc_pw_i64(w, t->last_used_ms);
 }
 int nwc_proto_get_tensor(nwc_pr *r, nwc_proto_tensor *t) {
-  NWC_TRY(nwc_pr_str(r, t->name, sizeof t->name));
-  t->ndim = nwc_pr_u8(r);
-  NWC_RETURN_IF(t->ndim > 8, -EBADMSG, "tensor of %u dimensions", t->ndim);
-  for (unsigned i = 0; i < t->ndim; i++) t->shape[i] = nwc_pr_u64(r);
-  NWC_TRY(nwc_pr_str(r, t->dtype, sizeof t->dtype));
+  NWC_TRY(get_named_shape(r, t->name, &t->ndim, t->shape, t->dtype, "tensor"));
   t->elem = nwc_pr_u32(r);
   t->rows = nwc_pr_u64(r), t->cols = nwc_pr_u64(r), t->raw_bytes = nwc_pr_u64(r);
   t->nwc_bytes = nwc_pr_u64(r);
@@ -523,19 +532,12 @@ int nwc_proto_get_result(nwc_pr *r, nwc_proto_result *o) {
   return r->err;
 }
 
-/* The fields in the order of the tensor record's first ones. */
+/* The fields of the tensor record's head. */
 void nwc_proto_put_skipped(nwc_pw *w, const nwc_proto_skipped *s) {
-  unsigned nd = s->ndim > 8 ? 8 : s->ndim;
-  nwc_pw_str(w, s->name), nwc_pw_u8(w, (uint8_t)nd);
-  for (unsigned d = 0; d < nd; d++) nwc_pw_u64(w, s->shape[d]);
-  nwc_pw_str(w, s->dtype);
+  put_named_shape(w, s->name, s->ndim, s->shape, s->dtype);
 }
 int nwc_proto_get_skipped(nwc_pr *r, nwc_proto_skipped *s) {
-  NWC_TRY(nwc_pr_str(r, s->name, sizeof s->name));
-  s->ndim = nwc_pr_u8(r);
-  NWC_RETURN_IF(s->ndim > 8, -EBADMSG, "skipped tensor of %u dimensions", s->ndim);
-  for (unsigned d = 0; d < s->ndim; d++) s->shape[d] = nwc_pr_u64(r);
-  NWC_TRY(nwc_pr_str(r, s->dtype, sizeof s->dtype));
+  NWC_TRY(get_named_shape(r, s->name, &s->ndim, s->shape, s->dtype, "skipped tensor"));
   return r->err;
 }
 
