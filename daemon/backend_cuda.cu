@@ -4,7 +4,7 @@
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
  * Design:
- *   - A device copy is one allocation: the 16 KiB lookup table built here from the catalog's
+ *   - A device copy is one cudaMalloc: the 16 KiB lookup table built here from the catalog's
  *     exp_of_rank, then the blob exactly as the container holds it, which the loader streams
  *     into device memory through its pinned ring (chunk checksums checked on the way); the
  *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
@@ -63,13 +63,11 @@ namespace {
 
 constexpr int kMaxDev = 16;
 
-/* A device copy: one cudaMalloc (mem) holding the lookup table (kTabSpace bytes), then the blob
- * as it is on disk; the kernel tensor's arrays point at the blob's sections (k.owned stays NULL:
- * the copy frees mem itself). */
+/* A device copy: one cudaMalloc holding the lookup table (kTabSpace bytes), then the blob as it
+ * is on disk; the kernel tensor's arrays point at the blob's sections. */
 constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
 struct Copy {
   nwc_k_tensor k;
-  uint8_t *mem;
   int dev;
   uint64_t k16, scratch, bytes;
   uint64_t id; /* unique for the process's life: keys the matvec graphs (addresses are reused) */
@@ -537,12 +535,12 @@ extern "C" void nwcd_cuda_trim(int dev) {
   Pool &p = pools[dev];
   pthread_mutex_lock(&p.lock);
   int n = p.n;
-  Ctx *unused[kMaxIdle];
-  memcpy(unused, p.idle, sizeof(Ctx *) * n);
+  Ctx *idle[kMaxIdle];
+  memcpy(idle, p.idle, sizeof(Ctx *) * n);
   p.n = 0;
   pthread_mutex_unlock(&p.lock);
   if (n && cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
-  for (int i = 0; i < n; i++) ctx_destroy(unused[i]);
+  for (int i = 0; i < n; i++) ctx_destroy(idle[i]);
 }
 
 extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -569,31 +567,32 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
   memset(&cp->k, 0, sizeof cp->k);
   cp->bytes = kTabSpace + b->length;
-  cp->mem = nullptr;
-  cudaError_t e = cudaMalloc((void **)&cp->mem, cp->bytes);
+  uint8_t *mem = nullptr;
+  cudaError_t e = cudaMalloc((void **)&mem, cp->bytes);
   int rc = e == cudaErrorMemoryAllocation
                ? nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
                            (unsigned long long)cp->bytes, dev)
                : fail_cuda(e, "cudaMalloc of a device copy");
   /* from pageable memory: tab is staged before the call returns, the copy follows in order */
   if (rc == 0)
-    rc = fail_cuda(cudaMemcpyAsync(cp->mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
+    rc = fail_cuda(cudaMemcpyAsync(mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
                    "copy of the lookup table");
   if (rc < 0) {
-    if (cp->mem) cudaStreamSynchronize(st), cudaFree(cp->mem);
+    if (mem) cudaStreamSynchronize(st), cudaFree(mem);
     cudaGetLastError();
     delete cp;
     return rc;
   }
   cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
   cp->id = __atomic_add_fetch(&copy_ids, 1, __ATOMIC_RELAXED);
-  *dcopy = cp, *blob = cp->mem + kTabSpace;
+  cp->k.owned = mem;
+  *dcopy = cp, *blob = mem + kTabSpace;
   return 0;
 }
 
 extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale) {
   Copy *cp = static_cast<Copy *>(dcopy);
-  uint8_t *mem = cp->mem, *blob = mem + kTabSpace;
+  uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
   nwc_k_tensor &k = cp->k;
   k.elem = b->elem, k.rows = b->rows, k.cols = b->cols, k.nblocks = b->nblocks;
   k.tab = reinterpret_cast<const uint32_t *>(mem);
@@ -615,7 +614,7 @@ extern "C" void nwcd_cuda_free(void *dcopy) {
   Copy *cp = static_cast<Copy *>(dcopy);
   if (!cp) return;
   cudaSetDevice(cp->dev);
-  cudaFree(cp->mem);
+  nwc_k_tensor_free(&cp->k);
   delete cp;
 }
 

@@ -15,7 +15,6 @@
 
 #include "nwc.h"
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
