@@ -4,17 +4,20 @@
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
  * Design:
- *   - A device copy is one cudaMalloc: the 16 KiB lookup table built here from the catalog's
+ *   - A device copy is one allocation: the 16 KiB lookup table built here from the catalog's
  *     exp_of_rank, then the blob exactly as the container holds it, which the loader streams
  *     into device memory through its pinned ring (chunk checksums checked on the way); the
  *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
  *     256-aligned).  The blob's structure was validated at import and its bytes are the
  *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  The table
  *     goes up on the loader's ring stream ahead of the blob, so a load waits once, at its end.
- *     cudaMalloc failing is -ENOMEM (residency.c evicts and retries once).  (A memory pool,
- *     cudaMallocFromPoolAsync, made the in-process loader 7-14 % faster on the H200, but it
- *     keeps slack in the chunks it reserves, device memory no budget counts: not adopted,
- *     docs/results.md.)
+ *     Copies come from the device's own memory pool (cudaMallocFromPoolAsync on that stream),
+ *     not cudaMalloc: 16 load lanes calling cudaMalloc beside each other's copies lost 16 % of a
+ *     warm load to it, the pool nothing measurable (docs/results.md).  The pool's release
+ *     threshold is 0: what freed copies leave goes back to the device at the next
+ *     synchronization, so the pool holds the live copies and the unused rest of partly used
+ *     chunks, no more (as cudaMalloc holds the rest of the pages it sub-allocates small
+ *     allocations from).  Running out is -ENOMEM (residency.c evicts and retries once).
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
@@ -63,8 +66,9 @@ namespace {
 
 constexpr int kMaxDev = 16;
 
-/* A device copy: one cudaMalloc holding the lookup table (kTabSpace bytes), then the blob as it
- * is on disk; the kernel tensor's arrays point at the blob's sections. */
+/* A device copy: one allocation from the device's copy pool (k.owned) holding the lookup table
+ * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
+ * blob's sections. */
 constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
 struct Copy {
   nwc_k_tensor k;
@@ -156,6 +160,40 @@ struct Pool {
   int n = 0;
 };
 Pool pools[kMaxDev];
+
+/* Each device's memory pool for copies, made at its first copy, release threshold 0 (above). */
+pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
+cudaMemPool_t copy_pools[kMaxDev];
+
+int copy_pool(int dev, cudaMemPool_t *out) {
+  pthread_mutex_lock(&copy_pools_lock);
+  int rc = 0;
+  if (!copy_pools[dev]) {
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t p = nullptr;
+    uint64_t keep = 0;
+    rc = fail_cuda(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
+    if (rc == 0)
+      rc = fail_cuda(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep),
+                     "the release threshold of a memory pool");
+    if (rc == 0) copy_pools[dev] = p;
+    else if (p) cudaMemPoolDestroy(p);
+  }
+  *out = copy_pools[dev];
+  pthread_mutex_unlock(&copy_pools_lock);
+  return rc;
+}
+
+cudaMemPool_t copy_pool_if_any(int dev) {
+  pthread_mutex_lock(&copy_pools_lock);
+  cudaMemPool_t p = dev >= 0 && dev < kMaxDev ? copy_pools[dev] : nullptr;
+  pthread_mutex_unlock(&copy_pools_lock);
+  return p;
+}
 
 /* Destroys c's graphs (before a buffer they use goes). */
 void drop_graphs(Ctx *c) {
@@ -539,8 +577,10 @@ extern "C" void nwcd_cuda_trim(int dev) {
   memcpy(idle, p.idle, sizeof(Ctx *) * n);
   p.n = 0;
   pthread_mutex_unlock(&p.lock);
-  if (n && cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
+  if (cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
   for (int i = 0; i < n; i++) ctx_destroy(idle[i]);
+  cudaMemPool_t cp = copy_pool_if_any(dev); /* what a last free has not given back yet */
+  if (cp && cudaMemPoolTrimTo(cp, 0) != cudaSuccess) cudaGetLastError();
 }
 
 extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -560,6 +600,8 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
                      (unsigned long long)b->nblocks, (unsigned long long)b->rows,
                      (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
+  cudaMemPool_t pool;
+  TRY(copy_pool(dev, &pool));
   uint32_t tab[NWC_TAB_ENTRIES];
   TRY(nwc_build_tab(b->psym, b->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -568,17 +610,17 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   memset(&cp->k, 0, sizeof cp->k);
   cp->bytes = kTabSpace + b->length;
   uint8_t *mem = nullptr;
-  cudaError_t e = cudaMalloc((void **)&mem, cp->bytes);
+  cudaError_t e = cudaMallocFromPoolAsync((void **)&mem, cp->bytes, pool, st);
   int rc = e == cudaErrorMemoryAllocation
-               ? nwc__fail(-ENOMEM, "cudaMalloc of %llu bytes failed on cuda:%d",
+               ? nwc__fail(-ENOMEM, "no device memory for a copy of %llu bytes on cuda:%d",
                            (unsigned long long)cp->bytes, dev)
-               : fail_cuda(e, "cudaMalloc of a device copy");
+               : fail_cuda(e, "cudaMallocFromPoolAsync of a device copy");
   /* from pageable memory: tab is staged before the call returns, the copy follows in order */
   if (rc == 0)
     rc = fail_cuda(cudaMemcpyAsync(mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
                    "copy of the lookup table");
   if (rc < 0) {
-    if (mem) cudaStreamSynchronize(st), cudaFree(mem);
+    if (mem && cudaFreeAsync(mem, st) == cudaSuccess) cudaStreamSynchronize(st);
     cudaGetLastError();
     delete cp;
     return rc;
@@ -613,8 +655,15 @@ extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
 extern "C" void nwcd_cuda_free(void *dcopy) {
   Copy *cp = static_cast<Copy *>(dcopy);
   if (!cp) return;
-  cudaSetDevice(cp->dev);
-  nwc_k_tensor_free(&cp->k);
+  /* Back into the pool on a stream of the device (no request uses the copy any more), and from
+   * there to the device at the synchronization; cudaFree, which waits for the whole device, only
+   * if no context can be had. */
+  Lease lease;
+  if (lease.take(cp->dev) < 0 || cudaFreeAsync(cp->k.owned, lease.c->stream) != cudaSuccess ||
+      cudaStreamSynchronize(lease.c->stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(cp->k.owned);
+  }
   delete cp;
 }
 

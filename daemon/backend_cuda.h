@@ -27,7 +27,8 @@ extern "C" {
 int nwcd_cuda_devices(int *n);
 /* Device memory of dev: free and total bytes (cudaMemGetInfo). */
 int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
-/* Frees dev's idle work contexts (streams, events, work and staging buffers). */
+/* Frees dev's idle work contexts (streams, events, work and staging buffers) and gives what its
+ * copy pool still keeps back to the device (residency calls it when dev holds no tensor). */
 void nwcd_cuda_trim(int dev);
 /* The catalog's description of a blob (nwc_tensor_info's decoder parameters). */
 typedef struct nwcd_blob_desc {
@@ -37,9 +38,9 @@ typedef struct nwcd_blob_desc {
   uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no scales */
 } nwcd_blob_desc;
 /* A device copy on dev whose blob the caller fills: *blob gets where its length bytes go (device
- * memory).  Its lookup table, built here, is copied into it in the order of stream (a
- * cudaStream_t of dev, e.g. the loader's ring's), which the caller synchronizes before anything
- * else uses the copy.  -ENOMEM when cudaMalloc fails,
+ * memory).  The copy is allocated from dev's copy pool and its lookup table, built here, copied
+ * into it, both in the order of stream (a cudaStream_t of dev, e.g. the loader's ring's), which
+ * the caller synchronizes before anything else uses the copy.  -ENOMEM when device memory runs out,
  * -EBADMSG for a shape the catalog's block count does not match.  Free with nwcd_cuda_free. */
 int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void **dcopy,
                          void **blob);

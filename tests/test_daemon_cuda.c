@@ -18,9 +18,10 @@
  *      memory, evictions and requests interleaved at random, every reply checked, ps showing
  *      where each tensor lives, the device never over its budget; then after evicting everything
  *      the GPU's free memory (cudaMemGetInfo) is back exactly where it was before.
- *   3. This process takes all the GPU memory it can while a small tensor is resident: a load of
- *      the largest one, which the budget allows, fails to allocate, the daemon evicts the small
- *      one and retries, then fails the request with ENOMEM ("... after evicting ... and
+ *   3. (Run last, on a second daemon of the same store with a 1 GiB budget.)  This process takes
+ *      all the GPU memory it can while a small tensor is resident: a load of a large matrix
+ *      written here, which the budget allows, fails to allocate, the daemon evicts the small one
+ *      and retries, then fails the request with ENOMEM ("... after evicting ... and
  *      retrying"); once the memory is given back it loads and computes as before.
  *   4. fp8: the sample imported with elem fp8 (matrices quantized, 1-D tensors kept BF16), each
  *      matrix loaded onto cuda:0 alone (ps says so): dequant equal bit for bit to the
@@ -343,19 +344,26 @@ static void budget_step(nwc_client *c, bool *on_cpu) {
 
 /* 3. Device memory that runs out although the budget allows a load (this process holds the
  * rest of the GPU): the daemon evicts the least recently used copy, retries once, and then fails
- * the request with ENOMEM; it goes on serving once memory is back. */
+ * the request with ENOMEM; it goes on serving once memory is back.  The load that fails is of a
+ * matrix written here, 8192 x 8192 (about 90 MiB of container), far larger than what evicting
+ * the small tensor gives back (its copy, and with it any chunk of the daemon's memory pool that
+ * held only that copy), so that the retry fails too whatever the pool's chunk size. */
 static void oom_steps(nwc_client *c) {
   nwc_client_tensor *ts;
   size_t n;
   CHECK_RC(nwc_client_tensors(c, "use", &ts, &n));
-  size_t a = 0, b = n;
-  for (size_t i = 1; i < n; i++)
-    if (ts[i].nwc_bytes > ts[a].nwc_bytes) a = i;
-  for (size_t i = 0; i < n; i++) /* the largest under a quarter of a's size */
-    if (4 * ts[i].nwc_bytes < ts[a].nwc_bytes && (b == n || ts[i].nwc_bytes > ts[b].nwc_bytes))
-      b = i;
-  CHECK(b < n, "no second tensor for the out-of-memory steps");
-  if (b == n) return free(ts);
+  size_t b = 0;
+  for (size_t i = 1; i < n; i++) /* the sample's largest: a few MiB */
+    if (ts[i].nwc_bytes > ts[b].nwc_bytes) b = i;
+  const uint64_t M = 8192, K = 8192;
+  uint16_t *w = malloc(M * K * 2);
+  for (uint64_t i = 0; i < M * K; i++) w[i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
+  st_spec sp = {"big.w", "BF16", 2, {M, K}, w, M * K * 2};
+  char path[600];
+  snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
+  CHECK_RC(st_write(path, &sp, 1));
+  CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
+  unlink(path);
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
   budget_step_matvec(c, ts[b].name); /* the daemon's stream and work buffers exist before */
   static void *hold[400000];
@@ -366,19 +374,26 @@ static void oom_steps(nwc_client *c) {
   cudaGetLastError();
   nwc_client_counters s0, s1;
   CHECK_RC(nwc_client_stats(c, &s0));
-  int rc = nwc_client_load_on(c, "use", ts[a].name, 0, NULL, NULL, NULL);
+  int rc = nwc_client_load_on(c, "big", "big.w", 0, NULL, NULL, NULL);
   const char *msg = rc ? nwc_client_last_error() : "";
-  printf("oom: %.1f MiB left; load of %.1f MiB: %d %s\n", gpu_free() / 1048576.0,
-         ts[a].nwc_bytes / 1048576.0, rc, msg);
+  printf("oom: %.1f MiB left; load of big.w: %d %s\n", gpu_free() / 1048576.0, rc, msg);
   CHECK(rc == -ENOMEM && strstr(msg, "retrying"), "load with the GPU full: %d %s", rc, msg);
   CHECK_RC(nwc_client_stats(c, &s1));
   CHECK(s1.evictions > s0.evictions, "the failed allocation evicted nothing (%llu -> %llu)",
         (unsigned long long)s0.evictions, (unsigned long long)s1.evictions);
   for (size_t i = 0; i < nhold; i++) cudaFree(hold[i]);
-  CHECK_RC(nwc_client_load_on(c, "use", ts[a].name, 0, NULL, NULL, NULL)); /* still serving */
-  budget_step_matvec(c, ts[a].name);
+  CHECK_RC(nwc_client_load_on(c, "big", "big.w", 0, NULL, NULL, NULL)); /* still serving */
+  CHECK(ps_device(c, "big", "big.w") == 0, "big.w is not on cuda:0");
+  td_tensor tw = {"big.w", M, K, w, NULL};
+  float *x = malloc(K * 4), *y = malloc(M * 4);
+  for (uint64_t k = 0; k < K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  rc = nwc_client_matvec(c, "big", "big.w", NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
+  CHECK(rc == 0 && td_matvec_err(&tw, x, 1.0, NULL, y) <= 1e-5, "matvec big.w after running out: "
+        "%d %s", rc, rc ? nwc_client_last_error() : "wrong values");
+  budget_step_matvec(c, ts[b].name);
+  CHECK_RC(nwc_client_remove(c, "big"));
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  free(ts);
+  free(x), free(y), free(w), free(ts);
 }
 
 /* 4. fp8 through the GPU path, matrix by matrix (the budget holds one at a time). */
@@ -521,8 +536,16 @@ int main(int argc, char **argv) {
         (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.resident_bytes);
   CHECK(free1 == free0, "device memory did not come back: %llu -> %llu",
         (unsigned long long)free0, (unsigned long long)free1);
-  oom_steps(c);
   fp8_steps(c);
+  nwc_client_free(c);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  /* 3. again with a budget that allows the large load (the same store) */
+  const char *more[] = {"--gpu-budget", "1G", NULL};
+  d = td_start_daemon(more);
+  CHECK(d > 0, "nwcd did not start again");
+  if (d <= 0) return td_show_log(), 1;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  oom_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();
