@@ -325,11 +325,17 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
                       .off_scale = ti->off_scale};
   memcpy(b.psym, ti->psym, sizeof b.psym);
   void *blob = NULL;
-  rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(rings[dev][k]), dcopy, &blob);
-  if (rc == 0 && ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
+  if (ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
     rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
+  uint64_t t0 = nwcd_now_ns();
+  nwcd_gpu_ring *g = rings[dev][k];
+  if (rc == 0) /* from here on the load synchronizes the ring's stream, failed or not */
+    rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), nwcd_gpu_ring_side(g), dcopy,
+                              &blob);
+  uint64_t alloc_ns = nwcd_now_ns() - t0;
   nwcd_load_opts o = {.checkers = 1, .hot = true, .piece = RING_PIECE};
-  if (rc == 0) rc = nwcd_load_to_device(rings[dev][k], ti, blob, &o, li);
+  if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
+  if (li) li->alloc_ns = alloc_ns;
   ring_give(dev, k);
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
   if (rc < 0) {

@@ -10,7 +10,8 @@
  *     kernel tensor's arrays point at the blob's sections (64-aligned in the blob, the blob
  *     256-aligned).  The blob's structure was validated at import and its bytes are the
  *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  The table
- *     goes up on the loader's ring stream ahead of the blob, so a load waits once, at its end.
+ *     is built in the ring's pinned side buffer and goes up on its stream ahead of the blob, so
+ *     a load waits once, at its end.
  *     Copies come from the device's own memory pool (cudaMallocFromPoolAsync on that stream),
  *     not cudaMalloc: 16 load lanes calling cudaMalloc beside each other's copies lost 16 % of a
  *     warm load to it, the pool nothing measurable (docs/results.md).  The pool's release
@@ -591,8 +592,8 @@ extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_
   return 0;
 }
 
-extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void **dcopy,
-                                    void **blob) {
+extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
+                                    void **dcopy, void **blob) {
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   uint64_t lay[4];
   TRY(nwc_layout(b->rows, b->cols, b->elem, lay));
@@ -602,7 +603,7 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
                      (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
   cudaMemPool_t pool;
   TRY(copy_pool(dev, &pool));
-  uint32_t tab[NWC_TAB_ENTRIES];
+  uint32_t *tab = static_cast<uint32_t *>(stage);
   TRY(nwc_build_tab(b->psym, b->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   Copy *cp = new (std::nothrow) Copy;
@@ -615,9 +616,8 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
                ? nwc__fail(-ENOMEM, "no device memory for a copy of %llu bytes on cuda:%d",
                            (unsigned long long)cp->bytes, dev)
                : fail_cuda(e, "cudaMallocFromPoolAsync of a device copy");
-  /* from pageable memory: tab is staged before the call returns, the copy follows in order */
   if (rc == 0)
-    rc = fail_cuda(cudaMemcpyAsync(mem, tab, sizeof tab, cudaMemcpyHostToDevice, st),
+    rc = fail_cuda(cudaMemcpyAsync(mem, tab, kTabSpace, cudaMemcpyHostToDevice, st),
                    "copy of the lookup table");
   if (rc < 0) {
     if (mem && cudaFreeAsync(mem, st) == cudaSuccess) cudaStreamSynchronize(st);

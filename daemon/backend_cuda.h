@@ -38,12 +38,14 @@ typedef struct nwcd_blob_desc {
   uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no scales */
 } nwcd_blob_desc;
 /* A device copy on dev whose blob the caller fills: *blob gets where its length bytes go (device
- * memory).  The copy is allocated from dev's copy pool and its lookup table, built here, copied
- * into it, both in the order of stream (a cudaStream_t of dev, e.g. the loader's ring's), which
- * the caller synchronizes before anything else uses the copy.  -ENOMEM when device memory runs out,
+ * memory).  The copy is allocated from dev's copy pool and its lookup table, built here in stage
+ * (pinned host memory of NWC_TAB_ENTRIES * 4 bytes at least, e.g. the ring's side buffer),
+ * copied into it, both in the order of stream (a cudaStream_t of dev, e.g. the loader's ring's),
+ * which the caller synchronizes before anything else uses the copy or stage.  -ENOMEM when device
+ * memory runs out,
  * -EBADMSG for a shape the catalog's block count does not match.  Free with nwcd_cuda_free. */
-int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void **dcopy,
-                         void **blob);
+int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
+                         void **dcopy, void **blob);
 /* After the blob is in place: points the copy's arrays at its sections and, when it has
  * per-row scales, copies them (rows floats) to host scale. */
 int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale);

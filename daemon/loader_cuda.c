@@ -31,6 +31,7 @@ struct nwcd_gpu_ring {
   unsigned *fifo;  /* slots with a copy queued, oldest first */
   unsigned nslots, head, count;
   void *mem;
+  void *side; /* NWCD_GPU_RING_SIDE bytes of pinned memory (nwcd_gpu_ring_side) */
   pthread_mutex_t lock; /* one load at a time */
 };
 
@@ -82,6 +83,7 @@ void nwcd_gpu_ring_free(nwcd_gpu_ring *g) {
     if (g->ev[s]) cudaEventDestroy(g->ev[s]);
   if (g->stream) cudaStreamDestroy(g->stream);
   if (g->mem) cudaHostUnregister(g->mem);
+  if (g->side) cudaFreeHost(g->side);
   nwcd_ring_free(g->ring);
   pthread_mutex_destroy(&g->lock);
   free(g->ev), free(g->fifo), free(g);
@@ -105,11 +107,12 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaHostRegister(mem, len, cudaHostRegisterDefault);
   if (e == cudaSuccess) g->mem = mem;
+  if (e == cudaSuccess) e = cudaHostAlloc(&g->side, NWCD_GPU_RING_SIDE, cudaHostAllocDefault);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
   for (unsigned s = 0; e == cudaSuccess && g->ev && s < g->nslots; s++)
     e = cudaEventCreateWithFlags(&g->ev[s], cudaEventDisableTiming | cudaEventBlockingSync);
   rc = !g->ev || !g->fifo ? nwc__fail(-ENOMEM, "no memory for a GPU ring")
-       : e != cudaSuccess ? cuda_fail(e, "GPU ring (cudaHostRegister, stream, events)")
+       : e != cudaSuccess ? cuda_fail(e, "GPU ring (cudaHostRegister, side buffer, stream, events)")
                           : 0;
   if (rc < 0) {
     nwcd_gpu_ring_free(g);
@@ -121,6 +124,8 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
 
 void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g) { return g->stream; }
 
+void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g) { return g->side; }
+
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li) {
   NWC_RETURN_IF(!g || !ti || !dev, -EINVAL, "nwcd_load_to_device: missing argument");
@@ -131,8 +136,8 @@ int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
   pthread_mutex_lock(&g->lock);
   g->head = g->count = 0;
   int rc = nwcd_ring_load(g->ring, ti, o, &sink, li);
-  if (rc == 0 && (e = cudaStreamSynchronize(g->stream)) != cudaSuccess)
-    rc = cuda_fail(e, "the copies to the device");
+  e = cudaStreamSynchronize(g->stream); /* also what was queued before, when the load failed */
+  if (rc == 0 && e != cudaSuccess) rc = cuda_fail(e, "the copies to the device");
   pthread_mutex_unlock(&g->lock);
   return rc;
 }

@@ -159,9 +159,9 @@ typedef struct nwcd_load_info {
   uint64_t micros;
   /* where the loading thread's time went (ns): in io_uring waiting for reads (hot loads: also
    * copying them), checking chunks (its share; helper threads check beside it), in the sink
-   * (ring loads: consume and reclaim without waiting) and waiting for the sink to give slots
-   * back */
-  uint64_t wait_ns, check_ns, sink_ns, drain_ns;
+   * (ring loads: consume and reclaim without waiting), waiting for the sink to give slots
+   * back, and making the destination before (a device copy: allocating it, its lookup table) */
+  uint64_t wait_ns, check_ns, sink_ns, drain_ns, alloc_ns;
 } nwcd_load_info;
 
 /* Bytes of a blob read and checked so far (monotonic, chunk by chunk), of total. */
@@ -259,12 +259,19 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
 void nwcd_gpu_ring_free(nwcd_gpu_ring *g);
 /* Streams ti's blob into dev (ti->length bytes of device memory on the ring's device), chunks
  * checked on the way; returns when the bytes are on the device, or the first error (-EBADMSG
- * naming the chunk, -EIO with the CUDA error).  One load at a time per ring (others wait). */
+ * naming the chunk, -EIO with the CUDA error), either way with the ring's stream idle.  One load
+ * at a time per ring (others wait). */
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li);
 /* The ring's stream (a cudaStream_t) on which its copies go: work queued on it before a load
  * (the copy's allocation) is ordered before the load's copies and done when the load returns. */
 void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g);
+/* NWCD_GPU_RING_SIDE bytes of pinned host memory beside the ring, for a small copy queued on its
+ * stream before a load (a copy's lookup table: from pinned memory the copy is truly
+ * asynchronous, where one from pageable memory is staged by the driver first); the ring's
+ * again when the load returns. */
+#define NWCD_GPU_RING_SIDE (64u << 10)
+void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g);
 
 /* ---- residency --------------------------------------------------------------------------- */
 

@@ -310,7 +310,7 @@ static void load_lane(void *ctx, uint64_t lane) {
     uint64_t ns = nwcd_now_ns() - t0;
     pthread_mutex_lock(&c->lock);
     c->sum.micros += ns / 1000, c->sum.wait_ns += li.wait_ns, c->sum.check_ns += li.check_ns;
-    c->sum.sink_ns += li.sink_ns, c->sum.drain_ns += li.drain_ns;
+    c->sum.sink_ns += li.sink_ns, c->sum.drain_ns += li.drain_ns, c->sum.alloc_ns += li.alloc_ns;
     if (rc < 0 && c->rc == 0) {
       c->rc = rc;
       snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
@@ -378,11 +378,11 @@ static int op_residency(nwcd_job *j) {
     const nwcd_load_info *s = &lc.sum;
     double per = 1e-6 / (double)lanes; /* ns summed over the lanes -> ms per lane */
     nwcd_log(NWCD_LOG_DEBUG, "load %s: per lane (%zu) %.2f ms = reads %.2f + checks %.2f + sink "
-             "%.2f + drain %.2f + the rest (allocating, opening, residency) %.2f", r->model,
-             lanes, s->micros * 1e3 * per, s->wait_ns * per, s->check_ns * per,
-             s->sink_ns * per, s->drain_ns * per,
-             (s->micros * 1e3 - (double)(s->wait_ns + s->check_ns + s->sink_ns + s->drain_ns)) *
-                 per);
+             "%.2f + drain %.2f + allocating %.2f + the rest (opening, residency) %.2f",
+             r->model, lanes, s->micros * 1e3 * per, s->wait_ns * per, s->check_ns * per,
+             s->sink_ns * per, s->drain_ns * per, s->alloc_ns * per,
+             (s->micros * 1e3 - (double)(s->wait_ns + s->check_ns + s->sink_ns + s->drain_ns +
+                                         s->alloc_ns)) * per);
     if (rc < 0) nwc__fail(rc, "%s", lc.msg);
     else send_progress(&pc, total, total, true);
   }
