@@ -312,7 +312,31 @@ static void ring_give(int dev, unsigned k) {
   pthread_mutex_unlock(&rings_lock);
 }
 
-/* dev_load: a device copy whose blob the loader streams through one of dev's rings. */
+/* A blob being loaded onto dev at blob (device memory), as a crew's helper sees it. */
+typedef struct dev_blob {
+  const nwc_tensor_info *ti;
+  int dev;
+  uint8_t *blob;
+} dev_blob;
+
+static const nwcd_load_opts dev_load_opts = {.checkers = 1, .hot = true, .piece = RING_PIECE};
+
+/* A crew helper's part of a blob (nwcd_part_fn): bytes [off, off + len) through a ring of its
+ * own, checked against the blob's chunks from off on. */
+static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
+  const dev_blob *b = ctx;
+  nwcd_load_opts o = dev_load_opts;
+  o.from = off, o.to = off + len;
+  unsigned k;
+  NWC_TRY(ring_take(b->dev, &k));
+  int rc = nwcd_load_to_device(rings[b->dev][k], b->ti, b->blob, &o, li);
+  ring_give(b->dev, k);
+  return rc;
+}
+
+/* dev_load: a device copy whose blob the loader streams through one of dev's rings; with a crew
+ * joined (a model load's lanes), the blob is offered to it, so that lanes with no tensor left
+ * load parts of it from the back, each through a ring of its own. */
 static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
                          nwcd_load_info *li) {
   *dcopy = NULL, *scale = NULL;
@@ -332,11 +356,17 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   if (rc == 0) /* from here on the load synchronizes the ring's stream, failed or not */
     rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), nwcd_gpu_ring_side(g), dcopy,
                               &blob);
+  dev_blob share = {ti, dev, blob};
+  nwcd_load_opts o = dev_load_opts;
+  nwcd_crew *crew = nwcd_crew_joined();
+  if (rc == 0 && crew && (rc = nwcd_gpu_ring_wait(g)) == 0) /* the copy exists for all streams */
+    o.split = nwcd_crew_offer(crew, ti->length, ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK,
+                              cuda_load_part, &share);
   uint64_t alloc_ns = nwcd_now_ns() - t0;
-  nwcd_load_opts o = {.checkers = 1, .hot = true, .piece = RING_PIECE};
   if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
-  if (li) li->alloc_ns = alloc_ns;
   ring_give(dev, k);
+  if (o.split) rc = nwcd_crew_withdraw(o.split, rc);
+  if (li) li->alloc_ns = alloc_ns;
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
   if (rc < 0) {
     nwcd_cuda_free(*dcopy), free(*scale);

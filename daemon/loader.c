@@ -42,7 +42,9 @@
  * in CPU time on the sample model, whose tensors are 4 KiB to 3 MiB) and an uncached one goes
  * to io_uring's workers, still several in flight; what they leave in the page cache is small,
  * and the bytes of a large model are in larger tensors, which take the path above.
- * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.
+ * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.  A load with
+ * nwcd_load_opts.split (an offer to a crew of lanes, crew.c) claims each read before it starts
+ * and ends where the crew's helpers took the rest of the blob over.
  *
  * States of one read (up to depth of them in flight, 32 by default, 1-4 MiB each):
  *
@@ -155,6 +157,10 @@ typedef struct load {
   uint64_t piece;          /* nwcd_load_opts.piece: a hot read's bytes copied at a time */
   uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
   unsigned mode, depth, inflight, nfree;
+  nwcd_split *split;       /* nwcd_load_opts.split: reads claimed from it */
+  uint64_t start, end;     /* the bytes to load: nwcd_load_opts.from and .to; end moves down
+                              to where a split's helpers took over */
+  uint64_t span;           /* end - start as asked: the total that progress reports */
   uint64_t cs, read_size, next, checked, direct_bytes;
   uint64_t wait_ns, check_ns, sink_ns, drain_ns; /* nwcd_load_info's */
   nwcd_progress_fn progress;
@@ -325,8 +331,8 @@ static int thread_engine(engine **out) {
 /* ---- one load ----------------------------------------------------------------------------- */
 
 static void report(load *L) {
-  if (L->progress) L->progress(L->ctx, L->checked, L->ti->length);
-  if (tl_observer) tl_observer(tl_observer_ctx, L->checked, L->ti->length);
+  if (L->progress) L->progress(L->ctx, L->checked, L->span);
+  if (tl_observer) tl_observer(tl_observer_ctx, L->checked, L->span);
 }
 
 static bool page_cached(const load *L, uint64_t off) {
@@ -368,11 +374,17 @@ static void drop(load *L, rd *r) {
 }
 
 static void start_reads(load *L) {
-  while (!L->err && L->next < L->ti->length && L->nfree && (!L->ring || L->ring->nfree)) {
-    uint64_t left = L->ti->length - L->next;
+  while (!L->err && L->next < L->end && L->nfree && (!L->ring || L->ring->nfree)) {
+    uint64_t left = L->end - L->next;
     uint32_t len = (uint32_t)(left < L->read_size ? left : L->read_size);
     uint8_t via = choose_via(L, L->next, len);
     if (L->hot && via == VIA_CACHE && L->inflight) break; /* one at a time, checked while hot */
+    if (L->split) {
+      uint64_t mine = nwcd_split_claim(L->split, L->next, len);
+      if (mine < len) L->end = L->next + mine; /* helpers have the rest */
+      if (!mine) break;
+      len = (uint32_t)mine;
+    }
     int slot = -1;
     uint8_t *dst = L->dst + L->next;
     if (L->ring) {
@@ -501,7 +513,7 @@ static void run(load *L) {
     if (L->ring) reclaim(L, false);
     start_reads(L);
     if (!L->inflight) {
-      if (L->err || L->next >= L->ti->length || !L->ring) break;
+      if (L->err || L->next >= L->end || !L->ring) break;
       unsigned before = L->ring->nfree; /* every slot is with the sink */
       reclaim(L, true);
       if (!L->err && L->ring->nfree == before)
@@ -546,6 +558,8 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   if (!o) o = &defaults;
   memset(L, 0, sizeof *L);
   L->ti = ti, L->eng = e, L->mode = o->mode, L->progress = o->progress, L->ctx = o->ctx;
+  L->split = o->split, L->start = L->next = o->from, L->end = o->to ? o->to : ti->length;
+  L->span = L->end - L->start;
   L->fd_direct = L->fd_cache = -1;
   L->cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
   L->depth = o->depth ? o->depth : DEPTH_DEFAULT;
@@ -562,11 +576,14 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
                 ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
   NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED || L->checkers > CHECKERS_MAX ||
                     (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)) ||
-                    o->piece % L->cs || o->piece > UINT32_MAX || (o->piece && !o->hot),
+                    o->piece % L->cs || o->piece > UINT32_MAX || (o->piece && !o->hot) ||
+                    L->next % L->cs || L->next >= L->end || L->end > ti->length ||
+                    (L->end < ti->length && L->end % L->cs),
                 -EINVAL, "load options: depth %u (1..%u), mode %u, read size %llu and piece %llu "
-                "(chunks; a piece for hot loads only), checkers %u (1..%u)", L->depth, ENTRIES,
-                o->mode, (unsigned long long)o->read_size, (unsigned long long)o->piece,
-                L->checkers, CHECKERS_MAX);
+                "(chunks; a piece for hot loads only), checkers %u (1..%u), bytes %llu to %llu "
+                "(chunks of the blob)", L->depth, ENTRIES, o->mode,
+                (unsigned long long)o->read_size, (unsigned long long)o->piece, L->checkers,
+                CHECKERS_MAX, (unsigned long long)L->next, (unsigned long long)L->end);
   bool small = o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB;
   if (o->read_size) {
     L->read_size = o->read_size;
@@ -598,7 +615,7 @@ static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {
   if (L->fd_direct >= 0) close(L->fd_direct);
   if (L->fd_cache >= 0) close(L->fd_cache);
   if (li) {
-    li->bytes = L->ti->length;
+    li->bytes = L->end - L->start;
     li->direct_bytes = L->direct_bytes;
     li->direct = L->direct_bytes > 0;
     li->micros = (now_ns() - t0) / 1000u;

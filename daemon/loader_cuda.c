@@ -126,6 +126,12 @@ void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g) { return g->stream; }
 
 void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g) { return g->side; }
 
+int nwcd_gpu_ring_wait(nwcd_gpu_ring *g) {
+  cudaError_t e = cudaSetDevice(g->device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "work queued on a GPU ring's stream");
+}
+
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li) {
   NWC_RETURN_IF(!g || !ti || !dev, -EINVAL, "nwcd_load_to_device: missing argument");

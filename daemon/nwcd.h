@@ -151,6 +151,9 @@ void nwcd_host_pages_note(void);
  * as many as that host's 16 cores (docs/results.md, issue 8). */
 #define NWCD_LOAD_LANES 8
 #define NWCD_GPU_LOAD_LANES 16
+/* The most bytes a lane that has run out of tensors takes of another's at once (crew.c): a GPU
+ * ring's slot, 4 MiB. */
+#define NWCD_CREW_PART (4u << 20)
 
 typedef struct nwcd_load_info {
   bool direct;           /* some of it was read with O_DIRECT (from the disk, past the cache) */
@@ -166,6 +169,35 @@ typedef struct nwcd_load_info {
 
 /* Bytes of a blob read and checked so far (monotonic, chunk by chunk), of total. */
 typedef void (*nwcd_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* crew.c: the lanes of one model load help each other finish.  A crew is made per load, each
+ * lane joins it (a thread-local) for its loads; a lane's load of a large blob offers it, reads it
+ * from the front and withdraws the offer when done; a lane with no tensor left helps, taking
+ * parts from the back of the offers through the offer's part function. */
+typedef struct nwcd_crew nwcd_crew;
+typedef struct nwcd_split nwcd_split;
+/* Loads bytes [off, off + len) of an offered blob for a helper: 0 or -errno with a detail. */
+typedef int (*nwcd_part_fn)(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li);
+/* A crew whose helpers take parts of at most part bytes; NULL without memory. */
+nwcd_crew *nwcd_crew_new(uint64_t part);
+void nwcd_crew_free(nwcd_crew *c);
+/* The calling thread's loads offer their blobs to c from now on (NULL: to none). */
+void nwcd_crew_join(nwcd_crew *c);
+nwcd_crew *nwcd_crew_joined(void);
+/* Offers a blob of length bytes (parts at multiples of align, the chunk size) to c; NULL when
+ * it is too small to share (under three parts) or c is NULL: the owner then loads it all. */
+nwcd_split *nwcd_crew_offer(nwcd_crew *c, uint64_t length, uint64_t align, nwcd_part_fn fn,
+                            void *ctx);
+/* The owner's next read, [from, from + len): the bytes of it still the owner's (0: helpers took
+ * the rest of the blob). */
+uint64_t nwcd_split_claim(nwcd_split *s, uint64_t from, uint64_t len);
+/* Ends the offer after the owner's load (rc its result): waits for the parts helpers are
+ * loading; returns rc, else a helper's first error, else 0 (every byte of the blob loaded). */
+int nwcd_crew_withdraw(nwcd_split *s, int rc);
+/* Takes and loads spare parts of c's offers until none has one; their time adds to sum. */
+void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum);
+/* Parts and bytes that helpers took so far. */
+void nwcd_crew_taken(const nwcd_crew *c, uint64_t *parts, uint64_t *bytes);
 
 enum {
   NWCD_LOAD_AUTO = 0, /* page cache where the blob is cached (buffered reads, IOSQE_ASYNC),
@@ -191,6 +223,12 @@ typedef struct nwcd_load_opts {
                          larger than a core's L2 is still checked while its bytes are there */
   nwcd_progress_fn progress; /* may be NULL */
   void *ctx;
+  nwcd_split *split; /* an offer to a crew (crew.c): each read is claimed from it first, so the
+                        load covers the blob's front and leaves the back to the crew's helpers
+                        (its progress then ends short of the blob's length) */
+  uint64_t from, to; /* only bytes [from, to) of the blob, at the same offsets of the destination
+                        (from a multiple of the chunk size, to one or the blob's end; to 0: the
+                        end): a crew helper's part, its chunks named as the blob's */
 } nwcd_load_opts;
 
 /* Reads ti's blob into buf (ti->length bytes, 4096-aligned) on the calling thread's io_uring
@@ -272,6 +310,8 @@ void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g);
  * again when the load returns. */
 #define NWCD_GPU_RING_SIDE (64u << 10)
 void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g);
+/* Waits for what is queued on the ring's stream (before other streams may use its results). */
+int nwcd_gpu_ring_wait(nwcd_gpu_ring *g);
 
 /* ---- residency --------------------------------------------------------------------------- */
 

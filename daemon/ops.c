@@ -267,10 +267,11 @@ static int op_remove(nwcd_job *j) {
 
 /* Loads of a model run in NWCD_LOAD_LANES parallel lanes (NWCD_GPU_LOAD_LANES onto a device,
  * where the backend has as many staging rings: nwcd.h), each lane taking the next tensor, the
- * largest first; the
- * request's own worker is one of them and alone sends progress.  Into host memory too: each lane
- * writes its tensor's fresh memfd through its worker's staging ring (making pages costs more than
- * the read itself, and the lanes make them in parallel, on as many cores as they run on). */
+ * largest first; the request's own worker is one of them and alone sends progress.  Onto a
+ * device the lanes form a crew (crew.c): a lane with no tensor left takes parts of the others'
+ * last ones, so that the lanes end together.  Into host memory too: each lane writes its
+ * tensor's fresh memfd through its worker's staging ring (making pages costs more than the read
+ * itself, and the lanes make them in parallel, on as many cores as they run on). */
 
 typedef struct lanes_ctx {
   nwcd *d;
@@ -279,6 +280,7 @@ typedef struct lanes_ctx {
   size_t n;
   unsigned flags;
   pthread_t owner;
+  nwcd_crew *crew; /* onto a device; NULL into host memory */
   progress_ctx *pc;
   pthread_mutex_t lock;
   size_t next;
@@ -298,11 +300,12 @@ static int larger_first(const void *a, const void *b) {
 static void load_lane(void *ctx, uint64_t lane) {
   (void)lane;
   lanes_ctx *c = ctx;
+  nwcd_crew_join(c->crew);
   for (;;) {
     pthread_mutex_lock(&c->lock);
     size_t i = c->rc == 0 && c->next < c->n ? c->next++ : c->n;
     pthread_mutex_unlock(&c->lock);
-    if (i == c->n) return;
+    if (i == c->n) break;
     nwcd_ref ref;
     nwcd_load_info li;
     uint64_t t0 = nwcd_now_ns();
@@ -323,6 +326,16 @@ static void load_lane(void *ctx, uint64_t lane) {
     if (pthread_equal(pthread_self(), c->owner)) send_progress(c->pc, c->done, c->total, false);
     pthread_mutex_unlock(&c->lock);
   }
+  nwcd_crew_join(NULL);
+  if (!c->crew) return;
+  nwcd_load_info help = {0};
+  uint64_t t0 = nwcd_now_ns();
+  nwcd_crew_help(c->crew, &help);
+  pthread_mutex_lock(&c->lock);
+  c->sum.micros += (nwcd_now_ns() - t0) / 1000, c->sum.wait_ns += help.wait_ns;
+  c->sum.check_ns += help.check_ns, c->sum.sink_ns += help.sink_ns;
+  c->sum.drain_ns += help.drain_ns;
+  pthread_mutex_unlock(&c->lock);
 }
 
 /* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "";
@@ -364,6 +377,7 @@ static int op_residency(nwcd_job *j) {
   int rc = 0;
   unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
   bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1;
+  uint64_t parts = 0, helped = 0; /* taken by lanes that ran out of tensors (crew.c) */
   if (laned) {
     lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
                     .pc = &pc, .total = total};
@@ -372,7 +386,10 @@ static int op_residency(nwcd_job *j) {
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
     if (n < lanes) lanes = n;
     qsort(ti, n, sizeof *ti, larger_first);
+    lc.crew = gpu ? nwcd_crew_new(NWCD_CREW_PART) : NULL; /* without memory: no help */
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
+    if (lc.crew) nwcd_crew_taken(lc.crew, &parts, &helped);
+    nwcd_crew_free(lc.crew);
     pthread_mutex_destroy(&lc.lock);
     res = lc.res, rc = lc.rc;
     const nwcd_load_info *s = &lc.sum;
@@ -415,10 +432,12 @@ static int op_residency(nwcd_job *j) {
   if (rc < 0) return rc;
   res.micros = (nwcd_now_ns() - t0) / 1000;
   if (op == NWC_OP_LOAD || op == NWC_OP_EVICT)
-    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s (%.2f GB/s)",
-             nwc_proto_op_name(op), r->model, r->tensor[0] ? "/" : "", r->tensor,
-             (unsigned long long)res.tensors, (unsigned long long)res.bytes, res.micros / 1e6,
-             res.micros ? res.bytes / (res.micros * 1e3) : 0.0);
+    nwcd_log(NWCD_LOG_INFO, "%s %s%s%s: %llu tensors, %llu bytes in %.3f s (%.2f GB/s; %llu parts, "
+             "%.1f MB, by lanes that had run out of tensors)", nwc_proto_op_name(op), r->model,
+             r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)res.tensors,
+             (unsigned long long)res.bytes, res.micros / 1e6,
+             res.micros ? res.bytes / (res.micros * 1e3) : 0.0, (unsigned long long)parts,
+             helped / 1e6);
   nwc_pw w;
   nwc_pw_init(&w);
   nwc_proto_put_result(&w, &res);

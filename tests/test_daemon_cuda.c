@@ -22,7 +22,10 @@
  *      all the GPU memory it can while a small tensor is resident: a load of a large matrix
  *      written here, which the budget allows, fails to allocate, the daemon evicts the small one
  *      and retries, then fails the request with ENOMEM ("... after evicting ... and
- *      retrying"); once the memory is given back it loads and computes as before.
+ *      retrying"); once the memory is given back it loads that matrix's model (three of
+ *      8192 columns: 8192, 2048 and 512 rows) whole, the lanes of the small ones taking parts
+ *      of the large one (the log says how many: at least one), and every matrix matvecs within
+ *      1e-5 of fp64 and gathers rows (the last, the first, two random) bit for bit.
  *   4. fp8: the sample imported with elem fp8 (matrices quantized, 1-D tensors kept BF16), each
  *      matrix loaded onto cuda:0 alone (ps says so): dequant equal bit for bit to the
  *      quantizer's fp8 values for the original weights (nwc_quantize_fp8, as BF16), a gather of
@@ -342,12 +345,31 @@ static void budget_step(nwc_client *c, bool *on_cpu) {
   }
 }
 
+/* The parts of the last whole-model load that lanes with no tensor left took (the daemon's log:
+ * "load MODEL: ... (... GB/s; N parts, ...)"), or -1 when no such line is there. */
+static long helped_parts(const char *model) {
+  char path[700], key[128], line[1200];
+  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
+  snprintf(key, sizeof key, "load %s: ", model);
+  long parts = -1;
+  FILE *f = fopen(path, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, key), *gbs = at ? strstr(at, "GB/s; ") : NULL;
+    if (gbs) parts = strtol(gbs + 6, NULL, 10);
+  }
+  if (f) fclose(f);
+  return parts;
+}
+
 /* 3. Device memory that runs out although the budget allows a load (this process holds the
  * rest of the GPU): the daemon evicts the least recently used copy, retries once, and then fails
  * the request with ENOMEM; it goes on serving once memory is back.  The load that fails is of a
  * matrix written here, 8192 x 8192 (about 90 MiB of container), far larger than what evicting
  * the small tensor gives back (its copy, and with it any chunk of the daemon's memory pool that
- * held only that copy), so that the retry fails too whatever the pool's chunk size. */
+ * held only that copy), so that the retry fails too whatever the pool's chunk size.  Then the
+ * model of that matrix and two smaller ones is loaded whole: its lanes end unevenly, so the
+ * lanes of the small ones take parts of the large one (the log says how many, at least one),
+ * and every matrix must come out right, matvec against fp64 and gathered rows bit for bit. */
 static void oom_steps(nwc_client *c) {
   nwc_client_tensor *ts;
   size_t n;
@@ -355,13 +377,19 @@ static void oom_steps(nwc_client *c) {
   size_t b = 0;
   for (size_t i = 1; i < n; i++) /* the sample's largest: a few MiB */
     if (ts[i].nwc_bytes > ts[b].nwc_bytes) b = i;
-  const uint64_t M = 8192, K = 8192;
-  uint16_t *w = malloc(M * K * 2);
-  for (uint64_t i = 0; i < M * K; i++) w[i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
-  st_spec sp = {"big.w", "BF16", 2, {M, K}, w, M * K * 2};
+  const uint64_t K = 8192, rows[3] = {8192, 2048, 512};
+  static const char *names[3] = {"big.w", "big.v", "big.u"};
+  uint16_t *w[3];
+  st_spec sp[3];
+  for (int m = 0; m < 3; m++) {
+    w[m] = malloc(rows[m] * K * 2);
+    for (uint64_t i = 0; i < rows[m] * K; i++)
+      w[m][i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
+    sp[m] = (st_spec){names[m], "BF16", 2, {rows[m], K}, w[m], rows[m] * K * 2};
+  }
   char path[600];
   snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
-  CHECK_RC(st_write(path, &sp, 1));
+  CHECK_RC(st_write(path, sp, 3));
   CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
   unlink(path);
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
@@ -382,18 +410,31 @@ static void oom_steps(nwc_client *c) {
   CHECK(s1.evictions > s0.evictions, "the failed allocation evicted nothing (%llu -> %llu)",
         (unsigned long long)s0.evictions, (unsigned long long)s1.evictions);
   for (size_t i = 0; i < nhold; i++) cudaFree(hold[i]);
-  CHECK_RC(nwc_client_load_on(c, "big", "big.w", 0, NULL, NULL, NULL)); /* still serving */
-  CHECK(ps_device(c, "big", "big.w") == 0, "big.w is not on cuda:0");
-  td_tensor tw = {"big.w", M, K, w, NULL};
-  float *x = malloc(K * 4), *y = malloc(M * 4);
-  for (uint64_t k = 0; k < K; k++) x[k] = (float)(test_uniform() * 2 - 1);
-  rc = nwc_client_matvec(c, "big", "big.w", NULL, 1.0f, x, K, 1, 0, y, M * 4, NULL);
-  CHECK(rc == 0 && td_matvec_err(&tw, x, 1.0, NULL, y) <= 1e-5, "matvec big.w after running out: "
-        "%d %s", rc, rc ? nwc_client_last_error() : "wrong values");
+  CHECK_RC(nwc_client_load_on(c, "big", NULL, 0, NULL, NULL, NULL)); /* still serving */
+  long parts = helped_parts("big");
+  printf("big: loaded whole, %ld parts taken by lanes that had run out of tensors\n", parts);
+  CHECK(parts >= 1, "no lane helped load the large matrix (%ld parts)", parts);
+  float *x = malloc(K * 4), *y = malloc(rows[0] * 4);
+  uint16_t *g = malloc(4 * K * 2);
+  for (int m = 0; m < 3; m++) {
+    CHECK(ps_device(c, "big", names[m]) == 0, "%s is not on cuda:0", names[m]);
+    td_tensor tw = {names[m], rows[m], K, w[m], NULL};
+    for (uint64_t k = 0; k < K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+    rc = nwc_client_matvec(c, "big", names[m], NULL, 1.0f, x, K, 1, 0, y, rows[m] * 4, NULL);
+    CHECK(rc == 0 && td_matvec_err(&tw, x, 1.0, NULL, y) <= 1e-5, "matvec %s after running out: "
+          "%d %s", names[m], rc, rc ? nwc_client_last_error() : "wrong values");
+    uint64_t idx[4] = {rows[m] - 1, test_below(rows[m]), test_below(rows[m]), 0};
+    rc = nwc_client_gather(c, "big", names[m], idx, 4, NWC_CLIENT_BF16, g, 4 * K * 2, NULL, NULL);
+    CHECK(rc == 0, "gather %s: %s", names[m], rc ? nwc_client_last_error() : "");
+    for (int k = 0; rc == 0 && k < 4; k++)
+      CHECK(!memcmp(g + k * K, w[m] + idx[k] * K, K * 2), "gather %s row %llu", names[m],
+            (unsigned long long)idx[k]);
+  }
   budget_step_matvec(c, ts[b].name);
   CHECK_RC(nwc_client_remove(c, "big"));
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  free(x), free(y), free(w), free(ts);
+  free(x), free(y), free(g), free(ts);
+  for (int m = 0; m < 3; m++) free(w[m]);
 }
 
 /* 4. fp8 through the GPU path, matrix by matrix (the budget holds one at a time). */

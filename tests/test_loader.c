@@ -10,7 +10,9 @@
  * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
  * options are refused.  A byte flipped in a container fails the load naming the chunk; a
  * truncated container fails naming the end; a load into a file that refuses writes (read-only,
- * sealed) fails naming the tensor.
+ * sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
+ * whether other threads took parts of its back before the load or while it ran, and a flipped
+ * byte in a helper's part fails the owner's load naming the chunk.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -26,6 +28,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -480,6 +483,110 @@ static void test_damage(void) {
   unlink(path);
 }
 
+/* ---- a crew: the back of a blob loaded by other threads (crew.c) ---------------------------- */
+
+typedef struct part_ctx {
+  const nwc_tensor_info *t;
+  uint8_t *buf;
+  unsigned mode;
+} part_ctx;
+
+/* A helper's part: loaded on its own into the same buffer (nwcd_part_fn). */
+static int host_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
+  const part_ctx *p = ctx;
+  nwcd_load_opts o = {.mode = p->mode, .from = off, .to = off + len};
+  return nwcd_load(p->t, p->buf, &o, li);
+}
+
+typedef struct crew_helper {
+  nwcd_crew *crew;
+  atomic_bool stop;
+  pthread_t th;
+} crew_helper;
+
+static void *helper_loop(void *arg) {
+  crew_helper *h = arg;
+  while (!atomic_load(&h->stop)) nwcd_crew_help(h->crew, NULL);
+  return NULL;
+}
+
+/* One load of t offered to a crew (parts of part_mib chunks): with helpers == 0 this thread
+ * helps first (so that the parts are certainly taken), else that many threads help while this
+ * one loads.  Returns the owner's withdraw result; *parts gets what helpers took. */
+static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, uint64_t part_mib,
+                     uint64_t *parts) {
+  nwcd_crew *crew = nwcd_crew_new(part_mib * MIB);
+  unsigned mode = (unsigned)test_below(3);
+  part_ctx pc = {t, buf, mode};
+  nwcd_split *s = nwcd_crew_offer(crew, t->length, MIB, host_part, &pc);
+  CHECK(s != NULL, "a blob of %llu bytes not offered in parts of %llu MiB",
+        (unsigned long long)t->length, (unsigned long long)part_mib);
+  crew_helper h[3];
+  for (unsigned i = 0; i < helpers; i++) {
+    h[i].crew = crew;
+    atomic_store(&h[i].stop, false);
+    pthread_create(&h[i].th, NULL, helper_loop, &h[i]);
+  }
+  if (!helpers) nwcd_crew_help(crew, NULL);
+  nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(32), .hot = test_below(2),
+                      .split = s};
+  int rc = nwcd_load(t, buf, &o, NULL);
+  if (s) rc = nwcd_crew_withdraw(s, rc);
+  for (unsigned i = 0; i < helpers; i++) {
+    atomic_store(&h[i].stop, true);
+    pthread_join(h[i].th, NULL);
+  }
+  uint64_t bytes;
+  nwcd_crew_taken(crew, parts, &bytes);
+  nwcd_crew_free(crew);
+  return rc;
+}
+
+static void test_crew(void) {
+  const nwc_tensor_info *t = &ti[0];
+  uint8_t *ref = file_bytes(t);
+  uint64_t parts = 0;
+  /* too small to share: the owner loads it all */
+  nwcd_crew *crew = nwcd_crew_new(t->length / 2);
+  CHECK(nwcd_crew_offer(crew, t->length, MIB, host_part, NULL) == NULL, "a blob of two parts "
+        "offered");
+  nwcd_crew_free(crew);
+  for (int round = 0; round < 12; round++) {
+    unsigned helpers = round < 4 ? 0 : 1 + (unsigned)test_below(3);
+    uint64_t most = t->length / (3 * MIB); /* parts that leave three to a blob */
+    uint64_t part = 1 + test_below(most < 3 ? most : 3);
+    uint8_t *buf = aligned_garbage(t->length);
+    drop_cache(t->path);
+    int rc = crew_load(t, buf, helpers, part, &parts);
+    CHECK(rc == 0 && !memcmp(buf, ref, t->length), "crew load (%u helpers, parts of %llu MiB): "
+          "%d %s", helpers, (unsigned long long)part, rc, rc ? nwc_error_detail() : "wrong bytes");
+    CHECK(helpers || parts > 0, "the helping thread took no part of %llu bytes",
+          (unsigned long long)t->length);
+    free(buf);
+  }
+  /* a flipped byte in the last chunk: the helper that loaded it fails, the owner's load names it */
+  char path[700];
+  snprintf(path, sizeof path, "%s/damaged-back.nwc", dir);
+  copy_file(t->path, path);
+  nwc_tensor_info c = *t;
+  c.path = path;
+  uint64_t at = t->length - 1 - test_below(t->length - (t->nchunks - 1) * MIB);
+  int fd = open(path, O_RDWR);
+  uint8_t b;
+  CHECK(pread(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pread");
+  b ^= (uint8_t)(1u << test_below(8));
+  CHECK(pwrite(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pwrite");
+  close(fd);
+  char want[64];
+  snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)(t->nchunks - 1));
+  uint8_t *buf = aligned_garbage(t->length);
+  int rc = crew_load(&c, buf, 0, 1, &parts);
+  CHECK(rc == -EBADMSG && strstr(nwc_error_detail(), want), "a bad chunk in a helper's part: %d "
+        "(%s), want EBADMSG naming '%s'", rc, nwc_error_detail(), want);
+  unlink(path);
+  free(buf), free(ref);
+}
+
 /* nwcd_load_fd into files that refuse the writes fails with the write's error, named. */
 static void test_fd_refused(void) {
   const nwc_tensor_info *t = &ti[test_below(nti)];
@@ -592,6 +699,7 @@ int main(int argc, char **argv) {
     test_decode();
     test_threads();
     test_ring();
+    test_crew();
     test_damage();
     test_fd_refused();
     if (access("/dev/shm", W_OK) == 0) load_copy_at("/dev/shm", false);
