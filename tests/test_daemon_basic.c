@@ -83,17 +83,27 @@ static void check_pages_note(void) {
   else CHECK(!said, "a pages line though the kernel has no shmem_enabled file");
 }
 
-/* The flags of the reply to one stats request on fd. */
-static unsigned stats_flags(int fd, uint64_t id) {
+static void send_stats(int fd, uint64_t id) {
   nwc_proto_req r;
   memset(&r, 0, sizeof r);
   r.op = NWC_OP_STATS, r.id = id;
+  CHECK(td_send_req(fd, &r) == 0, "stats %llu not sent", (unsigned long long)id);
+}
+
+/* The flags of the reply to a stats request sent on fd. */
+static unsigned stats_reply_flags(int fd, uint64_t id) {
   nwc_proto_hdr h = {0};
   uint8_t *p = NULL;
-  CHECK(td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0,
-        "stats %llu", (unsigned long long)id);
+  CHECK(td_recv_frame(fd, &h, &p, 5000) == 0 && h.status == 0 && h.id == id, "stats %llu",
+        (unsigned long long)id);
   free(p);
   return h.flags;
+}
+
+/* The flags of the reply to one stats request on fd. */
+static unsigned stats_flags(int fd, uint64_t id) {
+  send_stats(fd, id);
+  return stats_reply_flags(fd, id);
 }
 
 /* NWC_PF_ALONE: set on a final reply to a client that asked for it, when no other connection
@@ -105,11 +115,13 @@ static void check_alone(void) {
   CHECK(stats_flags(a, 2) & NWC_PF_ALONE, "a's first request, nobody else busy: not alone");
   CHECK(stats_flags(a, 3) & NWC_PF_ALONE, "a's second request: not alone");
   CHECK(!(stats_flags(b, 2) & NWC_PF_ALONE), "b did not ask for the flag and got it");
-  /* right after b's request (within 2 ms, unless this process stalls: up to 5 tries) */
+  /* sent right after b's, before either reply is read (within 2 ms of it unless this process
+   * stalls between two writes: up to 5 tries) */
   bool seen = false;
   for (uint64_t id = 4; id < 9 && !seen; id++) {
-    stats_flags(b, id);
-    seen = !(stats_flags(a, id) & NWC_PF_ALONE);
+    send_stats(b, id), send_stats(a, id);
+    seen = !(stats_reply_flags(a, id) & NWC_PF_ALONE);
+    stats_reply_flags(b, id);
   }
   CHECK(seen, "a right after b's request: alone in 5 tries");
   usleep(10000);
