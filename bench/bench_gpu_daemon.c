@@ -1,13 +1,14 @@
 /*
- * bench_gpu_daemon.c - `nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R]
- * [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] [--loader SPEC]...` (CUDA builds): nwcd's
+ * bench_gpu_daemon.c - `nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] [--embed E]
+ * [--rounds R] [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] [--loader SPEC]...` (CUDA builds): nwcd's
  * cuda backend (PATH, default the one built with the bench; --nwcd-verbose: its debug log on
  * stderr, which splits each model load's time) against its baselines, in one run (issue 8).  --keep leaves the temporary
  * directory (model.safetensors, store/) for other benchmarks (nwc-bench load DIR/store) and
  * prints its path last.
  *
  * Writes a synthetic BF16 safetensors file (T tensors of M x K, default 32 of 4096 x 4096 = 1 GiB,
- * normal weights of sigma 0.02: four distinct matrices repeated), starts a real nwcd --backend
+ * normal weights of sigma 0.02: four distinct matrices repeated; with --embed, one more of E x K,
+ * a model whose embedding is far larger than its other tensors), starts a real nwcd --backend
  * cuda on a temporary store, imports it through libnwc-client, then prints JSON lines and a table
  * (stderr):
  *   load   odirect      the container files read with O_DIRECT, 4 MiB at a time (dd iflag=direct)
@@ -90,7 +91,8 @@ static void synth(uint16_t *w, uint64_t n, uint64_t seed) {
 }
 
 /* The safetensors file: T tensors "w.i" of M x K, matrices[i % 4]. */
-static int write_model(unsigned T, uint16_t *const mats[4]) {
+/* T matrices of M x K, then with E > 0 an "embed" of E x K (rows of the four matrices again). */
+static int write_model(unsigned T, uint64_t E, uint16_t *const mats[4]) {
   json_t *h = json_object();
   uint64_t bytes = M * K * 2;
   char name[32];
@@ -100,12 +102,21 @@ static int write_model(unsigned T, uint16_t *const mats[4]) {
                                            (json_int_t)M, (json_int_t)K, "data_offsets",
                                            (json_int_t)(i * bytes), (json_int_t)((i + 1) * bytes)));
   }
+  if (E)
+    json_object_set_new(h, "embed", json_pack("{s:s,s:[I,I],s:[I,I]}", "dtype", "BF16", "shape",
+                                              (json_int_t)E, (json_int_t)K, "data_offsets",
+                                              (json_int_t)(T * bytes),
+                                              (json_int_t)(T * bytes + E * K * 2)));
   char *hs = json_dumps(h, JSON_COMPACT);
   json_decref(h);
   uint64_t hl = (strlen(hs) + 7) & ~7ull;
   FILE *f = fopen(file, "wb");
   int ok = f && fwrite(&hl, 8, 1, f) == 1 && fprintf(f, "%-*s", (int)hl, hs) == (int)hl;
   for (unsigned i = 0; ok && i < T; i++) ok = fwrite(mats[i % 4], 2, M * K, f) == M * K;
+  for (uint64_t r = 0, n; ok && r < E; r += n) {
+    n = E - r < M ? E - r : M;
+    ok = fwrite(mats[(r / M) % 4], 2, n * K, f) == n * K;
+  }
   if (f && fclose(f) != 0) ok = 0;
   free(hs);
   return ok ? 0 : -EIO;
@@ -188,12 +199,14 @@ static void line(const char *bench, const char *item, double seconds, double byt
 
 int nwc_bench_gpu_daemon(int argc, char **argv) {
   unsigned T = 32, R = 3, iters = 2000;
+  uint64_t E = 0;
   bool keep = false;
   const char *log_level = "--quiet";
   const char *specs[32];
   size_t nspecs = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tensors") && i + 1 < argc) T = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--embed") && i + 1 < argc) E = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) M = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) K = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) R = (unsigned)atoi(argv[++i]);
@@ -205,7 +218,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
              nwc_bench_gpu_load_spec(argv[i + 1]) == 0)
       specs[nspecs++] = argv[++i];
     else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
-                                "[--rounds R] [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] "
+                                "[--embed E] [--rounds R] [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] "
                                 "[--loader L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]]...\n"), 2;
   }
   if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
@@ -217,7 +230,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   snprintf(file, sizeof file, "%s/model.safetensors", dir);
   uint16_t *mats[4];
   for (int i = 0; i < 4; i++) mats[i] = malloc(M * K * 2), synth(mats[i], M * K, (uint64_t)i + 1);
-  int rc = write_model(T, mats);
+  int rc = write_model(T, E, mats);
   pid_t pid = fork();
   if (pid == 0) {
     int nul = open("/dev/null", O_WRONLY);
@@ -286,8 +299,8 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   }
   static const char *items[5] = {"odirect", "nwcd_cold", "nwcd_warm", "bf16_cold", "bf16_warm"};
   double med[5];
-  fprintf(stderr, "%u tensors, containers %.1f MB (%zu files), BF16 %.1f MB, %u rounds (median)\n",
-          T, file_bytes / 1e6, nfiles, bf16_bytes / 1e6, R);
+  fprintf(stderr, "%u tensors and an embedding of %llu rows, containers %.1f MB (%zu files), BF16 "
+          "%.1f MB, %u rounds (median)\n", T, (unsigned long long)E, file_bytes / 1e6, nfiles, bf16_bytes / 1e6, R);
   for (int i = 0; i < 5; i++) {
     med[i] = nwc_bench_median(tv[i], R);
     line("load", items[i], med[i], i == 0 ? (double)file_bytes : i < 3 ? (double)blob_bytes : (double)bf16_bytes);

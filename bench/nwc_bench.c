@@ -59,7 +59,8 @@ static void usage(FILE *f) {
         "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
         "  map FILE.safetensors [...]\n"
         "        calls on a mapped tensor against the socket, memory of N mapping processes\n"
-        "  gpu-daemon [--tensors T] [--rows M] [--cols K] [--rounds R] [--iters N]   (CUDA builds)\n"
+        "  gpu-daemon [--tensors T] [--rows M] [--cols K] [--embed E] [--rounds R] [--iters N]\n"
+        "        (CUDA builds)\n"
         "        nwcd --backend cuda: GPU loads vs O_DIRECT and BF16 read + cudaMemcpy, matvec\n"
         "        through the socket vs the bare kernel, 8 clients at once vs in a row\n"
         "Output is JSON lines on stdout; progress and errors go to stderr.\n",

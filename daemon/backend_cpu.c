@@ -312,11 +312,13 @@ static void ring_give(int dev, unsigned k) {
   pthread_mutex_unlock(&rings_lock);
 }
 
-/* A blob being loaded onto dev at blob (device memory), as a crew's helper sees it. */
+/* A blob being loaded onto dev at blob (device memory), as a crew's helper sees it: the memory
+ * is there for other streams once ready (a mark on the owner's ring) has passed. */
 typedef struct dev_blob {
   const nwc_tensor_info *ti;
   int dev;
   uint8_t *blob;
+  void *ready;
 } dev_blob;
 
 static const nwcd_load_opts dev_load_opts = {.checkers = 1, .hot = true, .piece = RING_PIECE};
@@ -327,6 +329,7 @@ static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info 
   const dev_blob *b = ctx;
   nwcd_load_opts o = dev_load_opts;
   o.from = off, o.to = off + len;
+  NWC_TRY(nwcd_gpu_mark_wait(b->ready));
   unsigned k;
   NWC_TRY(ring_take(b->dev, &k));
   int rc = nwcd_load_to_device(rings[b->dev][k], b->ti, b->blob, &o, li);
@@ -356,10 +359,10 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   if (rc == 0) /* from here on the load synchronizes the ring's stream, failed or not */
     rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), nwcd_gpu_ring_side(g), dcopy,
                               &blob);
-  dev_blob share = {ti, dev, blob};
+  dev_blob share = {ti, dev, blob, NULL};
   nwcd_load_opts o = dev_load_opts;
   nwcd_crew *crew = nwcd_crew_joined();
-  if (rc == 0 && crew && (rc = nwcd_gpu_ring_wait(g)) == 0) /* the copy exists for all streams */
+  if (rc == 0 && crew && (rc = nwcd_gpu_ring_mark(g, &share.ready)) == 0)
     o.split = nwcd_crew_offer(crew, ti->length, ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK,
                               cuda_load_part, &share);
   uint64_t alloc_ns = nwcd_now_ns() - t0;

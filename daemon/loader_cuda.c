@@ -28,6 +28,7 @@ struct nwcd_gpu_ring {
   int device;
   cudaStream_t stream;
   cudaEvent_t *ev; /* per slot: after the copy out of it */
+  cudaEvent_t mark; /* nwcd_gpu_ring_mark's */
   unsigned *fifo;  /* slots with a copy queued, oldest first */
   unsigned nslots, head, count;
   void *mem;
@@ -81,6 +82,7 @@ void nwcd_gpu_ring_free(nwcd_gpu_ring *g) {
   if (g->stream) cudaStreamSynchronize(g->stream);
   for (unsigned s = 0; g->ev && s < g->nslots; s++)
     if (g->ev[s]) cudaEventDestroy(g->ev[s]);
+  if (g->mark) cudaEventDestroy(g->mark);
   if (g->stream) cudaStreamDestroy(g->stream);
   if (g->mem) cudaHostUnregister(g->mem);
   if (g->side) cudaFreeHost(g->side);
@@ -109,6 +111,8 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
   if (e == cudaSuccess) g->mem = mem;
   if (e == cudaSuccess) e = cudaHostAlloc(&g->side, NWCD_GPU_RING_SIDE, cudaHostAllocDefault);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&g->mark, cudaEventDisableTiming | cudaEventBlockingSync);
   for (unsigned s = 0; e == cudaSuccess && g->ev && s < g->nslots; s++)
     e = cudaEventCreateWithFlags(&g->ev[s], cudaEventDisableTiming | cudaEventBlockingSync);
   rc = !g->ev || !g->fifo ? nwc__fail(-ENOMEM, "no memory for a GPU ring")
@@ -126,9 +130,15 @@ void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g) { return g->stream; }
 
 void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g) { return g->side; }
 
-int nwcd_gpu_ring_wait(nwcd_gpu_ring *g) {
+int nwcd_gpu_ring_mark(nwcd_gpu_ring *g, void **mark) {
   cudaError_t e = cudaSetDevice(g->device);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+  if (e == cudaSuccess) e = cudaEventRecord(g->mark, g->stream);
+  *mark = g->mark;
+  return e == cudaSuccess ? 0 : cuda_fail(e, "an event on a GPU ring's stream");
+}
+
+int nwcd_gpu_mark_wait(void *mark) {
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)mark);
   return e == cudaSuccess ? 0 : cuda_fail(e, "work queued on a GPU ring's stream");
 }
 

@@ -310,8 +310,10 @@ void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g);
  * again when the load returns. */
 #define NWCD_GPU_RING_SIDE (64u << 10)
 void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g);
-/* Waits for what is queued on the ring's stream (before other streams may use its results). */
-int nwcd_gpu_ring_wait(nwcd_gpu_ring *g);
+/* Marks what is queued on the ring's stream so far (an event: *mark): nwcd_gpu_mark_wait waits
+ * for it from any thread, until the ring's next mark (before another stream uses its results). */
+int nwcd_gpu_ring_mark(nwcd_gpu_ring *g, void **mark);
+int nwcd_gpu_mark_wait(void *mark);
 
 /* ---- residency --------------------------------------------------------------------------- */
 
