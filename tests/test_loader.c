@@ -441,6 +441,16 @@ static void expect_failure(const nwc_tensor_info *t, int want, const char *text,
   free(buf);
 }
 
+/* Flips a random bit of the byte at file offset at. */
+static void flip_bit(const char *path, uint64_t at) {
+  int fd = open(path, O_RDWR);
+  uint8_t b;
+  CHECK(pread(fd, &b, 1, (off_t)at) == 1, "pread %s", path);
+  b ^= (uint8_t)(1u << test_below(8));
+  CHECK(pwrite(fd, &b, 1, (off_t)at) == 1, "pwrite %s", path);
+  close(fd);
+}
+
 static void copy_file(const char *from, const char *to) {
   size_t n = 0;
   FILE *f = fopen(from, "rb");
@@ -465,12 +475,7 @@ static void test_damage(void) {
   /* a flipped byte: the chunk that holds it is named */
   copy_file(t->path, path);
   uint64_t at = test_below(t->length), chunk = at / MIB;
-  int fd = open(path, O_RDWR);
-  uint8_t b;
-  CHECK(pread(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pread");
-  b ^= (uint8_t)(1u << test_below(8));
-  CHECK(pwrite(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pwrite");
-  close(fd);
+  flip_bit(path, t->offset + at);
   char want[64];
   snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)chunk);
   expect_failure(&c, -EBADMSG, want, "flipped byte");
@@ -512,7 +517,8 @@ static void *helper_loop(void *arg) {
 
 /* One load of t offered to a crew (parts of part_mib chunks): with helpers == 0 this thread
  * helps first (so that the parts are certainly taken), else that many threads help while this
- * one loads.  Returns the owner's withdraw result; *parts gets what helpers took. */
+ * one loads.  Returns the owner's withdraw result; *parts gets what helpers took.  Every byte is
+ * loaded once: the owner's bytes and the helpers' add up to the blob's length. */
 static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, uint64_t part_mib,
                      uint64_t *parts) {
   nwcd_crew *crew = nwcd_crew_new(part_mib * MIB);
@@ -530,7 +536,8 @@ static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, u
   if (!helpers) nwcd_crew_help(crew, NULL);
   nwcd_load_opts o = {.mode = mode, .depth = 1 + (unsigned)test_below(32), .hot = test_below(2),
                       .split = s};
-  int rc = nwcd_load(t, buf, &o, NULL);
+  nwcd_load_info li;
+  int rc = nwcd_load(t, buf, &o, &li);
   if (s) rc = nwcd_crew_withdraw(s, rc);
   for (unsigned i = 0; i < helpers; i++) {
     atomic_store(&h[i].stop, true);
@@ -539,6 +546,9 @@ static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, u
   uint64_t bytes;
   nwcd_crew_taken(crew, parts, &bytes);
   nwcd_crew_free(crew);
+  CHECK(rc < 0 || li.bytes + bytes == t->length, "the owner loaded %llu bytes, helpers %llu, of "
+        "%llu", (unsigned long long)li.bytes, (unsigned long long)bytes,
+        (unsigned long long)t->length);
   return rc;
 }
 
@@ -570,13 +580,7 @@ static void test_crew(void) {
   copy_file(t->path, path);
   nwc_tensor_info c = *t;
   c.path = path;
-  uint64_t at = t->length - 1 - test_below(t->length - (t->nchunks - 1) * MIB);
-  int fd = open(path, O_RDWR);
-  uint8_t b;
-  CHECK(pread(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pread");
-  b ^= (uint8_t)(1u << test_below(8));
-  CHECK(pwrite(fd, &b, 1, (off_t)(t->offset + at)) == 1, "pwrite");
-  close(fd);
+  flip_bit(path, t->offset + t->length - 1 - test_below(t->length - (t->nchunks - 1) * MIB));
   char want[64];
   snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)(t->nchunks - 1));
   uint8_t *buf = aligned_garbage(t->length);
