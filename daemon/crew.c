@@ -31,8 +31,9 @@
 struct nwcd_split {
   nwcd_crew *crew;
   nwcd_split *next;            /* the crew's open offers */
-  uint64_t length, align;      /* the blob's bytes; parts start at multiples of align */
-  uint64_t front, back;        /* the owner claimed [0, front), helpers took [back, length) */
+  uint64_t align;              /* parts start at multiples of it */
+  uint64_t front, back;        /* the owner claimed [0, front), helpers took [back, the blob's
+                                  length) */
   unsigned out;                /* parts that helpers are loading */
   int rc;                      /* the first helper error, its detail in msg */
   char msg[512];
@@ -79,7 +80,7 @@ nwcd_split *nwcd_crew_offer(nwcd_crew *c, uint64_t length, uint64_t align, nwcd_
   if (!c || !align || c->part < align || length < 3 * c->part) return NULL; /* nothing to spare */
   nwcd_split *s = calloc(1, sizeof *s);
   if (!s) return NULL; /* the owner loads it all */
-  s->crew = c, s->length = s->back = length, s->align = align, s->fn = fn, s->ctx = ctx;
+  s->crew = c, s->back = length, s->align = align, s->fn = fn, s->ctx = ctx;
   pthread_mutex_lock(&c->lock);
   s->next = c->open, c->open = s;
   pthread_mutex_unlock(&c->lock);
