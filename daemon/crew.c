@@ -135,10 +135,7 @@ void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum) {
     pthread_mutex_unlock(&c->lock);
     nwcd_load_info li = {0};
     int rc = best->fn(best->ctx, from, len, &li);
-    if (sum) {
-      sum->wait_ns += li.wait_ns, sum->check_ns += li.check_ns, sum->sink_ns += li.sink_ns;
-      sum->drain_ns += li.drain_ns, sum->micros += li.micros;
-    }
+    if (sum) nwcd_load_info_add(sum, &li);
     pthread_mutex_lock(&c->lock);
     if (rc < 0 && best->rc == 0) {
       best->rc = rc;

@@ -610,6 +610,11 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   return 0;
 }
 
+void nwcd_load_info_add(nwcd_load_info *sum, const nwcd_load_info *li) {
+  sum->wait_ns += li->wait_ns, sum->check_ns += li->check_ns, sum->sink_ns += li->sink_ns;
+  sum->drain_ns += li->drain_ns, sum->alloc_ns += li->alloc_ns;
+}
+
 static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {
   if (L->map) munmap(L->map, L->ti->length);
   if (L->fd_direct >= 0) close(L->fd_direct);

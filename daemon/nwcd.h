@@ -166,6 +166,8 @@ typedef struct nwcd_load_info {
    * back, and making the destination before (a device copy: allocating it, its lookup table) */
   uint64_t wait_ns, check_ns, sink_ns, drain_ns, alloc_ns;
 } nwcd_load_info;
+/* Adds li's time split (the *_ns fields) to sum's: several loads' time, taken apart. */
+void nwcd_load_info_add(nwcd_load_info *sum, const nwcd_load_info *li);
 
 /* Bytes of a blob read and checked so far (monotonic, chunk by chunk), of total. */
 typedef void (*nwcd_progress_fn)(void *ctx, uint64_t done, uint64_t total);
@@ -194,7 +196,8 @@ uint64_t nwcd_split_claim(nwcd_split *s, uint64_t from, uint64_t len);
 /* Ends the offer after the owner's load (rc its result): waits for the parts helpers are
  * loading; returns rc, else a helper's first error, else 0 (every byte of the blob loaded). */
 int nwcd_crew_withdraw(nwcd_split *s, int rc);
-/* Takes and loads spare parts of c's offers until none has one; their time adds to sum. */
+/* Takes and loads spare parts of c's offers until none has one; their time split adds to sum
+ * (nwcd_load_info_add; sum may be NULL). */
 void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum);
 /* Parts and bytes that helpers took so far. */
 void nwcd_crew_taken(const nwcd_crew *c, uint64_t *parts, uint64_t *bytes);

@@ -312,8 +312,8 @@ static void load_lane(void *ctx, uint64_t lane) {
     int rc = nwcd_res_acquire(c->d->res, c->r->model, c->ti[i].name, c->flags, &ref, &li);
     uint64_t ns = nwcd_now_ns() - t0;
     pthread_mutex_lock(&c->lock);
-    c->sum.micros += ns / 1000, c->sum.wait_ns += li.wait_ns, c->sum.check_ns += li.check_ns;
-    c->sum.sink_ns += li.sink_ns, c->sum.drain_ns += li.drain_ns, c->sum.alloc_ns += li.alloc_ns;
+    c->sum.micros += ns / 1000;
+    nwcd_load_info_add(&c->sum, &li);
     if (rc < 0 && c->rc == 0) {
       c->rc = rc;
       snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
@@ -332,9 +332,8 @@ static void load_lane(void *ctx, uint64_t lane) {
   uint64_t t0 = nwcd_now_ns();
   nwcd_crew_help(c->crew, &help);
   pthread_mutex_lock(&c->lock);
-  c->sum.micros += (nwcd_now_ns() - t0) / 1000, c->sum.wait_ns += help.wait_ns;
-  c->sum.check_ns += help.check_ns, c->sum.sink_ns += help.sink_ns;
-  c->sum.drain_ns += help.drain_ns;
+  c->sum.micros += (nwcd_now_ns() - t0) / 1000;
+  nwcd_load_info_add(&c->sum, &help);
   pthread_mutex_unlock(&c->lock);
 }
 
