@@ -312,9 +312,12 @@ static void test_threads(void) {
   int before = count_uring_fds();
   uint8_t *buf = aligned_garbage(ti[0].length + 4096);
   CHECK(nwcd_load_blob(&ti[0], buf + 8, NULL, NULL, NULL) == -EINVAL, "unaligned buffer taken");
-  nwcd_load_opts bad[5] = {{.depth = 65}, {.checkers = 5}, {.read_size = MIB + 4096},
-                           {.hot = true, .piece = MIB + 4096}, {.piece = MIB}};
-  for (int k = 0; k < 5; k++)
+  /* ranges: from not a chunk's start, empty, reversed, past the blob, ending inside a chunk */
+  nwcd_load_opts bad[10] = {{.depth = 65}, {.checkers = 5}, {.read_size = MIB + 4096},
+                            {.hot = true, .piece = MIB + 4096}, {.piece = MIB},
+                            {.from = 4096}, {.from = MIB, .to = MIB}, {.from = 2 * MIB, .to = MIB},
+                            {.to = ti[0].length + MIB}, {.to = MIB + 4096}};
+  for (int k = 0; k < 10; k++)
     CHECK(nwcd_load(&ti[0], buf, &bad[k], NULL) == -EINVAL, "bad options %d taken", k);
   for (int k = 0; k < 10; k++) CHECK_RC(nwcd_load_blob(&ti[k % nti], buf, NULL, NULL, NULL));
   free(buf);
