@@ -287,6 +287,7 @@ typedef struct lanes_ctx {
   uint64_t done, total;
   nwc_proto_result res;
   nwcd_load_info sum; /* the lanes' loads added up: their time in acquire (micros), its split */
+  uint64_t t0, last_start, first_end, last_end; /* when the lanes started and ended (ns) */
   int rc;
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
@@ -300,6 +301,7 @@ static int larger_first(const void *a, const void *b) {
 static void load_lane(void *ctx, uint64_t lane) {
   (void)lane;
   lanes_ctx *c = ctx;
+  uint64_t start = nwcd_now_ns() - c->t0;
   nwcd_crew_join(c->crew);
   for (;;) {
     pthread_mutex_lock(&c->lock);
@@ -327,13 +329,17 @@ static void load_lane(void *ctx, uint64_t lane) {
     pthread_mutex_unlock(&c->lock);
   }
   nwcd_crew_join(NULL);
-  if (!c->crew) return;
   nwcd_load_info help = {0};
   uint64_t t0 = nwcd_now_ns();
-  nwcd_crew_help(c->crew, &help);
+  if (c->crew) nwcd_crew_help(c->crew, &help);
+  uint64_t end = nwcd_now_ns();
   pthread_mutex_lock(&c->lock);
-  c->sum.micros += (nwcd_now_ns() - t0) / 1000;
+  c->sum.micros += (end - t0) / 1000;
   nwcd_load_info_add(&c->sum, &help);
+  end -= c->t0;
+  if (start > c->last_start) c->last_start = start;
+  if (!c->first_end || end < c->first_end) c->first_end = end;
+  if (end > c->last_end) c->last_end = end;
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -379,7 +385,7 @@ static int op_residency(nwcd_job *j) {
   uint64_t parts = 0, helped = 0; /* taken by lanes that ran out of tensors (crew.c) */
   if (laned) {
     lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
-                    .pc = &pc, .total = total};
+                    .pc = &pc, .total = total, .t0 = nwcd_now_ns()};
     pthread_mutex_init(&lc.lock, NULL);
     bool gpu = loc >= 0 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
@@ -387,6 +393,7 @@ static int op_residency(nwcd_job *j) {
     qsort(ti, n, sizeof *ti, larger_first);
     lc.crew = gpu ? nwcd_crew_new(NWCD_CREW_PART) : NULL; /* without memory: no help */
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
+    uint64_t done_ns = nwcd_now_ns();
     if (lc.crew) nwcd_crew_taken(lc.crew, &parts, &helped);
     nwcd_crew_free(lc.crew);
     pthread_mutex_destroy(&lc.lock);
@@ -399,6 +406,9 @@ static int op_residency(nwcd_job *j) {
              s->sink_ns * per, s->drain_ns * per, s->alloc_ns * per,
              (s->micros * 1e3 - (double)(s->wait_ns + s->check_ns + s->sink_ns + s->drain_ns +
                                          s->alloc_ns)) * per);
+    nwcd_log(NWCD_LOG_DEBUG, "load %s: the last lane started at %.2f ms, lanes ended at %.2f to "
+             "%.2f ms, the lanes' region returned at %.2f ms", r->model, lc.last_start / 1e6,
+             lc.first_end / 1e6, lc.last_end / 1e6, (done_ns - lc.t0) / 1e6);
     if (rc < 0) nwc__fail(rc, "%s", lc.msg);
     else send_progress(&pc, total, total, true);
   }
