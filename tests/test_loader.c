@@ -11,8 +11,9 @@
  * options are refused.  A byte flipped in a container fails the load naming the chunk; a
  * truncated container fails naming the end; a load into a file that refuses writes (read-only,
  * sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
- * whether other threads took parts of its back before the load or while it ran, and a flipped
- * byte in a helper's part fails the owner's load naming the chunk.
+ * whether other threads took parts of its back before the load or while it ran, parts shrink
+ * toward the blob's end (a helper that goes first leaves the owner less than two chunks), and a
+ * flipped byte in a helper's part fails the owner's load naming the chunk.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -552,6 +553,10 @@ static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, u
   CHECK(rc < 0 || li.bytes + bytes == t->length, "the owner loaded %llu bytes, helpers %llu, of "
         "%llu", (unsigned long long)li.bytes, (unsigned long long)bytes,
         (unsigned long long)t->length);
+  /* parts shrink toward the end: a helper that went first left the owner less than 2 chunks */
+  CHECK(rc < 0 || helpers || li.bytes < 2 * MIB, "a helper that went first left the owner %llu "
+        "bytes of %llu (parts of %llu MiB)", (unsigned long long)li.bytes,
+        (unsigned long long)t->length, (unsigned long long)part_mib);
   return rc;
 }
 
