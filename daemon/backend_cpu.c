@@ -290,10 +290,18 @@ static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
 static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ring_free = PTHREAD_COND_INITIALIZER;
 
-/* A ring of dev for one load (waits while all are busy); -errno if it cannot be made. */
+/* The ring of each device that the calling thread took last, plus one (0: none yet). */
+static _Thread_local unsigned ring_mine[NWCD_MAX_DEVICES];
+
+/* A ring of dev for one load (waits while all are busy); -errno if it cannot be made.  A thread
+ * takes the ring it had last when that one is free: its slots are still in the thread's core's
+ * caches, where a copy into another thread's ring would first fetch every line from that core
+ * (each load lane takes a ring per tensor). */
 static int ring_take(int dev, unsigned *k) {
   pthread_mutex_lock(&rings_lock);
   for (;;) {
+    *k = ring_mine[dev] ? ring_mine[dev] - 1 : 0;
+    if (!ring_busy[dev][*k]) break;
     for (*k = 0; *k < RINGS && ring_busy[dev][*k]; (*k)++) {
     }
     if (*k < RINGS) break;
@@ -301,6 +309,7 @@ static int ring_take(int dev, unsigned *k) {
   }
   int rc = rings[dev][*k] ? 0 : nwcd_gpu_ring_create(dev, RING_BYTES, RING_SLOT, &rings[dev][*k]);
   ring_busy[dev][*k] = rc == 0;
+  if (rc == 0) ring_mine[dev] = *k + 1;
   pthread_mutex_unlock(&rings_lock);
   return rc;
 }
