@@ -160,8 +160,31 @@ static int map_ro(const nwc_tensor_info *ti, host_buf *b) {
   return 0;
 }
 
+/* What parts of ti's blob a crew hands out are multiples of: its checksummed chunks. */
+static uint64_t crew_align(const nwc_tensor_info *ti) {
+  return ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
+}
+
+/* A host copy being written, as a crew's helper sees it: a reused spare's writable mapping, or
+ * else the memfd. */
+typedef struct host_blob {
+  const nwc_tensor_info *ti;
+  void *w;
+  int fd;
+} host_blob;
+
+/* A crew helper's part of a host copy (nwcd_part_fn): bytes [off, off + len) of the blob into the
+ * same memory, through the helper's own staging ring when written into the memfd. */
+static int cpu_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
+  const host_blob *h = ctx;
+  nwcd_load_opts o = {.from = off, .to = off + len};
+  return h->w ? nwcd_load(h->ti, h->w, &o, li) : nwcd_load_fd(h->ti, h->fd, &o, li);
+}
+
 /* host_load: the blob written into a spare of its size or more (cut to it), or into a fresh
- * memfd then mapped; not sealed until it is shared (host_share). */
+ * memfd then mapped; not sealed until it is shared (host_share).  With a crew joined (a model
+ * load's lanes), the blob is offered to it, so that lanes with no tensor left write parts of it
+ * from the back. */
 static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
   size_t len = host_len(ti->length);
   *out = NULL, *locked = false;
@@ -176,7 +199,12 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
     rc = nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s", len, ti->model, ti->name,
                    strerror(errno));
   }
-  if (rc == 0) rc = b.w ? nwcd_load(ti, b.w, NULL, li) : nwcd_load_fd(ti, b.fd, NULL, li);
+  host_blob share = {ti, b.w, b.fd};
+  nwcd_load_opts o = {0};
+  if (rc == 0) o.split = nwcd_crew_offer(nwcd_crew_joined(), ti->length, crew_align(ti),
+                                         cpu_load_part, &share);
+  if (rc == 0) rc = b.w ? nwcd_load(ti, b.w, &o, li) : nwcd_load_fd(ti, b.fd, &o, li);
+  if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
   if (rc == 0 && !reused) rc = map_ro(ti, &b);
   if (rc == 0 && !buf_add(&b)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
   if (rc < 0) {
@@ -372,12 +400,11 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   nwcd_load_opts o = dev_load_opts;
   nwcd_crew *crew = nwcd_crew_joined();
   if (rc == 0 && crew && (rc = nwcd_gpu_ring_mark(g, &share.ready)) == 0)
-    o.split = nwcd_crew_offer(crew, ti->length, ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK,
-                              cuda_load_part, &share);
+    o.split = nwcd_crew_offer(crew, ti->length, crew_align(ti), cuda_load_part, &share);
   uint64_t alloc_ns = nwcd_now_ns() - t0;
   if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
   ring_give(dev, k);
-  if (o.split) rc = nwcd_crew_withdraw(o.split, rc);
+  if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
   if (li) li->alloc_ns = alloc_ns;
   if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
   if (rc < 0) {

@@ -3,10 +3,11 @@
  * offers it (nwcd_crew_offer) and reads it from the front, claiming each read before it starts
  * (nwcd_split_claim, called by loader.c); a lane that has no tensor left to take helps
  * (nwcd_crew_help): it takes the last part of the offer with the most left, from the back, and
- * loads it with the offer's part function (the GPU backend: through a ring of the helper's own,
- * into the same device copy), until no offer has a part to spare.  The offering lane withdraws
+ * loads it with the offer's part function (through a ring of the helper's own, into the same
+ * device copy or host memfd: backend_cpu.c), until no offer has a part to spare.  The offering
+ * lane withdraws
  * its offer when its own reads are done (nwcd_crew_withdraw), waiting for the parts helpers
- * took; the first error of theirs becomes its load's.
+ * took; the first error of theirs becomes its load's, and their bytes count in its load.
  *
  * Why: a model's tensors go to the lanes whole, largest first, so the lanes end unevenly, and
  * the load lasts as long as its slowest lane.  On the H200 host a model of 32 tensors of 23 MB
@@ -17,9 +18,10 @@
  * crew's part size and at most half of what the owner has not claimed yet, so that the owner
  * still has as much to read as the helper and does not wait for it to start.  Parts get smaller
  * toward the end of a blob, down to one chunk: with parts of 4 MiB only while the owner had 8
- * MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart (docs/results.md, session 15).  One lock (the crew's) guards every
- * offer's front (claimed by the owner) and back (taken by helpers); front <= back always, and
- * [0, front) and [back, length) never overlap, so every byte is loaded exactly once.
+ * MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart (docs/results.md, session 15).
+ * One lock (the crew's) guards every offer's front (claimed by the owner) and back (taken by
+ * helpers); front <= back always, and [0, front) and [back, length) never overlap, so every
+ * byte is loaded exactly once.
  */
 #include "nwcd.h"
 
@@ -36,6 +38,7 @@ struct nwcd_split {
   uint64_t align;              /* parts start at multiples of it */
   uint64_t front, back;        /* the owner claimed [0, front), helpers took [back, the blob's
                                   length) */
+  uint64_t taken;              /* bytes helpers took */
   unsigned out;                /* parts that helpers are loading */
   int rc;                      /* the first helper error, its detail in msg */
   char msg[512];
@@ -106,7 +109,7 @@ static uint64_t spare_part(const nwcd_crew *c, const nwcd_split *s) {
   return part < s->align ? s->back : (s->back - part) / s->align * s->align;
 }
 
-int nwcd_crew_withdraw(nwcd_split *s, int rc) {
+int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li) {
   nwcd_crew *c = s->crew;
   pthread_mutex_lock(&c->lock);
   for (nwcd_split **p = &c->open; *p; p = &(*p)->next)
@@ -120,6 +123,7 @@ int nwcd_crew_withdraw(nwcd_split *s, int rc) {
     rc = nwc__fail(-EIO, "bytes %llu to %llu of the blob were left to no lane",
                    (unsigned long long)s->front, (unsigned long long)s->back);
   if (rc == 0 && s->rc < 0) rc = nwc__fail(s->rc, "%s", s->msg);
+  if (li && rc == 0) li->bytes += s->taken; /* the load's: the helpers' parts too */
   free(s);
   return rc;
 }
@@ -134,7 +138,7 @@ void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum) {
         best = s;
     if (!best) break;
     uint64_t from = spare_part(c, best), len = best->back - from;
-    best->back = from, best->out++;
+    best->back = from, best->out++, best->taken += len;
     c->parts++, c->bytes += len;
     pthread_mutex_unlock(&c->lock);
     nwcd_load_info li = {0};

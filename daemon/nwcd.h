@@ -193,9 +193,10 @@ nwcd_split *nwcd_crew_offer(nwcd_crew *c, uint64_t length, uint64_t align, nwcd_
 /* The owner's next read, [from, from + len): the bytes of it still the owner's (0: helpers took
  * the rest of the blob). */
 uint64_t nwcd_split_claim(nwcd_split *s, uint64_t from, uint64_t len);
-/* Ends the offer after the owner's load (rc its result): waits for the parts helpers are
- * loading; returns rc, else a helper's first error, else 0 (every byte of the blob loaded). */
-int nwcd_crew_withdraw(nwcd_split *s, int rc);
+/* Ends the offer after the owner's load (rc its result, li its nwcd_load_info or NULL): waits
+ * for the parts helpers are loading; returns rc, else a helper's first error, else 0 (every byte
+ * of the blob loaded, and the helpers' bytes added to li->bytes). */
+int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li);
 /* Takes and loads spare parts of c's offers until none has one; their time split adds to sum
  * (nwcd_load_info_add; sum may be NULL). */
 void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum);

@@ -267,11 +267,11 @@ static int op_remove(nwcd_job *j) {
 
 /* Loads of a model run in NWCD_LOAD_LANES parallel lanes (NWCD_GPU_LOAD_LANES onto a device,
  * where the backend has as many staging rings: nwcd.h), each lane taking the next tensor, the
- * largest first; the request's own worker is one of them and alone sends progress.  Onto a
- * device the lanes form a crew (crew.c): a lane with no tensor left takes parts of the others'
- * last ones, so that the lanes end together.  Into host memory too: each lane writes its
- * tensor's fresh memfd through its worker's staging ring (making pages costs more than the read
- * itself, and the lanes make them in parallel, on as many cores as they run on). */
+ * largest first; the request's own worker is one of them and alone sends progress.  The lanes
+ * form a crew (crew.c): a lane with no tensor left takes parts of the others' last ones, so that
+ * the lanes end together.  Into host memory each lane writes its tensor's fresh memfd through
+ * its worker's staging ring (making pages costs more than the read itself, and the lanes make
+ * them in parallel, on as many cores as they run on), a helper its part into the same memfd. */
 
 typedef struct lanes_ctx {
   nwcd *d;
@@ -280,7 +280,7 @@ typedef struct lanes_ctx {
   size_t n;
   unsigned flags;
   pthread_t owner;
-  nwcd_crew *crew; /* onto a device; NULL into host memory */
+  nwcd_crew *crew; /* NULL without memory for one: no help */
   progress_ctx *pc;
   pthread_mutex_t lock;
   size_t next;
@@ -391,7 +391,7 @@ static int op_residency(nwcd_job *j) {
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
     if (n < lanes) lanes = n;
     qsort(ti, n, sizeof *ti, larger_first);
-    lc.crew = gpu ? nwcd_crew_new(NWCD_CREW_PART) : NULL; /* without memory: no help */
+    lc.crew = nwcd_crew_new(NWCD_CREW_PART);
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     uint64_t done_ns = nwcd_now_ns();
     if (lc.crew) nwcd_crew_taken(lc.crew, &parts, &helped);

@@ -345,22 +345,6 @@ static void budget_step(nwc_client *c, bool *on_cpu) {
   }
 }
 
-/* The parts of the last whole-model load that lanes with no tensor left took (the daemon's log:
- * "load MODEL: ... (... GB/s; N parts, ...)"), or -1 when no such line is there. */
-static long helped_parts(const char *model) {
-  char path[700], key[128], line[1200];
-  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
-  snprintf(key, sizeof key, "load %s: ", model);
-  long parts = -1;
-  FILE *f = fopen(path, "r");
-  while (f && fgets(line, sizeof line, f)) {
-    const char *at = strstr(line, key), *gbs = at ? strstr(at, "GB/s; ") : NULL;
-    if (gbs) parts = strtol(gbs + 6, NULL, 10);
-  }
-  if (f) fclose(f);
-  return parts;
-}
-
 /* 3. Device memory that runs out although the budget allows a load (this process holds the
  * rest of the GPU): the daemon evicts the least recently used copy, retries once, and then fails
  * the request with ENOMEM; it goes on serving once memory is back.  The load that fails is of a
@@ -411,7 +395,7 @@ static void oom_steps(nwc_client *c) {
         (unsigned long long)s0.evictions, (unsigned long long)s1.evictions);
   for (size_t i = 0; i < nhold; i++) cudaFree(hold[i]);
   CHECK_RC(nwc_client_load_on(c, "big", NULL, 0, NULL, NULL, NULL)); /* still serving */
-  long parts = helped_parts("big");
+  long parts = td_helped_parts("big");
   printf("big: loaded whole, %ld parts taken by lanes that had run out of tensors\n", parts);
   CHECK(parts >= 1, "no lane helped load the large matrix (%ld parts)", parts);
   float *x = malloc(K * 4), *y = malloc(rows[0] * 4);

@@ -10,10 +10,12 @@
  * spares that later loads write into) never leave more shared memory in nwcd than the budget,
  * every tensor still decodes right, a model of smaller blobs (fp8) loaded into the spares cut to
  * size has resident bytes (mapped) equal to its containers' and memfds sealed with F_SEAL_WRITE,
- * and evicting everything returns the memory.
+ * and evicting everything returns the memory.  A model with one matrix far larger than the
+ * others loads with the lanes that ran out of tensors writing parts of it, bit for bit.
  */
 #include "nwc_client.h"
 #include "test_daemon_util.h"
+#include "test_store_util.h" /* st_write */
 
 #include <stdbool.h>
 
@@ -169,6 +171,62 @@ static void test_budget(uint64_t total) {
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
 }
 
+/* A model whose first matrix (8192 x 4096, about 45 MB of container) dwarfs the other two, loaded
+ * whole: the lane of the small ones runs out of tensors and writes parts of the large one into
+ * its memfd (the log says how many: at least one); every matrix decodes bit for bit, the large
+ * one multiplies against fp64, the load counts every byte of the model once, and the resident
+ * bytes are the containers'. */
+static void test_crew(nwc_client *c) {
+  const uint64_t K = 4096, rows[3] = {8192, 256, 128};
+  static const char *names[3] = {"big.w", "big.v", "big.u"};
+  uint16_t *w[3];
+  st_spec sp[3];
+  for (int m = 0; m < 3; m++) {
+    w[m] = malloc(rows[m] * K * 2);
+    for (uint64_t i = 0; i < rows[m] * K; i++)
+      w[m][i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
+    sp[m] = (st_spec){names[m], "BF16", 2, {rows[m], K}, w[m], rows[m] * K * 2};
+  }
+  char path[600];
+  snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
+  CHECK_RC(st_write(path, sp, 3));
+  CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
+  unlink(path);
+  uint64_t total = 0;
+  for (int m = 0; m < 3; m++) {
+    nwc_client_tensor_info ti;
+    CHECK_RC(nwc_client_info(c, "big", names[m], &ti));
+    total += ti.length;
+  }
+  nwc_client_result res;
+  CHECK_RC(nwc_client_load(c, "big", NULL, NULL, NULL, &res));
+  long parts = td_helped_parts("big");
+  CHECK(parts >= 1, "no lane helped write the large matrix (%ld parts)", parts);
+  CHECK(res.tensors == 3 && res.bytes == total, "load: %llu tensors, %llu bytes of %llu",
+        (unsigned long long)res.tensors, (unsigned long long)res.bytes,
+        (unsigned long long)total);
+  CHECK(resident_bytes(c) == total, "resident %llu of %llu", (unsigned long long)resident_bytes(c),
+        (unsigned long long)total);
+  for (int m = 0; m < 3; m++) {
+    uint16_t *got = malloc(rows[m] * K * 2);
+    CHECK_RC(nwc_client_dequant(c, "big", names[m], NWC_CLIENT_BF16, got, rows[m] * K * 2, NULL,
+                                NULL, NULL));
+    CHECK(!memcmp(got, w[m], rows[m] * K * 2), "%s written by %ld helped parts: not the original "
+          "weights", names[m], parts);
+    free(got);
+  }
+  td_tensor tw = {names[0], rows[0], K, w[0], NULL};
+  float *x = malloc(K * 4), *y = malloc(rows[0] * 4);
+  for (uint64_t k = 0; k < K; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  CHECK_RC(nwc_client_matvec(c, "big", names[0], NULL, 1.0f, x, K, 1, 0, y, rows[0] * 4, NULL));
+  double e = td_matvec_err(&tw, x, 1.0, NULL, y);
+  CHECK(e <= 1e-5, "matvec %s: relative error %.3g", names[0], e);
+  printf("big: loaded whole, %ld parts written by lanes that had run out of tensors\n", parts);
+  CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
+  free(x), free(y);
+  for (int m = 0; m < 3; m++) free(w[m]);
+}
+
 /* Loads use/tensor expecting want, with text in the error message; nothing may be resident. */
 static void load_fails(nwc_client *c, const char *tensor, int want, const char *text) {
   int rc = nwc_client_load(c, "use", tensor, NULL, NULL, NULL);
@@ -263,6 +321,7 @@ int main(void) {
   free(x), free(y);
   free(w), free(bad), free(orig);
   test_evict_returns(c, d, total);
+  test_crew(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   test_budget(total);

@@ -311,6 +311,22 @@ static uint16_t td_w(const td_tensor *t, uint64_t i) {
   return v;
 }
 
+/* The parts of the last whole-model load that lanes with no tensor left took (the daemon's log:
+ * "load MODEL: ... (... GB/s; N parts, ...)"), or -1 when no such line is there. */
+__attribute__((unused)) static long td_helped_parts(const char *model) {
+  char path[700], key[128], line[1200];
+  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
+  snprintf(key, sizeof key, "load %s: ", model);
+  long parts = -1;
+  FILE *f = fopen(path, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, key), *gbs = at ? strstr(at, "GB/s; ") : NULL;
+    if (gbs) parts = strtol(gbs + 6, NULL, 10);
+  }
+  if (f) fclose(f);
+  return parts;
+}
+
 /* ||y - ref|| / ||ref|| for y = scale * W x + bias (W's rows times t->row_scale when it has
  * one), reference in fp64. */
 __attribute__((unused)) static double td_matvec_err(const td_tensor *t, const float *x,

@@ -542,7 +542,8 @@ static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, u
                       .split = s};
   nwcd_load_info li;
   int rc = nwcd_load(t, buf, &o, &li);
-  if (s) rc = nwcd_crew_withdraw(s, rc);
+  uint64_t own = li.bytes;
+  if (s) rc = nwcd_crew_withdraw(s, rc, &li);
   for (unsigned i = 0; i < helpers; i++) {
     atomic_store(&h[i].stop, true);
     pthread_join(h[i].th, NULL);
@@ -550,12 +551,12 @@ static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, u
   uint64_t bytes;
   nwcd_crew_taken(crew, parts, &bytes);
   nwcd_crew_free(crew);
-  CHECK(rc < 0 || li.bytes + bytes == t->length, "the owner loaded %llu bytes, helpers %llu, of "
-        "%llu", (unsigned long long)li.bytes, (unsigned long long)bytes,
-        (unsigned long long)t->length);
+  CHECK(rc < 0 || (own + bytes == t->length && li.bytes == t->length), "the owner loaded %llu "
+        "bytes, helpers %llu, of %llu; the load counts %llu", (unsigned long long)own,
+        (unsigned long long)bytes, (unsigned long long)t->length, (unsigned long long)li.bytes);
   /* parts shrink toward the end: a helper that went first left the owner less than 2 chunks */
-  CHECK(rc < 0 || helpers || li.bytes < 2 * MIB, "a helper that went first left the owner %llu "
-        "bytes of %llu (parts of %llu MiB)", (unsigned long long)li.bytes,
+  CHECK(rc < 0 || helpers || own < 2 * MIB, "a helper that went first left the owner %llu "
+        "bytes of %llu (parts of %llu MiB)", (unsigned long long)own,
         (unsigned long long)t->length, (unsigned long long)part_mib);
   return rc;
 }
