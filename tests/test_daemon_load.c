@@ -174,8 +174,8 @@ static void test_budget(uint64_t total) {
 /* A model whose first matrix (8192 x 4096, about 45 MB of container) dwarfs the other two, loaded
  * whole: the lane of the small ones runs out of tensors and writes parts of the large one into
  * its memfd (the log says how many: at least one); every matrix decodes bit for bit, the large
- * one multiplies against fp64, the load counts every byte of the model once, and the resident
- * bytes are the containers'. */
+ * one multiplies against fp64, the load and stats count every byte of the model once, and the
+ * resident bytes are the containers'. */
 static void test_crew(nwc_client *c) {
   const uint64_t K = 4096, rows[3] = {8192, 256, 128};
   static const char *names[3] = {"big.w", "big.v", "big.u"};
@@ -199,7 +199,13 @@ static void test_crew(nwc_client *c) {
     total += ti.length;
   }
   nwc_client_result res;
+  nwc_client_counters s0, s1;
+  CHECK_RC(nwc_client_stats(c, &s0));
   CHECK_RC(nwc_client_load(c, "big", NULL, NULL, NULL, &res));
+  CHECK_RC(nwc_client_stats(c, &s1));
+  CHECK(s1.loads - s0.loads == 3 && s1.load_bytes - s0.load_bytes == total, "stats: %llu loads, "
+        "%llu bytes loaded of %llu", (unsigned long long)(s1.loads - s0.loads),
+        (unsigned long long)(s1.load_bytes - s0.load_bytes), (unsigned long long)total);
   long parts = td_helped_parts("big");
   CHECK(parts >= 1, "no lane helped write the large matrix (%ld parts)", parts);
   CHECK(res.tensors == 3 && res.bytes == total, "load: %llu tensors, %llu bytes of %llu",
