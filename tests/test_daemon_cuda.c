@@ -33,7 +33,7 @@
  *      of fp64 on those values times the quantizer's row scales.
  */
 #include "test_daemon_util.h"
-#include "test_store_util.h" /* st_write */
+#include "test_store_util.h" /* st_write_matrices */
 
 #include "nwc_client.h"
 
@@ -364,16 +364,9 @@ static void oom_steps(nwc_client *c) {
   const uint64_t K = 8192, rows[3] = {8192, 2048, 512};
   static const char *names[3] = {"big.w", "big.v", "big.u"};
   uint16_t *w[3];
-  st_spec sp[3];
-  for (int m = 0; m < 3; m++) {
-    w[m] = malloc(rows[m] * K * 2);
-    for (uint64_t i = 0; i < rows[m] * K; i++)
-      w[m][i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
-    sp[m] = (st_spec){names[m], "BF16", 2, {rows[m], K}, w[m], rows[m] * K * 2};
-  }
   char path[600];
   snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
-  CHECK_RC(st_write(path, sp, 3));
+  CHECK_RC(st_write_matrices(path, names, rows, K, 3, w));
   CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
   unlink(path);
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));

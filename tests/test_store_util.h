@@ -78,6 +78,21 @@ static inline int st_write(const char *path, const st_spec *t, size_t n) {
   return rc;
 }
 
+/* Writes path: a safetensors file of n BF16 matrices names[m] of rows[m] x K, uniform in
+ * [-0.05, 0.05); w[m] gets each one's weights (malloc'ed; the caller frees them). */
+static inline int st_write_matrices(const char *path, const char *const *names,
+                                    const uint64_t *rows, uint64_t K, size_t n, uint16_t **w) {
+  st_spec sp[8];
+  if (n > 8) return -EINVAL;
+  for (size_t m = 0; m < n; m++) {
+    w[m] = malloc(rows[m] * K * 2);
+    for (uint64_t i = 0; i < rows[m] * K; i++)
+      w[m][i] = nwc_f32_to_bf16((float)(test_uniform() - 0.5) * 0.1f);
+    sp[m] = (st_spec){names[m], "BF16", 2, {rows[m], K}, w[m], rows[m] * K * 2};
+  }
+  return st_write(path, sp, n);
+}
+
 /* A fresh temporary directory (static buffer per call site: pass your own). */
 static inline void make_tmpdir(char *buf, size_t n, const char *tag) {
   const char *base = getenv("TMPDIR");
