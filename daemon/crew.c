@@ -3,19 +3,22 @@
  * offers it (nwcd_crew_offer) and reads it from the front, claiming each read before it starts
  * (nwcd_split_claim, called by loader.c); a lane that has no tensor left to take helps
  * (nwcd_crew_help): it takes the last part of the offer with the most left, from the back, and
- * loads it with the offer's part function (through a ring of the helper's own, into the same
- * device copy or host memfd: backend_cpu.c), until no offer has a part to spare.  The offering
- * lane withdraws
- * its offer when its own reads are done (nwcd_crew_withdraw), waiting for the parts helpers
- * took; the first error of theirs becomes its load's, and their bytes count in its load.
+ * loads it with the offer's part function (into the same device copy or host memory, through
+ * the helper's own ring or straight into a reused spare: backend_cpu.c), until no offer has a
+ * part to spare.  The offering lane withdraws its offer when its own reads are done
+ * (nwcd_crew_withdraw): it waits for the parts helpers took, loads itself any part a helper
+ * could not (whatever the helper's reason: its own ring or io_uring may be what failed; the
+ * owner's error, which names a bad chunk, is then the load's), and counts the helpers' bytes,
+ * O_DIRECT bytes and the wait in its load.
  *
  * Why: a model's tensors go to the lanes whole, largest first, so the lanes end unevenly, and
  * the load lasts as long as its slowest lane.  On the H200 host a model of 32 tensors of 23 MB
  * and an embedding of 359 MB loaded warm at 12.9 GB/s, the embedding's lane alone for most of
  * it, and at 34.0 GB/s with the crew (docs/results.md, session 14).
  *
- * A part is whole chunks (the checksums' unit: each part is checked on its own), at most the
- * crew's part size and at most half of what the owner has not claimed yet, so that the owner
+ * A part is whole chunks (the checksums' unit: each part is checked on its own; it starts on
+ * a chunk, rounded up), at most the crew's part size and at most half of what the owner has not
+ * claimed yet, so that the owner
  * still has as much to read as the helper and does not wait for it to start.  Parts get smaller
  * toward the end of a blob, down to one chunk: with parts of 4 MiB only while the owner had 8
  * MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart (docs/results.md, session 15).
@@ -32,6 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+typedef struct range {
+  uint64_t off, len;
+} range;
+
 struct nwcd_split {
   nwcd_crew *crew;
   nwcd_split *next;            /* the crew's open offers */
@@ -39,8 +46,12 @@ struct nwcd_split {
   uint64_t front, back;        /* the owner claimed [0, front), helpers took [back, the blob's
                                   length) */
   uint64_t taken;              /* bytes helpers took */
+  uint64_t direct;             /* of them, read with O_DIRECT */
   unsigned out;                /* parts that helpers are loading */
-  int rc;                      /* the first helper error, its detail in msg */
+  range *failed;               /* parts helpers could not load: the owner loads them */
+  size_t nfailed, cap;
+  int lost;                    /* such a part's error when there was no memory to give it
+                                  back, its detail in msg */
   char msg[512];
   nwcd_part_fn fn;
   void *ctx;
@@ -106,11 +117,12 @@ uint64_t nwcd_split_claim(nwcd_split *s, uint64_t from, uint64_t len) {
  * that the last bytes of the load are shared too; a chunk at least, and the owner keeps one. */
 static uint64_t spare_part(const nwcd_crew *c, const nwcd_split *s) {
   uint64_t half = (s->back - s->front) / 2, part = half < c->part ? half : c->part;
-  return part < s->align ? s->back : (s->back - part) / s->align * s->align;
+  return part < s->align ? s->back : (s->back - part + s->align - 1) / s->align * s->align;
 }
 
 int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li) {
   nwcd_crew *c = s->crew;
+  uint64_t t0 = nwcd_now_ns();
   pthread_mutex_lock(&c->lock);
   for (nwcd_split **p = &c->open; *p; p = &(*p)->next)
     if (*p == s) {
@@ -122,10 +134,32 @@ int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li) {
   if (rc == 0 && s->front < s->back)
     rc = nwc__fail(-EIO, "bytes %llu to %llu of the blob were left to no lane",
                    (unsigned long long)s->front, (unsigned long long)s->back);
-  if (rc == 0 && s->rc < 0) rc = nwc__fail(s->rc, "%s", s->msg);
-  if (li && rc == 0) li->bytes += s->taken; /* the load's: the helpers' parts too */
-  free(s);
+  if (rc == 0 && s->lost < 0) rc = nwc__fail(s->lost, "%s", s->msg);
+  for (size_t i = 0; rc == 0 && i < s->nfailed; i++) { /* its error is the load's */
+    nwcd_load_info pl = {0};
+    rc = s->fn(s->ctx, s->failed[i].off, s->failed[i].len, &pl);
+    s->direct += pl.direct_bytes;
+  }
+  if (li && rc == 0) { /* the load's: the helpers' parts and the wait for them too */
+    li->bytes += s->taken, li->direct_bytes += s->direct;
+    li->direct = li->direct_bytes > 0;
+    li->micros += (nwcd_now_ns() - t0) / 1000;
+  }
+  free(s->failed), free(s);
   return rc;
+}
+
+/* Gives a part a helper could not load back to its owner (c->lock held); false without memory
+ * for it, when the helper's error stays: *failed is set. */
+static bool give_back(nwcd_split *s, uint64_t off, uint64_t len) {
+  if (s->nfailed == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 4;
+    range *a = realloc(s->failed, cap * sizeof *a);
+    if (!a) return false;
+    s->failed = a, s->cap = cap;
+  }
+  s->failed[s->nfailed++] = (range){off, len};
+  return true;
 }
 
 void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum) {
@@ -133,7 +167,7 @@ void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum) {
   for (;;) {
     nwcd_split *best = NULL;
     for (nwcd_split *s = c->open; s; s = s->next)
-      if (s->rc == 0 && spare_part(c, s) < s->back &&
+      if (spare_part(c, s) < s->back &&
           (!best || s->back - s->front > best->back - best->front))
         best = s;
     if (!best) break;
@@ -145,8 +179,10 @@ void nwcd_crew_help(nwcd_crew *c, nwcd_load_info *sum) {
     int rc = best->fn(best->ctx, from, len, &li);
     if (sum) nwcd_load_info_add(sum, &li);
     pthread_mutex_lock(&c->lock);
-    if (rc < 0 && best->rc == 0) {
-      best->rc = rc;
+    if (rc == 0) {
+      best->direct += li.direct_bytes;
+    } else if (!give_back(best, from, len) && !best->lost) {
+      best->lost = rc;
       snprintf(best->msg, sizeof best->msg, "%s", nwc_error_detail());
     }
     best->out--;

@@ -189,7 +189,7 @@ void nwcd_load_observe(nwcd_progress_fn fn, void *ctx) {
   tl_observer_ctx = ctx;
 }
 
-static uint64_t now_ns(void) {
+uint64_t nwcd_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -431,11 +431,11 @@ static void finish(load *L, rd *r) {
 /* A hot read's whole chunks that arrived since the last piece, checked at once, while the
  * thread that copied them still has them in its cache. */
 static void check_piece(load *L, rd *r) {
-  uint64_t t = now_ns();
+  uint64_t t = nwcd_now_ns();
   uint32_t upto = (uint32_t)(r->done / L->cs * L->cs);
   for (; r->checked < upto; r->checked += (uint32_t)L->cs)
     check_chunk(L, r, (r->off + r->checked) / L->cs);
-  L->check_ns += now_ns() - t;
+  L->check_ns += nwcd_now_ns() - t;
 }
 
 static void complete(load *L, rd *r, int res) {
@@ -475,9 +475,9 @@ static void complete(load *L, rd *r, int res) {
 
 /* The sink's reclaim; on its failure every slot not under a read is the ring's again. */
 static void reclaim(load *L, bool wait) {
-  uint64_t t = now_ns();
+  uint64_t t = nwcd_now_ns();
   int rc = L->sink->reclaim(L->sink->ctx, L->ring, wait);
-  *(wait ? &L->drain_ns : &L->sink_ns) += now_ns() - t;
+  *(wait ? &L->drain_ns : &L->sink_ns) += nwcd_now_ns() - t;
   if (rc >= 0) return;
   fail(L, rc);
   nwcd_ring *g = L->ring;
@@ -520,9 +520,9 @@ static void run(load *L) {
         fail(L, nwc__fail(-EIO, "the ring's sink gave no slot back"));
       continue;
     }
-    uint64_t t = now_ns();
+    uint64_t t = nwcd_now_ns();
     int rc = io_uring_submit_and_wait(u, 1);
-    L->wait_ns += now_ns() - t;
+    L->wait_ns += nwcd_now_ns() - t;
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
       abandon(L, rc);
       break;
@@ -534,12 +534,12 @@ static void run(load *L) {
       complete(L, &L->rds[cqe->user_data], cqe->res);
     }
     io_uring_cq_advance(u, seen);
-    t = now_ns();
+    t = nwcd_now_ns();
     check_ready(L);
-    uint64_t t1 = now_ns();
+    uint64_t t1 = nwcd_now_ns();
     for (unsigned k = 0; k < L->nready; k++) finish(L, L->ready[k]);
     L->nready = 0;
-    L->check_ns += t1 - t, L->sink_ns += now_ns() - t1;
+    L->check_ns += t1 - t, L->sink_ns += nwcd_now_ns() - t1;
   }
   if (!L->ring) return;
   while (L->ring->nfree < L->ring->nslots) { /* the sink's work on its slots finishes */
@@ -623,14 +623,14 @@ static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {
     li->bytes = L->end - L->start;
     li->direct_bytes = L->direct_bytes;
     li->direct = L->direct_bytes > 0;
-    li->micros = (now_ns() - t0) / 1000u;
+    li->micros = (nwcd_now_ns() - t0) / 1000u;
     li->wait_ns = L->wait_ns, li->check_ns = L->check_ns;
     li->sink_ns = L->sink_ns, li->drain_ns = L->drain_ns;
   }
 }
 
 int nwcd_load(const nwc_tensor_info *ti, void *buf, const nwcd_load_opts *o, nwcd_load_info *li) {
-  uint64_t t0 = now_ns();
+  uint64_t t0 = nwcd_now_ns();
   if (li) memset(li, 0, sizeof *li);
   NWC_RETURN_IF(!ti || !buf || (uintptr_t)buf % PAGE, -EINVAL, "nwcd_load: no blob or buffer not "
                 "4096-aligned");
@@ -724,7 +724,7 @@ void nwcd_ring_release(nwcd_ring *r, unsigned slot) {
 
 int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
                    const nwcd_sink *sink, nwcd_load_info *li) {
-  uint64_t t0 = now_ns();
+  uint64_t t0 = nwcd_now_ns();
   if (li) memset(li, 0, sizeof *li);
   NWC_RETURN_IF(!r || !ti || !sink || !sink->consume || !sink->reclaim, -EINVAL,
                 "nwcd_ring_load: missing argument");

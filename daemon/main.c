@@ -23,12 +23,6 @@
 
 int nwcd_log_level = NWCD_LOG_INFO;
 
-uint64_t nwcd_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void nwcd_log(int level, const char *fmt, ...) {
   if (level > nwcd_log_level) return;
   static const char *names[] = {"error", "warning", "info", "debug"};

@@ -151,8 +151,8 @@ void nwcd_host_pages_note(void);
  * as many as that host's 16 cores (docs/results.md, issue 8). */
 #define NWCD_LOAD_LANES 8
 #define NWCD_GPU_LOAD_LANES 16
-/* The most bytes a lane that has run out of tensors takes of another's at once (crew.c): a GPU
- * ring's slot, 4 MiB. */
+/* The most bytes a lane that has run out of tensors takes of another's at once (crew.c), onto a
+ * device or into host memory: a GPU ring's slot, 4 MiB. */
 #define NWCD_CREW_PART (4u << 20)
 
 typedef struct nwcd_load_info {
@@ -194,8 +194,9 @@ nwcd_split *nwcd_crew_offer(nwcd_crew *c, uint64_t length, uint64_t align, nwcd_
  * the rest of the blob). */
 uint64_t nwcd_split_claim(nwcd_split *s, uint64_t from, uint64_t len);
 /* Ends the offer after the owner's load (rc its result, li its nwcd_load_info or NULL): waits
- * for the parts helpers are loading; returns rc, else a helper's first error, else 0 (every byte
- * of the blob loaded, and the helpers' bytes added to li->bytes). */
+ * for the parts helpers are loading, then loads itself (the offer's function, on this thread)
+ * each part a helper failed to load; returns rc, else that load's error, else 0 (every byte of
+ * the blob loaded; the helpers' bytes, O_DIRECT bytes and the wait added to li). */
 int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li);
 /* Takes and loads spare parts of c's offers until none has one; their time split adds to sum
  * (nwcd_load_info_add; sum may be NULL). */

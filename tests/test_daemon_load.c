@@ -193,14 +193,20 @@ static void test_crew(nwc_client *c) {
   }
   nwc_client_result res;
   nwc_client_counters s0, s1;
-  CHECK_RC(nwc_client_stats(c, &s0));
-  CHECK_RC(nwc_client_load(c, "big", NULL, NULL, NULL, &res));
-  CHECK_RC(nwc_client_stats(c, &s1));
-  CHECK(s1.loads - s0.loads == 3 && s1.load_bytes - s0.load_bytes == total, "stats: %llu loads, "
-        "%llu bytes loaded of %llu", (unsigned long long)(s1.loads - s0.loads),
-        (unsigned long long)(s1.load_bytes - s0.load_bytes), (unsigned long long)total);
-  long parts = td_helped_parts("big");
-  CHECK(parts >= 1, "no lane helped write the large matrix (%ld parts)", parts);
+  long parts = 0;
+  /* the small ones' lane helps unless a busy machine kept its thread off a core for the whole
+   * load of the large one: up to three loads for one with parts taken */
+  for (int tries = 0; tries < 3 && parts < 1; tries++) {
+    if (tries) CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
+    CHECK_RC(nwc_client_stats(c, &s0));
+    CHECK_RC(nwc_client_load(c, "big", NULL, NULL, NULL, &res));
+    CHECK_RC(nwc_client_stats(c, &s1));
+    CHECK(s1.loads - s0.loads == 3 && s1.load_bytes - s0.load_bytes == total, "stats: %llu "
+          "loads, %llu bytes loaded of %llu", (unsigned long long)(s1.loads - s0.loads),
+          (unsigned long long)(s1.load_bytes - s0.load_bytes), (unsigned long long)total);
+    parts = td_helped_parts("big");
+  }
+  CHECK(parts >= 1, "no lane helped write the large matrix in three loads (%ld parts)", parts);
   CHECK(res.tensors == 3 && res.bytes == total, "load: %llu tensors, %llu bytes of %llu",
         (unsigned long long)res.tensors, (unsigned long long)res.bytes,
         (unsigned long long)total);

@@ -12,8 +12,9 @@
  * truncated container fails naming the end; a load into a file that refuses writes (read-only,
  * sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
  * whether other threads took parts of its back before the load or while it ran, parts shrink
- * toward the blob's end (a helper that goes first leaves the owner less than two chunks), and a
- * flipped byte in a helper's part fails the owner's load naming the chunk.
+ * toward the blob's end (a helper that goes first leaves the owner less than two chunks), a part
+ * a helper fails to load (its ring refused) is loaded by the owner, and a flipped byte in a
+ * helper's part fails the owner's load naming the chunk.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
@@ -498,11 +499,15 @@ typedef struct part_ctx {
   const nwc_tensor_info *t;
   uint8_t *buf;
   unsigned mode;
+  atomic_uint refuse; /* the first calls that fail at once, as a helper whose ring failed */
 } part_ctx;
 
 /* A helper's part: loaded on its own into the same buffer (nwcd_part_fn). */
 static int host_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
-  const part_ctx *p = ctx;
+  part_ctx *p = ctx;
+  for (unsigned n = atomic_load(&p->refuse); n;)
+    if (atomic_compare_exchange_weak(&p->refuse, &n, n - 1))
+      return -ENOMEM;
   nwcd_load_opts o = {.mode = p->mode, .from = off, .to = off + len};
   return nwcd_load(p->t, p->buf, &o, li);
 }
@@ -521,13 +526,14 @@ static void *helper_loop(void *arg) {
 
 /* One load of t offered to a crew (parts of part_mib chunks): with helpers == 0 this thread
  * helps first (so that the parts are certainly taken), else that many threads help while this
- * one loads.  Returns the owner's withdraw result; *parts gets what helpers took.  Every byte is
- * loaded once: the owner's bytes and the helpers' add up to the blob's length. */
+ * one loads; the first refuse parts fail in the helper (the owner loads them when it withdraws).
+ * Returns the owner's withdraw result; *parts gets what helpers took.  Every byte is loaded
+ * once: the owner's bytes and the helpers' add up to the blob's length. */
 static int crew_load(const nwc_tensor_info *t, uint8_t *buf, unsigned helpers, uint64_t part_mib,
-                     uint64_t *parts) {
+                     unsigned refuse, uint64_t *parts) {
   nwcd_crew *crew = nwcd_crew_new(part_mib * MIB);
   unsigned mode = (unsigned)test_below(3);
-  part_ctx pc = {t, buf, mode};
+  part_ctx pc = {t, buf, mode, refuse};
   nwcd_split *s = nwcd_crew_offer(crew, t->length, MIB, host_part, &pc);
   CHECK(s != NULL, "a blob of %llu bytes not offered in parts of %llu MiB",
         (unsigned long long)t->length, (unsigned long long)part_mib);
@@ -576,9 +582,12 @@ static void test_crew(void) {
     uint64_t part = 1 + test_below(most < 3 ? most : 3);
     uint8_t *buf = aligned_garbage(t->length);
     drop_cache(t->path);
-    int rc = crew_load(t, buf, helpers, part, &parts);
-    CHECK(rc == 0 && !memcmp(buf, ref, t->length), "crew load (%u helpers, parts of %llu MiB): "
-          "%d %s", helpers, (unsigned long long)part, rc, rc ? nwc_error_detail() : "wrong bytes");
+    /* this thread helping first takes many parts: the first one or two fail, the owner's don't */
+    unsigned refuse = round % 2 && !helpers ? 1 + (unsigned)test_below(2) : 0;
+    int rc = crew_load(t, buf, helpers, part, refuse, &parts);
+    CHECK(rc == 0 && !memcmp(buf, ref, t->length), "crew load (%u helpers, parts of %llu MiB, "
+          "%u refused): %d %s", helpers, (unsigned long long)part, refuse, rc,
+          rc ? nwc_error_detail() : "wrong bytes");
     CHECK(helpers || parts > 0, "the helping thread took no part of %llu bytes",
           (unsigned long long)t->length);
     free(buf);
@@ -593,7 +602,7 @@ static void test_crew(void) {
   char want[64];
   snprintf(want, sizeof want, "chunk %llu,", (unsigned long long)(t->nchunks - 1));
   uint8_t *buf = aligned_garbage(t->length);
-  int rc = crew_load(&c, buf, 0, 1, &parts);
+  int rc = crew_load(&c, buf, 0, 1, 0, &parts);
   CHECK(rc == -EBADMSG && strstr(nwc_error_detail(), want), "a bad chunk in a helper's part: %d "
         "(%s), want EBADMSG naming '%s'", rc, nwc_error_detail(), want);
   unlink(path);
