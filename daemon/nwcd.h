@@ -144,6 +144,9 @@ void nwcd_host_pages_note(void);
 
 /* ---- loader (loader.c: the one module that owns io_uring; design comment there) ---------- */
 
+/* CLOCK_MONOTONIC in nanoseconds (loader.c: the loader library's, for the daemon as well). */
+uint64_t nwcd_now_ns(void);
+
 /* A model's tensors load in this many lanes at once (ops.c): into host memory 8, into GPU
  * memory 16, and the cuda backend keeps as many staging rings per device (backend_cpu.c).  A
  * warm load into GPU memory is bound by the CPU: each lane copies the page cache into its ring
@@ -402,8 +405,6 @@ typedef struct nwcd {
   nwcd_stats stats;
   uint64_t start_ns;
 } nwcd;
-
-uint64_t nwcd_now_ns(void);
 
 /* ---- jobs and the worker pool ------------------------------------------------------------ */
 
