@@ -46,8 +46,9 @@
  *     is what the protocol sees, not the client's page tables);
  *   - a RESIDENT copy is never written again: the daemon maps it read-only, the loader's writes
  *     end before it is RESIDENT, and its memfd is sealed before a client sees it (fd >= 0);
- *   - only the thread that moved an entry to LOADING touches its buffer until it moves it on;
- *     others wait on r->cond;
+ *   - only the thread that moved an entry to LOADING touches its buffer until it moves it on
+ *     (and the crew helpers it waits for before it does: crew.c, parts of the blob it offered
+ *     them); others wait on r->cond;
  *   - entries are freed only by nwcd_res_forget_model (a model being removed) with no entry of
  *     the model in use, mapped or loading; it and the catalog lookup of a new entry both run
  *     under the daemon's store lock, so an entry never outlives the catalog row it describes.
