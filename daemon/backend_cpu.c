@@ -345,7 +345,7 @@ static int ring_take(int dev, unsigned *k) {
 static void ring_give(int dev, unsigned k) {
   pthread_mutex_lock(&rings_lock);
   ring_busy[dev][k] = false;
-  pthread_cond_signal(&ring_free);
+  pthread_cond_broadcast(&ring_free); /* the waiters may want other devices' rings */
   pthread_mutex_unlock(&rings_lock);
 }
 

@@ -468,7 +468,7 @@ int ipc_slot(const void *owner, int dev, const uint8_t *h, const char *what, int
   if (v >= 0) ipc_close(ipc[v]), freei = v;
   if (freei < 0)
     return nwc__fail(-EMFILE, "%d client allocations are open for IPC (all in use)", kIpcSlots);
-  cudaSetDevice(dev);
+  CU_TRY(cudaSetDevice(dev), "cudaSetDevice"); /* ipc_close may have left another current */
   cudaIpcMemHandle_t mh;
   memcpy(&mh, h, sizeof mh);
   void *base = nullptr;

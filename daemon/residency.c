@@ -64,6 +64,11 @@
  * retries once; a second failure fails the request with -ENOMEM.  When a device holds no
  * tensor any more, the backend frees its idle work buffers (dev_trim), so evicting everything
  * returns all device memory but the loader's ring (pinned host memory, kept).
+ * A tensor's home is the place its last explicit load or pin named (load_on): a request that
+ * names no place and finds it absent, such as a compute request after an LRU eviction, loads it
+ * there again, not at the default place (device 0), so that a tensor an operator put in host
+ * memory or on cuda:1 does not come back on cuda:0, evicting that device's own tensors and
+ * making a later load onto its place fail with -EEXIST.  An explicit evict forgets the home.
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
@@ -93,6 +98,8 @@ struct nwcd_entry {
   nwc_tensor_info *info; /* owned (nwc_tensor_info_free) */
   int state;
   int loc;               /* NWCD_LOC_CPU or a device (meaningful while LOADING or RESIDENT) */
+  int home;              /* where a load naming no place puts it: NWCD_LOC_DEFAULT, or the
+                            place its last explicit load named (above, Places) */
   void *buf;             /* host copy (loc CPU) */
   void *dcopy;           /* device copy (loc >= 0) */
   float *scale;          /* host copy of a device copy's per-row scale, or NULL */
@@ -330,6 +337,7 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
     }
     if (rc == 0) {
       e->hash = key_hash(model, tensor), e->info = ti, e->len = ti->length, e->fd = -1;
+      e->home = NWCD_LOC_DEFAULT;
       r->e[r->n++] = e;
     } else {
       nwc_tensor_info_free(ti, ti ? 1 : 0);
@@ -354,6 +362,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
                      r->d->backend->ndevices, r->d->backend->name);
   }
   int rc = lookup(r, model, tensor, &e);
+  if (rc == 0 && named == NWCD_LOC_DEFAULT && e->home != NWCD_LOC_DEFAULT) at = e->home;
   while (rc == 0 && e->state != NWC_RES_RESIDENT) {
     if (e->state == NWC_RES_LOADING) {
       pthread_cond_wait(&r->cond, &r->lock);
@@ -430,6 +439,8 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
   }
   if (rc == 0) {
     e->last_used = nwcd_now_ns();
+    if (named != NWCD_LOC_DEFAULT && (flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* load, pin */
+      e->home = named;
     if ((flags & NWCD_ACQ_PIN) && !e->pinned) e->pinned = true, r->pinned_bytes += e->len;
     if (li && !ref->loaded) li->direct = e->direct;
     ref->ti = e->info;
@@ -478,6 +489,7 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
     entry_unload(r, e);
     r->evictions++;
   }
+  if (e && rc == 0) e->home = NWCD_LOC_DEFAULT;
   /* An explicit evict gives the memory back to the system: no spares stay behind (only LRU
    * evictions, which make room for a load, keep theirs). */
   if (e && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);

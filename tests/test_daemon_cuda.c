@@ -31,6 +31,9 @@
  *      quantizer's fp8 values for the original weights (nwc_quantize_fp8, as BF16), a gather of
  *      random rows the same, and the matvecs of 0 (through the region, inline, BF16) within 1e-5
  *      of fp64 on those values times the quantizer's row scales.
+ *   5. (After 3, on its daemon, whose host budget is 6 MiB.)  A tensor loaded into host memory
+ *      and pushed out by LRU loads comes back there for a matvec (its home), not onto cuda:0; after
+ *      an explicit evict a matvec loads it onto cuda:0.
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write_matrices */
@@ -301,6 +304,35 @@ static void budget_step_matvec(nwc_client *c, const char *name) {
   free(x), free(y);
 }
 
+/* 5. Homes (run last, on the second daemon, whose host budget is 6 MiB, under the sample's 9.4):
+ * the sample's largest matrix loaded into host memory and pushed out by the LRU loads of the
+ * others comes back into host memory for a matvec, its home, not onto cuda:0, the default
+ * place; once evicted explicitly (which forgets the home), a matvec loads it onto cuda:0. */
+static void home_steps(nwc_client *c) {
+  const td_tensor *t = find_tensor(true);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, NULL));
+  CHECK(ps_device(c, "use", t->name) == -1, "%s not in host memory (ps: %d)", t->name,
+        ps_device(c, "use", t->name));
+  for (size_t i = 0; i < td_nt && ps_device(c, "use", t->name) != -2; i++) {
+    if (&td_t[i] == t) continue;
+    int rc = nwc_client_load_on(c, "use", td_t[i].name, NWC_CLIENT_CPU, NULL, NULL, NULL);
+    CHECK(rc == 0 || rc == -ENOSPC, "load cpu %s: %d %s", td_t[i].name, rc,
+          nwc_client_last_error());
+  }
+  CHECK(ps_device(c, "use", t->name) == -2, "%s still resident after the host budget's worth of "
+        "other tensors", t->name);
+  budget_step_matvec(c, t->name);
+  CHECK(ps_device(c, "use", t->name) == -1, "%s pushed out of host memory came back on device %d, "
+        "not into host memory, its home", t->name, ps_device(c, "use", t->name));
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  budget_step_matvec(c, t->name);
+  CHECK(ps_device(c, "use", t->name) == 0, "%s evicted explicitly, then used: on device %d, not "
+        "cuda:0", t->name, ps_device(c, "use", t->name));
+  printf("home: %s came back into host memory after an LRU eviction, onto cuda:0 after an "
+         "explicit one\n", t->name);
+}
+
 /* One random step of the budget workload; checks the reply. */
 static void budget_step(nwc_client *c, bool *on_cpu) {
   size_t ti = test_below(td_nt);
@@ -558,12 +590,13 @@ int main(int argc, char **argv) {
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   /* 3. again with a budget that allows the large load (the same store) */
-  const char *more[] = {"--gpu-budget", "1G", NULL};
+  const char *more[] = {"--gpu-budget", "1G", "--budget", "6M", NULL};
   d = td_start_daemon(more);
   CHECK(d > 0, "nwcd did not start again");
   if (d <= 0) return td_show_log(), 1;
   CHECK_RC(nwc_client_connect(td_sock, &c));
   oom_steps(c);
+  home_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();
