@@ -34,6 +34,9 @@
  *   5. (After 3, on its daemon, whose host budget is 6 MiB.)  A tensor loaded into host memory
  *      and pushed out by LRU loads comes back there for a matvec (its home), not onto cuda:0; after
  *      an explicit evict a matvec loads it onto cuda:0.
+ *   6. (Then, where the machine has a second GPU.)  A tensor and then the whole sample on cuda:1:
+ *      matvec and dequant right there, a load onto cuda:0 refused, cuda:1's memory back after
+ *      evicting everything.
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write_matrices */
@@ -290,6 +293,14 @@ static uint64_t gpu_free(void) {
   return f;
 }
 
+/* The free memory of device dev (this process's current device stays 0). */
+static uint64_t gpu_free_on(int dev) {
+  CU(cudaSetDevice(dev));
+  uint64_t f = gpu_free();
+  CU(cudaSetDevice(0));
+  return f;
+}
+
 /* A matvec on the named tensor, checked against fp64. */
 static void budget_step_matvec(nwc_client *c, const char *name) {
   size_t ti = 0;
@@ -331,6 +342,45 @@ static void home_steps(nwc_client *c) {
         "cuda:0", t->name, ps_device(c, "use", t->name));
   printf("home: %s came back into host memory after an LRU eviction, onto cuda:0 after an "
          "explicit one\n", t->name);
+}
+
+/* 6. A second device, where the machine has one (else a line says it was skipped): the sample's
+ * largest matrix loaded onto cuda:1 (ps says so) matvecs within 1e-5 of fp64 and dequantizes bit
+ * for bit there, a load of it onto cuda:0 is refused (EEXIST: it lives in one place), a whole
+ * model loads onto cuda:1 in lanes and every tensor of it dequantizes right, and evicting
+ * everything gives cuda:1's memory back. */
+static void second_device_steps(nwc_client *c) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
+    printf("second device: this machine has %d, the steps on cuda:1 were skipped\n", ndev);
+    return;
+  }
+  const td_tensor *t = find_tensor(true);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  uint64_t f0 = gpu_free_on(1);
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 1, NULL, NULL, NULL));
+  CHECK(ps_device(c, "use", t->name) == 1, "%s on device %d, not cuda:1", t->name,
+        ps_device(c, "use", t->name));
+  budget_step_matvec(c, t->name);
+  int rc = nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL);
+  CHECK(rc == -EEXIST, "load onto cuda:0 of a tensor on cuda:1: %d %s", rc,
+        nwc_client_last_error());
+  CHECK_RC(nwc_client_load_on(c, "use", NULL, 1, NULL, NULL, NULL));
+  for (size_t i = 0; i < td_nt; i++) {
+    size_t n = td_t[i].rows * td_t[i].cols;
+    uint16_t *b = malloc(n * 2);
+    rc = nwc_client_dequant(c, "use", td_t[i].name, NWC_CLIENT_BF16, b, n * 2, NULL, NULL, NULL);
+    CHECK(rc == 0 && !memcmp(b, td_t[i].w, n * 2) && ps_device(c, "use", td_t[i].name) == 1,
+          "dequant %s on cuda:1: %d %s", td_t[i].name, rc,
+          rc ? nwc_client_last_error() : "bytes differ or not on cuda:1");
+    free(b);
+  }
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  uint64_t f1 = gpu_free_on(1);
+  printf("second device: cuda:1 free memory %llu before, %llu after evicting everything\n",
+         (unsigned long long)f0, (unsigned long long)f1);
+  CHECK(f1 == f0, "cuda:1's memory did not come back: %llu -> %llu", (unsigned long long)f0,
+        (unsigned long long)f1);
 }
 
 /* One random step of the budget workload; checks the reply. */
@@ -597,6 +647,7 @@ int main(int argc, char **argv) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   oom_steps(c);
   home_steps(c);
+  second_device_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   if (test_failures) td_show_log();
