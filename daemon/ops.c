@@ -349,6 +349,9 @@ static int op_residency(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
   int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op;
+  int loc = r->op == NWC_OP_LOAD_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
+  NWC_RETURN_IF(loc >= d->backend->ndevices, -ENODEV, "no device cuda:%d (backend %s has %d)",
+                loc, d->backend->name, d->backend->ndevices);
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
   if (r->tensor[0]) {
@@ -363,14 +366,10 @@ static int op_residency(nwcd_job *j) {
   }
   uint64_t total = 0, done = 0;
   for (size_t i = 0; i < n; i++) total += ti[i].length;
-  int loc = r->op == NWC_OP_LOAD_ON ? r->device : NWCD_LOC_DEFAULT;
   char where[16];
   uint64_t budget = nwcd_res_budget(d->res, loc, where);
   if ((op == NWC_OP_LOAD || op == NWC_OP_PIN) && total > budget) {
     nwc_tensor_info_free(ti, n);
-    NWC_RETURN_IF(loc >= 0 && loc >= d->backend->ndevices, -ENODEV,
-                  "no device cuda:%d (backend %s has %d)", loc, d->backend->name,
-                  d->backend->ndevices);
     return nwc__fail(-ENOSPC, "%s%s%s needs %llu bytes, more than the memory budget of %s "
                      "(%llu); raise --budget / --gpu-budget or load single tensors", r->model,
                      r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)total, where,

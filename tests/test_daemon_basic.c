@@ -237,6 +237,9 @@ int main(void) {
   /* Places: host memory by name; no GPU on the cpu backend */
   rc = nwc_client_load_on(c, "use", td_t[0].name, 0, NULL, NULL, &res);
   CHECK(rc == -ENODEV, "load onto cuda:0 with the cpu backend: %d %s", rc, nwc_client_last_error());
+  rc = nwc_client_load_on(c, "use", NULL, INT32_MAX, NULL, NULL, &res);
+  CHECK(rc == -ENODEV, "load of the model onto cuda:%d: %d %s", INT32_MAX, rc,
+        nwc_client_last_error());
   CHECK_RC(nwc_client_load_on(c, "use", td_t[0].name, NWC_CLIENT_CPU, NULL, NULL, &res));
   CHECK(res.tensors == 1, "load_on cpu: %llu tensors", (unsigned long long)res.tensors);
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, &res));
