@@ -18,10 +18,10 @@
  *
  * A part is whole chunks (the checksums' unit: each part is checked on its own; it starts on
  * a chunk, rounded up), at most the crew's part size and at most half of what the owner has not
- * claimed yet, so that the owner
- * still has as much to read as the helper and does not wait for it to start.  Parts get smaller
- * toward the end of a blob, down to one chunk: with parts of 4 MiB only while the owner had 8
- * MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart (docs/results.md, session 15).
+ * claimed yet, so that the owner still has as much to read as the helper and does not wait for
+ * it to start.  Parts get smaller toward the end of a blob, down to one chunk: with parts of 4
+ * MiB only while the owner had 8 MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart
+ * (docs/results.md, session 15).
  * One lock (the crew's) guards every offer's front (claimed by the owner) and back (taken by
  * helpers); front <= back always, and [0, front) and [back, length) never overlap, so every
  * byte is loaded exactly once.
@@ -150,7 +150,7 @@ int nwcd_crew_withdraw(nwcd_split *s, int rc, nwcd_load_info *li) {
 }
 
 /* Gives a part a helper could not load back to its owner (c->lock held); false without memory
- * for it, when the helper's error stays: *failed is set. */
+ * to record it (the helper's error then stays, in lost). */
 static bool give_back(nwcd_split *s, uint64_t off, uint64_t len) {
   if (s->nfailed == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 4;
