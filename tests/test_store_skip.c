@@ -258,33 +258,38 @@ int main(void) {
   fails("only I64", path, NULL, -ENOTSUP, "no tensor can be stored", "'position_ids' is I64");
 
   /* Malformed stays malformed, skipped or not, strict or not. */
+  static const struct {
+    const char *file, *header;
+    size_t data;
+    const char *what, *n1, *n2;
+  } bad[] = {
+      {"badsize.safetensors",
+       "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"ids\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[8,24]}}",
+       24, "I64 of the wrong size", "'ids'", "I64"},
+      {"badsize-bool.safetensors",
+       "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"m\":{\"dtype\":\"BOOL\",\"shape\":[4],\"data_offsets\":[8,16]}}",
+       16, "BOOL of the wrong size", "'m'", "BOOL"},
+      {"unknown.safetensors",
+       "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"q\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[8,16]}}",
+       16, "unknown dtype", "'q'", "unknown dtype"},
+      {"overlap.safetensors",
+       "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+       "\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[8,24]}}",
+       24, "I64 overlapping a float", "'ids'", "overlap"},
+      {"badname.safetensors",
+       "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"i\\u0001d\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[8,16]}}",
+       16, "I64 with a control character", "control", NULL},
+  };
   for (int st = 0; st < 2; st++) {
     nwc_import_opts mo = {.strict = (unsigned)st};
-    raw_file("badsize.safetensors",
-             "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"ids\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[8,24]}}",
-             24, path, sizeof path);
-    fails("I64 of the wrong size", path, &mo, -EBADMSG, "'ids'", "I64");
-    raw_file("badsize-bool.safetensors",
-             "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"m\":{\"dtype\":\"BOOL\",\"shape\":[4],\"data_offsets\":[8,16]}}",
-             16, path, sizeof path);
-    fails("BOOL of the wrong size", path, &mo, -EBADMSG, "'m'", "BOOL");
-    raw_file("unknown.safetensors",
-             "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"q\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[8,16]}}",
-             16, path, sizeof path);
-    fails("unknown dtype", path, &mo, -EBADMSG, "'q'", "unknown dtype");
-    raw_file("overlap.safetensors",
-             "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-             "\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[8,24]}}",
-             24, path, sizeof path);
-    fails("I64 overlapping a float", path, &mo, -EBADMSG, "'ids'", "overlap");
-    raw_file("badname.safetensors",
-             "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"i\\u0001d\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[8,16]}}",
-             16, path, sizeof path);
-    fails("I64 with a control character", path, &mo, -EBADMSG, "control", NULL);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+      raw_file(bad[i].file, bad[i].header, bad[i].data, path, sizeof path);
+      fails(bad[i].what, path, &mo, -EBADMSG, bad[i].n1, bad[i].n2);
+    }
   }
   CHECK(count_containers(dir) == 1, "containers/ holds %d files, want the one model's",
         count_containers(dir));
