@@ -160,7 +160,8 @@ uint64_t nwcd_now_ns(void);
 
 typedef struct nwcd_load_info {
   bool direct;           /* some of it was read with O_DIRECT (from the disk, past the cache) */
-  uint64_t bytes;        /* the blob's length */
+  uint64_t bytes;        /* bytes loaded: the blob's length, a part's (nwcd_load_opts.from, .to)
+                            or, once a crew offer is withdrawn, the owner's and its helpers' */
   uint64_t direct_bytes; /* of bytes, read with O_DIRECT; the rest came through the page cache */
   uint64_t micros;
   /* where the loading thread's time went (ns): in io_uring waiting for reads (hot loads: also
