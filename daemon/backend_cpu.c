@@ -376,7 +376,12 @@ static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info 
 
 /* dev_load: a device copy whose blob the loader streams through one of dev's rings; with a crew
  * joined (a model load's lanes), the blob is offered to it, so that lanes with no tensor left
- * load parts of it from the back, each through a ring of its own. */
+ * load parts of it from the back, each through a ring of its own, and the load is queued: it
+ * returns once the owner's last copies are queued, not done, so that its lane reads its next
+ * tensor while they run (the copy's users wait for its arrival on the device, and the model
+ * load settles the rings before it answers: dev_settle).  Waiting for them instead kept every
+ * lane from reading at each tensor's end, and the lanes, which take equal tensors together,
+ * left the copy engine idle together. */
 static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
                          nwcd_load_info *li) {
   *dcopy = NULL, *scale = NULL;
@@ -393,16 +398,19 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
     rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
   uint64_t t0 = nwcd_now_ns();
   nwcd_gpu_ring *g = rings[dev][k];
-  if (rc == 0) /* from here on the load synchronizes the ring's stream, failed or not */
-    rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), nwcd_gpu_ring_side(g), dcopy,
-                              &blob);
+  void *side = NULL;
+  if (rc == 0) rc = nwcd_gpu_ring_side(g, &side);
+  if (rc == 0) /* from here on the load synchronizes the ring's stream when it fails */
+    rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), side, dcopy, &blob);
   dev_blob share = {ti, dev, blob, NULL};
   nwcd_load_opts o = dev_load_opts;
   nwcd_crew *crew = nwcd_crew_joined();
+  o.queued = crew != NULL; /* the mark below also frees the side buffer for the next load */
   if (rc == 0 && crew && (rc = nwcd_gpu_ring_mark(g, &share.ready)) == 0)
     o.split = nwcd_crew_offer(crew, ti->length, crew_align(ti), cuda_load_part, &share);
   uint64_t alloc_ns = nwcd_now_ns() - t0;
   if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
+  if (rc == 0 && o.queued) rc = nwcd_cuda_blob_queued(*dcopy, nwcd_gpu_ring_stream(g));
   ring_give(dev, k);
   if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
   if (li) li->alloc_ns = alloc_ns;
@@ -411,6 +419,21 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
     nwcd_cuda_free(*dcopy), free(*scale);
     *dcopy = NULL, *scale = NULL;
   }
+  return rc;
+}
+
+/* dev_settle: waits for the copies that queued loads left running on every ring (0, or the
+ * first ring's CUDA error). */
+static int cuda_dev_settle(void) {
+  int rc = 0;
+  for (int dev = 0; dev < cuda_backend.ndevices; dev++)
+    for (unsigned k = 0; k < RINGS; k++) {
+      pthread_mutex_lock(&rings_lock); /* rings are made by the loads that first need them */
+      nwcd_gpu_ring *g = rings[dev][k];
+      pthread_mutex_unlock(&rings_lock);
+      int r = g ? nwcd_gpu_ring_settle(g) : 0;
+      if (rc == 0) rc = r;
+    }
   return rc;
 }
 
@@ -423,6 +446,7 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.name = "cuda";
   cuda_backend.ndevices = n;
   cuda_backend.dev_load = cuda_dev_load;
+  cuda_backend.dev_settle = cuda_dev_settle;
   cuda_backend.dev_size = nwcd_cuda_copy_size;
   cuda_backend.dev_free = nwcd_cuda_free;
   cuda_backend.dev_dequant = nwcd_cuda_dequant;

@@ -76,6 +76,8 @@ struct Copy {
   int dev;
   uint64_t k16, scratch, bytes;
   uint64_t id; /* unique for the process's life: keys the matvec graphs (addresses are reused) */
+  cudaEvent_t arrival = nullptr; /* recorded after the blob's last copy (nwcd_cuda_blob_queued) */
+  mutable int pending = 0; /* 1 until the arrival is seen complete (atomic) */
 };
 uint64_t copy_ids; /* atomically incremented */
 
@@ -252,7 +254,22 @@ struct Lease {
     }
     return 0;
   }
+  /* A context of cp's device whose stream waits for cp's blob to arrive (a queued load's copies
+   * may still run: nwcd_cuda_blob_queued), so that what the caller enqueues reads it whole. */
+  int take(const Copy *cp);
 };
+
+int Lease::take(const Copy *cp) {
+  TRY(take(cp->dev));
+  if (!__atomic_load_n(&cp->pending, __ATOMIC_ACQUIRE)) return 0;
+  cudaError_t e = cudaEventQuery(cp->arrival);
+  if (e == cudaSuccess) {
+    __atomic_store_n(&cp->pending, 0, __ATOMIC_RELEASE);
+    return 0;
+  }
+  if (e == cudaErrorNotReady) e = cudaStreamWaitEvent(c->stream, cp->arrival, 0);
+  return fail_cuda(e, "the copies of a tensor's blob to the device");
+}
 
 /* c's buffer b holds at least n bytes (grown by doubling; contents not kept; c's graphs are
  * dropped first when it must be reallocated: a graph launched on a freed buffer, even one
@@ -643,9 +660,26 @@ extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float
   k.scale = b->off_scale ? reinterpret_cast<const float *>(blob + b->off_scale) : nullptr;
   if (scale && k.scale) {
     CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
+    if (cp->arrival) CU_TRY(cudaEventSynchronize(cp->arrival), "the copies of a blob");
     CU_TRY(cudaMemcpy(scale, k.scale, b->rows * 4, cudaMemcpyDeviceToHost), "copy of the scales");
   }
   return 0;
+}
+
+extern "C" int nwcd_cuda_blob_queued(void *dcopy, void *stream) {
+  Copy *cp = static_cast<Copy *>(dcopy);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaSetDevice(cp->dev);
+  if (e == cudaSuccess && !cp->arrival)
+    e = cudaEventCreateWithFlags(&cp->arrival, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(cp->arrival, st);
+  if (e == cudaSuccess) {
+    __atomic_store_n(&cp->pending, 1, __ATOMIC_RELEASE);
+    return 0;
+  }
+  int rc = fail_cuda(e, "an event after the copies of a blob");
+  cudaStreamSynchronize(st); /* the copy is freed next: nothing may still write it */
+  return rc;
 }
 
 extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
@@ -659,11 +693,13 @@ extern "C" void nwcd_cuda_free(void *dcopy) {
    * there to the device at the synchronization; cudaFree, which waits for the whole device, only
    * if no context can be had. */
   Lease lease;
-  if (lease.take(cp->dev) < 0 || cudaFreeAsync(cp->k.owned, lease.c->stream) != cudaSuccess ||
+  if (lease.take(cp) < 0 || cudaFreeAsync(cp->k.owned, lease.c->stream) != cudaSuccess ||
       cudaStreamSynchronize(lease.c->stream) != cudaSuccess) {
     cudaGetLastError();
+    if (cp->arrival) cudaEventSynchronize(cp->arrival);
     cudaFree(cp->k.owned);
   }
+  if (cp->arrival) cudaEventDestroy(cp->arrival);
   delete cp;
 }
 
@@ -680,7 +716,7 @@ static int copy_back(Ctx *c, const void *dsrc, size_t bytes, void *out, const ch
 extern "C" int nwcd_cuda_dequant(const void *dcopy, uint16_t *out) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   Lease lease;
-  int rc = lease.take(cp->dev);
+  int rc = lease.take(cp);
   Ctx *c = lease.c;
   size_t bytes = cp->k.rows * cp->k16 * 2;
   if (rc == 0) rc = grow(c, c->dout, bytes, false);
@@ -692,7 +728,7 @@ extern "C" int nwcd_cuda_dequant(const void *dcopy, uint16_t *out) {
 extern "C" int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   Lease lease;
-  int rc = lease.take(cp->dev);
+  int rc = lease.take(cp);
   Ctx *c = lease.c;
   size_t bytes = n * cp->k16 * 2;
   if (rc == 0) rc = grow(c, c->drows, n * 8, false);
@@ -788,7 +824,7 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K16 = cp->k16;
   Lease lease;
-  TRY(lease.take(cp->dev));
+  TRY(lease.take(cp));
   Ctx *c = lease.c;
   size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
   TRY(grow(c, c->dx, xb, false));
@@ -811,7 +847,7 @@ extern "C" int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t
                                        uint64_t y_off) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   Lease lease;
-  TRY(lease.take(cp->dev));
+  TRY(lease.take(cp));
   const Region *g = nullptr;
   TRY(region_of(owner, static_cast<uint8_t *>(region), window, &g));
   Ctx *c = lease.c;
@@ -828,7 +864,7 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
   Lease lease;
-  int rc = lease.take(cp->dev);
+  int rc = lease.take(cp);
   Ctx *c = lease.c;
   if (rc < 0) return rc;
   Mapped mx, my;
@@ -864,7 +900,7 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K = cp->k.cols, K16 = cp->k16;
   Lease lease;
-  int rc = lease.take(cp->dev);
+  int rc = lease.take(cp);
   Ctx *c = lease.c;
   if (rc < 0) return rc;
   Mapped mo;

@@ -46,8 +46,13 @@ typedef struct nwcd_blob_desc {
  * -EBADMSG for a shape the catalog's block count does not match.  Free with nwcd_cuda_free. */
 int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
                          void **dcopy, void **blob);
-/* After the blob is in place: points the copy's arrays at its sections and, when it has
- * per-row scales, copies them (rows floats) to host scale. */
+/* After the blob's copies were queued on stream without waiting for them (a queued load,
+ * nwcd_load_to_device): records the blob's arrival there, and every later use of the copy (a
+ * request's stream, the free) waits for it on the device.  On failure it waits for stream. */
+int nwcd_cuda_blob_queued(void *dcopy, void *stream);
+/* After the blob is in place (or queued: nwcd_cuda_blob_queued): points the copy's arrays at its
+ * sections and, when it has per-row scales, copies them (rows floats) to host scale (after the
+ * blob's arrival). */
 int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale);
 /* Device bytes a copy holds. */
 uint64_t nwcd_cuda_copy_size(const void *dcopy);

@@ -65,7 +65,10 @@
  * store guarantees it) and destinations are 4096-aligned, so every read is O_DIRECT-legal; a
  * chunk is checked only after all of its bytes arrived; progress counts checked bytes only, so
  * it is monotonic and ends at the blob's length; nwcd_load and nwcd_ring_load return only with
- * no read in flight (and, for a ring, every slot back from the sink).
+ * no read in flight and, for a ring, every slot back from the sink, except that a queued ring
+ * load (nwcd_load_opts.queued) that succeeded leaves the slots whose sink work is still running
+ * with the sink: the ring's next load reclaims them as it needs slots, so that the sink's work
+ * on one blob's last slots (the GPU's copies) runs on while the next blob is read.
  */
 #include "nwcd.h"
 
@@ -154,6 +157,7 @@ typedef struct load {
   bool direct_refused;     /* a read got EINVAL from O_DIRECT */
   bool async;              /* more than one read: page-cache reads go to io_uring's workers */
   bool hot;                /* nwcd_load_opts.hot: page-cache reads one at a time, inline */
+  bool queued;             /* nwcd_load_opts.queued: the sink may keep slots at the end */
   uint64_t piece;          /* nwcd_load_opts.piece: a hot read's bytes copied at a time */
   uint8_t *map;            /* the blob's file range mapped for mincore, or NULL */
   unsigned mode, depth, inflight, nfree;
@@ -541,7 +545,7 @@ static void run(load *L) {
     L->nready = 0;
     L->check_ns += t1 - t, L->sink_ns += nwcd_now_ns() - t1;
   }
-  if (!L->ring) return;
+  if (!L->ring || (L->queued && !L->err)) return;
   while (L->ring->nfree < L->ring->nslots) { /* the sink's work on its slots finishes */
     unsigned before = L->ring->nfree;
     reclaim(L, true);
@@ -592,7 +596,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     L->read_size = r < L->cs ? L->cs : r > READ_MAX ? (READ_MAX / L->cs) * L->cs : r;
     if (!L->read_size) L->read_size = L->cs;
   }
-  L->hot = o->hot, L->piece = o->piece;
+  L->hot = o->hot, L->piece = o->piece, L->queued = o->queued;
   L->async = !small && !L->hot && ti->length > L->read_size;
   for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
   if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && !small)) {

@@ -8,7 +8,9 @@
  *
  * Slots are released in the order their copies were queued (one stream: copies complete in
  * order), polled with cudaEventQuery while there are free slots and waited for with
- * cudaEventSynchronize when the loader has none.  The events block (cudaEventBlockingSync): a
+ * cudaEventSynchronize when the loader has none.  A queued load (nwcd_load_opts.queued) returns
+ * with its last copies still running: their slots stay in the ring's list, oldest first, for
+ * the ring's next load to release in the same order, and nwcd_gpu_ring_settle waits for them.  The events block (cudaEventBlockingSync): a
  * waiting lane sleeps instead of spinning on a core that the copies out of the page cache need
  * (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  The ring memory is mapped by
  * loader.c and pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
@@ -128,7 +130,20 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
 
 void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g) { return g->stream; }
 
-void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g) { return g->side; }
+int nwcd_gpu_ring_side(nwcd_gpu_ring *g, void **side) {
+  *side = NULL;
+  cudaError_t e = cudaSetDevice(g->device);
+  if (e == cudaSuccess) e = cudaEventSynchronize(g->mark); /* a queued load's table copy */
+  if (e != cudaSuccess) return cuda_fail(e, "the last copy out of a GPU ring's side buffer");
+  *side = g->side;
+  return 0;
+}
+
+int nwcd_gpu_ring_settle(nwcd_gpu_ring *g) {
+  cudaError_t e = cudaSetDevice(g->device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "the copies queued on a GPU ring");
+}
 
 int nwcd_gpu_ring_mark(nwcd_gpu_ring *g, void **mark) {
   cudaError_t e = cudaSetDevice(g->device);
@@ -149,11 +164,12 @@ int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
   if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
   copy_to c = {g, dev};
   nwcd_sink sink = {gpu_consume, gpu_reclaim, &c};
-  pthread_mutex_lock(&g->lock);
-  g->head = g->count = 0;
+  pthread_mutex_lock(&g->lock); /* g->fifo: the slots a queued load left, oldest first */
   int rc = nwcd_ring_load(g->ring, ti, o, &sink, li);
-  e = cudaStreamSynchronize(g->stream); /* also what was queued before, when the load failed */
-  if (rc == 0 && e != cudaSuccess) rc = cuda_fail(e, "the copies to the device");
+  if (rc < 0 || !o || !o->queued) { /* also what was queued before, when the load failed */
+    e = cudaStreamSynchronize(g->stream);
+    if (rc == 0 && e != cudaSuccess) rc = cuda_fail(e, "the copies to the device");
+  }
   pthread_mutex_unlock(&g->lock);
   return rc;
 }

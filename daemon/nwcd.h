@@ -102,6 +102,10 @@ typedef struct nwcd_backend {
   int ndevices;
   int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
                   struct nwcd_load_info *li);
+  /* A dev_load inside a crew (a model load's lanes) may return with its last copies still
+   * running (every use of the copy waits for them on the device); dev_settle waits for all such
+   * copies (0, or -EIO: one of them failed). */
+  int (*dev_settle)(void);
   uint64_t (*dev_size)(const void *dcopy);
   void (*dev_free)(void *dcopy);
   int (*dev_dequant)(const void *dcopy, uint16_t *out);
@@ -238,6 +242,10 @@ typedef struct nwcd_load_opts {
   uint64_t from, to; /* only bytes [from, to) of the blob, at the same offsets of the destination
                         (from a multiple of the chunk size, to one or the blob's end; to 0: the
                         end): a crew helper's part, its chunks named as the blob's */
+  bool queued;       /* ring loads: return once every slot is checked and with the sink, leaving
+                        the slots whose sink work is still running with it (the ring's next load
+                        reclaims them) instead of waiting for that work (a failed load still
+                        waits) */
 } nwcd_load_opts;
 
 /* Reads ti's blob into buf (ti->length bytes, 4096-aligned) on the calling thread's io_uring
@@ -292,7 +300,10 @@ void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes, unsigned *slots);
 void nwcd_ring_release(nwcd_ring *r, unsigned slot);
 /* Streams ti's blob through r to sink (one load at a time per ring: others wait), chunks checked
  * before a slot is consumed.  Returns when every read has completed and every slot is back
- * (the sink's work on them has finished), 0 or the first error. */
+ * (the sink's work on them has finished), 0 or the first error; a queued load (o->queued) that
+ * succeeds returns with the slots still in the sink's work held by it, and a later load on r
+ * reclaims them through its own sink, which must therefore release the same slots in the same
+ * way (the GPU ring's sink: in the order their copies were queued on its one stream). */
 int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts *o,
                    const nwcd_sink *sink, nwcd_load_info *li);
 
@@ -306,19 +317,28 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
 void nwcd_gpu_ring_free(nwcd_gpu_ring *g);
 /* Streams ti's blob into dev (ti->length bytes of device memory on the ring's device), chunks
  * checked on the way; returns when the bytes are on the device, or the first error (-EBADMSG
- * naming the chunk, -EIO with the CUDA error), either way with the ring's stream idle.  One load
- * at a time per ring (others wait). */
+ * naming the chunk, -EIO with the CUDA error), either way with the ring's stream idle.  With
+ * o->queued it returns as soon as every chunk is checked and every copy queued on the ring's
+ * stream (nwcd_gpu_ring_stream: an event recorded there after it marks the bytes' arrival, and
+ * nwcd_gpu_ring_settle waits for them); a failed load still returns with the stream idle.  One
+ * load at a time per ring (others wait). */
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li);
 /* The ring's stream (a cudaStream_t) on which its copies go: work queued on it before a load
- * (the copy's allocation) is ordered before the load's copies and done when the load returns. */
+ * (the copy's allocation) is ordered before the load's copies and done when the load returns
+ * (a queued load: when the ring settles). */
 void *nwcd_gpu_ring_stream(const nwcd_gpu_ring *g);
-/* NWCD_GPU_RING_SIDE bytes of pinned host memory beside the ring, for a small copy queued on its
- * stream before a load (a copy's lookup table: from pinned memory the copy is truly
- * asynchronous, where one from pageable memory is staged by the driver first); the ring's
- * again when the load returns. */
+/* Waits for the copies queued on the ring's stream so far (0, or -EIO with the CUDA error): the
+ * last ones of a queued load.  Any thread, while others load through the ring. */
+int nwcd_gpu_ring_settle(nwcd_gpu_ring *g);
+/* NWCD_GPU_RING_SIDE bytes of pinned host memory beside the ring (*side), for a small copy queued
+ * on its stream before a load (a copy's lookup table: from pinned memory the copy is truly
+ * asynchronous, where one from pageable memory is staged by the driver first).  A load that
+ * returns with its copies still queued leaves the buffer in use until they run: this waits for
+ * what was queued before the ring's last mark (nwcd_gpu_ring_mark), so a caller that queues a
+ * copy from it and then loads with o->queued marks the ring in between.  0, or -EIO. */
 #define NWCD_GPU_RING_SIDE (64u << 10)
-void *nwcd_gpu_ring_side(const nwcd_gpu_ring *g);
+int nwcd_gpu_ring_side(nwcd_gpu_ring *g, void **side);
 /* Marks what is queued on the ring's stream so far (an event: *mark): nwcd_gpu_mark_wait waits
  * for it from any thread, until the ring's next mark (before another stream uses its results). */
 int nwcd_gpu_ring_mark(nwcd_gpu_ring *g, void **mark);

@@ -4,7 +4,8 @@
  * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
  * sizes, hot or not (page-cache reads copied inline one at a time), from several threads at
  * once, and through a ring of registered buffers to a sink that holds and gives back slots in
- * random order, with one to four threads checking chunks, and into memfds through the thread's
+ * random order (queued loads leaving it slots that the next load takes back, never handing out
+ * a held one), with one to four threads checking chunks, and into memfds through the thread's
  * staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
  * bytes (read independently with pread) and decode to the original weights; progress must be
  * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
@@ -22,7 +23,9 @@
  *                        mount namespace can be made
  *   test_loader --gpu    (CUDA builds) every blob streamed into device memory through a small
  *                        GPU ring (slots reused many times), copied back and compared, cold and
- *                        warm, every mode; damaged containers fail as above; 77 without a GPU
+ *                        warm, every mode, and all of them queued one after another (each load
+ *                        returning with its last copies running) then compared once the ring
+ *                        settled; damaged containers fail as above; 77 without a GPU
  */
 #include "nwcd.h"
 #include "test_store_util.h"
@@ -225,6 +228,26 @@ static void test_gpu(void) {
       }
     free(ref), free(back);
   }
+  /* Queued loads (a model load's lanes): each returns with its last copies running, the next
+   * one reclaims their slots; after the ring settles every blob is on the device whole. */
+  void **dev = calloc(nti, sizeof *dev);
+  for (size_t i = 0; dev && i < nti; i++) {
+    nwcd_load_opts o = {.mode = (unsigned)test_below(3), .hot = test_below(2), .queued = true};
+    o.piece = random_piece(o.hot);
+    int rc = cudaMalloc(&dev[i], ti[i].length) == cudaSuccess ? 0 : -ENOMEM;
+    if (rc == 0) rc = nwcd_load_to_device(gpu, &ti[i], dev[i], &o, NULL);
+    CHECK(rc == 0, "queued gpu load %s: %s: %s", ti[i].name, nwc_strerror(rc), nwc_error_detail());
+  }
+  CHECK_RC(nwcd_gpu_ring_settle(gpu));
+  for (size_t i = 0; dev && i < nti; i++) {
+    uint8_t *ref = file_bytes(&ti[i]), *back = malloc(ti[i].length);
+    CHECK(dev[i] && cudaMemcpy(back, dev[i], ti[i].length, cudaMemcpyDeviceToHost) == cudaSuccess &&
+              !memcmp(back, ref, ti[i].length),
+          "queued gpu load %s: bytes differ after the ring settled", ti[i].name);
+    cudaFree(dev[i]);
+    free(ref), free(back);
+  }
+  free(dev);
 }
 #endif
 
@@ -355,6 +378,7 @@ static int hs_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
   uint8_t *mem = nwcd_ring_memory(r, &bytes, &nslots);
   if (s->index >= nslots) h->bad = true;
   if ((uint8_t *)s->data < mem || (uint8_t *)s->data + s->len > mem + bytes) h->bad = true;
+  for (unsigned i = 0; i < h->nheld; i++) h->bad |= h->held[i] == s->index; /* handed out twice */
   memcpy(h->dst + s->offset, s->data, s->len);
   h->held[h->nheld++] = s->index;
   return 0;
@@ -389,13 +413,24 @@ static void test_ring(void) {
                         .checkers = (unsigned)test_below(5), .hot = test_below(2),
                         .progress = on_progress, .ctx = &p};
     o.piece = random_piece(o.hot);
+    o.queued = test_below(2); /* then the sink may keep slots, and the next load takes them */
     nwcd_load_info li;
     int rc = nwcd_ring_load(r, t, &o, &sk, &li);
-    CHECK(rc == 0, "ring load %s (%u slots of %llu, hot %d): %s: %s", t->name, slots,
-          (unsigned long long)slot, o.hot, nwc_strerror(rc), nwc_error_detail());
+    CHECK(rc == 0, "ring load %s (%u slots of %llu, hot %d, queued %d): %s: %s", t->name, slots,
+          (unsigned long long)slot, o.hot, o.queued, nwc_strerror(rc), nwc_error_detail());
     CHECK(!memcmp(h.dst, ref, t->length) && !h.bad, "ring load %s: bytes differ", t->name);
-    CHECK(h.nheld == 0, "ring load returned with %u slots still held", h.nheld);
     check_progress(&p, t, "ring");
+    if (o.queued) { /* the next blob through the same sink, which still holds some slots */
+      const nwc_tensor_info *t2 = &ti[(round + 1) % nti];
+      uint8_t *ref2 = file_bytes(t2);
+      free(h.dst);
+      h.dst = aligned_garbage(t2->length);
+      rc = nwcd_ring_load(r, t2, NULL, &sk, NULL);
+      CHECK(rc == 0 && !memcmp(h.dst, ref2, t2->length) && !h.bad,
+            "ring load %s after a queued one: %d (%s)", t2->name, rc, nwc_error_detail());
+      free(ref2);
+    }
+    CHECK(h.nheld == 0, "ring load returned with %u slots still held", h.nheld);
     free(h.dst);
     /* A sink that fails: the load returns its error and the ring is whole again. */
     hold_sink f = {.dst = aligned_garbage(t->length), .hold = 1, .fail_at = 1 + (int)test_below(2)};
