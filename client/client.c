@@ -428,7 +428,8 @@ static int do_list(nwc_client *c, int op, const char *model, void **out, size_t 
   uint32_t k = nwc_pr_u32(&r);
   if (r.err || k > len) return bad_reply();
   size_t esz = op == NWC_OP_MODELS ? sizeof(nwc_client_model)
-               : op == NWC_OP_TENSORS ? sizeof(nwc_client_tensor) : sizeof(nwc_client_resident);
+               : op == NWC_OP_TENSORS ? sizeof(nwc_client_tensor)
+               : op == NWC_OP_PS ? sizeof(nwc_client_resident) : sizeof(nwc_client_place);
   uint8_t *a = calloc(k ? k : 1, esz);
   if (!a) return fail(-ENOMEM, "out of memory");
   for (uint32_t i = 0; i < k; i++) {
@@ -443,6 +444,11 @@ static int do_list(nwc_client *c, int op, const char *model, void **out, size_t 
       nwc_proto_tensor t;
       if (nwc_proto_get_tensor(&r, &t) < 0) break;
       to_tensor(&t, (nwc_client_tensor *)a + i);
+    } else if (op == NWC_OP_DEVICES) {
+      nwc_proto_place p;
+      if (nwc_proto_get_place(&r, &p) < 0) break;
+      _Static_assert(sizeof(nwc_client_place) == sizeof p, "place layouts");
+      memcpy((nwc_client_place *)a + i, &p, sizeof p);
     } else {
       nwc_proto_ps p;
       if (nwc_proto_get_ps(&r, &p) < 0) break;
@@ -470,6 +476,13 @@ int nwc_client_tensors(nwc_client *c, const char *model, nwc_client_tensor **out
 }
 int nwc_client_ps(nwc_client *c, nwc_client_resident **out, size_t *n) {
   return LOCKED(c, do_list(c, NWC_OP_PS, NULL, (void **)out, n));
+}
+
+int nwc_client_devices(nwc_client *c, nwc_client_place **out, size_t *n) {
+  if (!(c->hello.caps & NWC_CAP_DEVICES))
+    return fail(-EOPNOTSUPP, "%s has no devices operation (protocol capability 512): it reports "
+                "memory only as the totals of stats", c->hello.daemon);
+  return LOCKED(c, do_list(c, NWC_OP_DEVICES, NULL, (void **)out, n));
 }
 
 static int do_info(nwc_client *c, const char *model, const char *tensor, nwc_client_tensor_info *out) {

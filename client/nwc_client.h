@@ -122,6 +122,20 @@ typedef struct nwc_client_counters {
   char backend[16];
 } nwc_client_counters;
 
+/* A place where the daemon keeps tensors: host memory, or one CUDA device. */
+typedef struct nwc_client_place {
+  char name[16];             /* "cpu" (host memory), "cuda:0", "cuda:1", ... */
+  uint64_t budget;           /* bytes of tensors the daemon keeps there at most */
+  uint64_t resident_bytes;   /* bytes of the tensors resident there (the sum of ps's bytes) */
+  uint64_t resident_tensors; /* how many */
+  uint64_t pinned_bytes;     /* of resident_bytes, the pinned tensors' */
+  uint64_t mem_free;         /* host: MemAvailable of /proc/meminfo; GPU: free (cudaMemGetInfo);
+                              * 0 when the daemon could not tell */
+  uint64_t mem_total;        /* host: MemTotal; GPU: its memory; 0 when the daemon could not tell */
+  uint64_t pool_idle;        /* GPU: bytes the daemon's pool of device copies holds reserved
+                              * beyond the copies (given back as it goes); host: 0 */
+} nwc_client_place;
+
 NWC_CLIENT_API int nwc_client_models(nwc_client *c, nwc_client_model **out, size_t *n);
 NWC_CLIENT_API int nwc_client_tensors(nwc_client *c, const char *model, nwc_client_tensor **out,
                                       size_t *n);
@@ -129,6 +143,10 @@ NWC_CLIENT_API int nwc_client_info(nwc_client *c, const char *model, const char 
                                    nwc_client_tensor_info *out);
 NWC_CLIENT_API int nwc_client_ps(nwc_client *c, nwc_client_resident **out, size_t *n);
 NWC_CLIENT_API int nwc_client_stats(nwc_client *c, nwc_client_counters *out);
+/* Memory per place, in one snapshot of the daemon's budgets: *out (malloc'ed, free it) gets *n
+ * places, host memory first, then each CUDA device in order.  -EOPNOTSUPP from a daemon without
+ * the devices operation (protocol capability 512), which sums its GPUs in nwc_client_stats. */
+NWC_CLIENT_API int nwc_client_devices(nwc_client *c, nwc_client_place **out, size_t *n);
 
 typedef struct nwc_client_import_opts {
   unsigned elem;   /* 0 bf16 (keep), 1 fp8 */

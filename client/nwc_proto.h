@@ -46,6 +46,7 @@
                                  * shared region and the GPU: clients pass small ones there too */
 #define NWC_CAP_IMPORT2 256u    /* import2: skips the tensors nwc does not store and names them
                                  * (or, strict, fails on the first) */
+#define NWC_CAP_DEVICES 512u    /* devices: budget and use of each place (host, each GPU) */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -70,6 +71,7 @@ enum nwc_op {
   NWC_OP_DEQUANT_IPC = 20,
   NWC_OP_LOAD_ON = 21,
   NWC_OP_IMPORT2 = 22,
+  NWC_OP_DEVICES = 23,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -328,5 +330,17 @@ typedef struct nwc_proto_stats {
 } nwc_proto_stats;
 void nwc_proto_put_stats(nwc_pw *w, const nwc_proto_stats *s);
 int nwc_proto_get_stats(nwc_pr *r, nwc_proto_stats *s);
+
+/* Devices: one place where tensors live (u32 n, then n of these: the host, then each GPU). */
+#define NWC_PROTO_PLACE_NAME 16 /* "cpu", "cuda:N": bytes with the NUL */
+typedef struct nwc_proto_place {
+  char name[NWC_PROTO_PLACE_NAME];
+  uint64_t budget;
+  uint64_t resident_bytes, resident_tensors, pinned_bytes; /* as ps counts them */
+  uint64_t mem_free, mem_total; /* host: MemAvailable, MemTotal; GPU: cudaMemGetInfo; 0 unknown */
+  uint64_t pool_idle;           /* GPU: bytes its copy pool keeps beyond the live copies; host 0 */
+} nwc_proto_place;
+void nwc_proto_put_place(nwc_pw *w, const nwc_proto_place *p);
+int nwc_proto_get_place(nwc_pr *r, nwc_proto_place *p);
 
 #endif

@@ -470,6 +470,38 @@ static int cmd_verify(nwc_client *c, const char *model) {
   return r.problems ? 1 : 0;
 }
 
+static int cmd_devices(nwc_client *c) {
+  nwc_client_place *p;
+  size_t n;
+  int rc = nwc_client_devices(c, &p, &n);
+  if (rc < 0) return die(rc);
+  json_t *arr = json ? json_array() : NULL;
+  if (!json)
+    printf("%-7s %10s %10s %7s %10s %10s %10s %10s\n", "PLACE", "BUDGET", "USED", "TENSORS",
+           "PINNED", "FREE", "TOTAL", "POOL");
+  for (size_t i = 0; i < n; i++) {
+    if (json) {
+      json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "place", p[i].name,
+                                           "budget", (json_int_t)p[i].budget, "resident_bytes",
+                                           (json_int_t)p[i].resident_bytes, "resident_tensors",
+                                           (json_int_t)p[i].resident_tensors, "pinned_bytes",
+                                           (json_int_t)p[i].pinned_bytes, "mem_free",
+                                           (json_int_t)p[i].mem_free, "mem_total",
+                                           (json_int_t)p[i].mem_total, "pool_idle",
+                                           (json_int_t)p[i].pool_idle));
+    } else {
+      char b[6][32];
+      printf("%-7s %10s %10s %7llu %10s %10s %10s %10s\n", p[i].name, human(p[i].budget, b[0]),
+             human(p[i].resident_bytes, b[1]), (unsigned long long)p[i].resident_tensors,
+             human(p[i].pinned_bytes, b[2]), human(p[i].mem_free, b[3]),
+             human(p[i].mem_total, b[4]), human(p[i].pool_idle, b[5]));
+    }
+  }
+  free(p);
+  if (json) json_out(arr);
+  return 0;
+}
+
 static int cmd_stats(nwc_client *c) {
   nwc_client_counters s;
   int rc = nwc_client_stats(c, &s);
@@ -607,6 +639,9 @@ static const struct command {
                  "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
     {"ps", 0, 0, "ps [--json]: the resident tensors: where (cpu, cuda:0, ...), bytes, pinned, mlock'ed,\n"
                  "  references, client mappings, last use"},
+    {"devices", 0, 0, "devices [--json]: memory per place, host (cpu) first, then each GPU (cuda:N): budget,\n"
+                      "  bytes and tensors resident (used), pinned bytes, free and total memory, and on a GPU\n"
+                      "  what the daemon's pool of device copies holds beyond them (pool)"},
     {"info", 1, 1, "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
     {"load", 1, 1, "load MODEL[/TENSOR] [--device cpu|cuda:N]: read a model or one tensor into memory (io_uring,\n"
                    "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
@@ -635,6 +670,7 @@ static void usage(FILE *f) {
           "usage: %s [--socket PATH] COMMAND [ARGS] [--json]\n"
           "  ls [MODEL]                 models, or the tensors of MODEL\n"
           "  ps                         resident tensors\n"
+          "  devices                    memory per place (host, each GPU)\n"
           "  info MODEL/TENSOR          one tensor\n"
           "  load MODEL[/TENSOR]        read into memory (progress on a TTY)\n"
           "  evict MODEL[/TENSOR]       drop from memory\n"
@@ -690,6 +726,7 @@ int main(int argc, char **argv) {
   int ret;
   if (!strcmp(cmd, "ls")) ret = cmd_ls(c, nargs, args);
   else if (!strcmp(cmd, "ps")) ret = cmd_ps(c);
+  else if (!strcmp(cmd, "devices")) ret = cmd_devices(c);
   else if (!strcmp(cmd, "info")) ret = cmd_info(c, args[0]);
   else if (!strcmp(cmd, "import")) ret = cmd_import(c, nargs, args);
   else if (!strcmp(cmd, "rm")) {

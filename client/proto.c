@@ -25,7 +25,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_GATHER] = "gather", [NWC_OP_MATVEC] = "matvec", [NWC_OP_VERIFY] = "verify",
     [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
-    [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2",
+    [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2", [NWC_OP_DEVICES] = "devices",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -206,6 +206,7 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
     case NWC_OP_MODELS:
     case NWC_OP_STATS:
     case NWC_OP_PS:
+    case NWC_OP_DEVICES:
       break;
     case NWC_OP_TENSORS:
     case NWC_OP_REMOVE:
@@ -307,6 +308,7 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
     case NWC_OP_MODELS:
     case NWC_OP_STATS:
     case NWC_OP_PS:
+    case NWC_OP_DEVICES:
       break;
     case NWC_OP_TENSORS:
     case NWC_OP_REMOVE:
@@ -651,5 +653,19 @@ int nwc_proto_get_stats(nwc_pr *r, nwc_proto_stats *s) {
   STATS_FIELDS(GET)
 #undef GET
   NWC_TRY(nwc_pr_str(r, s->backend, sizeof s->backend));
+  return r->err;
+}
+
+void nwc_proto_put_place(nwc_pw *w, const nwc_proto_place *p) {
+  nwc_pw_str(w, p->name);
+  nwc_pw_u64(w, p->budget), nwc_pw_u64(w, p->resident_bytes), nwc_pw_u64(w, p->resident_tensors);
+  nwc_pw_u64(w, p->pinned_bytes), nwc_pw_u64(w, p->mem_free), nwc_pw_u64(w, p->mem_total);
+  nwc_pw_u64(w, p->pool_idle);
+}
+int nwc_proto_get_place(nwc_pr *r, nwc_proto_place *p) {
+  NWC_TRY(nwc_pr_str(r, p->name, sizeof p->name));
+  p->budget = nwc_pr_u64(r), p->resident_bytes = nwc_pr_u64(r), p->resident_tensors = nwc_pr_u64(r);
+  p->pinned_bytes = nwc_pr_u64(r), p->mem_free = nwc_pr_u64(r), p->mem_total = nwc_pr_u64(r);
+  p->pool_idle = nwc_pr_u64(r);
   return r->err;
 }

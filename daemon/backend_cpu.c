@@ -454,6 +454,7 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.dev_matvec = nwcd_cuda_matvec;
   cuda_backend.dev_matvec_shared = nwcd_cuda_matvec_shared;
   cuda_backend.dev_meminfo = nwcd_cuda_meminfo;
+  cuda_backend.dev_pool_idle = nwcd_cuda_pool_idle;
   cuda_backend.dev_trim = nwcd_cuda_trim;
   cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
   cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;

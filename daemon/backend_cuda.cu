@@ -609,6 +609,19 @@ extern "C" int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_
   return 0;
 }
 
+extern "C" int nwcd_cuda_pool_idle(int dev, uint64_t *bytes) {
+  *bytes = 0;
+  cudaMemPool_t cp = copy_pool_if_any(dev);
+  if (!cp) return 0;
+  cuuint64_t reserved = 0, used = 0;
+  CU_TRY(cudaMemPoolGetAttribute(cp, cudaMemPoolAttrReservedMemCurrent, &reserved),
+         "the reserved memory of a memory pool");
+  CU_TRY(cudaMemPoolGetAttribute(cp, cudaMemPoolAttrUsedMemCurrent, &used),
+         "the used memory of a memory pool");
+  *bytes = reserved > used ? reserved - used : 0;
+  return 0;
+}
+
 extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
                                     void **dcopy, void **blob) {
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");

@@ -27,6 +27,11 @@ extern "C" {
 int nwcd_cuda_devices(int *n);
 /* Device memory of dev: free and total bytes (cudaMemGetInfo). */
 int nwcd_cuda_meminfo(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+/* Bytes dev's copy pool holds reserved beyond its allocations, the live copies
+ * (cudaMemPoolAttrReservedMemCurrent - cudaMemPoolAttrUsedMemCurrent): the unused rest of partly
+ * used chunks, and what freed copies left that was not given back yet; 0 before dev's first
+ * copy. */
+int nwcd_cuda_pool_idle(int dev, uint64_t *bytes);
 /* Frees dev's idle work contexts (streams, events, work and staging buffers) and gives what its
  * copy pool still keeps back to the device (residency calls it when dev holds no tensor). */
 void nwcd_cuda_trim(int dev);

@@ -118,6 +118,8 @@ typedef struct nwcd_backend {
   int (*dev_matvec_shared)(const void *owner, void *region, uint64_t window, const void *dcopy,
                            uint64_t x_off, unsigned ncols, uint64_t y_off);
   int (*dev_meminfo)(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+  /* Bytes dev's copy pool holds reserved beyond its live copies (devices op). */
+  int (*dev_pool_idle)(int dev, uint64_t *bytes);
   void (*dev_trim)(int dev); /* frees idle work memory of dev (when it holds no tensor) */
   /* CUDA IPC: the client's own device buffers, kept open per owner (its connection) until
    * forget (backend_cuda.h says what is checked). */
@@ -400,6 +402,10 @@ uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
 /* Resident tensors for ps: *out malloc'ed array of *n (free()). */
 int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);
 void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s);
+/* The places for devices, in one snapshot: out[0] host memory, out[1 + n] device n, each with
+ * its name, budget, resident bytes and tensors and pinned bytes as ps counts them (the memory
+ * fields are left 0).  out has room for 1 + NWCD_MAX_DEVICES; returns how many it filled. */
+int nwcd_res_places(nwcd_res *r, nwc_proto_place *out);
 /* Shares model/tensor with a client (map): makes it resident if needed (-ENOSPC when it cannot
  * fit), sends its sealed memfd with the token (NWC_PROTO_MAP_TOKEN bytes) over sock, a
  * connected Unix stream socket the client passed, and keeps a mapping reference, which stops

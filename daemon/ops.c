@@ -857,7 +857,7 @@ static int op_ipc(nwcd_job *j) {
   return 0;
 }
 
-/* ---- verify, stats, ps -------------------------------------------------------------------- */
+/* ---- verify, stats, ps, devices -------------------------------------------------------------- */
 
 typedef struct verify_ctx {
   char *lines[32];
@@ -924,6 +924,42 @@ static int op_ps(nwcd_job *j) {
   return 0;
 }
 
+/* Host memory for devices: MemAvailable and MemTotal of /proc/meminfo (what the kernel says
+ * could be had without swapping, page cache included; sysinfo's freeram leaves the cache out),
+ * in bytes; both 0 when the file cannot be read. */
+static void host_meminfo(uint64_t *free_bytes, uint64_t *total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (!f) return;
+  char line[128];
+  unsigned long long kib;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) *total_bytes = (uint64_t)kib << 10;
+    else if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) *free_bytes = (uint64_t)kib << 10;
+  }
+  fclose(f);
+}
+
+/* devices: residency's snapshot of each place, then the memory around it (outside its lock): the
+ * host's, and each device's from CUDA with what its copy pool keeps (0 where a call fails). */
+static int op_devices(nwcd_job *j) {
+  const nwcd_backend *b = j->d->backend;
+  nwc_proto_place p[1 + NWCD_MAX_DEVICES];
+  int n = nwcd_res_places(j->d->res, p);
+  host_meminfo(&p[0].mem_free, &p[0].mem_total);
+  for (int dev = 0; dev + 1 < n; dev++) {
+    nwc_proto_place *d = &p[dev + 1];
+    if (b->dev_meminfo(dev, &d->mem_free, &d->mem_total) < 0) d->mem_free = d->mem_total = 0;
+    if (b->dev_pool_idle(dev, &d->pool_idle) < 0) d->pool_idle = 0;
+  }
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_pw_u32(&w, (uint32_t)n);
+  for (int i = 0; i < n; i++) nwc_proto_put_place(&w, &p[i]);
+  reply(j, &w);
+  return 0;
+}
+
 /* map: the memfd goes over the socket the request passed (residency.c), the decoder parameters
  * in the reply. */
 static int op_map(nwcd_job *j) {
@@ -958,6 +994,7 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_VERIFY: rc = op_verify(j); break;
     case NWC_OP_STATS: rc = op_stats(j); break;
     case NWC_OP_PS: rc = op_ps(j); break;
+    case NWC_OP_DEVICES: rc = op_devices(j); break;
     case NWC_OP_MAP: rc = op_map(j); break;
     default: rc = nwc__fail(-EOPNOTSUPP, "opcode %u is not served here", j->req.op); break;
   }

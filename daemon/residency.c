@@ -643,6 +643,23 @@ void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s) {
   pthread_mutex_unlock(&r->lock);
 }
 
+int nwcd_res_places(nwcd_res *r, nwc_proto_place *out) {
+  int n = 1 + r->d->backend->ndevices;
+  memset(out, 0, (size_t)n * sizeof *out);
+  for (int k = 0; k < n; k++) loc_name(k - 1, out[k].name);
+  pthread_mutex_lock(&r->lock);
+  for (int k = 0; k < n; k++) out[k].budget = budget_at(r, k - 1);
+  for (size_t i = 0; i < r->n; i++) {
+    const nwcd_entry *e = r->e[i];
+    if (e->state != NWC_RES_RESIDENT) continue;
+    nwc_proto_place *p = &out[e->loc + 1];
+    p->resident_bytes += held(e), p->resident_tensors++;
+    if (e->pinned) p->pinned_bytes += held(e);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return n;
+}
+
 /* Checks that sock is a connected Unix stream socket; *pid gets its peer's pid. */
 static int check_map_socket(int sock, pid_t *pid) {
   struct stat st;

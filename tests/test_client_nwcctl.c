@@ -2,7 +2,8 @@
  * test_client_nwcctl.c - nwcctl as a user runs it, as real processes against a real nwcd:
  * import of the sample model through a sharded index (.json naming it as its one shard; the
  * descriptors are passed by SCM_RIGHTS), ls / ls MODEL / info / ps / stats with --json parsed by
- * jansson (the field names of the issue), load, pin, unpin, evict, verify, dequant / gather /
+ * jansson (the field names of the issue), devices and devices --json equal to
+ * nwc_client_devices (with a tensor pinned), load, pin, unpin, evict, verify, dequant / gather /
  * matvec writing .npy files checked against the original weights (dequant in the tensor's own
  * shape, a 1-D one too), import of a checkpoint with I64/BOOL/I32 tensors (its line names what
  * was skipped, a long list cut short; --json lists them; --strict fails and stores nothing; a
@@ -13,7 +14,10 @@
 #include "test_daemon_util.h"
 #include "test_store_util.h"
 
+#include "nwc_client.h"
+
 #include <jansson.h>
+#include <stdbool.h>
 
 /* Runs nwcctl with args (NULL-terminated); stdout into out and stderr into err (malloc'ed, each
  * may be NULL), returns the exit status. */
@@ -109,6 +113,73 @@ static uint8_t *read_npy(const char *path, size_t *n, char *hdr, size_t hcap) {
   *n = fread(d, 1, 64 << 20, f);
   fclose(f);
   return d;
+}
+
+/* A size as nwcctl prints it ("9.2 MiB", "0 B": v and unit) is bytes: exactly in B, else
+ * rounded to a tenth of the unit. */
+static bool human_is(double v, const char *unit, uint64_t bytes) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  for (int i = 0; i < 5; i++) {
+    double scale = ldexp(1.0, 10 * i);
+    if (!strcmp(unit, units[i]))
+      return i == 0 ? v == (double)bytes : fabs(v * scale - (double)bytes) <= 0.05 * scale + 1;
+  }
+  return false;
+}
+
+static uint64_t json_u64(const json_t *o, const char *key) {
+  return (uint64_t)json_integer_value(json_object_get(o, key));
+}
+
+/* devices --json and the devices table say what nwc_client_devices says: the same places in
+ * order, every figure equal (free memory, which moves between the calls, at most the total). */
+static void check_devices(void) {
+  nwc_client *c = NULL;
+  nwc_client_place *pl = NULL;
+  size_t n = 0;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (c) CHECK_RC(nwc_client_devices(c, &pl, &n));
+  nwc_client_free(c);
+  CHECK(n >= 1 && pl[0].pinned_bytes > 0, "nwc_client_devices: %zu places, nothing pinned", n);
+  json_t *j = run_json((const char *[]){"devices", "--json", NULL});
+  CHECK(json_array_size(j) == n, "devices --json: %zu places, the library %zu", json_array_size(j), n);
+  for (size_t i = 0; i < n && i < json_array_size(j); i++) {
+    const json_t *o = json_array_get(j, i);
+    const char *name = json_string_value(json_object_get(o, "place"));
+    CHECK(name && !strcmp(name, pl[i].name) && json_u64(o, "budget") == pl[i].budget &&
+              json_u64(o, "resident_bytes") == pl[i].resident_bytes &&
+              json_u64(o, "resident_tensors") == pl[i].resident_tensors &&
+              json_u64(o, "pinned_bytes") == pl[i].pinned_bytes &&
+              json_u64(o, "mem_free") <= json_u64(o, "mem_total") &&
+              json_u64(o, "mem_total") == pl[i].mem_total &&
+              json_u64(o, "pool_idle") == pl[i].pool_idle,
+          "devices --json, place %zu (%s) differs from nwc_client_devices' %s", i,
+          name ? name : "no name", pl[i].name);
+  }
+  json_decref(j);
+  char *out = NULL, col[8][16];
+  CHECK(run(&out, (const char *[]){"devices", NULL}) == 0, "devices");
+  const char *want[8] = {"PLACE", "BUDGET", "USED", "TENSORS", "PINNED", "FREE", "TOTAL", "POOL"};
+  int k = sscanf(out, "%15s %15s %15s %15s %15s %15s %15s %15s", col[0], col[1], col[2], col[3],
+                 col[4], col[5], col[6], col[7]);
+  for (int i = 0; i < 8; i++)
+    CHECK(k == 8 && !strcmp(col[i], want[i]), "devices: column %d is not %s:\n%s", i, want[i], out);
+  const char *line = out;
+  for (size_t i = 0; i < n && (line = strchr(line, '\n')) && *++line; i++) {
+    char name[16], u[6][8];
+    double v[6];
+    unsigned long long tensors;
+    k = sscanf(line, "%15s %lf %7s %lf %7s %llu %lf %7s %lf %7s %lf %7s %lf %7s", name, &v[0], u[0],
+               &v[1], u[1], &tensors, &v[2], u[2], &v[3], u[3], &v[4], u[4], &v[5], u[5]);
+    CHECK(k == 14 && !strcmp(name, pl[i].name) && human_is(v[0], u[0], pl[i].budget) &&
+              human_is(v[1], u[1], pl[i].resident_bytes) && tensors == pl[i].resident_tensors &&
+              human_is(v[2], u[2], pl[i].pinned_bytes) && human_is(v[4], u[4], pl[i].mem_total) &&
+              human_is(v[5], u[5], pl[i].pool_idle),
+          "devices: line %zu is not %s's figures:\n%s", i + 1, pl[i].name, out);
+  }
+  CHECK(line && !strchr(line, '\n')[1], "devices: not one line per place:\n%s", out);
+  printf("%s", out);
+  free(out), free(pl);
 }
 
 /* Checkpoints with tensors nwc does not store. */
@@ -247,6 +318,7 @@ int main(void) {
   json_decref(j);
   CHECK(run(&out, (const char *[]){"pin", name, NULL}) == 0 && strstr(out, ": 1 tensor, "), "pin of one tensor: %s", out);
   free(out);
+  check_devices();
   CHECK(run(NULL, (const char *[]){"evict", name, NULL}) == 1, "evict of a pinned tensor should fail");
   CHECK(run(NULL, (const char *[]){"unpin", name, NULL}) == 0, "unpin");
   CHECK(run(NULL, (const char *[]){"evict", "use", NULL}) == 0, "evict");
@@ -367,12 +439,13 @@ int main(void) {
   run_fails(2, "unknown option '--device'", (const char *[]){"load", "use", "--device", NULL});
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
+  CHECK(run(NULL, (const char *[]){"devices", "extra", NULL}) == 2, "devices with an argument should exit 2");
   CHECK(run(NULL, (const char *[]){"load", NULL}) == 2, "usage error should exit 2");
   CHECK(run(NULL, (const char *[]){"frobnicate", NULL}) == 2, "unknown command should exit 2");
   CHECK(run(&out, (const char *[]){"--help", NULL}) == 0 && strstr(out, "usage"), "--help");
   free(out);
-  const char *cmds[] = {"ls", "ps", "info", "load", "evict", "pin", "unpin", "import", "rm",
-                        "verify", "stats", "matvec", "gather", "dequant"};
+  const char *cmds[] = {"ls", "ps", "devices", "info", "load", "evict", "pin", "unpin", "import",
+                        "rm", "verify", "stats", "matvec", "gather", "dequant"};
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
     CHECK(run(&out, (const char *[]){cmds[i], "--help", NULL}) == 0 && strstr(out, cmds[i]) &&
               strstr(out, "usage"), "%s --help", cmds[i]);

@@ -4,6 +4,8 @@
  * bit for bit against the original file, fp32 exactly its widening), gather of random rows,
  * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
  * 1e-5), bulk data through the shared region (a large dequant), load/evict/pin/unpin, remove.
+ * devices: the host's place alone, its budget nwcd's --budget and its use ps's sums (all
+ * tensors used, none after evicting them, one of two pinned); refused by an older daemon.
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
  * clear error where there is no GPU (/dev/nvidia0), a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
  * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
@@ -129,6 +131,84 @@ static void check_alone(void) {
   close(a), close(b);
 }
 
+/* devices on the cpu backend (want: the tensors resident now): the hello offers it, and it has
+ * one place, host memory, whose budget is nwcd's --budget, whose resident bytes, tensors and
+ * pinned bytes are ps's sums, and whose memory is the machine's (MemTotal is sysinfo's total,
+ * which sysconf reports). */
+static void check_devices(nwc_client *c, uint64_t budget, size_t want, const char *when) {
+  nwc_client_place *pl = NULL;
+  nwc_client_resident *ps = NULL;
+  size_t n = 0, nps = 0;
+  CHECK(td_daemon_caps(td_sock) & NWC_CAP_DEVICES, "hello does not offer devices (512)");
+  CHECK_RC(nwc_client_devices(c, &pl, &n));
+  CHECK_RC(nwc_client_ps(c, &ps, &nps));
+  uint64_t bytes = 0, pinned = 0;
+  for (size_t i = 0; i < nps; i++) bytes += ps[i].bytes, pinned += ps[i].pinned ? ps[i].bytes : 0;
+  CHECK(n == 1 && !strcmp(pl[0].name, "cpu"), "%s: devices: %zu places, the first '%s' (want "
+        "cpu alone)", when, n, n ? pl[0].name : "");
+  uint64_t phys = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  if (n >= 1) {
+    const nwc_client_place *h = &pl[0];
+    printf("devices %s: cpu budget %llu, %llu bytes in %llu tensors, %llu pinned, %llu of %llu "
+           "free\n", when, (unsigned long long)h->budget, (unsigned long long)h->resident_bytes,
+           (unsigned long long)h->resident_tensors, (unsigned long long)h->pinned_bytes,
+           (unsigned long long)h->mem_free, (unsigned long long)h->mem_total);
+    CHECK(h->budget == budget, "%s: host budget %llu, nwcd --budget %llu", when,
+          (unsigned long long)h->budget, (unsigned long long)budget);
+    CHECK(nps == want && h->resident_tensors == nps && h->resident_bytes == bytes &&
+              h->pinned_bytes == pinned,
+          "%s: devices says %llu tensors, %llu bytes, %llu pinned; ps %zu (want %zu), %llu, %llu",
+          when, (unsigned long long)h->resident_tensors, (unsigned long long)h->resident_bytes,
+          (unsigned long long)h->pinned_bytes, nps, want, (unsigned long long)bytes,
+          (unsigned long long)pinned);
+    CHECK(h->mem_total == phys && h->mem_free > 0 && h->mem_free <= h->mem_total &&
+              h->pool_idle == 0,
+          "%s: host memory %llu free of %llu (physical %llu), pool %llu", when,
+          (unsigned long long)h->mem_free, (unsigned long long)h->mem_total,
+          (unsigned long long)phys, (unsigned long long)h->pool_idle);
+  }
+  free(pl), free(ps);
+}
+
+/* A daemon older than devices (its hello offers every capability below 512): the client refuses
+ * nwc_client_devices with EOPNOTSUPP, saying why, and sends it nothing after the hello. */
+static void check_devices_refused(void) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%.80s/old.sock", td_dir);
+  int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(bind(ls, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(ls, 1) == 0, "listen on %s",
+        sa.sun_path);
+  pid_t old = fork();
+  if (old == 0) {
+    int fd = accept(ls, NULL, NULL);
+    nwc_proto_hdr h;
+    uint8_t *p = NULL;
+    if (fd < 0 || td_recv_frame(fd, &h, &p, 5000) < 0 || h.op != NWC_OP_HELLO) _exit(2);
+    free(p);
+    nwc_proto_hello hello = {1, NWC_CAP_DEVICES - 1, NWC_PROTO_MAX_PAYLOAD, "nwcd 0.0.9", "cpu"};
+    nwc_pw w;
+    nwc_pw_init(&w);
+    nwc_proto_put_hello(&w, &hello);
+    int64_t n = nwc_pw_finish(&w, NWC_OP_HELLO, 0, 0, h.id);
+    if (n < 0 || td_send(fd, w.buf, (size_t)n) < 0) _exit(2);
+    _exit(td_recv_frame(fd, &h, &p, 5000) == -ECONNRESET ? 0 : 1); /* nothing until it closes */
+  }
+  close(ls);
+  nwc_client *c = NULL;
+  CHECK_RC(nwc_client_connect(sa.sun_path, &c));
+  nwc_client_place *pl = NULL;
+  size_t n = 0;
+  int rc = c ? nwc_client_devices(c, &pl, &n) : 0;
+  CHECK(rc == -EOPNOTSUPP && strstr(nwc_client_last_error(), "nwcd 0.0.9 has no devices"),
+        "devices from a daemon without it: %d %s", rc, nwc_client_last_error());
+  printf("devices from an older daemon: %s\n", nwc_client_last_error());
+  nwc_client_free(c);
+  int st = 0;
+  waitpid(old, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the older daemon got a request after the hello "
+        "(or none at all): status 0x%x", st);
+}
+
 static void check_all_tensors(nwc_client *c) {
   for (size_t i = 0; i < td_nt; i++) {
     const td_tensor *t = &td_t[i];
@@ -183,7 +263,10 @@ static void check_matvec(nwc_client *c) {
 
 int main(void) {
   int rc0;
-  pid_t d = td_begin("test_daemon_basic", "nwc-basic", NULL, &rc0);
+  /* a host budget of its own, not a round one (devices must report it), that the model fits */
+  const uint64_t budget = (100u << 20) + 7 * 4096;
+  const char *extra[] = {"--budget", "104886272", NULL};
+  pid_t d = td_begin("test_daemon_basic", "nwc-basic", extra, &rc0);
   if (!d) return rc0;
   struct stat st;
   CHECK(stat(td_sock, &st) == 0 && (st.st_mode & 0777) == 0660, "socket mode %o, not 0660",
@@ -223,17 +306,22 @@ int main(void) {
   CHECK_RC(nwc_client_stats(c, &s));
   CHECK(s.resident_tensors == td_nt && s.loads == td_nt, "stats: %llu resident, %llu loads",
         (unsigned long long)s.resident_tensors, (unsigned long long)s.loads);
+  check_devices(c, budget, td_nt, "after using every tensor");
   printf("loads: %llu O_DIRECT, %llu buffered; mlock ok %llu failed %llu\n",
          (unsigned long long)s.direct_loads, (unsigned long long)s.buffered_loads,
          (unsigned long long)s.mlock_ok, (unsigned long long)s.mlock_failed);
   CHECK_RC(nwc_client_evict(c, "use", NULL, &res));
   CHECK(res.tensors == td_nt, "evict all: %llu", (unsigned long long)res.tensors);
+  check_devices(c, budget, 0, "after evicting everything");
   CHECK_RC(nwc_client_pin(c, "use", td_t[0].name, &res));
+  CHECK_RC(nwc_client_load(c, "use", td_t[1].name, NULL, NULL, &res));
+  check_devices(c, budget, 2, "with one of two tensors pinned");
   rc = nwc_client_evict(c, "use", td_t[0].name, &res);
   CHECK(rc == -EBUSY && strstr(nwc_client_last_error(), "pinned"), "evict of a pinned tensor: %d %s",
         rc, nwc_client_last_error());
   CHECK_RC(nwc_client_unpin(c, "use", td_t[0].name, &res));
   CHECK_RC(nwc_client_evict(c, "use", td_t[0].name, &res));
+  CHECK_RC(nwc_client_evict(c, "use", td_t[1].name, &res));
   /* Places: host memory by name; no GPU on the cpu backend */
   rc = nwc_client_load_on(c, "use", td_t[0].name, 0, NULL, NULL, &res);
   CHECK(rc == -ENODEV, "load onto cuda:0 with the cpu backend: %d %s", rc, nwc_client_last_error());
@@ -250,6 +338,7 @@ int main(void) {
   free(ps);
   CHECK_RC(nwc_client_verify(c, NULL, NULL, NULL, &res));
   CHECK(res.problems == 0 && res.tensors == td_nt, "verify");
+  check_devices_refused();
 
   /* Edges of the daemon. */
   CHECK(td_daemon_refuses("/tmp/never-used-nwcd.sock", NULL) == 1,

@@ -37,6 +37,13 @@
  *   6. (Then, where the machine has a second GPU.)  A tensor and then the whole sample on cuda:1:
  *      matvec and dequant right there, a load onto cuda:0 refused, cuda:1's memory back after
  *      evicting everything.
+ *   7. (After 2, on its daemon: 4 MiB per device.)  devices: the host, then one place per GPU
+ *      in order, each GPU's budget the 4 MiB given and all of them together what stats sums,
+ *      its total memory CUDA's and its free memory at most that; every place's resident bytes,
+ *      tensors and pinned bytes ps's sums there: with nothing resident, then with random
+ *      tensors loaded onto cuda:0 and one into host memory (one of each pinned), and after
+ *      evicting everything, when they are 0 and so are the GPUs' pools (a device that holds no
+ *      tensor gives its pool back).
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write_matrices */
@@ -293,11 +300,14 @@ static uint64_t gpu_free(void) {
   return f;
 }
 
-/* The free memory of device dev (this process's current device stays 0). */
-static uint64_t gpu_free_on(int dev) {
+/* The free memory of device dev, and its total into *total (may be NULL); this process's current
+ * device stays 0. */
+static uint64_t gpu_free_on(int dev, uint64_t *total) {
+  size_t f = 0, t = 0;
   CU(cudaSetDevice(dev));
-  uint64_t f = gpu_free();
+  CU(cudaMemGetInfo(&f, &t));
   CU(cudaSetDevice(0));
+  if (total) *total = t;
   return f;
 }
 
@@ -357,7 +367,7 @@ static void second_device_steps(nwc_client *c) {
   }
   const td_tensor *t = find_tensor(true);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  uint64_t f0 = gpu_free_on(1);
+  uint64_t f0 = gpu_free_on(1, NULL);
   CHECK_RC(nwc_client_load_on(c, "use", t->name, 1, NULL, NULL, NULL));
   CHECK(ps_device(c, "use", t->name) == 1, "%s on device %d, not cuda:1", t->name,
         ps_device(c, "use", t->name));
@@ -376,11 +386,105 @@ static void second_device_steps(nwc_client *c) {
     free(b);
   }
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
-  uint64_t f1 = gpu_free_on(1);
+  uint64_t f1 = gpu_free_on(1, NULL);
   printf("second device: cuda:1 free memory %llu before, %llu after evicting everything\n",
          (unsigned long long)f0, (unsigned long long)f1);
   CHECK(f1 == f0, "cuda:1's memory did not come back: %llu -> %llu", (unsigned long long)f0,
         (unsigned long long)f1);
+}
+
+/* devices against ps and stats (see 7): every place in order, its resident bytes, tensors and
+ * pinned bytes ps's sums there, each GPU's budget gpu_budget and its total memory CUDA's, the
+ * GPUs' budgets and resident bytes together stats' sums; with empty, nothing resident anywhere
+ * and no GPU pool holding memory. */
+static void devices_match(nwc_client *c, int ndev, uint64_t gpu_budget, bool empty,
+                          const char *when) {
+  nwc_client_place *pl = NULL;
+  nwc_client_resident *ps = NULL;
+  size_t n = 0, nps = 0;
+  nwc_client_counters s;
+  CHECK_RC(nwc_client_stats(c, &s));
+  CHECK_RC(nwc_client_devices(c, &pl, &n));
+  CHECK_RC(nwc_client_ps(c, &ps, &nps));
+  size_t want = 1 + (size_t)(ndev < 16 ? ndev : 16); /* nwcd serves 16 devices at most */
+  CHECK(n == want, "%s: devices lists %zu places, not the host and %zu GPUs", when, n, want - 1);
+  CHECK(!empty || nps == 0, "%s: ps lists %zu tensors", when, nps);
+  uint64_t gbudget = 0, gresident = 0;
+  for (size_t k = 0; k < n && k < want; k++) {
+    const nwc_client_place *p = &pl[k];
+    int dev = (int)k - 1;
+    char name[16];
+    if (dev < 0) snprintf(name, sizeof name, "cpu");
+    else snprintf(name, sizeof name, "cuda:%d", dev);
+    uint64_t bytes = 0, tensors = 0, pinned = 0;
+    for (size_t i = 0; i < nps; i++) {
+      if (ps[i].device != dev) continue;
+      bytes += ps[i].bytes, tensors++;
+      if (ps[i].pinned) pinned += ps[i].bytes;
+    }
+    printf("devices %s: %s budget %llu, %llu bytes in %llu tensors, %llu pinned, %llu of %llu "
+           "free, pool %llu\n", when, p->name, (unsigned long long)p->budget,
+           (unsigned long long)p->resident_bytes, (unsigned long long)p->resident_tensors,
+           (unsigned long long)p->pinned_bytes, (unsigned long long)p->mem_free,
+           (unsigned long long)p->mem_total, (unsigned long long)p->pool_idle);
+    CHECK(!strcmp(p->name, name), "%s: place %zu is %s, not %s", when, k, p->name, name);
+    CHECK(p->resident_bytes == bytes && p->resident_tensors == tensors && p->pinned_bytes == pinned,
+          "%s: %s holds %llu bytes in %llu tensors (%llu pinned); ps: %llu in %llu (%llu)", when,
+          name, (unsigned long long)p->resident_bytes, (unsigned long long)p->resident_tensors,
+          (unsigned long long)p->pinned_bytes, (unsigned long long)bytes,
+          (unsigned long long)tensors, (unsigned long long)pinned);
+    CHECK(p->mem_total > 0 && p->mem_free <= p->mem_total, "%s: %s has %llu free of %llu", when,
+          name, (unsigned long long)p->mem_free, (unsigned long long)p->mem_total);
+    if (dev < 0) {
+      CHECK(p->budget == s.budget && p->resident_bytes == s.resident_bytes && p->pool_idle == 0,
+            "%s: host budget %llu with %llu resident, pool %llu; stats: %llu with %llu", when,
+            (unsigned long long)p->budget, (unsigned long long)p->resident_bytes,
+            (unsigned long long)p->pool_idle, (unsigned long long)s.budget,
+            (unsigned long long)s.resident_bytes);
+      continue;
+    }
+    uint64_t total = 0;
+    gpu_free_on(dev, &total);
+    CHECK(p->budget == gpu_budget && p->resident_bytes <= p->budget && p->mem_total == total,
+          "%s: %s budget %llu (want %llu) with %llu resident, total %llu (CUDA: %llu)", when, name,
+          (unsigned long long)p->budget, (unsigned long long)gpu_budget,
+          (unsigned long long)p->resident_bytes, (unsigned long long)p->mem_total,
+          (unsigned long long)total);
+    CHECK(empty ? p->pool_idle == 0 : p->pool_idle < p->mem_total,
+          "%s: %s's pool holds %llu bytes beyond its copies", when, name,
+          (unsigned long long)p->pool_idle);
+    gbudget += p->budget, gresident += p->resident_bytes;
+  }
+  CHECK(gbudget == s.gpu_budget && gresident == s.gpu_resident_bytes,
+        "%s: the GPUs' budgets sum to %llu with %llu resident; stats: %llu with %llu", when,
+        (unsigned long long)gbudget, (unsigned long long)gresident,
+        (unsigned long long)s.gpu_budget, (unsigned long long)s.gpu_resident_bytes);
+  free(pl), free(ps);
+}
+
+/* 7. devices (after 2: everything evicted, gpu_budget per device): nothing resident; random
+ * tensors loaded onto cuda:0 (LRU within its budget) and one into host memory, one of each
+ * pinned; everything evicted again. */
+static void devices_steps(nwc_client *c, int ndev, uint64_t gpu_budget) {
+  devices_match(c, ndev, gpu_budget, true, "with nothing resident");
+  size_t h = test_below(td_nt);
+  const td_tensor *host = &td_t[h], *dev = NULL;
+  CHECK_RC(nwc_client_load_on(c, "use", host->name, NWC_CLIENT_CPU, NULL, NULL, NULL));
+  for (unsigned k = 3 + (unsigned)test_below(6); k > 0; k--) { /* any but the host's */
+    const td_tensor *t = &td_t[(h + 1 + test_below(td_nt - 1)) % td_nt];
+    int rc = nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL);
+    CHECK(rc == 0 || rc == -ENOSPC, "load cuda:0 %s: %d %s", t->name, rc,
+          nwc_client_last_error());
+    if (rc == 0) dev = t;
+  }
+  CHECK(dev && ps_device(c, "use", dev->name) == 0, "no tensor stayed on cuda:0");
+  CHECK_RC(nwc_client_pin(c, "use", host->name, NULL));
+  if (dev) CHECK_RC(nwc_client_pin(c, "use", dev->name, NULL));
+  devices_match(c, ndev, gpu_budget, false, "with tensors on cuda:0 and in host memory");
+  CHECK_RC(nwc_client_unpin(c, "use", host->name, NULL));
+  if (dev) CHECK_RC(nwc_client_unpin(c, "use", dev->name, NULL));
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  devices_match(c, ndev, gpu_budget, true, "after evicting everything");
 }
 
 /* One random step of the budget workload; checks the reply. */
@@ -636,6 +740,7 @@ int main(int argc, char **argv) {
         (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.resident_bytes);
   CHECK(free1 == free0, "device memory did not come back: %llu -> %llu",
         (unsigned long long)free0, (unsigned long long)free1);
+  devices_steps(c, ndev, 4u << 20);
   fp8_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");

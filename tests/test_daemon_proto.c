@@ -120,6 +120,8 @@ int main(void) {
   check_request("req_stats", &r);
   r.op = NWC_OP_PS, r.id = 5;
   check_request("req_ps", &r);
+  r.op = NWC_OP_DEVICES, r.id = 30;
+  check_request("req_devices", &r);
 
   memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite");
@@ -302,6 +304,23 @@ int main(void) {
   CHECK(nwc_pr_u32(&pr) == 1 && nwc_proto_get_ps(&pr, &ps2) == 0 && nwc_pr_end(&pr, "ps") == 0 &&
         ps2.maps == 2 && ps2.bytes == 1081344 && ps2.last_used_ms == 250 && ps2.device == 0,
         "ps decode");
+  nwc_pw_free(&w);
+
+  /* devices: the host, then each GPU */
+  nwc_pw_init(&w);
+  nwc_proto_place pl[2] = {
+      {"cpu", 8ull << 30, 9666560, 35, 1081344, 250ull << 30, 1007ull << 30, 0},
+      {"cuda:0", 129ull << 30, 9682944, 2, 0, 139ull << 30, 143771533312ull, 2097152}};
+  nwc_pw_u32(&w, 2);
+  for (int i = 0; i < 2; i++) nwc_proto_put_place(&w, &pl[i]);
+  check_reply("rep_devices", &w, NWC_OP_DEVICES, 0, 0, 30);
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_place pl2[2];
+  memset(pl2, 0, sizeof pl2); /* the names' bytes after their NUL */
+  CHECK(nwc_pr_u32(&pr) == 2 && nwc_proto_get_place(&pr, &pl2[0]) == 0 &&
+            nwc_proto_get_place(&pr, &pl2[1]) == 0 && nwc_pr_end(&pr, "devices") == 0 &&
+            !memcmp(pl, pl2, sizeof pl),
+        "devices decode");
   nwc_pw_free(&w);
 
   nwc_pw_init(&w);

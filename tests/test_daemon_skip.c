@@ -89,19 +89,8 @@ int main(void) {
   if (!c) return 1;
 
   /* The daemon offers import2. */
-  int fd = td_raw_connect(td_sock);
-  nwc_proto_req hello = {.op = NWC_OP_HELLO, .id = 1, .ver_min = 1, .ver_max = 1};
-  nwc_proto_hdr h;
-  uint8_t *p = NULL;
-  nwc_proto_hello hr = {0};
-  nwc_pr pr;
-  if (td_send_req(fd, &hello) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0) {
-    nwc_pr_init(&pr, p, h.length);
-    nwc_proto_get_hello(&pr, &hr);
-  }
-  CHECK(hr.caps & NWC_CAP_IMPORT2, "hello caps 0x%llx lack import2 (256)", (unsigned long long)hr.caps);
-  free(p);
-  close(fd);
+  uint64_t caps = td_daemon_caps(td_sock);
+  CHECK(caps & NWC_CAP_IMPORT2, "hello caps 0x%llx lack import2 (256)", (unsigned long long)caps);
 
   /* Strict: all or nothing, naming the first tensor and its dtype. */
   nwc_client_result res;

@@ -248,6 +248,25 @@ __attribute__((unused)) static int td_raw_hello_caps(const char *path, uint64_t 
   return fd;
 }
 
+/* The capabilities (NWC_CAP_*) the daemon at path offers in its hello reply; 0 when it does not
+ * answer. */
+__attribute__((unused)) static uint64_t td_daemon_caps(const char *path) {
+  int fd = td_raw_connect(path);
+  nwc_proto_req hello = {.op = NWC_OP_HELLO, .id = 1, .ver_min = 1, .ver_max = 1};
+  nwc_proto_hdr h;
+  uint8_t *p = NULL;
+  nwc_proto_hello hr = {0};
+  if (fd >= 0 && td_send_req(fd, &hello) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 &&
+      h.status == 0) {
+    nwc_pr pr;
+    nwc_pr_init(&pr, p, h.length);
+    if (nwc_proto_get_hello(&pr, &hr) < 0) hr.caps = 0;
+  }
+  free(p);
+  if (fd >= 0) close(fd);
+  return hr.caps;
+}
+
 /* Connects and says hello with no capabilities; returns the fd or -1. */
 __attribute__((unused)) static int td_raw_hello(const char *path) {
   return td_raw_hello_caps(path, 0);

@@ -32,6 +32,9 @@ static void replies(const uint8_t *p, size_t n) {
   nwc_proto_ps ps;
   nwc_pr_init(&r, p, n);
   for (uint32_t k = nwc_pr_u32(&r), i = 0; i < k && !r.err; i++) nwc_proto_get_ps(&r, &ps);
+  nwc_proto_place pl;
+  nwc_pr_init(&r, p, n);
+  for (uint32_t k = nwc_pr_u32(&r), i = 0; i < k && !r.err; i++) nwc_proto_get_place(&r, &pl);
   nwc_proto_result res;
   nwc_pr_init(&r, p, n), nwc_proto_get_result(&r, &res);
   nwc_proto_skipped sk; /* import2: the result, then the skipped tensors */
