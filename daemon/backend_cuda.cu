@@ -11,7 +11,9 @@
  *     256-aligned).  The blob's structure was validated at import and its bytes are the
  *     checksummed ones, so the kernels get what nwc_tensor_validate accepted then.  The table
  *     is built in the ring's pinned side buffer and goes up on its stream ahead of the blob, so
- *     a load waits once, at its end.
+ *     a load waits once, at its end; a model load's lanes do not wait even then (a queued
+ *     load): the copy records its arrival on the ring's stream, and whatever uses or frees the
+ *     copy first makes its own stream wait for that (Lease::take of a copy).
  *     Copies come from the device's own memory pool (cudaMallocFromPoolAsync on that stream),
  *     not cudaMalloc: 16 load lanes calling cudaMalloc beside each other's copies lost 16 % of a
  *     warm load to it, the pool nothing measurable (docs/results.md).  The pool's release
