@@ -5,7 +5,9 @@
  * sizes, hot or not (page-cache reads copied inline one at a time), from several threads at
  * once, and through a ring of registered buffers to a sink that holds and gives back slots in
  * random order (queued loads leaving it slots that the next load takes back, never handing out
- * a held one), with one to four threads checking chunks, and into memfds through the thread's
+ * a held one; queued loads in a row through a sink that gives slots back only when waited for,
+ * each returning with slots still held, then a failing load, queued or not, that must take every
+ * one back, the ring whole after it), with one to four threads checking chunks, and into memfds through the thread's
  * staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
  * bytes (read independently with pread) and decode to the original weights; progress must be
  * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
@@ -368,11 +370,13 @@ typedef struct hold_sink {
   unsigned held[1024], nheld, hold, consumed;
   int fail_at; /* consume returns -ENOSPC at this call (0: never) */
   bool bad;
+  bool stingy; /* reclaim gives nothing back unless the loader waits (a GPU sink whose copies
+                  are still running) */
 } hold_sink;
 
 static int hs_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
   hold_sink *h = ctx;
-  if (h->fail_at && (int)++h->consumed == h->fail_at) return -ENOSPC;
+  if ((int)++h->consumed == h->fail_at) return -ENOSPC;
   uint64_t bytes;
   unsigned nslots;
   uint8_t *mem = nwcd_ring_memory(r, &bytes, &nslots);
@@ -386,7 +390,7 @@ static int hs_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
 
 static int hs_reclaim(void *ctx, nwcd_ring *r, bool wait) {
   hold_sink *h = ctx;
-  unsigned keep = wait ? 0 : (unsigned)test_below(h->hold + 1);
+  unsigned keep = wait ? 0 : h->stingy ? h->nheld : (unsigned)test_below(h->hold + 1);
   while (h->nheld > keep) {
     unsigned i = (unsigned)test_below(h->nheld);
     nwcd_ring_release(r, h->held[i]);
@@ -441,6 +445,57 @@ static void test_ring(void) {
     free(f.dst);
     free(ref);
   }
+  nwcd_ring_free(r);
+}
+
+/* Queued ring loads one after another through one sink that gives slots back only when the
+ * loader waits (as the GPU ring's sink does while copies run): each queued load must return with
+ * slots still with the sink (or it waited after all), the next one must take them back without
+ * handing a held slot out twice, a load that fails (its sink, or a damaged chunk in the daemon)
+ * must still take every slot back, including those an earlier queued load left, and the ring must
+ * be whole afterwards (a load that drains it fails with -EIO if a slot was lost). */
+static void test_ring_queued(void) {
+  unsigned slots = 2 + (unsigned)test_below(3);
+  uint64_t slot = MIB * (1 + test_below(2));
+  nwcd_ring *r = NULL;
+  CHECK_RC(nwcd_ring_create(slots * slot, slot, &r));
+  if (!r) return;
+  hold_sink h = {.stingy = true};
+  nwcd_sink sk = {hs_consume, hs_reclaim, &h};
+  for (int round = 0; round < 4; round++) {
+    const nwc_tensor_info *t = &ti[round % 2]; /* the big blob (several slots) and the mid one */
+    uint8_t *ref = file_bytes(t);
+    h.dst = aligned_garbage(t->length);
+    nwcd_load_opts o = {.mode = (unsigned)test_below(3), .depth = 1 + (unsigned)test_below(64),
+                        .read_size = test_below(2) ? MIB : 0, .hot = test_below(2),
+                        .queued = true};
+    o.piece = random_piece(o.hot);
+    int rc = nwcd_ring_load(r, t, &o, &sk, NULL);
+    CHECK(rc == 0 && !memcmp(h.dst, ref, t->length) && !h.bad,
+          "queued ring load %s (round %d, %u slots of %llu): %d (%s)", t->name, round, slots,
+          (unsigned long long)slot, rc, nwc_error_detail());
+    CHECK(h.nheld > 0, "queued ring load %s waited for its sink (round %d)", t->name, round);
+    free(h.dst), free(ref);
+  }
+  /* A load that fails at its first slot (queued or not: a failed load waits all the same),
+   * through the sink that still holds the last ones. */
+  const nwc_tensor_info *t = &ti[0];
+  h.dst = aligned_garbage(t->length);
+  h.fail_at = (int)h.consumed + 1;
+  nwcd_load_opts fo = {.queued = test_below(2)};
+  int rc = nwcd_ring_load(r, t, &fo, &sk, NULL);
+  CHECK(rc == -ENOSPC && h.nheld == 0 && !h.bad,
+        "failing load (queued %d) after queued ones: %d (%s), %u slots still held", fo.queued,
+        rc, nwc_error_detail(), h.nheld);
+  free(h.dst);
+  /* The ring is whole: a plain load through a fresh sink drains it to every slot. */
+  uint8_t *ref = file_bytes(t);
+  hold_sink g = {.dst = aligned_garbage(t->length), .hold = slots};
+  nwcd_sink gk = {hs_consume, hs_reclaim, &g};
+  rc = nwcd_ring_load(r, t, NULL, &gk, NULL);
+  CHECK(rc == 0 && !memcmp(g.dst, ref, t->length) && !g.bad && g.nheld == 0,
+        "load after a failed one: %d (%s)", rc, nwc_error_detail());
+  free(g.dst), free(ref);
   nwcd_ring_free(r);
 }
 
@@ -756,6 +811,7 @@ int main(int argc, char **argv) {
     test_decode();
     test_threads();
     test_ring();
+    test_ring_queued();
     test_crew();
     test_damage();
     test_fd_refused();
