@@ -400,7 +400,7 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   nwcd_gpu_ring *g = rings[dev][k];
   void *side = NULL;
   if (rc == 0) rc = nwcd_gpu_ring_side(g, &side);
-  if (rc == 0) /* from here on the load synchronizes the ring's stream when it fails */
+  if (rc == 0) /* queues the allocation and the table on the ring's stream */
     rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), side, dcopy, &blob);
   dev_blob share = {ti, dev, blob, NULL};
   nwcd_load_opts o = dev_load_opts;
@@ -411,6 +411,8 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   uint64_t alloc_ns = nwcd_now_ns() - t0;
   if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
   if (rc == 0 && o.queued) rc = nwcd_cuda_blob_queued(*dcopy, nwcd_gpu_ring_stream(g));
+  if (rc < 0 && *dcopy) /* the copy is freed below: what was queued into it (its table, and */
+    nwcd_gpu_ring_settle(g); /* the load's copies where the load did not wait) must be done */
   ring_give(dev, k);
   if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
   if (li) li->alloc_ns = alloc_ns;

@@ -686,7 +686,7 @@ extern "C" int nwcd_cuda_blob_queued(void *dcopy, void *stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSetDevice(cp->dev);
   if (e == cudaSuccess && !cp->arrival)
-    e = cudaEventCreateWithFlags(&cp->arrival, cudaEventDisableTiming);
+    e = cudaEventCreateWithFlags(&cp->arrival, cudaEventDisableTiming | cudaEventBlockingSync);
   if (e == cudaSuccess) e = cudaEventRecord(cp->arrival, st);
   if (e == cudaSuccess) {
     __atomic_store_n(&cp->pending, 1, __ATOMIC_RELEASE);

@@ -8,14 +8,15 @@
  *
  * Slots are released in the order their copies were queued (one stream: copies complete in
  * order), polled with cudaEventQuery while there are free slots and waited for with
- * cudaEventSynchronize when the loader has none.  A queued load (nwcd_load_opts.queued) returns
- * with its last copies still running: their slots stay in the ring's list, oldest first, for
- * the ring's next load to release in the same order, and nwcd_gpu_ring_settle waits for them.  The events block (cudaEventBlockingSync): a
+ * cudaEventSynchronize when the loader has none.  The events block (cudaEventBlockingSync): a
  * waiting lane sleeps instead of spinning on a core that the copies out of the page cache need
- * (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  The ring memory is mapped by
- * loader.c and pinned for DMA here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text
- * in the detail); the stream is synchronized before the slots are given back, so no copy reads
- * a slot that a later load refills.
+ * (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  A queued load
+ * (nwcd_load_opts.queued) returns with its last copies still running: their slots stay in the
+ * ring's list, oldest first, for the ring's next load to release in the same order, and
+ * nwcd_gpu_ring_settle waits for them.  The ring memory is mapped by loader.c and pinned for DMA
+ * here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text in the detail);
+ * a failed load synchronizes the stream before its slots go back, and a slot is refilled only
+ * once its copy's event has completed, so no copy reads a slot that a later load refills.
  */
 #include "nwcd.h"
 
