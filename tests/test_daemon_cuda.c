@@ -25,7 +25,10 @@
  *      retrying"); once the memory is given back it loads that matrix's model (three of
  *      8192 columns: 8192, 2048 and 512 rows) whole, the lanes of the small ones taking parts
  *      of the large one (the log says how many: at least one), and every matrix matvecs within
- *      1e-5 of fp64 and gathers rows (the last, the first, two random) bit for bit.
+ *      1e-5 of fp64 and gathers rows (the last, the first, two random) bit for bit; then this
+ *      process and a forked one race whole-model loads, evicts and dequants of that model for
+ *      two seconds (test_daemon_race.h), every dequant bit for bit: tensors are used and
+ *      evicted while the copies of queued loads are still on their way.
  *   4. fp8: the sample imported with elem fp8 (matrices quantized, 1-D tensors kept BF16), each
  *      matrix loaded onto cuda:0 alone (ps says so): dequant equal bit for bit to the
  *      quantizer's fp8 values for the original weights (nwc_quantize_fp8, as BF16), a gather of
@@ -45,6 +48,7 @@
  *      evicting everything, when they are 0 and so are the GPUs' pools (a device that holds no
  *      tensor gives its pool back).
  */
+#include "test_daemon_race.h"
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write_matrices */
 
@@ -593,6 +597,7 @@ static void oom_steps(nwc_client *c) {
       CHECK(!memcmp(g + k * K, w[m] + idx[k] * K, K * 2), "gather %s row %llu", names[m],
             (unsigned long long)idx[k]);
   }
+  td_crew_races(c, "test_daemon_cuda", names, rows, K, w);
   budget_step_matvec(c, ts[b].name);
   CHECK_RC(nwc_client_remove(c, "big"));
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));

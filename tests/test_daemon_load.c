@@ -15,6 +15,7 @@
  * while another process loads, evicts and dequantizes the same model.
  */
 #include "nwc_client.h"
+#include "test_daemon_race.h"
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write_matrices */
 
@@ -172,58 +173,6 @@ static void test_budget(uint64_t total) {
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
 }
 
-/* One client's share of crew_races for about seconds: whole-model loads and evicts of "big",
- * single-tensor evicts and dequants, in random order; every dequant bit for bit, every load and
- * model evict succeeds (what is being loaded or used is skipped), a single evict succeeds or is
- * refused as busy.  Returns the failures. */
-static int race_ops(nwc_client *c, const char *const *names, const uint64_t *rows, uint64_t K,
-                    uint16_t *const *w, int seconds) {
-  time_t t_end = time(NULL) + seconds;
-  uint16_t *got = malloc(rows[0] * K * 2);
-  unsigned long ops[4] = {0};
-  while (time(NULL) < t_end && test_failures < 5) {
-    int op = (int)test_below(4), m = (int)test_below(3);
-    ops[op]++;
-    if (op == 0) {
-      CHECK_RC(nwc_client_load(c, "big", NULL, NULL, NULL, NULL));
-    } else if (op == 1) {
-      CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
-    } else if (op == 2) {
-      int rc = nwc_client_evict(c, "big", names[m], NULL);
-      CHECK(rc == 0 || rc == -EBUSY, "evict %s during the others' loads: %d %s", names[m], rc,
-            nwc_client_last_error());
-    } else {
-      int rc = nwc_client_dequant(c, "big", names[m], NWC_CLIENT_BF16, got, rows[m] * K * 2,
-                                  NULL, NULL, NULL);
-      CHECK(rc == 0 && !memcmp(got, w[m], rows[m] * K * 2), "dequant %s during the others' "
-            "loads: %d %s", names[m], rc, rc ? nwc_client_last_error() : "not the weights");
-    }
-  }
-  free(got);
-  printf("crew races, pid %d: %lu model loads, %lu model evicts, %lu tensor evicts, %lu dequants\n",
-         (int)getpid(), ops[0], ops[1], ops[2], ops[3]);
-  return test_failures;
-}
-
-/* Whole-model loads of "big" (lanes helping with its large matrix) racing with another
- * process's loads, evicts and dequants of the same model: race_ops in both. */
-static void crew_races(nwc_client *c, const char *const *names, const uint64_t *rows, uint64_t K,
-                       uint16_t *const *w) {
-  pid_t kid = fork();
-  if (kid == 0) {
-    nwc_client *k = NULL;
-    test_seed("test_daemon_load crew_races child");
-    int bad = nwc_client_connect(td_sock, &k) < 0 || race_ops(k, names, rows, K, w, 2) != 0;
-    fflush(NULL);
-    _exit(bad);
-  }
-  race_ops(c, names, rows, K, w, 2);
-  int st = 0;
-  CHECK(kid > 0 && waitpid(kid, &st, 0) == kid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-        "the racing client failed (status 0x%x)", st);
-  CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
-}
-
 /* A model whose first matrix (8192 x 4096, about 45 MB of container) dwarfs the other two, loaded
  * whole: the lane of the small ones runs out of tensors and writes parts of the large one into
  * its memfd (the log says how many: at least one); every matrix decodes bit for bit, the large
@@ -282,7 +231,8 @@ static void test_crew(nwc_client *c) {
   printf("big: loaded whole, %ld parts written by lanes that had run out of tensors\n", parts);
   CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
   free(x), free(y);
-  crew_races(c, names, rows, K, w);
+  td_crew_races(c, "test_daemon_load", names, rows, K, w);
+  CHECK_RC(nwc_client_evict(c, "big", NULL, NULL));
   for (int m = 0; m < 3; m++) free(w[m]);
 }
 
