@@ -198,7 +198,8 @@ static void *raw_lane(void *p) {
   for (size_t k = 0; k < c->nfiles; k++) fds[k] = open(c->files[k], O_RDONLY);
   cudaEvent_t ev[2];
   bool used[2] = {false, false};
-  for (int k = 0; k < 2; k++) cudaEventCreateWithFlags(&ev[k], cudaEventDisableTiming | cudaEventBlockingSync);
+  for (int k = 0; k < 2; k++)
+    cudaEventCreateWithFlags(&ev[k], cudaEventDisableTiming | cudaEventBlockingSync);
   for (unsigned slot = 0;; slot ^= 1) {
     uint64_t at = atomic_fetch_add(&c->next, 1) * RAW_PIECE, k = 0, base = 0;
     if (at >= c->total) break;
@@ -206,8 +207,10 @@ static void *raw_lane(void *p) {
     uint64_t n = c->sizes[k] - (at - base) < RAW_PIECE ? c->sizes[k] - (at - base) : RAW_PIECE;
     if (used[slot]) cudaEventSynchronize(ev[slot]);
     uint8_t *buf = c->slots[l] + slot * RAW_PIECE;
-    for (uint64_t o = 0; o < n; o += 1u << 20)
-      if (pread(fds[k], buf + o, n - o < (1u << 20) ? n - o : (1u << 20), (off_t)(at - base + o)) < 0) break;
+    for (uint64_t o = 0; o < n; o += 1u << 20) {
+      size_t len = n - o < (1u << 20) ? n - o : (1u << 20);
+      if (pread(fds[k], buf + o, len, (off_t)(at - base + o)) < 0) break;
+    }
     cudaMemcpyAsync(c->dev + at, buf, n, cudaMemcpyHostToDevice, c->streams[l]);
     cudaEventRecord(ev[slot], c->streams[l]);
     used[slot] = true;
@@ -346,7 +349,8 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     if (nfiles > 64 || raw.total > bf16_bytes || !sizes ||
         cudaHostAlloc((void **)&raw.slots[i], 2 * RAW_PIECE, cudaHostAllocDefault) != cudaSuccess ||
         cudaStreamCreateWithFlags(&raw.streams[i], cudaStreamNonBlocking) != cudaSuccess)
-      return fprintf(stderr, "nwc-bench gpu-daemon: no pinned memory or streams for the raw copy\n"), 1;
+      return fprintf(stderr, "nwc-bench gpu-daemon: no pinned memory or streams for the raw "
+                             "copy\n"), 1;
   double tv[6][64];
   for (unsigned r = 0; r < R; r++) {
     drop_cache(files, nfiles), drop_cache(all_files, 1);

@@ -7,8 +7,8 @@
  * random order (queued loads leaving it slots that the next load takes back, never handing out
  * a held one; queued loads in a row through a sink that gives slots back only when waited for,
  * each returning with slots still held, then a failing load, queued or not, that must take every
- * one back, the ring whole after it), with one to four threads checking chunks, and into memfds through the thread's
- * staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
+ * one back, the ring whole after it), with one to four threads checking chunks, and into memfds
+ * through the thread's staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
  * bytes (read independently with pread) and decode to the original weights; progress must be
  * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
  * options are refused.  A byte flipped in a container fails the load naming the chunk; a
