@@ -78,6 +78,41 @@ static inline uint64_t nearby(uint64_t v) {
   }
 }
 
+/* The mutations every layout's test makes alike, each one a tensor validate must refuse: the
+ * block count (bases and hdr resized with it), the data or raw byte count (its array resized),
+ * one chained offset.  The tests' field enums list them in this order. */
+enum { MT_NBLOCKS, MT_DATA_BYTES, MT_RAW_BYTES, MT_BASES, MT_SIZES };
+static inline int mt_mutate_sizes(mtensor *m, int f) {
+  nwc_tensor *t = &m->t;
+  uint64_t nb = t->nblocks;
+  switch (f) {
+  case MT_NBLOCKS: {
+    uint64_t n = nb + 1 + test_below(3);
+    if (test_below(2) && nb > 0) n = nb - 1 - test_below(nb < 3 ? nb : 3);
+    replace((void **)&m->bases, (nb + 1) * 8, (n + 1) * 8);
+    replace((void **)&m->hdr, nb * NWC_LANES, n * NWC_LANES);
+    t->nblocks = n;
+    return 1;
+  }
+  case MT_DATA_BYTES:
+  case MT_RAW_BYTES: {
+    uint8_t **a = f == MT_DATA_BYTES ? &m->data : &m->raw;
+    uint64_t *bytes = f == MT_DATA_BYTES ? &t->data_bytes : &t->raw_bytes;
+    uint64_t n = nearby(*bytes) % (4 * *bytes + 64);
+    if (n == *bytes) n++;
+    replace((void **)a, *bytes, n);
+    *bytes = n;
+    return 1;
+  }
+  default: {
+    uint64_t i = test_below(nb + 1), v = nearby(m->bases[i]);
+    if (v == m->bases[i]) v ^= 8;
+    m->bases[i] = v;
+    return 1;
+  }
+  }
+}
+
 /* Recomputes a record's checksum (store/record.c: XXH3-64 of bytes [72, end) seeded with XXH3-64
  * of bytes [0, 64)), so that mutated header fields reach the parser's other checks. */
 static inline void fix_checksum(uint8_t *rec, size_t len) {

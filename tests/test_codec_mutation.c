@@ -127,34 +127,10 @@ static int mutate(mtensor *m, int f) {
     return changed;
   }
   case F_PSYM: t->psym[test_below(16)] = (uint8_t)test_rand(); return 0;
-  case F_NBLOCKS: {
-    uint64_t n = nb + 1 + test_below(3);
-    if (test_below(2) && nb > 0) n = nb - 1 - test_below(nb < 3 ? nb : 3);
-    replace((void **)&m->bases, (nb + 1) * 8, (n + 1) * 8);
-    replace((void **)&m->hdr, nb * NWC_LANES, n * NWC_LANES);
-    t->nblocks = n;
-    return 1;
-  }
-  case F_DATA_BYTES: {
-    uint64_t n = nearby(t->data_bytes) % (4 * t->data_bytes + 64);
-    if (n == t->data_bytes) n++;
-    replace((void **)&m->data, t->data_bytes, n);
-    t->data_bytes = n;
-    return 1;
-  }
-  case F_RAW_BYTES: {
-    uint64_t n = nearby(t->raw_bytes) % (4 * t->raw_bytes + 64);
-    if (n == t->raw_bytes) n++;
-    replace((void **)&m->raw, t->raw_bytes, n);
-    t->raw_bytes = n;
-    return 1;
-  }
-  case F_BASES: {
-    uint64_t i = test_below(nb + 1), v = nearby(m->bases[i]);
-    if (v == m->bases[i]) v ^= 8;
-    m->bases[i] = v;
-    return 1;
-  }
+  case F_NBLOCKS:
+  case F_DATA_BYTES:
+  case F_RAW_BYTES:
+  case F_BASES: return mt_mutate_sizes(m, MT_NBLOCKS + f - F_NBLOCKS);
   case F_HDR: {
     /* docs/format.md: an active lane (16 L + 512 cb < K16) of a block with `rows` rows holds
      * 2 rows .. 24 rows units, an inactive one 0. */

@@ -131,34 +131,10 @@ static int mutate(mtensor *m, int f) {
     t->psym[i] = v;
     return fixed;
   }
-  case F_NBLOCKS: {
-    uint64_t n = nb + 1 + test_below(3);
-    if (test_below(2) && nb > 0) n = nb - 1 - test_below(nb < 3 ? nb : 3);
-    replace((void **)&m->bases, (nb + 1) * 8, (n + 1) * 8);
-    replace((void **)&m->hdr, nb * NWC_LANES, n * NWC_LANES);
-    t->nblocks = n;
-    return 1;
-  }
-  case F_DATA_BYTES: {
-    uint64_t n = nearby(t->data_bytes) % (4 * t->data_bytes + 64);
-    if (n == t->data_bytes) n++;
-    replace((void **)&m->data, t->data_bytes, n);
-    t->data_bytes = n;
-    return 1;
-  }
-  case F_RAW_BYTES: {
-    uint64_t n = nearby(t->raw_bytes) % (4 * t->raw_bytes + 64);
-    if (n == t->raw_bytes) n++;
-    replace((void **)&m->raw, t->raw_bytes, n);
-    t->raw_bytes = n;
-    return 1;
-  }
-  case F_BASES: {
-    uint64_t i = test_below(nb + 1), v = nearby(m->bases[i]);
-    if (v == m->bases[i]) v ^= 8;
-    m->bases[i] = v;
-    return 1;
-  }
+  case F_NBLOCKS:
+  case F_DATA_BYTES:
+  case F_RAW_BYTES:
+  case F_BASES: return mt_mutate_sizes(m, MT_NBLOCKS + f - F_NBLOCKS);
   case F_HDR: {
     uint64_t i = test_below(nb * NWC_LANES);
     m->hdr[i] = (uint8_t)(test_below(2) ? test_rand() : m->hdr[i] + 1 + test_below(3));
