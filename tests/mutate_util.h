@@ -78,6 +78,28 @@ static inline uint64_t nearby(uint64_t v) {
   }
 }
 
+/* A tensor to mutate: its weights drawn from distribution dist (codec_util.h), with row scales
+ * 0.25, 1.25, ... when scaled. */
+typedef struct mt_case {
+  const char *name;
+  unsigned type; /* NWC_ELEM_BF16 or NWC_ELEM_FP8 */
+  uint64_t M, K;
+  int dist, scaled;
+} mt_case;
+
+/* c's weights (M x K, 2 bytes each) and *scale (M floats, or NULL); free both. */
+static inline void *mt_case_weights(const mt_case *c, float **scale) {
+  void *w = cu_malloc(c->M * c->K * 2);
+  if (c->type == NWC_ELEM_BF16) cu_gen_bf16(w, c->M, c->K, c->dist);
+  else cu_gen_fp8(w, c->M, c->K, c->dist);
+  *scale = NULL;
+  if (c->scaled) {
+    *scale = cu_malloc(c->M * 4);
+    for (uint64_t r = 0; r < c->M; r++) (*scale)[r] = 0.25f + (float)r;
+  }
+  return w;
+}
+
 /* The mutations every layout's test makes alike, each one a tensor validate must refuse: the
  * block count (bases and hdr resized with it), the data or raw byte count (its array resized),
  * one chained offset.  The tests' field enums list them in this order. */

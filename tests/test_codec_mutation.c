@@ -260,12 +260,7 @@ static void record_mutations(const nwc_tensor *base, const char *name, int trial
 
 int main(void) {
   test_seed("test_codec_mutation");
-  struct {
-    const char *name;
-    unsigned type;
-    uint64_t M, K;
-    int dist, scaled;
-  } bases_[] = {
+  static const mt_case bases_[] = {
       {"bf16 heavy 11x600", NWC_ELEM_BF16, 11, 600, CU_HEAVY, 0},
       {"bf16 bits 3x17", NWC_ELEM_BF16, 3, 17, CU_BITS, 1},
       {"bf16 normal 16x520", NWC_ELEM_BF16, 16, 520, CU_NORMAL, 0},
@@ -273,19 +268,11 @@ int main(void) {
       {"fp8 bytes 8x530", NWC_ELEM_FP8, 8, 530, 0, 0},
   };
   for (size_t i = 0; i < sizeof bases_ / sizeof bases_[0]; i++) {
-    uint64_t M = bases_[i].M, K = bases_[i].K;
-    void *w = cu_malloc(M * K * 2);
-    if (bases_[i].type == NWC_ELEM_BF16)
-      cu_gen_bf16(w, M, K, bases_[i].dist);
-    else
-      cu_gen_fp8(w, M, K, bases_[i].dist);
-    float *scale = NULL;
-    if (bases_[i].scaled) {
-      scale = cu_malloc(M * 4);
-      for (uint64_t r = 0; r < M; r++) scale[r] = 0.25f + (float)r;
-    }
+    float *scale;
+    void *w = mt_case_weights(&bases_[i], &scale);
     nwc_tensor t;
-    CHECK_RC(nwc_tensor_encode(w, M, K, NWC_ELEM(bases_[i].type, 0), scale, &t));
+    CHECK_RC(nwc_tensor_encode(w, bases_[i].M, bases_[i].K, NWC_ELEM(bases_[i].type, 0), scale,
+                               &t));
     tensor_mutations(&t, bases_[i].name, 3000);
     record_mutations(&t, bases_[i].name, 2000);
     nwc_tensor_release(&t);

@@ -235,12 +235,7 @@ static void record_mutations(const nwc_tensor *base, const char *name, int trial
 int main(void) {
   test_seed("test_layout_mutate");
   int trials = getenv("NWC_MUTATE_TRIALS") ? atoi(getenv("NWC_MUTATE_TRIALS")) : 400;
-  struct {
-    const char *name;
-    unsigned type;
-    uint64_t M, K;
-    int dist, scaled;
-  } cases[] = {
+  static const mt_case cases[] = {
       {"bf16 heavy 17x600", NWC_ELEM_BF16, 17, 600, CU_HEAVY, 0},
       {"bf16 heavy 3x40 scaled", NWC_ELEM_BF16, 3, 40, CU_HEAVY, 1},
       {"bf16 normal 16x1040", NWC_ELEM_BF16, 16, 1040, CU_NORMAL, 0},
@@ -249,21 +244,13 @@ int main(void) {
   };
   for (unsigned layout = 1; layout <= 2; layout++)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-      uint64_t M = cases[i].M, K = cases[i].K;
-      void *w = cu_malloc(M * K * 2);
-      if (cases[i].type == NWC_ELEM_BF16)
-        cu_gen_bf16(w, M, K, cases[i].dist);
-      else
-        cu_gen_fp8(w, M, K, cases[i].dist);
-      float *scale = NULL;
-      if (cases[i].scaled) {
-        scale = cu_malloc(M * 4);
-        for (uint64_t r = 0; r < M; r++) scale[r] = 0.25f + (float)r;
-      }
+      float *scale;
+      void *w = mt_case_weights(&cases[i], &scale);
       nwc_tensor t;
       char name[96];
       snprintf(name, sizeof name, "layout %u %s", layout, cases[i].name);
-      int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(cases[i].type, layout), scale, &t);
+      int rc = nwc_tensor_encode(w, cases[i].M, cases[i].K, NWC_ELEM(cases[i].type, layout),
+                                 scale, &t);
       CHECK(rc == 0, "%s: encode returned %d (%s)", name, rc, nwc_error_detail());
       if (rc == 0) {
         CHECK(exercise(&t, name) == 0, "%s: the unchanged tensor is invalid", name);
