@@ -135,6 +135,33 @@ static inline int mt_mutate_sizes(mtensor *m, int f) {
   }
 }
 
+/* trials copies of base, each mutated once (three in four) or two to four times in fields drawn
+ * from [0, nfields) (field_name: theirs) by mutate, which returns 1 when validate must now refuse
+ * the tensor, and handed to exercise, which runs the decoders on it and returns validate's
+ * answer: a single mutation that must be refused is checked.  Returns trials. */
+static inline uint64_t mt_tensor_trials(const nwc_tensor *base, const char *name, int trials,
+                                        int nfields, const char *const *field_name,
+                                        int (*mutate)(mtensor *m, int f),
+                                        int (*exercise)(const nwc_tensor *t, const char *what)) {
+  char what[200];
+  for (int i = 0; i < trials; i++) {
+    mtensor m;
+    mt_copy(&m, base);
+    int nmut = test_below(4) ? 1 : 2 + (int)test_below(3), must = 0, f = 0;
+    for (int j = 0; j < nmut; j++) {
+      f = (int)test_below((uint64_t)nfields);
+      must |= mutate(&m, f);
+    }
+    mt_sync(&m);
+    snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut,
+             field_name[f]);
+    int v = exercise(&m.t, what);
+    if (nmut == 1 && must) CHECK(v < 0, "%s: validate accepts it", what);
+    mt_free(&m);
+  }
+  return trials > 0 ? (uint64_t)trials : 0;
+}
+
 /* Recomputes a record's checksum (store/record.c: XXH3-64 of bytes [72, end) seeded with XXH3-64
  * of bytes [0, 64)), so that mutated header fields reach the parser's other checks. */
 static inline void fix_checksum(uint8_t *rec, size_t len) {

@@ -23,14 +23,15 @@
 static uint64_t mutated_tensors, mutated_records, accepted_records, decoded_ok;
 
 /*
- * Runs the decoders on t with exactly sized outputs and checks their answers.  Shapes too large to
- * allocate outputs for are only validated (their block count cannot match the small arrays).
+ * Runs the decoders on t with exactly sized outputs and checks their answers; returns validate's.
+ * Shapes too large to allocate outputs for are only validated (their block count cannot match
+ * the small arrays).
  */
-static void exercise(const nwc_tensor *t, const char *what) {
+static int exercise(const nwc_tensor *t, const char *what) {
   int v = nwc_tensor_validate(t);
   CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
   uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
-  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return;
+  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return v;
   uint16_t *out = cu_malloc(M * K16 * 2);
   int dq = nwc_dequant(t, out);
   CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
@@ -71,6 +72,7 @@ static void exercise(const nwc_tensor *t, const char *what) {
   free(bias);
   free(yb);
   free(out);
+  return v;
 }
 
 enum {
@@ -173,26 +175,6 @@ static int mutate(mtensor *m, int f) {
   }
 }
 
-static void tensor_mutations(const nwc_tensor *base, const char *name, int trials) {
-  char what[200];
-  for (int i = 0; i < trials; i++) {
-    mtensor m;
-    mt_copy(&m, base);
-    int nmut = test_below(4) ? 1 : 2 + (int)test_below(3), must = 0, f = 0;
-    for (int j = 0; j < nmut; j++) {
-      f = (int)test_below(F_COUNT);
-      must |= mutate(&m, f);
-    }
-    mt_sync(&m);
-    snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut, field_name[f]);
-    if (nmut == 1 && must)
-      CHECK(nwc_tensor_validate(&m.t) < 0, "%s: validate accepts it", what);
-    exercise(&m.t, what);
-    mt_free(&m);
-    mutated_tensors++;
-  }
-}
-
 /* Parses rec (copied into an exactly sized buffer); decodes what the parser accepts. */
 static int read_record(const uint8_t *rec, size_t len, const char *what) {
   uint8_t *copy = resized(rec, len, len);
@@ -273,7 +255,8 @@ int main(void) {
     nwc_tensor t;
     CHECK_RC(nwc_tensor_encode(w, bases_[i].M, bases_[i].K, NWC_ELEM(bases_[i].type, 0), scale,
                                &t));
-    tensor_mutations(&t, bases_[i].name, 3000);
+    mutated_tensors += mt_tensor_trials(&t, bases_[i].name, 3000, F_COUNT, field_name, mutate,
+                                        exercise);
     record_mutations(&t, bases_[i].name, 2000);
     nwc_tensor_release(&t);
     free(scale);

@@ -173,26 +173,6 @@ static int mutate(mtensor *m, int f) {
   }
 }
 
-static void tensor_mutations(const nwc_tensor *base, const char *name, int trials) {
-  char what[200];
-  for (int i = 0; i < trials; i++) {
-    mtensor m;
-    mt_copy(&m, base);
-    int nmut = test_below(4) ? 1 : 2 + (int)test_below(3), must = 0, f = 0;
-    for (int j = 0; j < nmut; j++) {
-      f = (int)test_below(F_COUNT);
-      must |= mutate(&m, f);
-    }
-    mt_sync(&m);
-    snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut,
-             field_name[f]);
-    int v = exercise(&m.t, what);
-    if (nmut == 1 && must) CHECK(v < 0, "%s: validate accepts it", what);
-    mt_free(&m);
-    n_tensors++;
-  }
-}
-
 static void record_mutations(const nwc_tensor *base, const char *name, int trials) {
   uint8_t *rec = NULL;
   size_t len = 0;
@@ -254,7 +234,7 @@ int main(void) {
       CHECK(rc == 0, "%s: encode returned %d (%s)", name, rc, nwc_error_detail());
       if (rc == 0) {
         CHECK(exercise(&t, name) == 0, "%s: the unchanged tensor is invalid", name);
-        tensor_mutations(&t, name, trials);
+        n_tensors += mt_tensor_trials(&t, name, trials, F_COUNT, field_name, mutate, exercise);
         record_mutations(&t, name, trials / 2);
         nwc_tensor_release(&t);
       }
