@@ -23,7 +23,7 @@
 
 static uint64_t n_tensors, n_records, n_accepted, n_decoded;
 
-/* The decoders at every CPU level, exactly sized outputs; returns dequant's answer (last level). */
+/* The decoders at every CPU level, exactly sized outputs; returns validate's answer. */
 static int exercise(const nwc_tensor *t, const char *what) {
   int v = nwc_tensor_validate(t);
   CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
