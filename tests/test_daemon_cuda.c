@@ -50,7 +50,7 @@
  */
 #include "test_daemon_race.h"
 #include "test_daemon_util.h"
-#include "test_store_util.h" /* st_write_matrices */
+#include "test_store_util.h" /* st_write */
 
 #include "nwc_client.h"
 
@@ -552,13 +552,9 @@ static void oom_steps(nwc_client *c) {
   for (size_t i = 1; i < n; i++) /* the sample's largest: a few MiB */
     if (ts[i].nwc_bytes > ts[b].nwc_bytes) b = i;
   const uint64_t K = 8192, rows[3] = {8192, 2048, 512};
-  static const char *names[3] = {"big.w", "big.v", "big.u"};
+  const char *const *names = td_big_names;
   uint16_t *w[3];
-  char path[600];
-  snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
-  CHECK_RC(st_write_matrices(path, names, rows, K, 3, w));
-  CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
-  unlink(path);
+  td_import_big(c, rows, K, w);
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
   budget_step_matvec(c, ts[b].name); /* the daemon's stream and work buffers exist before */
   static void *hold[400000];

@@ -17,7 +17,6 @@
 #include "nwc_client.h"
 #include "test_daemon_race.h"
 #include "test_daemon_util.h"
-#include "test_store_util.h" /* st_write_matrices */
 
 #include <stdbool.h>
 
@@ -180,13 +179,9 @@ static void test_budget(uint64_t total) {
  * resident bytes are the containers'. */
 static void test_crew(nwc_client *c) {
   const uint64_t K = 4096, rows[3] = {8192, 256, 128};
-  static const char *names[3] = {"big.w", "big.v", "big.u"};
+  const char *const *names = td_big_names;
   uint16_t *w[3];
-  char path[600];
-  snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
-  CHECK_RC(st_write_matrices(path, names, rows, K, 3, w));
-  CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
-  unlink(path);
+  td_import_big(c, rows, K, w);
   uint64_t total = 0;
   for (int m = 0; m < 3; m++) {
     nwc_client_tensor_info ti;

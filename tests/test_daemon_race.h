@@ -1,18 +1,32 @@
 /*
- * test_daemon_race.h - two processes racing on one model through a real nwcd (the daemon
- * tests of host and GPU loads share it): whole-model loads, evicts and dequants of a model
- * "big" of three matrices, checked bit for bit against their original weights, in random order
- * in this process and a forked one at once.  Loads of a whole model run in lanes that help with
- * each other's tensors, so tensors become resident, are used and are evicted while other lanes
- * still write them (the GPU's queued loads: their last copies still on the way).
+ * test_daemon_race.h - a model "big" of three matrices, one far larger than the others, and two
+ * processes racing on it through a real nwcd (the daemon tests of host and GPU loads share it):
+ * whole-model loads, evicts and dequants, checked bit for bit against the original weights, in
+ * random order in this process and a forked one at once.  Loads of a whole model run in lanes
+ * that help with each other's tensors, so tensors become resident, are used and are evicted
+ * while other lanes still write them (the GPU's queued loads: their last copies still on the
+ * way).
  */
 #ifndef NWC_TEST_DAEMON_RACE_H
 #define NWC_TEST_DAEMON_RACE_H
 
 #include "nwc_client.h"
 #include "test_daemon_util.h"
+#include "test_store_util.h" /* st_write_matrices */
 
 #include <time.h>
+
+static const char *const td_big_names[3] = {"big.w", "big.v", "big.u"};
+
+/* Imports model "big" into c's daemon: td_big_names[m] of rows[m] x K BF16 weights (w[m],
+ * malloc'ed: the caller frees them), through a safetensors file in td_dir removed afterwards. */
+static void td_import_big(nwc_client *c, const uint64_t *rows, uint64_t K, uint16_t **w) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/big.safetensors", td_dir);
+  CHECK_RC(st_write_matrices(path, td_big_names, rows, K, 3, w));
+  CHECK_RC(nwc_client_import(c, "big", path, NULL, NULL));
+  unlink(path);
+}
 
 /* One client's share for about seconds: whole-model loads and evicts of "big", single-tensor
  * evicts and dequants, in random order; every dequant bit for bit, every load and model evict
