@@ -303,6 +303,14 @@ int nwc_client_connect(const char *path, nwc_client **out) {
     int e = errno;
     if (c->fd >= 0) close(c->fd);
     free(c);
+    /* connect() to a file or a directory is refused as if no daemon listened: say what it is. */
+    struct stat st;
+    if (e == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+      const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a regular file"
+                                                                                 : "a special file";
+      return fail(-e, "cannot connect to nwcd at %s: it is %s, not a socket (--socket or "
+                  "NWC_SOCKET names nwcd's socket)", path, what);
+    }
     return fail(-e, "cannot connect to nwcd at %s: %s%s", path, strerror(e),
                 e == ENOENT || e == ECONNREFUSED ? " (is nwcd running? NWC_SOCKET sets the path)" : "");
   }

@@ -252,6 +252,14 @@ int main(void) {
   setenv("NWC_SOCKET", td_sock, 1);
   char *out = NULL;
   run_fails(1, "cannot connect to nwcd", (const char *[]){"ls", NULL});
+  /* A socket path that is a regular file or a directory: said so, not "is nwcd running?". */
+  char notsock[400];
+  snprintf(notsock, sizeof notsock, "%.200s/not-a-socket", td_dir);
+  FILE *nf = fopen(notsock, "w");
+  if (nf) fclose(nf);
+  run_fails(1, "not-a-socket: it is a regular file, not a socket",
+            (const char *[]){"--socket", notsock, "ls", NULL});
+  run_fails(1, ": it is a directory, not a socket", (const char *[]){"--socket", td_dir, "ls", NULL});
   pid_t d = td_start_daemon(NULL);
   CHECK(d > 0, "nwcd did not start");
   if (d <= 0) return td_show_log(), 1;
