@@ -141,17 +141,20 @@ static int npy_write(const char *path, const char *descr, const uint64_t *shape,
 }
 
 /* Reads a little-endian float32 .npy of shape (K,) or (n, K) with n <= 64; NULL after a line
- * that says what is wrong with it. */
-static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K, unsigned *ndim) {
+ * that says what is wrong with it, *status the exit status for it (3: no such file, else 1). */
+static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K, unsigned *ndim,
+                           int *status) {
   FILE *f = fopen(path, "rb");
+  *status = 1;
   if (!f) {
+    if (errno == ENOENT) *status = 3;
     fprintf(stderr, "%s: %s: cannot open %s: %s\n", prog, cmd, path, strerror(errno));
     return NULL;
   }
   unsigned char m[10];
   char hdr[4096];
   float *x = NULL;
-  const char *why = "not a .npy file (version 1.0)";
+  const char *why = "is not a .npy file (version 1.0)";
   if (fread(m, 1, 10, f) != 10 || memcmp(m, "\x93NUMPY", 6) || m[6] != 1) goto bad;
   unsigned hl = m[8] | (unsigned)m[9] << 8;
   if (hl >= sizeof hdr || fread(hdr, 1, hl, f) != hl) goto bad;
@@ -584,8 +587,9 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   if (!strcmp(cmd, "matvec")) {
     uint64_t n, xk;
     unsigned ndim;
-    float *x = npy_read_f32(xpath, &n, &xk, &ndim);
-    if (!x) return 1;
+    int status;
+    float *x = npy_read_f32(xpath, &n, &xk, &ndim, &status);
+    if (!x) return status;
     if (xk != K) {
       fprintf(stderr, "%s: matvec: x has %llu columns, %s takes %llu\n", prog,
               (unsigned long long)xk, target, (unsigned long long)K);

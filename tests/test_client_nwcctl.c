@@ -418,6 +418,12 @@ int main(void) {
   snprintf(shape, sizeof shape, "(65, %llu)", (unsigned long long)t->cols);
   write_npy(xnpy, shape, x, 2 * t->cols);
   run_fails(1, "more than 64 vectors", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  /* An x that is not a .npy at all, and one that does not exist (3, as nwcctl(1) says). */
+  FILE *xf = fopen(xnpy, "w");
+  if (xf) fputs("hello\n", xf), fclose(xf);
+  run_fails(1, "x.npy is not a .npy file", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  unlink(xnpy);
+  run_fails(3, "cannot open", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
   snprintf(shape, sizeof shape, "(%llu,)", (unsigned long long)t->cols);
   write_npy(xnpy, shape, x, t->cols);
   run_fails(1, "cannot write /nonexistent-nwc/y.npy", (const char *[]){"matvec", name, xnpy, "-o", "/nonexistent-nwc/y.npy", NULL});
