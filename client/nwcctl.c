@@ -26,6 +26,20 @@ static int die(int rc) {
   return rc == -ENOENT ? 3 : 1;
 }
 
+/* die() for a request on MODEL/TENSOR: where the tensor is missing because MODEL is (as when
+ * MODEL/ was left out of the name), says that instead. */
+static int die_tensor(nwc_client *c, int rc, const char *model, const char *tensor) {
+  nwc_client_tensor *t = NULL;
+  size_t n;
+  if (rc != -ENOENT || !tensor || !*tensor || nwc_client_tensors(c, model, &t, &n) != -ENOENT) {
+    free(t);
+    return die(rc);
+  }
+  fprintf(stderr, "%s: %s: no model '%s' in the store (a tensor is named MODEL/TENSOR; %s ls "
+          "lists the models)\n", prog, cmd, model, prog);
+  return 3;
+}
+
 /* "s" unless n is 1: "%llu tensor%s". */
 static const char *plural(uint64_t n) { return n == 1 ? "" : "s"; }
 
@@ -310,7 +324,7 @@ static int cmd_info(nwc_client *c, const char *arg) {
   if (!tensor || !*tensor) return fprintf(stderr, "%s: info: expected MODEL/TENSOR, got '%s'\n", prog, arg), 2;
   nwc_client_tensor_info i;
   int rc = nwc_client_info(c, model, tensor, &i);
-  if (rc < 0) return die(rc);
+  if (rc < 0) return die_tensor(c, rc, model, tensor);
   char shape[200];
   if (json) {
     json_out(json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b,s:I,s:I,s:s,s:s,s:I,s:I,s:I,s:b}", "name",
@@ -359,7 +373,7 @@ static int cmd_residency(nwc_client *c, const char *arg) {
   else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
   else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
   else rc = nwc_client_unpin(c, model, tensor, &r);
-  if (rc < 0) return die(rc);
+  if (rc < 0) return die_tensor(c, rc, model, tensor);
   char b[32];
   if (json)
     json_out(json_pack("{s:I,s:I,s:I,s:f,s:I,s:I}", "tensors", (json_int_t)r.tensors, "bytes",
@@ -578,7 +592,7 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   }
   nwc_client_tensor_info info;
   int rc = nwc_client_info(c, model, tensor, &info);
-  if (rc < 0) return die(rc);
+  if (rc < 0) return die_tensor(c, rc, model, tensor);
   uint64_t M = info.t.rows, K = info.t.cols;
   unsigned rflags = 0;
   const char *descr = flags & NWC_CLIENT_BF16 ? "<u2" : "<f4";

@@ -445,6 +445,12 @@ int main(void) {
   /* Failures. */
   run_fails(3, "no model 'nope'", (const char *[]){"ls", "nope", NULL});
   run_fails(2, "expected MODEL/TENSOR, got 'use'", (const char *[]){"info", "use", NULL});
+  /* MODEL/ left out: the tensor's first part is taken for a model, and nwcctl says there is none. */
+  const char *noprefix = "' in the store (a tensor is named MODEL/TENSOR; nwcctl ls lists the models)";
+  run_fails(3, noprefix, (const char *[]){"info", t->name, NULL});
+  run_fails(3, noprefix, (const char *[]){"load", t->name, NULL});
+  run_fails(3, noprefix, (const char *[]){"gather", t->name, "0", "-o", npy, NULL});
+  run_fails(3, "no tensor use/nope in the store", (const char *[]){"info", "use/nope", NULL});
   run_fails(2, "'/x' is not MODEL or MODEL/TENSOR", (const char *[]){"info", "/x", NULL});
   run_fails(2, "--layout: expected 0..2, got 'x'", (const char *[]){"import", "m2", idx, "--layout", "x", NULL});
   run_fails(2, "--layout: expected 0..2, got '7'", (const char *[]){"import", "m2", idx, "--layout", "7", NULL});
