@@ -362,7 +362,7 @@ static int cmd_residency(nwc_client *c, const char *arg) {
     const char *num = !strncmp(device_opt, "cuda:", 5) ? device_opt + 5 : device_opt;
     long v = strtol(num, &end, 10);
     if (!*num || *end || v < 0 || v > 255) {
-      fprintf(stderr, "%s: --device: expected cpu or cuda:N, got '%s'\n", prog, device_opt);
+      fprintf(stderr, "%s: %s: --device: expected cpu or cuda:N, got '%s'\n", prog, cmd, device_opt);
       return 2;
     }
     dev = (int)v;

@@ -385,6 +385,8 @@ void nwcd_res_free(nwcd_res *r);
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li);
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
+/* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
+int nwcd_no_device(const nwcd_backend *b, int at);
 /* Evicts one tensor: 0, -EBUSY (in use or pinned: detail says which), -ENOENT when absent.
  * *bytes gets what was freed. */
 int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);

@@ -350,8 +350,7 @@ static int op_residency(nwcd_job *j) {
   nwc_proto_req *r = &j->req;
   int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op;
   int loc = r->op == NWC_OP_LOAD_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
-  NWC_RETURN_IF(loc >= d->backend->ndevices, -ENODEV, "no device cuda:%d (backend %s has %d)",
-                loc, d->backend->name, d->backend->ndevices);
+  if (loc >= d->backend->ndevices) return nwcd_no_device(d->backend, loc);
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
   if (r->tensor[0]) {

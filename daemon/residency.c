@@ -348,6 +348,14 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
   return rc;
 }
 
+int nwcd_no_device(const nwcd_backend *b, int at) {
+  if (!b->ndevices)
+    return nwc__fail(-ENODEV, "no device cuda:%d: backend %s has no GPU (--device cpu, or nwcd "
+                     "--backend cuda on a host with one)", at, b->name);
+  return nwc__fail(-ENODEV, "no device cuda:%d: backend %s has %d GPU%s, cuda:0 to cuda:%d", at,
+                   b->name, b->ndevices, b->ndevices == 1 ? "" : "s", b->ndevices - 1);
+}
+
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li) {
   memset(ref, 0, sizeof *ref);
@@ -358,8 +366,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
   int at = named == NWCD_LOC_DEFAULT ? r->default_loc : named;
   if (at >= r->d->backend->ndevices || at < NWCD_LOC_CPU) {
     pthread_mutex_unlock(&r->lock);
-    return nwc__fail(-ENODEV, "no device cuda:%d (this daemon has %d; backend %s)", at,
-                     r->d->backend->ndevices, r->d->backend->name);
+    return nwcd_no_device(r->d->backend, at);
   }
   int rc = lookup(r, model, tensor, &e);
   if (rc == 0 && named == NWCD_LOC_DEFAULT && e->home != NWCD_LOC_DEFAULT) at = e->home;

@@ -457,6 +457,10 @@ int main(void) {
   run_fails(2, "unknown option '--frob'", (const char *[]){"import", "m2", idx, "--frob", NULL});
   run_fails(2, "unknown option '--bogus'", (const char *[]){"ls", "--bogus", NULL});
   run_fails(2, "unknown option '--device'", (const char *[]){"load", "use", "--device", NULL});
+  run_fails(2, "load: --device: expected cpu or cuda:N, got 'gpu'",
+            (const char *[]){"load", "use", "--device", "gpu", NULL});
+  run_fails(1, "no device cuda:0: backend cpu has no GPU (--device cpu, or nwcd --backend cuda",
+            (const char *[]){"load", "use", "--device", "cuda:0", NULL});
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
   CHECK(run(NULL, (const char *[]){"devices", "extra", NULL}) == 2, "devices with an argument should exit 2");
