@@ -734,7 +734,12 @@ int main(int argc, char **argv) {
   }
   bool bad = false;
   for (int k = 0; spec->max >= 0 && k < nargs; k++) bad |= unknown_option(args[k]);
-  if (!bad && spec->max >= 0 && (nargs < spec->min || nargs > spec->max)) {
+  if (!bad && spec->max >= 0 && nargs > spec->max) {
+    fprintf(stderr, "%s: %s: unexpected '%s' (%s %s --help says what it takes)\n", prog, cmd,
+            args[spec->max], prog, cmd);
+    bad = true;
+  }
+  if (!bad && spec->max >= 0 && nargs < spec->min) {
     fprintf(stderr, "usage: %s [--socket PATH] %s\n", prog, spec->help);
     bad = true;
   }

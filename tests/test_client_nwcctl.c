@@ -463,6 +463,9 @@ int main(void) {
             (const char *[]){"load", "use", "--device", "cuda:0", NULL});
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
+  run_fails(2, "load: unexpected 'extra' (nwcctl load --help says what it takes)",
+            (const char *[]){"load", "use", "extra", NULL});
+  run_fails(2, "ps: unexpected 'extra'", (const char *[]){"ps", "extra", NULL});
   CHECK(run(NULL, (const char *[]){"devices", "extra", NULL}) == 2, "devices with an argument should exit 2");
   CHECK(run(NULL, (const char *[]){"load", NULL}) == 2, "usage error should exit 2");
   CHECK(run(NULL, (const char *[]){"frobnicate", NULL}) == 2, "unknown command should exit 2");
