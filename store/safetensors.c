@@ -68,10 +68,13 @@ static int parse_entry(const char *name, json_t *v, uint64_t data_size, nwc_st_t
   }
   json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
   NWC_RETURN_IF(!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
-                    json_integer_value(e) < json_integer_value(b) ||
-                    (uint64_t)json_integer_value(e) > data_size,
+                    json_integer_value(e) < json_integer_value(b),
                 -EBADMSG, "safetensors: '%s': data_offsets outside the %llu data bytes", name,
                 (unsigned long long)data_size);
+  NWC_RETURN_IF((uint64_t)json_integer_value(e) > data_size, -EBADMSG,
+                "safetensors: '%s': data_offsets outside the %llu data bytes (it ends at %llu: "
+                "a truncated file?)", name, (unsigned long long)data_size,
+                (unsigned long long)json_integer_value(e));
   t->begin = (uint64_t)json_integer_value(b);
   t->end = (uint64_t)json_integer_value(e);
   NWC_RETURN_IF(t->dtype_size && t->end - t->begin != t->numel * t->dtype_size, -EBADMSG,
@@ -112,7 +115,8 @@ static int parse(owned_map *m) {
   uint64_t hlen;
   memcpy(&hlen, f->map, 8);
   NWC_RETURN_IF(hlen > MAX_HEADER || hlen > f->size - 8, -EBADMSG,
-                "safetensors: header length %llu does not fit the %zu-byte file",
+                "safetensors: header length %llu does not fit the %zu-byte file (not a "
+                "safetensors file, or a truncated one)",
                 (unsigned long long)hlen, f->size);
   f->data_offset = 8 + hlen;
   json_error_t err;

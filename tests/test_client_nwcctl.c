@@ -292,6 +292,16 @@ int main(void) {
   free(out);
   CHECK(run(NULL, (const char *[]){"rm", longname, NULL}) == 0, "rm %s", longname);
   check_import_skips();
+  /* A file that is not safetensors, and the sample cut short: each said to be what it may be. */
+  char cut[400];
+  snprintf(cut, sizeof cut, "%.200s/cut.safetensors", td_dir);
+  FILE *cf = fopen(cut, "w");
+  if (cf) fputs("not safetensors at all\n", cf), fclose(cf);
+  run_fails(1, "(not a safetensors file, or a truncated one)", (const char *[]){"import", "cut", cut, NULL});
+  uint64_t keep = 100000 + test_below(400000);
+  printf("import of the sample cut to %llu bytes\n", (unsigned long long)keep);
+  CHECK(write_file(cut, td_sample->map, keep) == 0, "write %s", cut);
+  run_fails(1, "a truncated file?)", (const char *[]){"import", "cut", cut, NULL});
 
   json_t *j = run_json((const char *[]){"ls", "--json", NULL});
   CHECK(json_is_array(j) && json_array_size(j) == 1, "ls --json");
