@@ -123,7 +123,8 @@ int main(int argc, char **argv) {
       {"poll-us", required_argument, 0, 'P'},
       {0, 0, 0, 0}};
   int o;
-  while ((o = getopt_long(argc, argv, "s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
+  opterr = 0; /* a bad flag is one line of ours, not getopt's and the whole usage */
+  while ((o = getopt_long(argc, argv, ":s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
     if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* service.h: flags over the file */
     switch (o) {
       case 'C': case 'L': break;
@@ -156,14 +157,25 @@ int main(int argc, char **argv) {
       case 'v': d.cfg.verbose = 1, nwcd_log_level = NWCD_LOG_DEBUG; break;
       case 'q': nwcd_log_level = NWCD_LOG_WARN; break;
       case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
+      case ':':
+        fprintf(stderr, "nwcd: %s needs a value (nwcd --help lists the options)\n",
+                argv[optind - 1]);
+        return 2;
+      default: { /* '?': a long option as written (--help=3 too), a short one by its letter */
+        const char *arg = argv[optind - 1];
+        char letter[3] = {'-', (char)optopt, 0};
+        fprintf(stderr, "nwcd: bad option '%s' (nwcd --help lists the options)\n",
+                !strncmp(arg, "--", 2) || !optopt ? arg : letter);
+        return 2;
+      }
     }
   }
   if (optind == argc && nwcd_config_load(&d.cfg) < 0) return 2;
   if (optind < argc || !d.cfg.store_dir) {
-    if (optind < argc) fprintf(stderr, "nwcd: unexpected argument '%s'\n", argv[optind]);
+    if (optind < argc)
+      fprintf(stderr, "nwcd: unexpected argument '%s' (nwcd --help lists the options)\n",
+              argv[optind]);
     else fprintf(stderr, "nwcd: --store DIR (or store = in the config) is required\n");
-    usage(stderr);
     return 2;
   }
   int rc = nwcd_backend_get(d.cfg.backend, &d.backend);

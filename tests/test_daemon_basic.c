@@ -9,8 +9,8 @@
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
  * clear error where there is no GPU (/dev/nvidia0), a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
  * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
- * a non-socket file at the path is left alone, SIGTERM exits 0, and the startup line on tensor
- * memory's page size agrees with the kernel's setting.
+ * a non-socket file at the path is left alone, SIGTERM exits 0, the startup line on tensor
+ * memory's page size agrees with the kernel's setting, and a bad flag is one line and exit 2.
  */
 #include "test_daemon_util.h"
 
@@ -54,6 +54,35 @@ static void check_poll(void) {
   nwc_client_free(c);
   const char *bad[] = {"--poll-us", "-5", NULL};
   CHECK(td_daemon_refuses(td_sock, bad) == 2, "--poll-us -5 not refused");
+}
+
+/* A bad command line: exit 2 and one line on stderr holding expect (not getopt's line and the
+ * whole usage). */
+static void check_bad_flag(const char *expect, const char *const *args) {
+  int efd[2];
+  if (pipe(efd) < 0) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    const char *argv[16] = {NWCD_PATH};
+    for (int i = 0; args[i] && i < 14; i++) argv[i + 1] = args[i];
+    dup2(efd[1], 2);
+    close(efd[0]);
+    execv(NWCD_PATH, (char *const *)argv);
+    _exit(127);
+  }
+  close(efd[1]);
+  char err[4096];
+  size_t len = 0;
+  ssize_t k;
+  while (len < sizeof err - 1 && (k = read(efd[0], err + len, sizeof err - 1 - len)) > 0)
+    len += (size_t)k;
+  err[len] = 0;
+  close(efd[0]);
+  int rc = td_wait_exit(pid, 2000);
+  char *nl = strchr(err, '\n');
+  CHECK(rc == 2 && strstr(err, expect) && nl && !nl[1],
+        "nwcd %s: exit %d, stderr '%s' (want 2 and one line with '%s')", args[0] ? args[0] : "",
+        rc, err, expect);
 }
 
 /* nwcd's startup line on its tensor memory's pages names the kernel's shmem huge page setting,
@@ -276,6 +305,15 @@ int main(void) {
   if (!c) return 1;
   CHECK(!strcmp(nwc_client_backend(c), "cpu"), "backend %s", nwc_client_backend(c));
   check_pages_note();
+  check_bad_flag("nwcd: bad option '--bogus' (nwcd --help lists the options)",
+                 (const char *[]){"--store", td_store, "--bogus", NULL});
+  check_bad_flag("nwcd: bad option '-x'", (const char *[]){"-x", NULL});
+  check_bad_flag("nwcd: --budget needs a value",
+                 (const char *[]){"--store", td_store, "--budget", NULL});
+  check_bad_flag("nwcd: unexpected argument 'extra'",
+                 (const char *[]){"--store", td_store, "extra", NULL});
+  check_bad_flag("nwcd: --store DIR (or store = in the config) is required",
+                 (const char *[]){NULL});
   nwc_client_result res;
   int rc = nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, &res);
   CHECK(rc == 0 && res.tensors == td_nt, "import: %d %s (%llu tensors)", rc, nwc_client_last_error(),
