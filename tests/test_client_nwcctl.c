@@ -9,7 +9,10 @@
  * was skipped, a long list cut short; --json lists them; --strict fails and stores nothing; a
  * file of only I64 fails), NWC_SOCKET as the default socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
  * bad usage (exit 2: unknown options, extra arguments, values that are not numbers, --layout
- * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1).
+ * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1), a socket
+ * path that is a file or a directory (exit 1, said so), an X.npy that does not exist (exit 3),
+ * MODEL/ left out of a tensor's name (exit 3, "no model"), --device cuda:0 on the cpu backend,
+ * and imports of a file that is not safetensors and of the sample cut short.
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h"
