@@ -347,21 +347,28 @@ __attribute__((unused)) static long td_helped_parts(const char *model) {
 }
 
 /* ||y - ref|| / ||ref|| for y = scale * W x + bias (W's rows times t->row_scale when it has
- * one), reference in fp64. */
+ * one), reference in fp64; where the rows cancel to far below their terms (a tensor of one row:
+ * the sample's 1 x N ones), the fp32 sum's own rounding sets the error, so the divisor is at
+ * least 2^-20 / 1e-5 of the terms' norm: a figure <= 1e-5 is test_gpu_kernels' rule, relative
+ * error 1e-5 or 2^-20 of the terms' norm. */
 __attribute__((unused)) static double td_matvec_err(const td_tensor *t, const float *x,
                                                    double scale, const td_tensor *bias,
                                                    const float *y) {
-  double num = 0, den = 0;
+  double num = 0, den = 0, terms = 0;
   for (uint64_t r = 0; r < t->rows; r++) {
-    double acc = 0;
-    for (uint64_t k = 0; k < t->cols; k++)
-      acc += (double)nwc_bf16_to_f32(td_w(t, r * t->cols + k)) * (double)x[k];
-    if (t->row_scale) acc *= (double)t->row_scale[r];
-    double ref = scale * acc + (bias ? (double)nwc_bf16_to_f32(td_w(bias, r)) : 0.0);
-    num += (y[r] - ref) * (y[r] - ref);
-    den += ref * ref;
+    double acc = 0, mag = 0;
+    for (uint64_t k = 0; k < t->cols; k++) {
+      double p = (double)nwc_bf16_to_f32(td_w(t, r * t->cols + k)) * (double)x[k];
+      acc += p, mag += fabs(p);
+    }
+    double rs = t->row_scale ? (double)t->row_scale[r] : 1.0;
+    double b = bias ? (double)nwc_bf16_to_f32(td_w(bias, r)) : 0.0;
+    double ref = scale * acc * rs + b, m = fabs(scale * rs) * mag + fabs(b);
+    num += ((double)y[r] - ref) * ((double)y[r] - ref);
+    den += ref * ref, terms += m * m;
   }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
+  double floor = 0x1p-20 / 1e-5 * sqrt(terms), norm = sqrt(den) > floor ? sqrt(den) : floor;
+  return norm > 0 ? sqrt(num) / norm : sqrt(num);
 }
 
 #endif
