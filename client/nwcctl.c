@@ -189,7 +189,13 @@ static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K, unsigned 
   }
   if (*s != ')' || nd < 1 || nd > 2) goto bad;
   *n = nd == 2 ? d[0] : 1, *K = d[nd - 1], *ndim = (unsigned)nd;
-  why = "is empty, or has more than 64 vectors or 2^28 columns";
+  char said[160];
+  snprintf(said, sizeof said, !*n || !*K ? "is empty (shape %llu x %llu)"
+                              : *n > 64  ? "has %llu vectors of %llu, more than the 64 of one "
+                                           "matvec (split it)"
+                                         : "has %llu x %llu values, more than 2^28 columns",
+           (unsigned long long)*n, (unsigned long long)*K);
+  why = said;
   if (!*n || !*K || *n > 64 || *K > (1u << 28)) goto bad;
   why = "is too large to read";
   x = malloc(*n * *K * 4);
@@ -683,6 +689,37 @@ static const struct command {
                         "  as uint16)"},
 };
 
+/* Edits (insert, delete, replace one letter) from a to b (Levenshtein; both under 32 letters). */
+static unsigned edits(const char *a, const char *b) {
+  size_t n = strlen(b);
+  unsigned row[32];
+  for (size_t k = 0; k <= n; k++) row[k] = (unsigned)k;
+  for (size_t i = 0; a[i]; i++) {
+    unsigned diag = row[0];
+    row[0] = (unsigned)i + 1;
+    for (size_t k = 1; k <= n; k++) {
+      unsigned up = row[k], best = diag + (a[i] != b[k - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[k - 1] + 1 < best) best = row[k - 1] + 1;
+      row[k] = best, diag = up;
+    }
+  }
+  return row[n];
+}
+
+/* The command one or two edits from a mistyped one, if exactly one is closest. */
+static const char *nearest_command(const char *typed) {
+  const char *best = NULL;
+  unsigned best_d = 3, ties = 0;
+  if (strlen(typed) >= 32) return NULL;
+  for (size_t k = 0; k < sizeof commands / sizeof *commands; k++) {
+    unsigned d = edits(typed, commands[k].name);
+    if (d < best_d) best = commands[k].name, best_d = d, ties = 0;
+    else if (d == best_d) ties++;
+  }
+  return best && !ties ? best : NULL;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: %s [--socket PATH] COMMAND [ARGS] [--json]\n"
@@ -719,7 +756,12 @@ int main(int argc, char **argv) {
   const struct command *spec = NULL;
   for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
     if (!strcmp(cmd, commands[k].name)) spec = &commands[k];
-  if (!spec) return fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd), usage(stderr), 2;
+  if (!spec) {
+    const char *near = nearest_command(cmd);
+    fprintf(stderr, "%s: unknown command '%s' (%s%s%s%s --help lists the commands)\n", prog, cmd,
+            near ? "did you mean '" : "", near ? near : "", near ? "'? " : "", prog);
+    return 2;
+  }
   /* Options after the command: --json, --socket, --help anywhere. */
   char **args = calloc((size_t)argc, sizeof *args);
   int nargs = 0;

@@ -421,7 +421,7 @@ int main(void) {
     double e = td_matvec_err(t, x, 1.0, NULL, (const float *)data);
     CHECK(e <= 1e-5, "matvec of a 1-D x: error %.3g", e);
   }
-  /* Bad x files: a third dimension, fewer values than the shape, more than 64 vectors. */
+  /* Bad x files: a third dimension, fewer values than the shape, more than 64 vectors, none. */
   snprintf(shape, sizeof shape, "(2, %llu, 1)", (unsigned long long)t->cols);
   write_npy(xnpy, shape, x, 2 * t->cols);
   run_fails(1, "has no shape of [K] or [n, K]", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
@@ -430,7 +430,10 @@ int main(void) {
   run_fails(1, "holds fewer values than its shape says", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
   snprintf(shape, sizeof shape, "(65, %llu)", (unsigned long long)t->cols);
   write_npy(xnpy, shape, x, 2 * t->cols);
-  run_fails(1, "more than 64 vectors", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  run_fails(1, "has 65 vectors of", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
+  snprintf(shape, sizeof shape, "(0, %llu)", (unsigned long long)t->cols);
+  write_npy(xnpy, shape, x, 0);
+  run_fails(1, "is empty (shape 0 x", (const char *[]){"matvec", name, xnpy, "-o", npy, NULL});
   /* An x that is not a .npy at all, and one that does not exist (3, as nwcctl(1) says). */
   FILE *xf = fopen(xnpy, "w");
   if (xf) fputs("hello\n", xf), fclose(xf);
@@ -481,7 +484,10 @@ int main(void) {
   run_fails(2, "ps: unexpected 'extra'", (const char *[]){"ps", "extra", NULL});
   CHECK(run(NULL, (const char *[]){"devices", "extra", NULL}) == 2, "devices with an argument should exit 2");
   CHECK(run(NULL, (const char *[]){"load", NULL}) == 2, "usage error should exit 2");
-  CHECK(run(NULL, (const char *[]){"frobnicate", NULL}) == 2, "unknown command should exit 2");
+  run_fails(2, "unknown command 'frobnicate' (nwcctl --help lists the commands)",
+            (const char *[]){"frobnicate", NULL});
+  run_fails(2, "unknown command 'lss' (did you mean 'ls'?", (const char *[]){"lss", NULL});
+  run_fails(2, "did you mean 'devices'?", (const char *[]){"devcies", NULL});
   CHECK(run(&out, (const char *[]){"--help", NULL}) == 0 && strstr(out, "usage"), "--help");
   free(out);
   const char *cmds[] = {"ls", "ps", "devices", "info", "load", "evict", "pin", "unpin", "import",
