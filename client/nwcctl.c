@@ -667,26 +667,26 @@ static const struct command {
                       "  bytes and tensors resident (used), pinned bytes, free and total memory, and on a GPU\n"
                       "  what the daemon's pool of device copies holds beyond them (pool)"},
     {"info", 1, 1, "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
-    {"load", 1, 1, "load MODEL[/TENSOR] [--device cpu|cuda:N]: read a model or one tensor into memory (io_uring,\n"
+    {"load", 1, 1, "load MODEL[/TENSOR] [--device cpu|cuda:N] [--json]: read a model or one tensor into memory (io_uring,\n"
                    "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
                    "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
-    {"evict", 1, 1, "evict MODEL[/TENSOR]: drop from memory (tensors in use or pinned are kept and counted)"},
-    {"pin", 1, 1, "pin MODEL[/TENSOR]: load and keep resident (never evicted by LRU)"},
-    {"unpin", 1, 1, "unpin MODEL[/TENSOR]: let LRU eviction take it again"},
-    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]:\n"
-                       "  encode into the store; the files are opened here and passed to nwcd, which reads only\n"
-                       "  those; tensors of dtypes nwc does not store (integers, BOOL) and empty ones are skipped\n"
-                       "  and named, or with --strict fail the import (nothing is stored)"},
-    {"rm", 1, 1, "rm MODEL: remove a model (refused while one of its tensors is in use)"},
+    {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory (tensors in use or pinned are kept and counted)"},
+    {"pin", 1, 1, "pin MODEL[/TENSOR] [--json]: load and keep resident (never evicted by LRU)"},
+    {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
+    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n"
+                       "  [--json]: encode into the store; the files are opened here and passed to nwcd, which\n"
+                       "  reads only those; tensors of dtypes nwc does not store (integers, BOOL) and empty\n"
+                       "  ones are skipped and named, or with --strict fail the import (nothing is stored)"},
+    {"rm", 1, 1, "rm MODEL [--json]: remove a model (refused while one of its tensors is in use)"},
     {"verify", 0, 1, "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
     {"stats", 0, 0, "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
-    {"matvec", -1, -1, "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]: y = S * W x + bias for X\n"
-                       "  float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M] ([M] for X of shape [K]);\n"
+    {"matvec", -1, -1, "matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S] [--json]: y = S * W x + bias\n"
+                       "  for X float32 of shape [K] or [n, K] (n <= 64); Y float32 [n, M] ([M] for X of shape [K]);\n"
                        "  the bias is a tensor of the same model, named without MODEL/"},
-    {"gather", -1, -1, "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]: rows by index (at most 4096), float32\n"
+    {"gather", -1, -1, "gather MODEL/TENSOR ROW... -o OUT.npy [--bf16] [--json]: rows by index (at most 4096), float32\n"
                        "  (or BF16 bits as uint16)"},
-    {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16]: the whole tensor in its shape, float32 (or BF16 bits\n"
-                        "  as uint16)"},
+    {"dequant", -1, -1, "dequant MODEL/TENSOR -o OUT.npy [--bf16] [--json]: the whole tensor in its shape, float32 (or\n"
+                        "  BF16 bits as uint16)"},
 };
 
 /* Edits (insert, delete, replace one letter) from a to b (Levenshtein; both under 32 letters). */
