@@ -78,6 +78,20 @@ static int flag_count(const char *flag, const char *unit, const char *arg, long 
   return 0;
 }
 
+/* A size given to flag, more than 0: 0 and *out, or -1 after a line saying what was wrong. */
+static int flag_size(const char *flag, const char *arg, uint64_t *out) {
+  if (nwcd_parse_size(arg, out) < 0) {
+    fprintf(stderr, "nwcd: %s: %s\n", flag, nwc_error_detail());
+    return -1;
+  }
+  if (!*out) {
+    fprintf(stderr, "nwcd: %s must be more than 0 (e.g. 512M, 2G; leave it out for the default)\n",
+            flag);
+    return -1;
+  }
+  return 0;
+}
+
 static void usage(FILE *f) {
   char def[256];
   fprintf(f,
@@ -132,16 +146,10 @@ int main(int argc, char **argv) {
       case 'S': d.cfg.socket_path = optarg; break;
       case 'b': d.cfg.backend = optarg; break;
       case 'B':
-        if (nwcd_parse_size(optarg, &d.cfg.budget) < 0 || !d.cfg.budget) {
-          fprintf(stderr, "nwcd: --budget: bad size '%s' (e.g. 512M, 2G)\n", optarg);
-          return 2;
-        }
+        if (flag_size("--budget", optarg, &d.cfg.budget) < 0) return 2;
         break;
       case 'G':
-        if (nwcd_parse_size(optarg, &d.cfg.gpu_budget) < 0 || !d.cfg.gpu_budget) {
-          fprintf(stderr, "nwcd: --gpu-budget: bad size '%s' (e.g. 512M, 60G)\n", optarg);
-          return 2;
-        }
+        if (flag_size("--gpu-budget", optarg, &d.cfg.gpu_budget) < 0) return 2;
         break;
       case 't':
         if (flag_count("--threads", "", optarg, 1, 1024, &d.cfg.threads) < 0) return 2;

@@ -310,6 +310,10 @@ int main(void) {
   check_bad_flag("nwcd: bad option '-x'", (const char *[]){"-x", NULL});
   check_bad_flag("nwcd: --budget needs a value",
                  (const char *[]){"--store", td_store, "--budget", NULL});
+  check_bad_flag("nwcd: --budget must be more than 0",
+                 (const char *[]){"--store", td_store, "--budget", "0", NULL});
+  check_bad_flag("nwcd: --gpu-budget: bad size '12Q'",
+                 (const char *[]){"--store", td_store, "--gpu-budget", "12Q", NULL});
   check_bad_flag("nwcd: unexpected argument 'extra'",
                  (const char *[]){"--store", td_store, "extra", NULL});
   check_bad_flag("nwcd: --store DIR (or store = in the config) is required",
