@@ -191,7 +191,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nwcd: --backend %s: %s\n", d.cfg.backend, nwc_error_detail());
     return 1;
   }
-  nwcd_host_pages_note();
   if (!d.cfg.threads) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     d.cfg.threads = n > 0 ? (unsigned)n : 1;
@@ -207,9 +206,8 @@ int main(int argc, char **argv) {
     if (rc == -EBUSY)
       fprintf(stderr, "nwcd: store %s is in use by another daemon (its lock is held)\n",
               d.cfg.store_dir);
-    else
-      fprintf(stderr, "nwcd: store %s: %s (%s)\n", d.cfg.store_dir, nwc_strerror(rc),
-              nwc_error_detail());
+    else /* the detail names the path and what failed there */
+      fprintf(stderr, "nwcd: store: %s\n", nwc_error_detail());
     return 1;
   }
   pthread_mutex_init(&d.store_lock, NULL);

@@ -794,6 +794,7 @@ int nwcd_server_run(nwcd *d) {
   nwcd_log(NWCD_LOG_INFO, "serving %s on %s (backend %s, %u threads, budget %llu MiB)",
            d->cfg.store_dir, path, d->backend->name, d->cfg.threads,
            (unsigned long long)(d->cfg.budget >> 20));
+  nwcd_host_pages_note(); /* once serving: a startup that fails says only why */
   printf("nwcd: ready on %s\n", path);
   fflush(stdout);
   uv_run(&s->loop, UV_RUN_DEFAULT);

@@ -724,7 +724,7 @@ static void test_fd_refused(void) {
 static void load_copy_at(const char *where, bool expect_direct_refused) {
   const nwc_tensor_info *t = &ti[0];
   char path[700];
-  snprintf(path, sizeof path, "%s/copy.nwc", where);
+  snprintf(path, sizeof path, "%s/nwc-loader-%d.nwc", where, (int)getpid()); /* runs at once */
   copy_file(t->path, path);
   nwc_tensor_info c = *t;
   c.path = path;
