@@ -184,15 +184,15 @@ typedef struct raw_ctx {
   size_t nfiles;
   const uint64_t *sizes;
   uint8_t *dev;
-  atomic_uint_fast64_t next; /* the next piece of the files laid end to end */
+  atomic_uint_fast64_t next; /* the next piece to claim, counting each file's in turn */
   uint64_t total;
   uint8_t *slots[RAW_LANES]; /* 2 x RAW_PIECE pinned each */
   cudaStream_t streams[RAW_LANES];
   atomic_uint lane;
 } raw_ctx;
 
-static void *raw_lane(void *p) {
-  raw_ctx *c = p;
+static void *raw_lane(void *arg) {
+  raw_ctx *c = arg;
   unsigned l = atomic_fetch_add(&c->lane, 1);
   int fds[64];
   for (size_t k = 0; k < c->nfiles; k++) fds[k] = open(c->files[k], O_RDONLY);
@@ -201,15 +201,18 @@ static void *raw_lane(void *p) {
   for (int k = 0; k < 2; k++)
     cudaEventCreateWithFlags(&ev[k], cudaEventDisableTiming | cudaEventBlockingSync);
   for (unsigned slot = 0;; slot ^= 1) {
-    uint64_t at = atomic_fetch_add(&c->next, 1) * RAW_PIECE, k = 0, base = 0;
-    if (at >= c->total) break;
-    while (at >= base + c->sizes[k]) base += c->sizes[k++];
-    uint64_t n = c->sizes[k] - (at - base) < RAW_PIECE ? c->sizes[k] - (at - base) : RAW_PIECE;
+    /* piece p of the files: pieces never straddle two files, the last of each is short */
+    uint64_t p = atomic_fetch_add(&c->next, 1), k = 0, base = 0;
+    while (k < c->nfiles && p >= (c->sizes[k] + RAW_PIECE - 1) / RAW_PIECE)
+      p -= (c->sizes[k] + RAW_PIECE - 1) / RAW_PIECE, base += c->sizes[k++];
+    if (k == c->nfiles) break;
+    uint64_t at = base + p * RAW_PIECE; /* in the files laid end to end, as on the device */
+    uint64_t n = c->sizes[k] - p * RAW_PIECE < RAW_PIECE ? c->sizes[k] - p * RAW_PIECE : RAW_PIECE;
     if (used[slot]) cudaEventSynchronize(ev[slot]);
     uint8_t *buf = c->slots[l] + slot * RAW_PIECE;
     for (uint64_t o = 0; o < n; o += 1u << 20) {
       size_t len = n - o < (1u << 20) ? n - o : (1u << 20);
-      if (pread(fds[k], buf + o, len, (off_t)(at - base + o)) < 0) break;
+      if (pread(fds[k], buf + o, len, (off_t)(p * RAW_PIECE + o)) < 0) break;
     }
     cudaMemcpyAsync(c->dev + at, buf, n, cudaMemcpyHostToDevice, c->streams[l]);
     cudaEventRecord(ev[slot], c->streams[l]);
