@@ -230,8 +230,10 @@ static int td_send_req(int fd, nwc_proto_req *r) {
   return rc;
 }
 
-/* Connects and says hello announcing caps (NWC_CAP_*); returns the fd or -1. */
-__attribute__((unused)) static int td_raw_hello_caps(const char *path, uint64_t caps) {
+/* Connects and says hello announcing caps (NWC_CAP_*); returns the fd or -1.  *offered (may be
+ * NULL) gets the capabilities the daemon's reply offers. */
+__attribute__((unused)) static int td_raw_hello_offers(const char *path, uint64_t caps,
+                                                       uint64_t *offered) {
   int fd = td_raw_connect(path);
   if (fd < 0) return -1;
   nwc_proto_req r;
@@ -239,32 +241,31 @@ __attribute__((unused)) static int td_raw_hello_caps(const char *path, uint64_t 
   r.op = NWC_OP_HELLO, r.id = 1, r.ver_min = r.ver_max = 1, r.caps = caps;
   nwc_proto_hdr h;
   uint8_t *p = NULL;
-  if (td_send_req(fd, &r) < 0 || td_recv_frame(fd, &h, &p, 5000) < 0 || h.status != 0) {
+  nwc_proto_hello hr = {0};
+  nwc_pr pr;
+  if (td_send_req(fd, &r) < 0 || td_recv_frame(fd, &h, &p, 5000) < 0 || h.status != 0 ||
+      (offered && (nwc_pr_init(&pr, p, h.length), nwc_proto_get_hello(&pr, &hr) < 0))) {
     free(p);
     close(fd);
     return -1;
   }
   free(p);
+  if (offered) *offered = hr.caps;
   return fd;
+}
+
+/* Connects and says hello announcing caps (NWC_CAP_*); returns the fd or -1. */
+__attribute__((unused)) static int td_raw_hello_caps(const char *path, uint64_t caps) {
+  return td_raw_hello_offers(path, caps, NULL);
 }
 
 /* The capabilities (NWC_CAP_*) the daemon at path offers in its hello reply; 0 when it does not
  * answer. */
 __attribute__((unused)) static uint64_t td_daemon_caps(const char *path) {
-  int fd = td_raw_connect(path);
-  nwc_proto_req hello = {.op = NWC_OP_HELLO, .id = 1, .ver_min = 1, .ver_max = 1};
-  nwc_proto_hdr h;
-  uint8_t *p = NULL;
-  nwc_proto_hello hr = {0};
-  if (fd >= 0 && td_send_req(fd, &hello) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0 &&
-      h.status == 0) {
-    nwc_pr pr;
-    nwc_pr_init(&pr, p, h.length);
-    if (nwc_proto_get_hello(&pr, &hr) < 0) hr.caps = 0;
-  }
-  free(p);
+  uint64_t offered = 0;
+  int fd = td_raw_hello_offers(path, 0, &offered);
   if (fd >= 0) close(fd);
-  return hr.caps;
+  return offered;
 }
 
 /* Connects and says hello with no capabilities; returns the fd or -1. */
