@@ -8,12 +8,12 @@
  * a held one; queued loads in a row through a sink that gives slots back only when waited for,
  * each returning with slots still held, then a failing load, queued or not, that must take every
  * one back, the ring whole after it), with one to four threads checking chunks, and into memfds
- * through the thread's staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the container's
- * bytes (read independently with pread) and decode to the original weights; progress must be
- * monotonic, read by read, ending at the length; a thread keeps one io_uring across loads; bad
- * options are refused.  A byte flipped in a container fails the load naming the chunk; a
- * truncated container fails naming the end; a load into a file that refuses writes (read-only,
- * sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
+ * through the thread's staging ring (nwcd_load_fd, host residency's).  Each load must give
+ * exactly the container's bytes (read independently with pread) and decode to the original
+ * weights; progress must be monotonic, read by read, ending at the length; a thread keeps one
+ * io_uring across loads; bad options are refused.  A byte flipped in a container fails the load
+ * naming the chunk; a truncated container fails naming the end; a load into a file that refuses
+ * writes (read-only, sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
  * whether other threads took parts of its back before the load or while it ran, parts shrink
  * toward the blob's end (a helper that goes first leaves the owner less than two chunks), a part
  * a helper fails to load (its ring refused) is loaded by the owner, and a flipped byte in a
