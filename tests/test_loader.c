@@ -2,22 +2,22 @@
  * test_loader.c - nwcd's loader (daemon/loader.c) on real files and a real io_uring: a store made
  * from random BF16 weights (fresh seed), every blob loaded in every mode (auto, O_DIRECT,
  * buffered), cold (pages dropped with POSIX_FADV_DONTNEED) and warm, with random depths and read
- * sizes, hot or not (page-cache reads copied inline one at a time), from several threads at
- * once, and through a ring of registered buffers to a sink that holds and gives back slots in
- * random order (queued loads leaving it slots that the next load takes back, never handing out
- * a held one; queued loads in a row through a sink that gives slots back only when waited for,
- * each returning with slots still held, then a failing load, queued or not, that must take every
- * one back, the ring whole after it), with one to four threads checking chunks, and into memfds
- * through the thread's staging ring (nwcd_load_fd, host residency's).  Each load must give
- * exactly the container's bytes (read independently with pread) and decode to the original
- * weights; progress must be monotonic, read by read, ending at the length; a thread keeps one
- * io_uring across loads; bad options are refused.  A byte flipped in a container fails the load
- * naming the chunk; a truncated container fails naming the end; a load into a file that refuses
- * writes (read-only, sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
- * whether other threads took parts of its back before the load or while it ran, parts shrink
- * toward the blob's end (a helper that goes first leaves the owner less than two chunks), a part
- * a helper fails to load (its ring refused) is loaded by the owner, and a flipped byte in a
- * helper's part fails the owner's load naming the chunk.
+ * sizes, hot or not (page-cache reads copied inline one at a time), from several threads at once,
+ * and through a ring of registered buffers to a sink that holds and gives back slots in random
+ * order (queued loads leaving it slots that the next load takes back, never handing out a held one;
+ * queued loads in a row through a sink that gives slots back only when waited for, each returning
+ * with slots still held, then a failing load, queued or not, that must take every one back, the
+ * ring whole after it), with one to four threads checking chunks, and into memfds through the
+ * thread's staging ring (nwcd_load_fd, host residency's).  Each load must give exactly the
+ * container's bytes (read independently with pread) and decode to the original weights; progress
+ * must be monotonic, read by read, ending at the length; a thread keeps one io_uring across loads;
+ * bad options are refused.  A byte flipped in a container fails the load naming the chunk; a
+ * truncated container fails naming the end; a load into a file that refuses writes (read-only,
+ * sealed) fails naming the tensor.  A blob offered to a crew (crew.c) loads exactly the same
+ * whether other threads took parts of its back before the load or while it ran, parts shrink toward
+ * the blob's end (a helper that goes first leaves the owner less than two chunks), a part a helper
+ * fails to load (its ring refused) is loaded by the owner, and a flipped byte in a helper's part
+ * fails the owner's load naming the chunk.
  *
  *   test_loader          the above, plus copies of a container on /dev/shm (tmpfs)
  *   test_loader --ramfs  O_DIRECT refused: a container copied onto ramfs (mounted in a private
