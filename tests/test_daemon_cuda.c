@@ -298,12 +298,6 @@ static int ipc_child(const char *sock) {
   return test_failures ? 1 : 0;
 }
 
-static uint64_t gpu_free(void) {
-  size_t f = 0, t = 0;
-  CU(cudaMemGetInfo(&f, &t));
-  return f;
-}
-
 /* The free memory of device dev, and its total into *total (may be NULL); this process's current
  * device stays 0. */
 static uint64_t gpu_free_on(int dev, uint64_t *total) {
@@ -558,7 +552,7 @@ static void oom_steps(nwc_client *c) {
   CHECK_RC(nwc_client_load_on(c, "use", ts[b].name, 0, NULL, NULL, NULL));
   budget_step_matvec(c, ts[b].name); /* the daemon's stream and work buffers exist before */
   static void *hold[400000];
-  size_t nhold = 0, f = gpu_free();
+  size_t nhold = 0, f = gpu_free_on(0, NULL);
   if (f > (256u << 20) && cudaMalloc(&hold[nhold], f - (128u << 20)) == cudaSuccess) nhold++;
   for (size_t chunk = 1u << 20; chunk >= 4096; chunk /= 4) /* everything this process can get */
     while (nhold < 400000 && cudaMalloc(&hold[nhold], chunk) == cudaSuccess) nhold++;
@@ -567,7 +561,7 @@ static void oom_steps(nwc_client *c) {
   CHECK_RC(nwc_client_stats(c, &s0));
   int rc = nwc_client_load_on(c, "big", "big.w", 0, NULL, NULL, NULL);
   const char *msg = rc ? nwc_client_last_error() : "";
-  printf("oom: %.1f MiB left; load of big.w: %d %s\n", gpu_free() / 1048576.0, rc, msg);
+  printf("oom: %.1f MiB left; load of big.w: %d %s\n", gpu_free_on(0, NULL) / 1048576.0, rc, msg);
   CHECK(rc == -ENOMEM && strstr(msg, "retrying"), "load with the GPU full: %d %s", rc, msg);
   CHECK_RC(nwc_client_stats(c, &s1));
   CHECK(s1.evictions > s0.evictions, "the failed allocation evicted nothing (%llu -> %llu)",
@@ -706,7 +700,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < td_nt; i++) budget_step(c, on_cpu);
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   memset(on_cpu, 0, sizeof on_cpu);
-  uint64_t free0 = gpu_free();
+  uint64_t free0 = gpu_free_on(0, NULL);
   nwc_client_counters s;
   unsigned steps = 0;
   for (; steps < 600 && test_failures < 5; steps++) {
@@ -734,7 +728,7 @@ int main(int argc, char **argv) {
   CHECK(s.evictions > 0, "no evictions under a budget smaller than the model");
   CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
   CHECK_RC(nwc_client_stats(c, &s));
-  uint64_t free1 = gpu_free();
+  uint64_t free1 = gpu_free_on(0, NULL);
   printf("GPU free memory: %llu before, %llu after evicting everything (%+lld)\n",
          (unsigned long long)free0, (unsigned long long)free1, (long long)(free1 - free0));
   CHECK(s.gpu_resident_bytes == 0 && s.resident_bytes == 0, "resident after evicting all: %llu %llu",
