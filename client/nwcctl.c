@@ -6,6 +6,7 @@
  * A tensor is named MODEL/TENSOR, split at the first '/' (tensor names may hold more).
  */
 #include "nwc_client.h"
+#include "size_text.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -42,16 +43,6 @@ static int die_tensor(nwc_client *c, int rc, const char *model, const char *tens
 
 /* "s" unless n is 1: "%llu tensor%s". */
 static const char *plural(uint64_t n) { return n == 1 ? "" : "s"; }
-
-static const char *human(uint64_t b, char *buf) {
-  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)b;
-  int i = 0;
-  while (v >= 1024 && i < 4) v /= 1024, i++;
-  if (i == 0) sprintf(buf, "%llu B", (unsigned long long)b);
-  else sprintf(buf, "%.1f %s", v, u[i]);
-  return buf;
-}
 
 static void json_out(json_t *j) {
   char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -258,8 +249,8 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
         snprintf(elem, sizeof elem, "%s/%u", elem_name(t[i].elem), (t[i].elem >> 4) & 15);
         printf("%-*s %-14s %-5s %-6s %10s %10s %s%s\n", tw, t[i].name,
                shape_text(t[i].shape, t[i].ndim, shape, sizeof shape), t[i].dtype, elem,
-               human(t[i].raw_bytes, buf[0]),
-               human(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
+               nwc_size_text(t[i].raw_bytes, buf[0]),
+               nwc_size_text(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
       }
     }
     free(t);
@@ -283,8 +274,8 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
                                            (json_int_t)m[i].resident_bytes));
     else
       printf("%-*s %8llu %10s %10s %6.3f %10s\n", mw, m[i].name, (unsigned long long)m[i].tensors,
-             human(m[i].raw_bytes, buf[0]), human(m[i].nwc_bytes, buf[1]),
-             ratio(m[i].nwc_bytes, m[i].raw_bytes), human(m[i].resident_bytes, buf[2]));
+             nwc_size_text(m[i].raw_bytes, buf[0]), nwc_size_text(m[i].nwc_bytes, buf[1]),
+             ratio(m[i].nwc_bytes, m[i].raw_bytes), nwc_size_text(m[i].resident_bytes, buf[2]));
   }
   free(m);
   if (json) json_out(arr);
@@ -314,7 +305,7 @@ static int cmd_ps(nwc_client *c) {
       char ago[32];
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
       else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
-      printf("%-*s %-*s %-7s %10s %6s %6s %5u %5u %s\n", mw, p[i].model, tw, p[i].tensor, where, human(p[i].bytes, buf),
+      printf("%-*s %-*s %-7s %10s %6s %6s %5u %5u %s\n", mw, p[i].model, tw, p[i].tensor, where, nwc_size_text(p[i].bytes, buf),
              p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago);
     }
   }
@@ -349,7 +340,7 @@ static int cmd_info(nwc_client *c, const char *arg) {
          "container   %s @ %llu\nresidency   %s%s\n",
          model, i.t.name, shape_text(i.t.shape, i.t.ndim, shape, sizeof shape), i.t.dtype, (unsigned long long)i.t.rows,
          (unsigned long long)i.t.cols, elem_name(i.t.elem), (i.t.elem >> 4) & 15, i.conversion,
-         human(i.t.raw_bytes, b0), human(i.t.nwc_bytes, b1), ratio(i.t.nwc_bytes, i.t.raw_bytes),
+         nwc_size_text(i.t.raw_bytes, b0), nwc_size_text(i.t.nwc_bytes, b1), ratio(i.t.nwc_bytes, i.t.raw_bytes),
          (unsigned long long)i.nblocks, (unsigned long long)i.nchunks, i.path,
          (unsigned long long)i.offset, i.t.state ? state_name(i.t.state) : "not resident",
          i.t.pinned ? ", pinned" : "");
@@ -387,12 +378,12 @@ static int cmd_residency(nwc_client *c, const char *arg) {
                        "direct", (json_int_t)r.direct, "buffered", (json_int_t)r.buffered));
   else if (!strcmp(cmd, "load"))
     printf("loaded %s: %llu tensor%s, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
-           (unsigned long long)r.tensors, plural(r.tensors), human(r.bytes, b), r.micros / 1e6,
+           (unsigned long long)r.tensors, plural(r.tensors), nwc_size_text(r.bytes, b), r.micros / 1e6,
            r.micros ? r.bytes / (double)r.micros : 0.0, (unsigned long long)r.direct,
            (unsigned long long)r.buffered);
   else
     printf("%s %s: %llu tensor%s, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
-           arg, (unsigned long long)r.tensors, plural(r.tensors), human(r.bytes, b),
+           arg, (unsigned long long)r.tensors, plural(r.tensors), nwc_size_text(r.bytes, b),
            r.skipped ? " (some in use or pinned were kept)" : "");
   return 0;
 }
@@ -462,7 +453,7 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
                        "skipped", (json_int_t)r.skipped, "skipped_tensors", skipped_json(sk, nsk)));
   } else {
     printf("imported %s: %llu tensor%s, %s -> %s (ratio %.3f) in %.2f s", model,
-           (unsigned long long)r.tensors, plural(r.tensors), human(r.raw_bytes, b0), human(r.bytes, b1),
+           (unsigned long long)r.tensors, plural(r.tensors), nwc_size_text(r.raw_bytes, b0), nwc_size_text(r.bytes, b1),
            ratio(r.bytes, r.raw_bytes), r.micros / 1e6);
     if (r.skipped) print_skipped(sk, nsk, r.skipped);
     putchar('\n');
@@ -488,7 +479,7 @@ static int cmd_verify(nwc_client *c, const char *model) {
   else
     printf("verified %llu model%s, %llu tensor%s, %llu chunk%s, %s: %llu problem%s\n",
            (unsigned long long)r.skipped, plural(r.skipped), (unsigned long long)r.tensors,
-           plural(r.tensors), (unsigned long long)r.chunks, plural(r.chunks), human(r.bytes, b),
+           plural(r.tensors), (unsigned long long)r.chunks, plural(r.chunks), nwc_size_text(r.bytes, b),
            (unsigned long long)r.problems, plural(r.problems));
   return r.problems ? 1 : 0;
 }
@@ -514,10 +505,10 @@ static int cmd_devices(nwc_client *c) {
                                            (json_int_t)p[i].pool_idle));
     } else {
       char b[6][32];
-      printf("%-7s %10s %10s %7llu %10s %10s %10s %10s\n", p[i].name, human(p[i].budget, b[0]),
-             human(p[i].resident_bytes, b[1]), (unsigned long long)p[i].resident_tensors,
-             human(p[i].pinned_bytes, b[2]), human(p[i].mem_free, b[3]),
-             human(p[i].mem_total, b[4]), human(p[i].pool_idle, b[5]));
+      printf("%-7s %10s %10s %7llu %10s %10s %10s %10s\n", p[i].name, nwc_size_text(p[i].budget, b[0]),
+             nwc_size_text(p[i].resident_bytes, b[1]), (unsigned long long)p[i].resident_tensors,
+             nwc_size_text(p[i].pinned_bytes, b[2]), nwc_size_text(p[i].mem_free, b[3]),
+             nwc_size_text(p[i].mem_total, b[4]), nwc_size_text(p[i].pool_idle, b[5]));
     }
   }
   free(p);
@@ -549,7 +540,7 @@ static int cmd_stats(nwc_client *c) {
     bool bytes = (n >= 5 && !strcmp(names[i] + n - 5, "bytes")) || (n >= 6 && !strcmp(names[i] + n - 6, "budget"));
     char h[32];
     printf("%-18s %llu%s%s%s\n", names[i], (unsigned long long)v[i], bytes ? " (" : "",
-           bytes ? human(v[i], h) : "", bytes ? ")" : "");
+           bytes ? nwc_size_text(v[i], h) : "", bytes ? ")" : "");
   }
   printf("%-18s %s\n", "backend", s.backend);
   return 0;

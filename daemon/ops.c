@@ -13,6 +13,7 @@
 #include "nwcd.h"
 
 #include "internal.h"
+#include "size_text.h"
 
 #include <errno.h>
 #include <math.h>
@@ -369,10 +370,11 @@ static int op_residency(nwcd_job *j) {
   uint64_t budget = nwcd_res_budget(d->res, loc, where);
   if ((op == NWC_OP_LOAD || op == NWC_OP_PIN) && total > budget) {
     nwc_tensor_info_free(ti, n);
-    return nwc__fail(-ENOSPC, "%s%s%s needs %llu bytes, more than the memory budget of %s "
-                     "(%llu); raise --budget / --gpu-budget or load single tensors", r->model,
-                     r->tensor[0] ? "/" : "", r->tensor, (unsigned long long)total, where,
-                     (unsigned long long)budget);
+    char need[16], have[16];
+    return nwc__fail(-ENOSPC, "%s%s%s needs %s (%llu bytes), more than the memory budget of %s "
+                     "(%s); raise --budget / --gpu-budget or load single tensors", r->model,
+                     r->tensor[0] ? "/" : "", r->tensor, nwc_size_text(total, need),
+                     (unsigned long long)total, where, nwc_size_text(budget, have));
   }
   nwc_proto_result res = {0};
   uint64_t t0 = nwcd_now_ns();

@@ -6,7 +6,8 @@
  * where the file ends; after the container is repaired the tensor loads, dequantizes bit for
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
  * left nothing behind).  An explicit evict gives the memory back (nwcd's mapped shared memory,
- * Pss_Shmem, drops).  Under a budget of half the model, random loads (whose LRU evictions leave
+ * Pss_Shmem, drops).  Under a budget of half the model, a load of all of it is refused with
+ * both sizes said in MiB and bytes, random loads (whose LRU evictions leave
  * spares that later loads write into) never leave more shared memory in nwcd than the budget,
  * every tensor still decodes right, a model of smaller blobs (fp8) loaded into the spares cut to
  * size has resident bytes (mapped) equal to its containers' and memfds sealed with F_SEAL_WRITE,
@@ -153,6 +154,14 @@ static void test_budget(uint64_t total) {
   nwc_client *c = NULL;
   if (d > 0) CHECK_RC(nwc_client_connect(td_sock, &c));
   if (!c) return;
+  /* the whole model does not fit: refused before anything is loaded, its size and the budget
+   * said as people read them, with the exact bytes */
+  char want[96];
+  snprintf(want, sizeof want, "use needs %.1f MiB (%llu bytes), more than the memory budget of ",
+           total / 1048576.0, (unsigned long long)total);
+  int rc = nwc_client_load(c, "use", NULL, NULL, NULL, NULL);
+  CHECK(rc == -ENOSPC && strstr(nwc_client_last_error(), want), "load of a model over the budget: "
+        "%d '%s', not '%s...'", rc, nwc_client_last_error(), want);
   for (size_t k = 0; k < 4 * td_nt; k++) {
     size_t i = test_below(td_nt);
     CHECK_RC(nwc_client_load(c, "use", td_t[i].name, NULL, NULL, NULL));
