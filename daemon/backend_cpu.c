@@ -160,11 +160,6 @@ static int map_ro(const nwc_tensor_info *ti, host_buf *b) {
   return 0;
 }
 
-/* What parts of ti's blob a crew hands out are multiples of: its checksummed chunks. */
-static uint64_t crew_align(const nwc_tensor_info *ti) {
-  return ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
-}
-
 /* A host copy being written, as a crew's helper sees it: a reused spare's writable mapping, or
  * else the memfd. */
 typedef struct host_blob {
@@ -201,7 +196,7 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
   }
   host_blob share = {ti, b.w, b.fd};
   nwcd_load_opts o = {0};
-  if (rc == 0) o.split = nwcd_crew_offer(nwcd_crew_joined(), ti->length, crew_align(ti),
+  if (rc == 0) o.split = nwcd_crew_offer(nwcd_crew_joined(), ti->length, ti->chunk_size,
                                          cpu_load_part, &share);
   if (rc == 0) rc = b.w ? nwcd_load(ti, b.w, &o, li) : nwcd_load_fd(ti, b.fd, &o, li);
   if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
@@ -407,7 +402,7 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   nwcd_crew *crew = nwcd_crew_joined();
   o.queued = crew != NULL; /* the mark below also frees the side buffer for the next load */
   if (rc == 0 && crew && (rc = nwcd_gpu_ring_mark(g, &share.ready)) == 0)
-    o.split = nwcd_crew_offer(crew, ti->length, crew_align(ti), cuda_load_part, &share);
+    o.split = nwcd_crew_offer(crew, ti->length, ti->chunk_size, cuda_load_part, &share);
   uint64_t alloc_ns = nwcd_now_ns() - t0;
   if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
   if (rc == 0 && o.queued) rc = nwcd_cuda_blob_queued(*dcopy, nwcd_gpu_ring_stream(g));

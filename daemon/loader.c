@@ -565,7 +565,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   L->split = o->split, L->start = L->next = o->from, L->end = o->to ? o->to : ti->length;
   L->span = L->end - L->start;
   L->fd_direct = L->fd_cache = -1;
-  L->cs = ti->chunk_size ? ti->chunk_size : NWC_STORE_CHUNK;
+  L->cs = ti->chunk_size; /* the catalog's: never 0, a multiple of 4096 */
   L->depth = o->depth ? o->depth : DEPTH_DEFAULT;
   static atomic_uint auto_checkers;
   if (!atomic_load(&auto_checkers)) { /* one more checker per 8 cores: a core hashes 20-60 GB/s */
@@ -574,7 +574,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     atomic_store(&auto_checkers, c < CHECKERS_MAX ? c : CHECKERS_MAX);
   }
   L->checkers = o->checkers ? o->checkers : atomic_load(&auto_checkers);
-  NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || L->cs % PAGE ||
+  NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || !L->cs || L->cs % PAGE ||
                     ti->nchunks != (ti->length + L->cs - 1) / L->cs,
                 -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
                 ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
