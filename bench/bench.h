@@ -24,12 +24,13 @@ int nwc_bench_cmp_double(const void *a, const void *b);
 double nwc_bench_median(double *t, size_t n);
 
 
-/* Starts the nwcd binary at path on store (created if missing) listening on sock, quiet, with
- * --backend backend (NULL: nwcd's default), and waits (up to 5 s) until sock accepts
- * connections: its pid (-1 if fork failed).  The caller stops it (SIGTERM, waitpid).
- * bench_daemon.c. */
+/* Starts the nwcd binary at path on store (created if missing) listening on sock, with
+ * --backend backend (NULL: nwcd's default) and log, a log flag (--verbose) whose output goes to
+ * this process's stderr (NULL: --quiet, stderr discarded), and waits (up to 10 s: a CUDA
+ * backend's start) until sock accepts connections: its pid (-1 if fork failed).  The caller
+ * stops it (SIGTERM, waitpid).  bench_daemon.c. */
 pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
-                           const char *backend);
+                           const char *backend, const char *log);
 
 /* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */
 int nwc_bench_codec(int argc, char **argv);

@@ -152,19 +152,19 @@ static bool connectable(const char *path) {
 }
 
 pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
-                           const char *backend) {
+                           const char *backend, const char *log) {
+  const char *argv[10] = {nwcd, "--store", store, "--socket", sock}, **a = argv + 5;
+  if (backend) *a++ = "--backend", *a++ = backend;
+  *a = log ? log : "--quiet";
   pid_t pid = fork();
   if (pid == 0) {
     int nul = open("/dev/null", O_WRONLY);
-    dup2(nul, 1), dup2(nul, 2);
-    if (backend)
-      execl(nwcd, nwcd, "--store", store, "--socket", sock, "--backend", backend, "--quiet",
-            (char *)NULL);
-    else
-      execl(nwcd, nwcd, "--store", store, "--socket", sock, "--quiet", (char *)NULL);
+    dup2(nul, 1);
+    if (!log) dup2(nul, 2);
+    execv(nwcd, (char *const *)argv);
     _exit(127);
   }
-  for (int i = 0; pid > 0 && i < 500 && !connectable(sock); i++) usleep(10000);
+  for (int i = 0; pid > 0 && i < 1000 && !connectable(sock); i++) usleep(10000);
   return pid;
 }
 
@@ -220,7 +220,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   char sock[128], store[128];
   snprintf(sock, sizeof sock, "%s/nwcd.sock", dir);
   snprintf(store, sizeof store, "%s/store", dir);
-  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock, "cpu"); /* what in-process runs */
+  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock, "cpu", NULL); /* what in-process runs */
   nwc_client *c = NULL;
   int rc = nwc_client_connect(sock, &c);
   if (rc == 0) rc = nwc_client_import(c, "bench", file, NULL, NULL);

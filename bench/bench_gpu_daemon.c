@@ -60,9 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -124,15 +122,6 @@ static int write_model(unsigned T, uint64_t E, uint16_t *const mats[4]) {
   if (f && fclose(f) != 0) ok = 0;
   free(hs);
   return ok ? 0 : -EIO;
-}
-
-static int connectable(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  memcpy(sa.sun_path, path, strlen(path) + 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-  close(fd);
-  return ok;
 }
 
 /* Drops the page cache (all of it as root, else the pages of files[]). */
@@ -266,7 +255,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   unsigned T = 32, R = 3, iters = 2000;
   uint64_t E = 0;
   bool keep = false;
-  const char *log_level = "--quiet";
+  const char *log_level = "--quiet"; /* its stderr kept: errors, and the log asked for */
   const char *specs[32];
   size_t nspecs = 0;
   for (int i = 1; i < argc; i++) {
@@ -296,15 +285,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   uint16_t *mats[4];
   for (int i = 0; i < 4; i++) mats[i] = malloc(M * K * 2), synth(mats[i], M * K, (uint64_t)i + 1);
   int rc = write_model(T, E, mats);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int nul = open("/dev/null", O_WRONLY);
-    dup2(nul, 1);
-    execl(nwcd_path, nwcd_path, "--store", store, "--socket", sock, "--backend", "cuda", log_level,
-          (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 1000 && !connectable(sock); i++) usleep(10000);
+  pid_t pid = nwc_bench_nwcd_start(nwcd_path, store, sock, "cuda", log_level);
   nwc_client *c = NULL;
   if (rc == 0) rc = nwc_client_connect(sock, &c);
   double t0 = nwc_bench_now();

@@ -333,7 +333,7 @@ static int nwcd_restart(bench *b) {
   nwc_client_free(b->c);
   b->c = NULL;
   if (b->nwcd_pid > 0) kill(b->nwcd_pid, SIGTERM), waitpid(b->nwcd_pid, NULL, 0);
-  b->nwcd_pid = nwc_bench_nwcd_start(b->nwcd_bin, b->nwcd_store, b->nwcd_sock, NULL);
+  b->nwcd_pid = nwc_bench_nwcd_start(b->nwcd_bin, b->nwcd_store, b->nwcd_sock, NULL, NULL);
   if (nwc_client_connect(b->nwcd_sock, &b->c) < 0)
     return fprintf(stderr, "nwc-bench load: %s did not start again: %s\n", b->nwcd_bin,
                    nwc_client_last_error()), -EIO;
@@ -481,7 +481,7 @@ int nwc_bench_load(int argc, char **argv) {
     } else {
       snprintf(sock, sizeof sock, "%s/nwcd.sock", sockdir);
       b.nwcd_bin = nwcd_bin, b.nwcd_store = S_ISDIR(st.st_mode) ? src : tmp, b.nwcd_sock = sock;
-      b.nwcd_pid = nwc_bench_nwcd_start(nwcd_bin, b.nwcd_store, sock, NULL);
+      b.nwcd_pid = nwc_bench_nwcd_start(nwcd_bin, b.nwcd_store, sock, NULL, NULL);
     }
     if (rc == 0 && nwc_client_connect(sock, &b.c) < 0) {
       fprintf(stderr, "nwc-bench load: %s did not start: %s\n", nwcd_bin, nwc_client_last_error());
