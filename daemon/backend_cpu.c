@@ -374,9 +374,9 @@ static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info 
  * load parts of it from the back, each through a ring of its own, and the load is queued: it
  * returns once the owner's last copies are queued, not done, so that its lane reads its next
  * tensor while they run (the copy's users wait for its arrival on the device, and the model
- * load settles the rings before it answers: dev_settle).  Waiting for them instead kept every
- * lane from reading at each tensor's end, and the lanes, which take equal tensors together,
- * left the copy engine idle together. */
+ * load settles its device's rings before it answers: dev_settle).  Waiting for them instead
+ * kept every lane from reading at each tensor's end, and the lanes, which take equal tensors
+ * together, left the copy engine idle together. */
 static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
                          nwcd_load_info *li) {
   *dcopy = NULL, *scale = NULL;
@@ -419,18 +419,17 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   return rc;
 }
 
-/* dev_settle: waits for the copies that queued loads left running on every ring (0, or the
+/* dev_settle: waits for the copies that queued loads left running on dev's rings (0, or the
  * first ring's CUDA error). */
-static int cuda_dev_settle(void) {
+static int cuda_dev_settle(int dev) {
   int rc = 0;
-  for (int dev = 0; dev < cuda_backend.ndevices; dev++)
-    for (unsigned k = 0; k < RINGS; k++) {
-      pthread_mutex_lock(&rings_lock); /* rings are made by the loads that first need them */
-      nwcd_gpu_ring *g = rings[dev][k];
-      pthread_mutex_unlock(&rings_lock);
-      int r = g ? nwcd_gpu_ring_settle(g) : 0;
-      if (rc == 0) rc = r;
-    }
+  for (unsigned k = 0; k < RINGS; k++) {
+    pthread_mutex_lock(&rings_lock); /* rings are made by the loads that first need them */
+    nwcd_gpu_ring *g = rings[dev][k];
+    pthread_mutex_unlock(&rings_lock);
+    int r = g ? nwcd_gpu_ring_settle(g) : 0;
+    if (rc == 0) rc = r;
+  }
   return rc;
 }
 

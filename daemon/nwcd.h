@@ -104,8 +104,9 @@ typedef struct nwcd_backend {
                   struct nwcd_load_info *li);
   /* A dev_load inside a crew (a model load's lanes) may return with its last copies still
    * running (every use of the copy waits for them on the device); dev_settle waits for all such
-   * copies (0, or -EIO: one of them failed). */
-  int (*dev_settle)(void);
+   * copies on dev, the model load's device, not for other devices' loads (0, or -EIO: one of
+   * them failed). */
+  int (*dev_settle)(int dev);
   uint64_t (*dev_size)(const void *dcopy);
   void (*dev_free)(void *dcopy);
   int (*dev_dequant)(const void *dcopy, uint16_t *out);

@@ -395,8 +395,8 @@ static int op_residency(nwcd_job *j) {
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     uint64_t done_ns = nwcd_now_ns();
     if (gpu && d->backend->dev_settle) { /* the lanes' last copies: the model is there when told */
-      int src = d->backend->dev_settle(); /* fails only with a CUDA error, which sticks: every */
-      if (src < 0 && lc.rc == 0) {         /* use of the tensors fails from then on, too */
+      int src = d->backend->dev_settle(loc >= 0 ? loc : 0); /* the default place: cuda:0 */
+      if (src < 0 && lc.rc == 0) { /* a CUDA error, which sticks: later uses fail too */
         lc.rc = src;
         snprintf(lc.msg, sizeof lc.msg, "%s", nwc_error_detail());
         nwcd_log(NWCD_LOG_ERR, "load %s: %s", r->model, lc.msg);
