@@ -232,9 +232,8 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
     int rc = nwc_client_tensors(c, argv[0], &t, &n);
     if (rc < 0) return die(rc);
     json_t *arr = json ? json_array() : NULL;
-    int tw = (int)strlen("TENSOR");
-    for (size_t i = 0; i < n; i++) tw = widen(tw, t[i].name);
-    if (!json) printf("%-*s %-14s %-5s %-6s %10s %10s %s\n", tw, "TENSOR", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT");
+    /* the name last, as ls -l and ps do: names run long, and the columns before it line up */
+    if (!json) printf("%-14s %-5s %-6s %10s %10s %-15s %s\n", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT", "TENSOR");
     for (size_t i = 0; i < n; i++) {
       char shape[200];
       if (json) {
@@ -245,12 +244,13 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
                                              "nwc_bytes", (json_int_t)t[i].nwc_bytes,
                                              "resident", t[i].state == NWC_CLIENT_RESIDENT));
       } else {
-        char elem[16];
+        char elem[16], state[32];
         snprintf(elem, sizeof elem, "%s/%u", elem_name(t[i].elem), (t[i].elem >> 4) & 15);
-        printf("%-*s %-14s %-5s %-6s %10s %10s %s%s\n", tw, t[i].name,
+        snprintf(state, sizeof state, "%s%s", state_name(t[i].state), t[i].pinned ? " pinned" : "");
+        printf("%-14s %-5s %-6s %10s %10s %-15s %s\n",
                shape_text(t[i].shape, t[i].ndim, shape, sizeof shape), t[i].dtype, elem,
-               nwc_size_text(t[i].raw_bytes, buf[0]),
-               nwc_size_text(t[i].nwc_bytes, buf[1]), state_name(t[i].state), t[i].pinned ? " pinned" : "");
+               nwc_size_text(t[i].raw_bytes, buf[0]), nwc_size_text(t[i].nwc_bytes, buf[1]), state,
+               t[i].name);
       }
     }
     free(t);
@@ -289,9 +289,10 @@ static int cmd_ps(nwc_client *c) {
   if (rc < 0) return die(rc);
   char buf[32], where[16];
   json_t *arr = json ? json_array() : NULL;
-  int mw = (int)strlen("MODEL"), tw = (int)strlen("TENSOR");
-  for (size_t i = 0; i < n; i++) mw = widen(mw, p[i].model), tw = widen(tw, p[i].tensor);
-  if (!json) printf("%-*s %-*s %-7s %10s %6s %6s %5s %5s %s\n", mw, "MODEL", tw, "TENSOR", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED");
+  int mw = (int)strlen("MODEL");
+  for (size_t i = 0; i < n; i++) mw = widen(mw, p[i].model);
+  /* the tensor last, as in ls MODEL */
+  if (!json) printf("%-*s %-7s %10s %6s %6s %5s %5s %-12s %s\n", mw, "MODEL", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED", "TENSOR");
   for (size_t i = 0; i < n; i++) {
     if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
     else snprintf(where, sizeof where, "cuda:%d", p[i].device);
@@ -302,11 +303,15 @@ static int cmd_ps(nwc_client *c) {
                                            p[i].direct, "refs", (int)p[i].refs, "maps", (int)p[i].maps,
                                            "last_used_ms", (json_int_t)p[i].last_used_ms));
     } else {
-      char ago[32];
+      char ago[32]; /* at most 12 characters: "59.9 min ago" */
+      double sec = p[i].last_used_ms / 1000.0;
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
-      else snprintf(ago, sizeof ago, "%.1f s ago", p[i].last_used_ms / 1000.0);
-      printf("%-*s %-*s %-7s %10s %6s %6s %5u %5u %s\n", mw, p[i].model, tw, p[i].tensor, where, nwc_size_text(p[i].bytes, buf),
-             p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago);
+      else if (sec < 60) snprintf(ago, sizeof ago, "%.1f s ago", sec);
+      else if (sec < 3600) snprintf(ago, sizeof ago, "%.1f min ago", sec / 60);
+      else if (sec < 86400) snprintf(ago, sizeof ago, "%.1f h ago", sec / 3600);
+      else snprintf(ago, sizeof ago, "%.1f d ago", sec / 86400);
+      printf("%-*s %-7s %10s %6s %6s %5u %5u %-12s %s\n", mw, p[i].model, where, nwc_size_text(p[i].bytes, buf),
+             p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago, p[i].tensor);
     }
   }
   free(p);

@@ -134,6 +134,29 @@ static uint64_t json_u64(const json_t *o, const char *key) {
   return (uint64_t)json_integer_value(json_object_get(o, key));
 }
 
+/* A table whose last column, under header, holds the names of arr's objects (key): every row
+ * ends with a whole name that starts under the header's, each name once (ls MODEL, ps). */
+static void check_name_column(const char *what, const char *out, const char *header, json_t *arr,
+                              const char *key) {
+  const char *h = strstr(out, header);
+  size_t col = h ? (size_t)(h - out) : 0, rows = 0, n = json_array_size(arr);
+  bool *seen = calloc(n + 1, 1);
+  CHECK(h && h < out + strcspn(out, "\n"), "%s: no %s in the header:\n%s", what, header, out);
+  for (const char *l = out + strcspn(out, "\n") + 1; h && *l; l += strcspn(l, "\n") + 1, rows++) {
+    size_t len = strcspn(l, "\n"), k = 0;
+    CHECK(len > col && l[col - 1] == ' ' && l[col] != ' ', "%s: row %zu does not start its name "
+          "under %s:\n%.*s", what, rows, header, (int)len, l);
+    while (len > col && k < n && (strlen(json_string_value(json_object_get(json_array_get(arr, k), key))) != len - col ||
+           memcmp(json_string_value(json_object_get(json_array_get(arr, k), key)), l + col, len - col)))
+      k++;
+    CHECK(len > col && k < n && !seen[k], "%s: row %zu ends with '%.*s', not a name of --json's "
+          "once", what, rows, (int)(len > col ? len - col : 0), l + col);
+    if (k < n) seen[k] = true;
+  }
+  CHECK(rows == n, "%s: %zu rows, --json has %zu", what, rows, n);
+  free(seen);
+}
+
 /* devices --json and the devices table say what nwc_client_devices says: the same places in
  * order, every figure equal (free memory, which moves between the calls, at most the total). */
 static void check_devices(void) {
@@ -321,6 +344,9 @@ int main(void) {
   for (size_t i = 0; i < json_array_size(j); i++)
     for (size_t k = 0; k < 8; k++)
       CHECK(json_object_get(json_array_get(j, i), keys[k]), "tensor object lacks %s", keys[k]);
+  CHECK(run(&out, (const char *[]){"ls", "use", NULL}) == 0, "ls use");
+  check_name_column("ls use", out, "TENSOR", j, "name");
+  free(out);
   json_decref(j);
 
   /* The largest matrix, for the data commands. */
@@ -336,6 +362,9 @@ int main(void) {
   free(out);
   j = run_json((const char *[]){"ps", "--json", NULL});
   CHECK(json_array_size(j) == td_nt, "ps after load: %zu", json_array_size(j));
+  CHECK(run(&out, (const char *[]){"ps", NULL}) == 0, "ps");
+  check_name_column("ps", out, "TENSOR", j, "tensor");
+  free(out);
   json_decref(j);
   CHECK(run(&out, (const char *[]){"pin", name, NULL}) == 0 && strstr(out, ": 1 tensor, "), "pin of one tensor: %s", out);
   free(out);
