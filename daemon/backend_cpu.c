@@ -377,9 +377,8 @@ static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info 
  * load settles its device's rings before it answers: dev_settle).  Waiting for them instead
  * kept every lane from reading at each tensor's end, and the lanes, which take equal tensors
  * together, left the copy engine idle together. */
-static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
-                         nwcd_load_info *li) {
-  *dcopy = NULL, *scale = NULL;
+static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, nwcd_load_info *li) {
+  *dcopy = NULL;
   unsigned k;
   int rc = ring_take(dev, &k);
   if (rc < 0) return rc;
@@ -389,8 +388,6 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
                       .off_scale = ti->off_scale};
   memcpy(b.psym, ti->psym, sizeof b.psym);
   void *blob = NULL;
-  if (ti->off_scale && !(*scale = malloc(ti->rows * sizeof **scale)))
-    rc = nwc__fail(-ENOMEM, "no memory for the scales of %s", ti->name);
   uint64_t t0 = nwcd_now_ns();
   nwcd_gpu_ring *g = rings[dev][k];
   void *side = NULL;
@@ -411,10 +408,10 @@ static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, float
   ring_give(dev, k);
   if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
   if (li) li->alloc_ns = alloc_ns;
-  if (rc == 0) rc = nwcd_cuda_blob_finish(*dcopy, &b, *scale);
+  if (rc == 0) nwcd_cuda_blob_finish(*dcopy, &b);
   if (rc < 0) {
-    nwcd_cuda_free(*dcopy), free(*scale);
-    *dcopy = NULL, *scale = NULL;
+    nwcd_cuda_free(*dcopy);
+    *dcopy = NULL;
   }
   return rc;
 }
@@ -444,6 +441,7 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.dev_load = cuda_dev_load;
   cuda_backend.dev_settle = cuda_dev_settle;
   cuda_backend.dev_size = nwcd_cuda_copy_size;
+  cuda_backend.dev_scales = nwcd_cuda_scales;
   cuda_backend.dev_free = nwcd_cuda_free;
   cuda_backend.dev_dequant = nwcd_cuda_dequant;
   cuda_backend.dev_gather = nwcd_cuda_gather;

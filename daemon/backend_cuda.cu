@@ -664,7 +664,7 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   return 0;
 }
 
-extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale) {
+extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b) {
   Copy *cp = static_cast<Copy *>(dcopy);
   uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
   nwc_k_tensor &k = cp->k;
@@ -673,11 +673,14 @@ extern "C" int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float
   k.bases = reinterpret_cast<const uint64_t *>(blob + b->off_bases);
   k.hdr = blob + b->off_hdr, k.data = blob + b->off_data, k.raw = blob + b->off_raw;
   k.scale = b->off_scale ? reinterpret_cast<const float *>(blob + b->off_scale) : nullptr;
-  if (scale && k.scale) {
-    CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
-    if (cp->arrival) CU_TRY(cudaEventSynchronize(cp->arrival), "the copies of a blob");
-    CU_TRY(cudaMemcpy(scale, k.scale, b->rows * 4, cudaMemcpyDeviceToHost), "copy of the scales");
-  }
+}
+
+extern "C" int nwcd_cuda_scales(const void *dcopy, float *out) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  if (!cp->k.scale) return nwc__fail(-EINVAL, "a device copy without per-row scales");
+  CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
+  if (cp->arrival) CU_TRY(cudaEventSynchronize(cp->arrival), "the copies of a blob");
+  CU_TRY(cudaMemcpy(out, cp->k.scale, cp->k.rows * 4, cudaMemcpyDeviceToHost), "copy of the scales");
   return 0;
 }
 

@@ -56,9 +56,10 @@ int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *s
  * request's stream, the free) waits for it on the device.  On failure it waits for stream. */
 int nwcd_cuda_blob_queued(void *dcopy, void *stream);
 /* After the blob is in place (or queued: nwcd_cuda_blob_queued): points the copy's arrays at its
- * sections and, when it has per-row scales, copies them (rows floats) to host scale (after the
- * blob's arrival). */
-int nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b, float *scale);
+ * sections (nothing waits: a queued load's lane goes on to its next tensor). */
+void nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b);
+/* The copy's per-row scales (rows floats; it has them) into host out, after its arrival. */
+int nwcd_cuda_scales(const void *dcopy, float *out);
 /* Device bytes a copy holds. */
 uint64_t nwcd_cuda_copy_size(const void *dcopy);
 void nwcd_cuda_free(void *dcopy);

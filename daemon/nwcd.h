@@ -97,17 +97,18 @@ typedef struct nwcd_backend {
    * device copies ("dcopy") that the dev_ functions compute on, results into host memory
    * (dev_dequant: the whole tensor, row stride K16; dev_gather: rows all < M; dev_matvec: no
    * bias).  dev_load streams ti's blob onto dev through the loader's pinned ring (nwcd_gpu_ring,
-   * chunk checksums checked): 0 and *dcopy, *scale (a malloc'ed host copy of the per-row
-   * scales, or NULL) and *li; -ENOMEM when device memory runs out.  dev_size: its bytes. */
+   * chunk checksums checked): 0 and *dcopy and *li; -ENOMEM when device memory runs out.
+   * dev_size: its bytes.  dev_scales: its per-row scales (rows floats; only for a tensor that
+   * has them) into host out, once its copies have arrived. */
   int ndevices;
-  int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, float **scale,
-                  struct nwcd_load_info *li);
+  int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, struct nwcd_load_info *li);
   /* A dev_load inside a crew (a model load's lanes) may return with its last copies still
    * running (every use of the copy waits for them on the device); dev_settle waits for all such
    * copies on dev, the model load's device, not for other devices' loads (0, or -EIO: one of
    * them failed). */
   int (*dev_settle)(int dev);
   uint64_t (*dev_size)(const void *dcopy);
+  int (*dev_scales)(const void *dcopy, float *out);
   void (*dev_free)(void *dcopy);
   int (*dev_dequant)(const void *dcopy, uint16_t *out);
   int (*dev_gather)(const void *dcopy, const uint64_t *rows, uint64_t n, uint16_t *out);
@@ -356,7 +357,7 @@ typedef struct nwcd_entry nwcd_entry;
 typedef struct nwcd_ref {
   nwcd_entry *e;          /* resident entry (refs held), or NULL when mapped */
   nwc_store_map *map;     /* mapped container (non-resident compute), or NULL */
-  nwc_tensor view;        /* shapes and scale always; the arrays only for host copies */
+  nwc_tensor view;        /* shapes always; the arrays and scales only for host copies */
   const nwc_tensor_info *ti;
   const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */
   int loc;                /* NWCD_LOC_CPU or the device */

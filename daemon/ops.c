@@ -701,10 +701,16 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
     rc = nwc__fail(-EINVAL, "bias %s/%s has %llu values, the matvec has %llu rows", r->model,
                    r->bias, (unsigned long long)(t->rows * t->cols), (unsigned long long)M);
   uint64_t K16 = k16_of(t->cols);
+  const float *scale = t->scale; /* a device copy's stay on the device: fetched here */
+  float *dscale = NULL;
   if (rc == 0 && (!(tmp = malloc(t->rows * K16 * 2 + 64)) || !(b = malloc(M * sizeof *b))))
     rc = -ENOMEM;
   if (rc == 0 && ref.dcopy) {
     rc = d->backend->dev_dequant(ref.dcopy, tmp);
+    if (rc == 0 && ref.ti->off_scale)
+      rc = !(dscale = malloc(t->rows * sizeof *dscale)) ? -ENOMEM
+                                                         : d->backend->dev_scales(ref.dcopy, dscale);
+    scale = dscale;
   } else if (rc == 0) {
     uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
     rc = d->backend->dequant(t, 0, (t->rows + br - 1) / br, tmp);
@@ -713,11 +719,11 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
     float s = 1;
     for (uint64_t i = 0; i < t->rows; i++)
       for (uint64_t k = 0; k < t->cols; k++) {
-        if (t->scale) s = t->scale[i];
+        if (scale) s = scale[i];
         b[i * t->cols + k] = s * nwc_bf16_to_f32(tmp[i * K16 + k]);
       }
   }
-  free(tmp);
+  free(tmp), free(dscale);
   nwcd_res_release(d->res, &ref);
   if (rc < 0) free(b);
   else *out = b;

@@ -55,8 +55,8 @@
  * Places: an entry lives in host memory (loc NWCD_LOC_CPU: the blob buffer, under the host
  * budget) or on a device (loc = n: the backend's device copy of the blob, under device n's own
  * budget, streamed there by the loader through a bounded pinned ring, so no host copy of the
- * whole tensor is ever made: the host keeps only the view's shapes and a copy of its per-row
- * scales, and such an entry cannot be mapped by clients).  Budgets, LRU eviction and the
+ * whole tensor is ever made: the host keeps only the view's shapes (its per-row scales, where
+ * it has them, stay on the device: dev_scales), and such an entry cannot be mapped by clients).  Budgets, LRU eviction and the
  * invariants above hold per place: make_room evicts only entries of the place that needs the
  * bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
  * then holds the copy's exact size.  A device allocation that fails although the budget
@@ -102,7 +102,6 @@ struct nwcd_entry {
                             place its last explicit load named (above, Places) */
   void *buf;             /* host copy (loc CPU) */
   void *dcopy;           /* device copy (loc >= 0) */
-  float *scale;          /* host copy of a device copy's per-row scale, or NULL */
   uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
   size_t len;
   bool locked, direct, pinned;
@@ -216,8 +215,7 @@ static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   if (e->state != NWC_RES_RESIDENT) return;
   if (e->dcopy) r->d->backend->dev_free(e->dcopy);
   else r->d->backend->host_free(e->buf, e->len, e->locked);
-  free(e->scale);
-  e->buf = e->dcopy = e->scale = NULL, e->fd = -1;
+  e->buf = e->dcopy = NULL, e->fd = -1;
   *used_at(r, e->loc) -= held(e);
   if (e->loc >= 0 && !r->gused[e->loc]) r->d->backend->dev_trim(e->loc); /* nothing left there */
   if (e->pinned) r->pinned_bytes -= e->len, e->pinned = false;
@@ -277,16 +275,16 @@ static bool make_room(nwcd_res *r, int loc, uint64_t need) {
 
 /* Loads e onto its device (the backend streams the blob there), evicting LRU copies of that
  * device for need bytes and retrying once when the allocation fails (called without r->lock). */
-static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy, float **scale,
+static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy,
                        nwcd_load_info *l) {
   const nwcd_backend *b = r->d->backend;
-  int rc = b->dev_load(e->info, e->loc, dcopy, scale, l);
+  int rc = b->dev_load(e->info, e->loc, dcopy, l);
   if (rc != -ENOMEM) return rc;
   uint64_t freed = 0, got;
   pthread_mutex_lock(&r->lock);
   while (freed < need && (got = evict_lru(r, e->loc))) freed += got;
   pthread_mutex_unlock(&r->lock);
-  rc = b->dev_load(e->info, e->loc, dcopy, scale, l);
+  rc = b->dev_load(e->info, e->loc, dcopy, l);
   char where[16];
   loc_name(e->loc, where);
   if (rc == -ENOMEM)
@@ -296,10 +294,10 @@ static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy, 
   return rc;
 }
 
-/* The host-side view of a device copy: shapes and the scales' host copy, no arrays. */
-static nwc_tensor shape_view(const nwc_tensor_info *ti, const float *scale) {
+/* The host-side view of a device copy: shapes, no arrays (nor scales). */
+static nwc_tensor shape_view(const nwc_tensor_info *ti) {
   nwc_tensor v = {.elem = ti->elem, .rows = ti->rows, .cols = ti->cols, .nblocks = ti->nblocks,
-                  .data_bytes = ti->data_bytes, .raw_bytes = ti->raw_plane_bytes, .scale = scale};
+                  .data_bytes = ti->data_bytes, .raw_bytes = ti->raw_plane_bytes};
   memcpy(v.psym, ti->psym, sizeof v.psym);
   return v;
 }
@@ -401,11 +399,10 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     bool locked = false;
     nwcd_load_info l = {0};
     void *buf = NULL, *dcopy = NULL;
-    float *scale = NULL;
     nwc_tensor view;
-    if (at >= 0) { /* device: the blob streams there; the host keeps shapes and scales */
-      rc = load_device(r, e, need, &dcopy, &scale, &l);
-      if (rc == 0) view = shape_view(e->info, scale);
+    if (at >= 0) { /* device: the blob streams there; the host keeps the shapes */
+      rc = load_device(r, e, need, &dcopy, &l);
+      if (rc == 0) view = shape_view(e->info);
     } else {
       rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
       if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
@@ -422,7 +419,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       e->dbytes = r->d->backend->dev_size(dcopy);
       *used_at(r, at) -= need - e->dbytes;
     }
-    e->buf = buf, e->dcopy = dcopy, e->scale = scale;
+    e->buf = buf, e->dcopy = dcopy;
     e->locked = locked, e->direct = l.direct, e->view = view;
     e->state = NWC_RES_RESIDENT;
     r->loads++, r->load_bytes += l.bytes, r->load_us += l.micros;

@@ -3,7 +3,8 @@
  * import of the sample model by descriptors, ls/info/ps/stats, every tensor dequantized (BF16
  * bit for bit against the original file, fp32 exactly its widening), gather of random rows,
  * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
- * 1e-5), bulk data through the shared region (a large dequant), load/evict/pin/unpin, remove.
+ * 1e-5; and an fp8 matrix with an fp8 bias, both with row scales: test_daemon_q8.h), bulk data
+ * through the shared region (a large dequant), load/evict/pin/unpin, remove.
  * devices: the host's place alone, its budget nwcd's --budget and its use ps's sums (all
  * tensors used, none after evicting them, one of two pinned); refused by an older daemon.
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
@@ -12,6 +13,7 @@
  * a non-socket file at the path is left alone, SIGTERM exits 0, the startup line on tensor
  * memory's page size agrees with the kernel's setting, and a bad flag is one line and exit 2.
  */
+#include "test_daemon_q8.h"
 #include "test_daemon_util.h"
 
 #include "nwc_client.h"
@@ -266,6 +268,27 @@ static void check_all_tensors(nwc_client *c) {
   }
 }
 
+/* Matvecs of model/t (1-3 columns; with bias, M values, or NULL, and then a scale of 0.5)
+ * against fp64. */
+static void check_matvec_of(nwc_client *c, const char *model, const td_tensor *t,
+                            const td_tensor *bias) {
+  unsigned ncols = 1 + (unsigned)test_below(3);
+  float *x = malloc(ncols * t->cols * 4), *y = malloc(ncols * t->rows * 4);
+  for (size_t k = 0; k < ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  float scale = bias ? 0.5f : 1.0f;
+  unsigned rf = 0, flags = test_below(2) ? NWC_CLIENT_INLINE : 0; /* the same on a cpu daemon */
+  int rc = nwc_client_matvec(c, model, t->name, bias ? bias->name : NULL, scale, x, t->cols, ncols,
+                             flags, y, ncols * t->rows * 4, &rf);
+  CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
+  CHECK(!(rf & NWC_CLIENT_SHARED), "matvec %s on a cpu daemon: rflags 0x%x", t->name, rf);
+  for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+    double e = td_matvec_err(t, x + col * t->cols, scale, bias, y + col * t->rows);
+    CHECK(e <= 1e-5, "matvec %s column %u: relative error %.3g", t->name, col, e);
+  }
+  free(x), free(y);
+}
+
+/* Every matrix of the sample, with the 1-D tensor of its rows as the bias where there is one. */
 static void check_matvec(nwc_client *c) {
   for (size_t i = 0; i < td_nt; i++) {
     const td_tensor *t = &td_t[i];
@@ -273,21 +296,18 @@ static void check_matvec(nwc_client *c) {
     const td_tensor *bias = NULL;
     for (size_t j = 0; j < td_nt; j++)
       if (td_t[j].rows == 1 && td_t[j].cols == t->rows) bias = &td_t[j];
-    unsigned ncols = 1 + (unsigned)test_below(3);
-    float *x = malloc(ncols * t->cols * 4), *y = malloc(ncols * t->rows * 4);
-    for (size_t k = 0; k < ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
-    float scale = bias ? 0.5f : 1.0f;
-    unsigned rf = 0, flags = test_below(2) ? NWC_CLIENT_INLINE : 0; /* the same on a cpu daemon */
-    int rc = nwc_client_matvec(c, "use", t->name, bias ? bias->name : NULL, scale, x, t->cols, ncols,
-                               flags, y, ncols * t->rows * 4, &rf);
-    CHECK(rc == 0, "matvec %s: %s", t->name, nwc_client_last_error());
-    CHECK(!(rf & NWC_CLIENT_SHARED), "matvec %s on a cpu daemon: rflags 0x%x", t->name, rf);
-    for (unsigned col = 0; rc == 0 && col < ncols; col++) {
-      double e = td_matvec_err(t, x + col * t->cols, scale, bias, y + col * t->rows);
-      CHECK(e <= 1e-5, "matvec %s column %u: relative error %.3g", t->name, col, e);
-    }
-    free(x), free(y);
+    check_matvec_of(c, "use", t, bias);
   }
+}
+
+/* q8 (test_daemon_q8.h): an fp8 matrix times x plus its fp8 bias, both scaled by their rows'
+ * scales, loaded whole into host memory. */
+static void check_fp8_bias(nwc_client *c) {
+  td_q8 q;
+  td_import_q8(c, &q);
+  CHECK_RC(nwc_client_load(c, "q8", NULL, NULL, NULL, NULL));
+  check_matvec_of(c, "q8", &q.w, &q.b);
+  td_remove_q8(c, &q);
 }
 
 int main(void) {
@@ -381,6 +401,7 @@ int main(void) {
   CHECK_RC(nwc_client_verify(c, NULL, NULL, NULL, &res));
   CHECK(res.problems == 0 && res.tensors == td_nt, "verify");
   check_devices_refused();
+  check_fp8_bias(c);
 
   /* Edges of the daemon. */
   CHECK(td_daemon_refuses("/tmp/never-used-nwcd.sock", NULL) == 1,

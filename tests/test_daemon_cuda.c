@@ -33,7 +33,9 @@
  *      matrix loaded onto cuda:0 alone (ps says so): dequant equal bit for bit to the
  *      quantizer's fp8 values for the original weights (nwc_quantize_fp8, as BF16), a gather of
  *      random rows the same, and the matvecs of 0 (through the region, inline, BF16) within 1e-5
- *      of fp64 on those values times the quantizer's row scales.
+ *      of fp64 on those values times the quantizer's row scales; then a model written here of a
+ *      matrix and its bias as a 1 x M matrix (both quantized, with row scales) loaded onto
+ *      cuda:0 whole, its queued copies unwaited for, matvecs with that bias the same way.
  *   5. (After 3, on its daemon, whose host budget is 6 MiB.)  A tensor loaded into host memory
  *      and pushed out by LRU loads comes back there for a matvec (its home), not onto cuda:0; after
  *      an explicit evict a matvec loads it onto cuda:0.
@@ -48,6 +50,7 @@
  *      evicting everything, when they are 0 and so are the GPUs' pools (a device that holds no
  *      tensor gives its pool back).
  */
+#include "test_daemon_q8.h"
 #include "test_daemon_race.h"
 #include "test_daemon_util.h"
 #include "test_store_util.h" /* st_write */
@@ -595,6 +598,19 @@ static void oom_steps(nwc_client *c) {
   for (int m = 0; m < 3; m++) free(w[m]);
 }
 
+/* q8 (test_daemon_q8.h), a matrix and its bias both quantized with row scales, loaded onto
+ * cuda:0 whole (its lanes queue their copies: nothing waits for an fp8 tensor's scales), then
+ * socket matvecs with that bias (whose scales come from the device: dev_scales). */
+static void fp8_model_with_bias(nwc_client *c) {
+  td_q8 q;
+  td_import_q8(c, &q);
+  CHECK_RC(nwc_client_load_on(c, "q8", NULL, 0, NULL, NULL, NULL));
+  CHECK(ps_device(c, "q8", "q.w") == 0 && ps_device(c, "q8", "q.b") == 0,
+        "the q8 model is not on cuda:0");
+  shared_tensor(c, "q8", &q.w, &q.b);
+  td_remove_q8(c, &q);
+}
+
 /* 4. fp8 through the GPU path, matrix by matrix (the budget holds one at a time). */
 static void fp8_steps(nwc_client *c) {
   nwc_client_import_opts f8 = {.elem = NWC_ELEM_FP8};
@@ -655,6 +671,7 @@ static void fp8_steps(nwc_client *c) {
   CHECK(mats > 0, "no fp8 matrix in use8");
   free(ts);
   CHECK_RC(nwc_client_remove(c, "use8"));
+  fp8_model_with_bias(c);
 }
 
 int main(int argc, char **argv) {

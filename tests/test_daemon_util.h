@@ -364,6 +364,7 @@ __attribute__((unused)) static double td_matvec_err(const td_tensor *t, const fl
     }
     double rs = t->row_scale ? (double)t->row_scale[r] : 1.0;
     double b = bias ? (double)nwc_bf16_to_f32(td_w(bias, r)) : 0.0;
+    if (bias && bias->row_scale) b *= (double)bias->row_scale[r / bias->cols]; /* fp8 */
     double ref = scale * acc * rs + b, m = fabs(scale * rs) * mag + fabs(b);
     num += ((double)y[r] - ref) * ((double)y[r] - ref);
     den += ref * ref, terms += m * m;
