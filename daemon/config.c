@@ -8,7 +8,7 @@
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
  * Which file: --config PATH, else $NWCD_CONFIG (empty: none), else /etc/nwc/nwcd.conf where it
- * exists.  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
+ * exists; a reload reads the same one (with none, SIGHUP logs that there is nothing to re-read).  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
  * (nwcd_config_flag) so that the file never overrides one, at start or on reload.
  *
  * Errors: an unknown section or key, a bad value or a line that is not "key = value" is
@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 static const char *config_path;    /* --config, or NULL: the default where it exists */
+static bool no_file;               /* NWCD_CONFIG= (empty): no file, at start nor on reload */
 static unsigned flags_set;         /* NWCD_SET_* given on the command line */
 static nwcd_settings active;
 static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER; /* the swap vs the preload copy */
@@ -280,7 +281,7 @@ int nwcd_config_load(nwcd_config *cfg) {
    * do not depend on the machine's /etc/nwc/nwcd.conf. */
   const char *env = getenv("NWCD_CONFIG");
   if (!config_path && env) {
-    if (!*env) return 0;
+    if (!*env) return no_file = true, 0;
     config_path = env;
   }
   const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
@@ -340,6 +341,13 @@ static void not_applied(const char *path, const char *key, const char *was, cons
 
 int nwcd_config_reload(nwcd *d) {
   const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
+  if (no_file || (!config_path && access(path, F_OK) != 0)) { /* as at start: nothing to read */
+    nwcd_log(NWCD_LOG_WARN, "reload: no settings file to re-read (%s); nothing changed",
+             no_file ? "NWCD_CONFIG is empty" : NWCD_CONFIG_DEFAULT " does not exist; nwcd "
+             "--config FILE names one");
+    nwcd_service_preload(); /* READY=1 after the pass, as after a reload */
+    return 0;
+  }
   uint64_t t0 = nwcd_now_ns();
   nwcd_settings s;
   int rc = settings_parse(path, &s);
