@@ -159,7 +159,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return bad(p, "backend: expected auto, cpu or cuda, got '%s'", v);
       return set_str(p, &s->backend, v, NWCD_SET_BACKEND);
     }
-    if (!strcmp(name, "admin_group")) return set_str(p, &s->admin_group, v, NWCD_SET_ADMIN);
+    if (!strcmp(name, "admin_group"))
+      return s->admin_line = p->line, set_str(p, &s->admin_group, v, NWCD_SET_ADMIN);
     if (!strcmp(name, "threads")) return set_count(p, name, v, 1024, &s->threads, NWCD_SET_THREADS);
     if (!strcmp(name, "socket_mode")) {
       if (parse_uint(v, 8, 0777, &s->socket_mode) < 0)
@@ -239,6 +240,19 @@ static int settings_parse(const char *path, nwcd_settings *s) {
 
 /* ---- flags, start, reload ----------------------------------------------------------------- */
 
+/* Applies s's admin group (none: only root and nwcd's uid are admins).  A group that does not
+ * exist is "PATH:LINE: why" as the file's other errors, with what to do about it. */
+static int set_admin_group(const char *path, const nwcd_settings *s) {
+  int rc = nwcd_policy_set_admin_group(s->admin_group);
+  if (rc < 0) {
+    char why[300];
+    snprintf(why, sizeof why, "%s", nwc_error_detail());
+    rc = nwc__fail(rc, "%s:%d: admin_group: %s (create the group, e.g. with systemd-sysusers, or "
+                   "leave admin_group out)", path, s->admin_line, why);
+  }
+  return rc;
+}
+
 int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
   (void)cfg;
   switch (opt) {
@@ -291,9 +305,9 @@ int nwcd_config_load(nwcd_config *cfg) {
     fprintf(stderr, "nwcd: config %s\n", nwc_error_detail());
     return rc;
   }
-  rc = nwcd_policy_set_admin_group(active.admin_group);
+  rc = set_admin_group(path, &active);
   if (rc < 0) {
-    fprintf(stderr, "nwcd: config %s: admin_group: %s\n", path, nwc_error_detail());
+    fprintf(stderr, "nwcd: config %s\n", nwc_error_detail());
     return rc;
   }
   unsigned use = active.set & ~flags_set;
@@ -352,11 +366,8 @@ int nwcd_config_reload(nwcd *d) {
   nwcd_settings s;
   int rc = settings_parse(path, &s);
   if (rc == 0 && (s.set & NWCD_SET_ADMIN) && str_differs(s.admin_group, active.admin_group)) {
-    rc = nwcd_policy_set_admin_group(s.admin_group);
-    if (rc < 0) {
-      rc = nwc__fail(rc, "%s: admin_group: %s", path, nwc_error_detail());
-      settings_free(&s);
-    }
+    rc = set_admin_group(path, &s);
+    if (rc < 0) settings_free(&s);
   }
   if (rc < 0) {
     nwcd_log(NWCD_LOG_ERR, "reload: %s; nothing changed", nwc_error_detail());
