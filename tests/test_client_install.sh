@@ -76,7 +76,7 @@ for kind in shared static; do
 done
 # The installed nwcctl runs as installed, with no LD_LIBRARY_PATH (its RUNPATH finds the library).
 ctl=$(find "$tmp/root" -path '*bin/nwcctl' | head -1)
-env -u LD_LIBRARY_PATH "$ctl" --socket "$tmp/nwcd.sock" ls m >"$tmp/ls.out" 2>&1 && grep -q '^w/b ' "$tmp/ls.out" ||
+env -u LD_LIBRARY_PATH "$ctl" --socket "$tmp/nwcd.sock" ls m >"$tmp/ls.out" 2>&1 && grep -q ' w/b$' "$tmp/ls.out" ||
   die "the installed nwcctl does not run: $(cat "$tmp/ls.out")"
 kill -TERM "$pid"; wait "$pid"; st=$?; pid=
 [ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
