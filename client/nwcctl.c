@@ -64,6 +64,14 @@ static int split(const char *arg, char *model, size_t mcap, const char **tensor)
   return 0;
 }
 
+/* split() of a name that must be MODEL/TENSOR. */
+static int split_tensor(const char *arg, char *model, size_t mcap, const char **tensor) {
+  if (split(arg, model, mcap, tensor) < 0) return -1;
+  if (*tensor && **tensor) return 0;
+  fprintf(stderr, "%s: %s: expected MODEL/TENSOR, got '%s'\n", prog, cmd, arg);
+  return -1;
+}
+
 /* Strict parses of a command-line value: 0, or -1 after saying what was expected (bad usage). */
 static int parse_u64(const char *what, const char *s, uint64_t max, uint64_t *out) {
   char *end;
@@ -95,6 +103,13 @@ static int unknown_option(const char *arg) {
   if (arg[0] != '-' || !arg[1]) return 0;
   fprintf(stderr, "%s: %s: unknown option '%s' (or it needs a value)\n", prog, cmd, arg);
   return 1;
+}
+
+/* A required argument left out (what: as the command's usage names it): one line, bad usage. */
+static int missing(const char *what) {
+  fprintf(stderr, "%s: %s: missing %s (%s %s --help says what it takes)\n", prog, cmd, what, prog,
+          cmd);
+  return 2;
 }
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
@@ -322,8 +337,7 @@ static int cmd_ps(nwc_client *c) {
 static int cmd_info(nwc_client *c, const char *arg) {
   char model[1024];
   const char *tensor;
-  if (split(arg, model, sizeof model, &tensor) < 0) return 2;
-  if (!tensor || !*tensor) return fprintf(stderr, "%s: info: expected MODEL/TENSOR, got '%s'\n", prog, arg), 2;
+  if (split_tensor(arg, model, sizeof model, &tensor) < 0) return 2;
   nwc_client_tensor_info i;
   int rc = nwc_client_info(c, model, tensor, &i);
   if (rc < 0) return die_tensor(c, rc, model, tensor);
@@ -444,7 +458,7 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
       return fprintf(stderr, "%s: import: unexpected '%s'\n", prog, argv[i]), 2;
     }
   }
-  if (!path) return fprintf(stderr, "usage: %s import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n", prog), 2;
+  if (!path) return missing(model ? "FILE.safetensors or INDEX.json" : "MODEL");
   nwc_client_result r;
   nwc_client_skipped *sk;
   size_t nsk;
@@ -585,13 +599,11 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
     return fprintf(stderr, "%s: %s: --bias and --scale are matvec's, --bf16 gather's and dequant's\n", prog, cmd), 2;
   char model[1024];
   const char *tensor = NULL;
-  if (!target || split(target, model, sizeof model, &tensor) < 0 || !tensor || !out ||
-      (!strcmp(cmd, "matvec") && !xpath) || (!strcmp(cmd, "gather") && !nrows)) {
-    fprintf(stderr, "usage: %s matvec MODEL/TENSOR X.npy -o Y.npy [--bias TENSOR] [--scale S]\n"
-                    "       %s gather MODEL/TENSOR ROW... -o OUT.npy [--bf16]\n"
-                    "       %s dequant MODEL/TENSOR -o OUT.npy [--bf16]\n", prog, prog, prog);
-    return 2;
-  }
+  if (!target) return missing("MODEL/TENSOR");
+  if (split_tensor(target, model, sizeof model, &tensor) < 0) return 2;
+  if (matvec && !xpath) return missing("X.npy");
+  if (!strcmp(cmd, "gather") && !nrows) return missing("ROW");
+  if (!out) return missing(matvec ? "-o Y.npy" : "-o OUT.npy");
   nwc_client_tensor_info info;
   int rc = nwc_client_info(c, model, tensor, &info);
   if (rc < 0) return die_tensor(c, rc, model, tensor);
@@ -777,8 +789,11 @@ int main(int argc, char **argv) {
             args[spec->max], prog, cmd);
     bad = true;
   }
-  if (!bad && spec->max >= 0 && nargs < spec->min) {
-    fprintf(stderr, "usage: %s [--socket PATH] %s\n", prog, spec->help);
+  if (!bad && spec->max >= 0 && nargs < spec->min) { /* the usage's first argument: MODEL... */
+    const char *what = spec->help + strlen(spec->name) + 1;
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(what, " "), what);
+    missing(name);
     bad = true;
   }
   if (bad) return free(args), 2;

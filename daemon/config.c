@@ -8,7 +8,7 @@
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
  * Which file: --config PATH, else $NWCD_CONFIG (empty: none), else /etc/nwc/nwcd.conf where it
- * exists.  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
+ * exists; a reload reads the same one (with none, SIGHUP logs that there is nothing to re-read).  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
  * (nwcd_config_flag) so that the file never overrides one, at start or on reload.
  *
  * Errors: an unknown section or key, a bad value or a line that is not "key = value" is
@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 static const char *config_path;    /* --config, or NULL: the default where it exists */
+static bool no_file;               /* NWCD_CONFIG= (empty): no file, at start nor on reload */
 static unsigned flags_set;         /* NWCD_SET_* given on the command line */
 static nwcd_settings active;
 static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER; /* the swap vs the preload copy */
@@ -158,7 +159,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return bad(p, "backend: expected auto, cpu or cuda, got '%s'", v);
       return set_str(p, &s->backend, v, NWCD_SET_BACKEND);
     }
-    if (!strcmp(name, "admin_group")) return set_str(p, &s->admin_group, v, NWCD_SET_ADMIN);
+    if (!strcmp(name, "admin_group"))
+      return s->admin_line = p->line, set_str(p, &s->admin_group, v, NWCD_SET_ADMIN);
     if (!strcmp(name, "threads")) return set_count(p, name, v, 1024, &s->threads, NWCD_SET_THREADS);
     if (!strcmp(name, "socket_mode")) {
       if (parse_uint(v, 8, 0777, &s->socket_mode) < 0)
@@ -238,6 +240,19 @@ static int settings_parse(const char *path, nwcd_settings *s) {
 
 /* ---- flags, start, reload ----------------------------------------------------------------- */
 
+/* Applies s's admin group (none: only root and nwcd's uid are admins).  A group that does not
+ * exist is "PATH:LINE: why" as the file's other errors, with what to do about it. */
+static int set_admin_group(const char *path, const nwcd_settings *s) {
+  int rc = nwcd_policy_set_admin_group(s->admin_group);
+  if (rc < 0) {
+    char why[300];
+    snprintf(why, sizeof why, "%s", nwc_error_detail());
+    rc = nwc__fail(rc, "%s:%d: admin_group: %s (create the group, e.g. with systemd-sysusers, or "
+                   "leave admin_group out)", path, s->admin_line, why);
+  }
+  return rc;
+}
+
 int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
   (void)cfg;
   switch (opt) {
@@ -280,7 +295,7 @@ int nwcd_config_load(nwcd_config *cfg) {
    * do not depend on the machine's /etc/nwc/nwcd.conf. */
   const char *env = getenv("NWCD_CONFIG");
   if (!config_path && env) {
-    if (!*env) return 0;
+    if (!*env) return no_file = true, 0;
     config_path = env;
   }
   const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
@@ -290,9 +305,9 @@ int nwcd_config_load(nwcd_config *cfg) {
     fprintf(stderr, "nwcd: config %s\n", nwc_error_detail());
     return rc;
   }
-  rc = nwcd_policy_set_admin_group(active.admin_group);
+  rc = set_admin_group(path, &active);
   if (rc < 0) {
-    fprintf(stderr, "nwcd: config %s: admin_group: %s\n", path, nwc_error_detail());
+    fprintf(stderr, "nwcd: config %s\n", nwc_error_detail());
     return rc;
   }
   unsigned use = active.set & ~flags_set;
@@ -340,15 +355,19 @@ static void not_applied(const char *path, const char *key, const char *was, cons
 
 int nwcd_config_reload(nwcd *d) {
   const char *path = config_path ? config_path : NWCD_CONFIG_DEFAULT;
+  if (no_file || (!config_path && access(path, F_OK) != 0)) { /* as at start: nothing to read */
+    nwcd_log(NWCD_LOG_WARN, "reload: no settings file to re-read (%s); nothing changed",
+             no_file ? "NWCD_CONFIG is empty" : NWCD_CONFIG_DEFAULT " does not exist; nwcd "
+             "--config FILE names one");
+    nwcd_service_preload(); /* READY=1 after the pass, as after a reload */
+    return 0;
+  }
   uint64_t t0 = nwcd_now_ns();
   nwcd_settings s;
   int rc = settings_parse(path, &s);
   if (rc == 0 && (s.set & NWCD_SET_ADMIN) && str_differs(s.admin_group, active.admin_group)) {
-    rc = nwcd_policy_set_admin_group(s.admin_group);
-    if (rc < 0) {
-      rc = nwc__fail(rc, "%s: admin_group: %s", path, nwc_error_detail());
-      settings_free(&s);
-    }
+    rc = set_admin_group(path, &s);
+    if (rc < 0) settings_free(&s);
   }
   if (rc < 0) {
     nwcd_log(NWCD_LOG_ERR, "reload: %s; nothing changed", nwc_error_detail());

@@ -77,6 +77,7 @@
 #include "nwcd.h"
 
 #include "internal.h"
+#include "size_text.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -273,6 +274,24 @@ static bool make_room(nwcd_res *r, int loc, uint64_t need) {
   return fits;
 }
 
+/* -ENOSPC for model/tensor, which needs need bytes at loc that make_room could not find, said
+ * as people read sizes with what the operator can do about it (r->lock held). */
+static int no_room(nwcd_res *r, const char *model, const char *tensor, int loc, uint64_t need) {
+  char where[16], b[4][16];
+  loc_name(loc, where);
+  const char *flag = loc < 0 ? "--budget" : "--gpu-budget";
+  uint64_t budget = budget_at(r, loc);
+  if (need > budget)
+    return nwc__fail(-ENOSPC, "%s/%s needs %s, more than the memory budget of %s (%s); raise "
+                     "%s", model, tensor, nwc_size_text(need, b[0]), where,
+                     nwc_size_text(budget, b[1]), flag);
+  return nwc__fail(-ENOSPC, "%s/%s needs %s on %s, but %s of its budget of %s is pinned or in "
+                   "use (%s pinned in all); unpin or evict tensors (nwcctl ps lists them), or "
+                   "raise %s", model, tensor, nwc_size_text(need, b[0]), where,
+                   nwc_size_text(*used_at(r, loc), b[1]), nwc_size_text(budget, b[2]),
+                   nwc_size_text(r->pinned_bytes, b[3]), flag);
+}
+
 /* Loads e onto its device (the backend streams the blob there), evicting LRU copies of that
  * device for need bytes and retrying once when the allocation fails (called without r->lock). */
 static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy,
@@ -383,13 +402,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
         ref->ti = ti;
         return rc;
       }
-      char where[16];
-      loc_name(at, where);
-      rc = nwc__fail(-ENOSPC,
-                     "%s/%s needs %llu bytes on %s: budget %llu, %llu in use or pinned (%llu "
-                     "pinned)", model, tensor, (unsigned long long)need, where,
-                     (unsigned long long)budget_at(r, at), (unsigned long long)*used_at(r, at),
-                     (unsigned long long)r->pinned_bytes);
+      rc = no_room(r, model, tensor, at, need);
       break;
     }
     e->state = NWC_RES_LOADING;

@@ -28,6 +28,7 @@ typedef struct nwcd_settings {
   unsigned socket_mode, threads, max_conn_per_uid, max_inflight, poll_us;
   uint64_t budget, gpu_budget, max_outq;
   int log_level;        /* -1: not set */
+  int admin_line;       /* the line of admin_group, for its error */
   char **preload;       /* model names, npreload of them */
   size_t npreload;
   unsigned set;         /* NWCD_SET_* bits of the keys the file sets */

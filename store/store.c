@@ -112,6 +112,19 @@ void nwc_store_close(nwc_store *s) {
   free(s);
 }
 
+/* A file or directory of the store that open() or mkdir() refused (errno): what failed, why,
+ * and the likely cause where the errno tells it. */
+static int open_failed(const char *path, const char *what) {
+  int e = errno;
+  char hint[80] = "";
+  if (e == EACCES || e == EPERM)
+    snprintf(hint, sizeof hint, " (another user's store? this process runs as uid %u)",
+             (unsigned)geteuid());
+  else if (e == ENOENT)
+    snprintf(hint, sizeof hint, " (not a store?)");
+  return nwc__fail(-e, "%s: cannot %s: %s%s", path, what, strerror(e), hint);
+}
+
 int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   NWC_RETURN_IF(!dir || !*dir || !out || (flags & ~3u), -EINVAL, "nwc_store_open: bad argument");
   *out = NULL;
@@ -139,7 +152,7 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/lock", s->dir);
     s->lockfd = open(path, (rdonly ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0640);
-    if (s->lockfd < 0) rc = nwc__fail(-errno, "%s: cannot open (not a store?)", path);
+    if (s->lockfd < 0) rc = open_failed(path, "open");
   }
   if (rc == 0 && flock(s->lockfd, (rdonly ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0)
     rc = nwc__fail(errno == EWOULDBLOCK ? -EBUSY : -errno, "%s: the store is in use by another "
@@ -147,9 +160,9 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/containers", s->dir);
     if (create && mkdir(path, 0750) < 0 && errno != EEXIST)
-      rc = nwc__fail(-errno, "%s: cannot create", path);
+      rc = open_failed(path, "create");
     s->cdirfd = rc ? -1 : open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (rc == 0 && s->cdirfd < 0) rc = nwc__fail(-errno, "%s: cannot open", path);
+    if (rc == 0 && s->cdirfd < 0) rc = open_failed(path, "open");
   }
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/catalog.sqlite", s->dir);

@@ -8,8 +8,8 @@
  * shape, a 1-D one too), import of a checkpoint with I64/BOOL/I32 tensors (its line names what
  * was skipped, a long list cut short; --json lists them; --strict fails and stores nothing; a
  * file of only I64 fails), NWC_SOCKET as the default socket, and failures, each one line on stderr: unknown model (exit 3, the daemon's message),
- * bad usage (exit 2: unknown options, extra arguments, values that are not numbers, --layout
- * out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1), a socket
+ * bad usage (exit 2: unknown options, extra arguments, a required argument left out (named),
+ * values that are not numbers, --layout out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1), a socket
  * path that is a file or a directory (exit 1, said so), an X.npy that does not exist (exit 3),
  * MODEL/ left out of a tensor's name (exit 3, "no model"), --device cuda:0 on the cpu backend,
  * and imports of a file that is not safetensors and of the sample cut short.
@@ -512,7 +512,20 @@ int main(void) {
             (const char *[]){"load", "use", "extra", NULL});
   run_fails(2, "ps: unexpected 'extra'", (const char *[]){"ps", "extra", NULL});
   CHECK(run(NULL, (const char *[]){"devices", "extra", NULL}) == 2, "devices with an argument should exit 2");
-  CHECK(run(NULL, (const char *[]){"load", NULL}) == 2, "usage error should exit 2");
+  /* A required argument left out: one line naming it, not the command's whole usage. */
+  run_fails(2, "load: missing MODEL[/TENSOR] (nwcctl load --help says what it takes)",
+            (const char *[]){"load", NULL});
+  run_fails(2, "info: missing MODEL/TENSOR", (const char *[]){"info", NULL});
+  run_fails(2, "rm: missing MODEL (", (const char *[]){"rm", NULL});
+  run_fails(2, "import: missing MODEL (", (const char *[]){"import", NULL});
+  run_fails(2, "import: missing FILE.safetensors or INDEX.json", (const char *[]){"import", "m2", NULL});
+  run_fails(2, "dequant: missing MODEL/TENSOR", (const char *[]){"dequant", NULL});
+  run_fails(2, "dequant: missing -o OUT.npy", (const char *[]){"dequant", name, NULL});
+  run_fails(2, "gather: expected MODEL/TENSOR, got 'use'", (const char *[]){"gather", "use", NULL});
+  run_fails(2, "gather: missing ROW", (const char *[]){"gather", name, "-o", npy, NULL});
+  run_fails(2, "gather: missing -o OUT.npy", (const char *[]){"gather", name, "0", NULL});
+  run_fails(2, "matvec: missing X.npy", (const char *[]){"matvec", name, "-o", npy, NULL});
+  run_fails(2, "matvec: missing -o Y.npy", (const char *[]){"matvec", name, xnpy, NULL});
   run_fails(2, "unknown command 'frobnicate' (nwcctl --help lists the commands)",
             (const char *[]){"frobnicate", NULL});
   run_fails(2, "unknown command 'lss' (did you mean 'ls'?", (const char *[]){"lss", NULL});

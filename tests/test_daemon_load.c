@@ -7,7 +7,8 @@
  * bit against the original weights and multiplies against an fp64 reference (the failed loads
  * left nothing behind).  An explicit evict gives the memory back (nwcd's mapped shared memory,
  * Pss_Shmem, drops).  Under a budget of half the model, a load of all of it is refused with
- * both sizes said in MiB and bytes, random loads (whose LRU evictions leave
+ * both sizes said in MiB and bytes, tensors pinned until one does not fit are refused with what
+ * holds the budget and what to do (in KiB/MiB), random loads (whose LRU evictions leave
  * spares that later loads write into) never leave more shared memory in nwcd than the budget,
  * every tensor still decodes right, a model of smaller blobs (fp8) loaded into the spares cut to
  * size has resident bytes (mapped) equal to its containers' and memfds sealed with F_SEAL_WRITE,
@@ -162,6 +163,25 @@ static void test_budget(uint64_t total) {
   int rc = nwc_client_load(c, "use", NULL, NULL, NULL, NULL);
   CHECK(rc == -ENOSPC && strstr(nwc_client_last_error(), want), "load of a model over the budget: "
         "%d '%s', not '%s...'", rc, nwc_client_last_error(), want);
+  /* Tensors pinned in random order until one does not fit: refused with its size, what holds
+   * the budget, and what to do, in sizes as people read them. */
+  size_t start = test_below(td_nt), pinned = 0;
+  rc = 0;
+  for (size_t k = 0; k < td_nt && rc != -ENOSPC; k++) {
+    const td_tensor *t = &td_t[(start + k) % td_nt];
+    rc = nwc_client_pin(c, "use", t->name, NULL);
+    CHECK(rc == 0 || rc == -ENOSPC, "pin %s: %d %s", t->name, rc, nwc_client_last_error());
+    pinned += rc == 0;
+    if (rc == -ENOSPC)
+      CHECK(strstr(nwc_client_last_error(), "iB on cpu, but ") &&
+                !strstr(nwc_client_last_error(), "bytes") &&
+                strstr(nwc_client_last_error(), " pinned in all); unpin or evict tensors (nwcctl "
+                       "ps lists them), or raise --budget"),
+            "pin %s with %zu pinned over the budget: '%s'", t->name, pinned,
+            nwc_client_last_error());
+  }
+  CHECK(rc == -ENOSPC, "pinned %zu tensors, from %zu, under half the model's size", pinned, start);
+  CHECK_RC(nwc_client_unpin(c, "use", NULL, NULL));
   for (size_t k = 0; k < 4 * td_nt; k++) {
     size_t i = test_below(td_nt);
     CHECK_RC(nwc_client_load(c, "use", td_t[i].name, NULL, NULL, NULL));

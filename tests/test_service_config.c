@@ -8,7 +8,8 @@
  *   - SIGHUP: a smaller budget evicts down to it; a preload list makes the model resident and
  *     pinned; a changed store path is logged as not applied; a file with an unknown key changes
  *     nothing (logged) and the daemon keeps serving; dropping the preload list unpins; a new
- *     log_level takes effect.
+ *     log_level takes effect; without a settings file (NWCD_CONFIG=), SIGHUP says there is
+ *     none to re-read, reads no other, and nwcd keeps serving.
  * Budgets are drawn per run (seeded) between bounds that keep each step meaningful.
  */
 #include "test_service_util.h"
@@ -32,7 +33,8 @@ static void start_errors(void) {
       {"[limits]\nmax_inflight = 0\n", "max_inflight: expected a count", 2},
       {"[limits]\npoll_us = 2000000\n", "poll_us: expected microseconds 0..1000000", 2},
       {"[daemon]\nstore /var/lib/nwc\n", "not a 'key = value' line", 2},
-      {"[daemon]\nadmin_group = no-such-group-nwc\n", "group 'no-such-group-nwc' does not exist", 0},
+      {"[daemon]\nadmin_group = no-such-group-nwc\n", "admin_group: group 'no-such-group-nwc' does "
+       "not exist (create the group, e.g. with systemd-sysusers, or leave admin_group out)", 2},
   };
   char path[700], expect[900];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -41,8 +43,7 @@ static void start_errors(void) {
     const char *extra[] = {"--config", path, NULL};
     int code = td_daemon_refuses(td_sock, extra);
     CHECK(code == 2, "case %zu: exit %d, expected 2", i, code);
-    if (cases[i].line) snprintf(expect, sizeof expect, "%s:%d: %s", path, cases[i].line, cases[i].expect);
-    else snprintf(expect, sizeof expect, "%s", cases[i].expect);
+    snprintf(expect, sizeof expect, "%s:%d: %s", path, cases[i].line, cases[i].expect);
     char *log = ts_log();
     CHECK(log && strstr(log, expect), "case %zu: expected '%s' in: %s", i, expect, log ? log : "");
     free(log);
@@ -62,6 +63,29 @@ static void start_errors(void) {
   log = ts_log();
   CHECK(log && strstr(log, "Is a directory"), "log: %s", log ? log : "");
   free(log);
+}
+
+/* SIGHUP to a daemon started with no settings file (NWCD_CONFIG=): it reads none then either
+ * (not /etc/nwc/nwcd.conf, nor an error for its absence), says so, and keeps serving. */
+static void reload_without_file(void) {
+  setenv("NWCD_CONFIG", "", 1);
+  ts_log_clear();
+  pid_t d = td_start_daemon(NULL);
+  CHECK(d > 0, "start without a settings file");
+  if (d < 0) return;
+  kill(d, SIGHUP);
+  CHECK(ts_log_wait("reload: no settings file to re-read (NWCD_CONFIG is empty); nothing changed",
+                    5000), "SIGHUP without a settings file: not said so");
+  nwc_client *c = NULL;
+  nwc_client_counters s;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (c) CHECK_RC(nwc_client_stats(c, &s));
+  nwc_client_free(c);
+  char *log = ts_log();
+  CHECK(log && !strstr(log, "error:"), "SIGHUP without a settings file logged an error: %s",
+        log ? log : "");
+  free(log);
+  CHECK(td_stop_daemon(d) == 0, "SIGTERM exit after the reload without a file");
 }
 
 static int stats(nwc_client *c, nwc_client_counters *s) {
@@ -190,6 +214,7 @@ int main(void) {
 
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
+  reload_without_file();
   if (test_failures) td_show_log();
   td_cleanup();
   return test_exit("test_service_config");

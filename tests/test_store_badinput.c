@@ -2,9 +2,13 @@
  * test_store_badinput.c - every kind of bad input of issue 4 item 5, each in its own case: the
  * import fails with the expected errno, the detail line names the file and (where there is one)
  * the tensor, and the store is unchanged: no model, no file in containers/.  A store under a
- * missing parent directory is refused with ENOENT and says that parents are not made.
+ * missing parent directory is refused with ENOENT and says that parents are not made; one that
+ * cannot be opened (a lock that is a directory, root's store opened by uid 65534) says why.
  */
 #include "test_store_util.h"
+
+#include <grp.h>
+#include <sys/wait.h>
 
 static char dir[512], src[512];
 static nwc_store *s;
@@ -59,6 +63,43 @@ static int truncate_on_progress(void *ctx, uint64_t done, uint64_t total) {
   return 0;
 }
 
+/* A store that cannot be opened says what failed and why: its lock file a directory (as any
+ * uid), and root's store opened by uid 65534, where the test can switch (skipped, said so,
+ * where it cannot): "Permission denied" and whose uid, not "not a store?". */
+static void check_unopenable(void) {
+  char st[600], lock[700];
+  snprintf(st, sizeof st, "%s/unopenable", src);
+  snprintf(lock, sizeof lock, "%s/lock", st);
+  CHECK(mkdir(st, 0755) == 0 && mkdir(lock, 0755) == 0, "mkdir %s", lock);
+  nwc_store *t = NULL;
+  int rc = nwc_store_open(st, NWC_STORE_CREATE, &t);
+  CHECK(rc == -EISDIR && !t && strstr(nwc_error_detail(), "/lock: cannot open: Is a directory"),
+        "a store whose lock is a directory: %d %s", rc, nwc_error_detail());
+  rmdir(lock);
+  CHECK_RC(nwc_store_open(st, NWC_STORE_CREATE, &t));
+  nwc_store_close(t);
+  if (geteuid() != 0 || chmod(src, 0711) < 0) {
+    printf("another uid's store: not root here; skipped\n");
+    return;
+  }
+  fflush(stdout); /* the child's lines only once */
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0) _exit(77);
+    rc = nwc_store_open(st, NWC_STORE_CREATE, &t);
+    printf("root's store opened by uid 65534: %d %s\n", rc, nwc_error_detail());
+    fflush(stdout);
+    _exit(rc == -EACCES && strstr(nwc_error_detail(), "/lock: cannot open: Permission denied "
+                                  "(another user's store? this process runs as uid 65534)") ? 0 : 1);
+  }
+  int status = -1;
+  waitpid(pid, &status, 0);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 77) printf("another uid's store: cannot switch to uid 65534 here; skipped\n");
+  else CHECK(code == 0, "root's store opened by uid 65534: exit %d (its line is above)", code);
+  chmod(src, 0700);
+}
+
 int main(void) {
   test_seed("test_store_badinput");
   make_tmpdir(dir, sizeof dir, "store");
@@ -69,6 +110,7 @@ int main(void) {
   CHECK(nwc_store_open(path, NWC_STORE_CREATE, &s) == -ENOENT && !s &&
             strstr(nwc_error_detail(), "not its parents"), "store under a missing parent: %s",
         nwc_error_detail());
+  check_unopenable();
   CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s));
   if (!s) return 1;
 
