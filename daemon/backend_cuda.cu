@@ -680,7 +680,8 @@ extern "C" int nwcd_cuda_scales(const void *dcopy, float *out) {
   if (!cp->k.scale) return nwc__fail(-EINVAL, "a device copy without per-row scales");
   CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
   if (cp->arrival) CU_TRY(cudaEventSynchronize(cp->arrival), "the copies of a blob");
-  CU_TRY(cudaMemcpy(out, cp->k.scale, cp->k.rows * 4, cudaMemcpyDeviceToHost), "copy of the scales");
+  CU_TRY(cudaMemcpy(out, cp->k.scale, cp->k.rows * 4, cudaMemcpyDeviceToHost),
+         "copy of the scales");
   return 0;
 }
 

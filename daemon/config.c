@@ -8,8 +8,9 @@
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
  * Which file: --config PATH, else $NWCD_CONFIG (empty: none), else /etc/nwc/nwcd.conf where it
- * exists; a reload reads the same one (with none, SIGHUP logs that there is nothing to re-read).  Precedence: command-line flags > file > built-in defaults.  main.c reports each flag it sees
- * (nwcd_config_flag) so that the file never overrides one, at start or on reload.
+ * exists; a reload reads the same one (with none, SIGHUP logs that there is nothing to
+ * re-read).  Precedence: command-line flags > file > built-in defaults.  main.c reports each
+ * flag it sees (nwcd_config_flag) so that the file never overrides one, at start or on reload.
  *
  * Errors: an unknown section or key, a bad value or a line that is not "key = value" is
  * "FILE:LINE: why", fatal at start (exit 2) and, on SIGHUP, logged with nothing changed.  The

@@ -708,8 +708,8 @@ static int bias_vector(nwcd *d, const nwc_proto_req *r, uint64_t M, float **out)
   if (rc == 0 && ref.dcopy) {
     rc = d->backend->dev_dequant(ref.dcopy, tmp);
     if (rc == 0 && ref.ti->off_scale)
-      rc = !(dscale = malloc(t->rows * sizeof *dscale)) ? -ENOMEM
-                                                         : d->backend->dev_scales(ref.dcopy, dscale);
+      rc = (dscale = malloc(t->rows * sizeof *dscale)) ? d->backend->dev_scales(ref.dcopy, dscale)
+                                                       : -ENOMEM;
     scale = dscale;
   } else if (rc == 0) {
     uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem);

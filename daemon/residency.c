@@ -56,9 +56,9 @@
  * budget) or on a device (loc = n: the backend's device copy of the blob, under device n's own
  * budget, streamed there by the loader through a bounded pinned ring, so no host copy of the
  * whole tensor is ever made: the host keeps only the view's shapes (its per-row scales, where
- * it has them, stay on the device: dev_scales), and such an entry cannot be mapped by clients).  Budgets, LRU eviction and the
- * invariants above hold per place: make_room evicts only entries of the place that needs the
- * bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
+ * it has them, stay on the device: dev_scales), and such an entry cannot be mapped by
+ * clients).  Budgets, LRU eviction and the invariants above hold per place: make_room evicts
+ * only entries of the place that needs the bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
  * then holds the copy's exact size.  A device allocation that fails although the budget
  * allowed it (device memory used by others) evicts LRU entries of that device for the size and
  * retries once; a second failure fails the request with -ENOMEM.  When a device holds no

@@ -146,9 +146,10 @@ static void check_name_column(const char *what, const char *out, const char *hea
     size_t len = strcspn(l, "\n"), k = 0;
     CHECK(len > col && l[col - 1] == ' ' && l[col] != ' ', "%s: row %zu does not start its name "
           "under %s:\n%.*s", what, rows, header, (int)len, l);
-    while (len > col && k < n && (strlen(json_string_value(json_object_get(json_array_get(arr, k), key))) != len - col ||
-           memcmp(json_string_value(json_object_get(json_array_get(arr, k), key)), l + col, len - col)))
-      k++;
+    for (; len > col && k < n; k++) {
+      const char *name = json_string_value(json_object_get(json_array_get(arr, k), key));
+      if (strlen(name) == len - col && !memcmp(name, l + col, len - col)) break;
+    }
     CHECK(len > col && k < n && !seen[k], "%s: row %zu ends with '%.*s', not a name of --json's "
           "once", what, rows, (int)(len > col ? len - col : 0), l + col);
     if (k < n) seen[k] = true;
