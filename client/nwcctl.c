@@ -21,10 +21,21 @@ static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
 static const char *device_opt; /* load --device */
+static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default */
+static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
 static int die(int rc) {
   fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_client_last_error());
   return rc == -ENOENT ? 3 : 1;
+}
+
+/* The connection to nwcd, made at the first call: a command calls it once its arguments are
+ * known to be good, so that bad usage is exit 2 whether or not a daemon runs.  NULL after
+ * saying why (the command exits 1). */
+static nwc_client *connected(void) {
+  int rc = conn ? 0 : nwc_client_connect(sock_path, &conn);
+  if (rc < 0) die(rc), conn = NULL;
+  return conn;
 }
 
 /* die() for a request on MODEL/TENSOR: where the tensor is missing because MODEL is (as when
@@ -239,8 +250,10 @@ static json_t *shape_json(const uint64_t *shape, unsigned ndim) {
 
 /* ---- commands ----------------------------------------------------------------------------- */
 
-static int cmd_ls(nwc_client *c, int argc, char **argv) {
+static int cmd_ls(int argc, char **argv) {
   char buf[4][32];
+  nwc_client *c = connected();
+  if (!c) return 1;
   if (argc >= 1) {
     nwc_client_tensor *t;
     size_t n;
@@ -297,7 +310,9 @@ static int cmd_ls(nwc_client *c, int argc, char **argv) {
   return 0;
 }
 
-static int cmd_ps(nwc_client *c) {
+static int cmd_ps(void) {
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_resident *p;
   size_t n;
   int rc = nwc_client_ps(c, &p, &n);
@@ -334,10 +349,12 @@ static int cmd_ps(nwc_client *c) {
   return 0;
 }
 
-static int cmd_info(nwc_client *c, const char *arg) {
+static int cmd_info(const char *arg) {
   char model[1024];
   const char *tensor;
   if (split_tensor(arg, model, sizeof model, &tensor) < 0) return 2;
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_tensor_info i;
   int rc = nwc_client_info(c, model, tensor, &i);
   if (rc < 0) return die_tensor(c, rc, model, tensor);
@@ -366,7 +383,7 @@ static int cmd_info(nwc_client *c, const char *arg) {
   return 0;
 }
 
-static int cmd_residency(nwc_client *c, const char *arg) {
+static int cmd_residency(const char *arg) {
   char model[1024];
   const char *tensor;
   if (split(arg, model, sizeof model, &tensor) < 0) return 2;
@@ -383,6 +400,8 @@ static int cmd_residency(nwc_client *c, const char *arg) {
     }
     dev = (int)v;
   }
+  nwc_client *c = connected();
+  if (!c) return 1;
   if (!strcmp(cmd, "load") && device_opt)
     rc = nwc_client_load_on(c, model, tensor, dev, progress_bar, (void *)arg, &r);
   else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
@@ -432,7 +451,7 @@ static json_t *skipped_json(const nwc_client_skipped *v, size_t n) {
   return arr;
 }
 
-static int cmd_import(nwc_client *c, int argc, char **argv) {
+static int cmd_import(int argc, char **argv) {
   nwc_client_import_opts o = {0, 0, progress_bar, "import"};
   const char *model = NULL, *path = NULL;
   unsigned flags = 0;
@@ -459,6 +478,8 @@ static int cmd_import(nwc_client *c, int argc, char **argv) {
     }
   }
   if (!path) return missing(model ? "FILE.safetensors or INDEX.json" : "MODEL");
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_result r;
   nwc_client_skipped *sk;
   size_t nsk;
@@ -486,7 +507,19 @@ static void print_line(void *ctx, const char *line) {
   printf("  %s\n", line);
 }
 
-static int cmd_verify(nwc_client *c, const char *model) {
+static int cmd_rm(const char *model) {
+  nwc_client *c = connected();
+  if (!c) return 1;
+  int rc = nwc_client_remove(c, model);
+  if (rc < 0) return die(rc);
+  if (json) json_out(json_pack("{s:s}", "removed", model));
+  else printf("removed %s\n", model);
+  return 0;
+}
+
+static int cmd_verify(const char *model) {
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_result r;
   int rc = nwc_client_verify(c, model, json ? NULL : print_line, NULL, &r);
   if (rc < 0) return die(rc);
@@ -503,7 +536,9 @@ static int cmd_verify(nwc_client *c, const char *model) {
   return r.problems ? 1 : 0;
 }
 
-static int cmd_devices(nwc_client *c) {
+static int cmd_devices(void) {
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_place *p;
   size_t n;
   int rc = nwc_client_devices(c, &p, &n);
@@ -535,7 +570,9 @@ static int cmd_devices(nwc_client *c) {
   return 0;
 }
 
-static int cmd_stats(nwc_client *c) {
+static int cmd_stats(void) {
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_counters s;
   int rc = nwc_client_stats(c, &s);
   if (rc < 0) return die(rc);
@@ -572,7 +609,7 @@ static void json_written(const char *target, const char *out, const uint64_t *sh
                      dtype, "mapped", (rflags & NWC_CLIENT_MAPPED) != 0));
 }
 
-static int cmd_compute(nwc_client *c, int argc, char **argv) {
+static int cmd_compute(int argc, char **argv) {
   const char *out = NULL, *target = NULL, *xpath = NULL, *bias = NULL;
   unsigned flags = 0;
   float scale = 1;
@@ -604,6 +641,8 @@ static int cmd_compute(nwc_client *c, int argc, char **argv) {
   if (matvec && !xpath) return missing("X.npy");
   if (!strcmp(cmd, "gather") && !nrows) return missing("ROW");
   if (!out) return missing(matvec ? "-o Y.npy" : "-o OUT.npy");
+  nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_tensor_info info;
   int rc = nwc_client_info(c, model, tensor, &info);
   if (rc < 0) return die_tensor(c, rc, model, tensor);
@@ -751,10 +790,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  const char *sock = NULL;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
-    if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
+    if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock_path = argv[++i];
     else if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
     else return fprintf(stderr, "%s: unknown option '%s'\n", prog, argv[i]), usage(stderr), 2;
@@ -776,7 +814,7 @@ int main(int argc, char **argv) {
   if (!args) return fprintf(stderr, "%s: out of memory\n", prog), 1;
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
-    else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock = argv[++i];
+    else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock_path = argv[++i];
     else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(cmd, "load")) device_opt = argv[++i];
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
       return printf("usage: %s [--socket PATH] %s\n", prog, spec->help), free(args), 0;
@@ -797,23 +835,18 @@ int main(int argc, char **argv) {
     bad = true;
   }
   if (bad) return free(args), 2;
-  nwc_client *c;
-  int rc = nwc_client_connect(sock, &c);
-  if (rc < 0) return die(rc), free(args), 1; /* no daemon is 1; 3 is a model or tensor not found */
   int ret;
-  if (!strcmp(cmd, "ls")) ret = cmd_ls(c, nargs, args);
-  else if (!strcmp(cmd, "ps")) ret = cmd_ps(c);
-  else if (!strcmp(cmd, "devices")) ret = cmd_devices(c);
-  else if (!strcmp(cmd, "info")) ret = cmd_info(c, args[0]);
-  else if (!strcmp(cmd, "import")) ret = cmd_import(c, nargs, args);
-  else if (!strcmp(cmd, "rm")) {
-    rc = nwc_client_remove(c, args[0]);
-    ret = rc < 0 ? die(rc) : (json ? (json_out(json_pack("{s:s}", "removed", args[0])), 0) : (printf("removed %s\n", args[0]), 0));
-  } else if (!strcmp(cmd, "verify")) ret = cmd_verify(c, nargs ? args[0] : NULL);
-  else if (!strcmp(cmd, "stats")) ret = cmd_stats(c);
-  else if (!strcmp(cmd, "matvec") || !strcmp(cmd, "gather") || !strcmp(cmd, "dequant")) ret = cmd_compute(c, nargs, args);
-  else ret = cmd_residency(c, args[0]);
-  nwc_client_free(c);
+  if (!strcmp(cmd, "ls")) ret = cmd_ls(nargs, args);
+  else if (!strcmp(cmd, "ps")) ret = cmd_ps();
+  else if (!strcmp(cmd, "devices")) ret = cmd_devices();
+  else if (!strcmp(cmd, "info")) ret = cmd_info(args[0]);
+  else if (!strcmp(cmd, "import")) ret = cmd_import(nargs, args);
+  else if (!strcmp(cmd, "rm")) ret = cmd_rm(args[0]);
+  else if (!strcmp(cmd, "verify")) ret = cmd_verify(nargs ? args[0] : NULL);
+  else if (!strcmp(cmd, "stats")) ret = cmd_stats();
+  else if (!strcmp(cmd, "matvec") || !strcmp(cmd, "gather") || !strcmp(cmd, "dequant")) ret = cmd_compute(nargs, args);
+  else ret = cmd_residency(args[0]);
+  nwc_client_free(conn);
   free(args);
   return ret;
 }

@@ -279,6 +279,14 @@ int main(void) {
   setenv("NWC_SOCKET", td_sock, 1);
   char *out = NULL;
   run_fails(1, "cannot connect to nwcd", (const char *[]){"ls", NULL});
+  /* Bad usage is exit 2 and says so whether or not a daemon runs (no daemon yet). */
+  run_fails(2, "gather: missing -o OUT.npy", (const char *[]){"gather", "m/t", "0", NULL});
+  run_fails(2, "matvec: missing X.npy", (const char *[]){"matvec", "m/t", "-o", "y.npy", NULL});
+  run_fails(2, "import: --elem: expected bf16 or fp8, got 'f16'",
+            (const char *[]){"import", "m", "f.safetensors", "--elem", "f16", NULL});
+  run_fails(2, "info: expected MODEL/TENSOR, got 'm'", (const char *[]){"info", "m", NULL});
+  run_fails(2, "load: --device: expected cpu or cuda:N, got 'gpu'",
+            (const char *[]){"load", "m", "--device", "gpu", NULL});
   /* A socket path that is a regular file or a directory: said so, not "is nwcd running?". */
   char notsock[400];
   snprintf(notsock, sizeof notsock, "%.200s/not-a-socket", td_dir);
