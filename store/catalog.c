@@ -68,15 +68,12 @@ int nwc__sql_fail(sqlite3 *db, const char *what) {
             : code == SQLITE_READONLY                         ? -EROFS
             : code == SQLITE_CONSTRAINT                       ? -EEXIST
                                                               : -EIO;
-  return nwc__fail(err, "catalog: %s: %s", what, sqlite3_errmsg(db));
+  return what ? nwc__fail(err, "catalog: %s: %s", what, sqlite3_errmsg(db))
+              : nwc__fail(err, "catalog: %s", sqlite3_errmsg(db));
 }
 
 int nwc__sql_exec(sqlite3 *db, const char *sql) {
-  char *msg = NULL;
-  if (sqlite3_exec(db, sql, NULL, NULL, &msg) == SQLITE_OK) return 0;
-  int rc = nwc__sql_fail(db, msg ? msg : "exec");
-  sqlite3_free(msg);
-  return rc;
+  return sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : nwc__sql_fail(db, NULL);
 }
 
 static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st) {
@@ -121,7 +118,7 @@ int nwc__catalog_init_at(sqlite3 *db, int version) {
     if (rc == 0) rc = nwc__sql_exec(db, "COMMIT");
     if (rc < 0) {
       sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-      return nwc__fail_prefix(rc, "catalog: migration %d -> %d", v, v + 1);
+      return nwc__fail_prefix(rc, "migration %d -> %d", v, v + 1);
     }
   }
   return 0;

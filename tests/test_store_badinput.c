@@ -3,7 +3,8 @@
  * import fails with the expected errno, the detail line names the file and (where there is one)
  * the tensor, and the store is unchanged: no model, no file in containers/.  A store under a
  * missing parent directory is refused with ENOENT and says that parents are not made; one that
- * cannot be opened (a lock that is a directory, root's store opened by uid 65534) says why.
+ * cannot be opened (a lock that is a directory, a catalog that is not a database, root's store
+ * opened by uid 65534) says why, once.
  */
 #include "test_store_util.h"
 
@@ -78,6 +79,16 @@ static void check_unopenable(void) {
   rmdir(lock);
   CHECK_RC(nwc_store_open(st, NWC_STORE_CREATE, &t));
   nwc_store_close(t);
+  /* a catalog that is not a database: SQLite's words once, after the file's name */
+  char cat[700], junk[4096];
+  snprintf(cat, sizeof cat, "%s/catalog.sqlite", st);
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (char)test_below(256);
+  CHECK(write_file(cat, junk, sizeof junk) == 0, "write %s", cat);
+  rc = nwc_store_open(st, NWC_STORE_CREATE, &t);
+  const char *said = "catalog: file is not a database", *why = strstr(nwc_error_detail(), said);
+  CHECK(rc == -EBADMSG && !t && why && !strstr(why + strlen(said), "not a database"),
+        "a catalog that is not a database: %d %s", rc, nwc_error_detail());
+  unlink(cat);
   if (geteuid() != 0 || chmod(src, 0711) < 0) {
     printf("another uid's store: not root here; skipped\n");
     return;
