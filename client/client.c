@@ -132,8 +132,10 @@ static int send_all(nwc_client *c, const uint8_t *buf, size_t len, const int *fd
 
 static int conn_lost(nwc_client *c, ssize_t n) {
   c->broken = c->unreadable = true;
-  return n == 0 ? fail(-ECONNRESET, "nwcd closed the connection")
-                : fail(-errno, "reading from nwcd: %s", strerror(errno));
+  static const char why[] = "(it stopped, or ended this connection: its log says why)";
+  return n == 0              ? fail(-ECONNRESET, "nwcd closed the connection %s", why)
+         : errno == ECONNRESET ? fail(-ECONNRESET, "nwcd reset the connection %s", why)
+                               : fail(-errno, "reading from nwcd: %s", strerror(errno));
 }
 
 static int recv_all(nwc_client *c, void *buf, size_t len) {

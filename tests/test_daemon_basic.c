@@ -9,7 +9,8 @@
  * tensors used, none after evicting them, one of two pinned); refused by an older daemon.
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
  * clear error where there is no GPU (/dev/nvidia0), a client speaking protocol 2 gets "protocol 2 not supported", the per-uid
- * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced, a live one is not,
+ * connection cap, socket mode 0660, a stale socket after SIGKILL is replaced (the client of the
+ * killed daemon told that it closed the connection and to read its log), a live one is not,
  * a non-socket file at the path is left alone, SIGTERM exits 0, the startup line on tensor
  * memory's page size agrees with the kernel's setting, and a bad flag is one line and exit 2.
  */
@@ -450,10 +451,16 @@ int main(void) {
   rc = nwc_client_connect(td_sock, &cs[3]);
   CHECK(rc == -EUSERS && strstr(nwc_client_last_error(), "too many connections"),
         "4th connection with a cap of 3: %d %s", rc, nwc_client_last_error());
-  for (int i = 0; i < 4; i++) nwc_client_free(cs[i]);
+  for (int i = 1; i < 4; i++) nwc_client_free(cs[i]);
   kill(d, SIGKILL);
   waitpid(d, NULL, 0);
   CHECK(stat(td_sock, &st) == 0, "socket file gone after SIGKILL?");
+  /* a client whose daemon is gone is told so, and where to look */
+  rc = cs[0] ? nwc_client_stats(cs[0], &s) : 0;
+  CHECK(rc == -ECONNRESET && strstr(nwc_client_last_error(), "the connection (it stopped, or "
+        "ended this connection: its log says why)"), "a request to a killed daemon: %d %s", rc,
+        nwc_client_last_error());
+  nwc_client_free(cs[0]);
   d = td_start_daemon(NULL);
   CHECK(d > 0, "the stale socket was not replaced");
   CHECK_RC(nwc_client_connect(td_sock, &c));
