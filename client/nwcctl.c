@@ -484,6 +484,9 @@ static int cmd_import(int argc, char **argv) {
   nwc_client_skipped *sk;
   size_t nsk;
   int rc = nwc_client_import2(c, model, path, &o, flags, &r, &sk, &nsk);
+  if (rc == -EEXIST)
+    return fprintf(stderr, "%s: import: %s (%s rm %s removes it; or import under another name)\n",
+                   prog, nwc_client_last_error(), prog, model), 1;
   if (rc < 0) return die(rc);
   char b0[32], b1[32];
   if (json) {

@@ -316,7 +316,8 @@ int main(void) {
         "import: %s", out);
   printf("%s", out);
   free(out);
-  CHECK(run(NULL, (const char *[]){"import", "use", idx, NULL}) == 1, "second import should fail");
+  run_fails(1, "import: model 'use' already exists (nwcctl rm use removes it; or import under "
+            "another name)", (const char *[]){"import", "use", idx, NULL});
   /* ls lines up: with a model name longer than the column's 32, every line is as long. */
   const char *longname = "a-model-name-longer-than-thirty-two-chars";
   CHECK(run(NULL, (const char *[]){"import", longname, idx, NULL}) == 0, "import %s", longname);
