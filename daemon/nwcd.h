@@ -104,8 +104,8 @@ typedef struct nwcd_backend {
   int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, struct nwcd_load_info *li);
   /* A dev_load inside a crew (a model load's lanes) may return with its last copies still
    * running (every use of the copy waits for them on the device); dev_settle waits for all such
-   * copies on dev, the model load's device, not for other devices' loads (0, or -EIO: one of
-   * them failed). */
+   * copies on dev (0, or -EIO: one of them failed): a model load onto one device settles that
+   * device alone, not other devices' loads. */
   int (*dev_settle)(int dev);
   uint64_t (*dev_size)(const void *dcopy);
   int (*dev_scales)(const void *dcopy, float *out);

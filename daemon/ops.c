@@ -394,8 +394,11 @@ static int op_residency(nwcd_job *j) {
     lc.crew = nwcd_crew_new(NWCD_CREW_PART);
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     uint64_t done_ns = nwcd_now_ns();
-    if (gpu && d->backend->dev_settle) { /* the lanes' last copies: the model is there when told */
-      int src = d->backend->dev_settle(loc >= 0 ? loc : 0); /* the default place: cuda:0 */
+    /* The lanes' last copies: the model is there when told.  A load naming no place puts each
+     * tensor at its home, which may be any device, so it settles every device. */
+    for (int dv = 0; gpu && d->backend->dev_settle && dv < d->backend->ndevices; dv++) {
+      if (loc >= 0 && dv != loc) continue;
+      int src = d->backend->dev_settle(dv);
       if (src < 0 && lc.rc == 0) { /* a CUDA error, which sticks: later uses fail too */
         lc.rc = src;
         snprintf(lc.msg, sizeof lc.msg, "%s", nwc_error_detail());
