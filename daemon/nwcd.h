@@ -104,8 +104,8 @@ typedef struct nwcd_backend {
   int (*dev_load)(const nwc_tensor_info *ti, int dev, void **dcopy, struct nwcd_load_info *li);
   /* A dev_load inside a crew (a model load's lanes) may return with its last copies still
    * running (every use of the copy waits for them on the device); dev_settle waits for all such
-   * copies on dev (0, or -EIO: one of them failed): a model load onto one device settles that
-   * device alone, not other devices' loads. */
+   * copies on dev (0, or -EIO: one of them failed): a model load settles the devices its
+   * tensors are on, not other devices' loads. */
   int (*dev_settle)(int dev);
   uint64_t (*dev_size)(const void *dcopy);
   int (*dev_scales)(const void *dcopy, float *out);
@@ -360,7 +360,7 @@ typedef struct nwcd_ref {
   nwc_tensor view;        /* shapes always; the arrays and scales only for host copies */
   const nwc_tensor_info *ti;
   const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */
-  int loc;                /* NWCD_LOC_CPU or the device */
+  int loc;                /* NWCD_LOC_CPU or the device (also for a load or pin: no ref) */
   bool loaded;            /* this acquire loaded it */
 } nwcd_ref;
 

@@ -289,6 +289,7 @@ typedef struct lanes_ctx {
   nwc_proto_result res;
   nwcd_load_info sum; /* the lanes' loads added up: their time in acquire (micros), its split */
   uint64_t t0, last_start, first_end, last_end; /* when the lanes started and ended (ns) */
+  uint64_t devices; /* bit n: a tensor of the model is on cuda:n (its copies to settle) */
   int rc;
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
@@ -321,6 +322,7 @@ static void load_lane(void *ctx, uint64_t lane) {
       c->rc = rc;
       snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
     } else if (rc == 0) {
+      if (ref.loc >= 0) c->devices |= UINT64_C(1) << ref.loc;
       c->res.tensors++, c->res.bytes += c->ti[i].length;
       if (li.direct) c->res.direct++;
       else c->res.buffered++;
@@ -394,10 +396,11 @@ static int op_residency(nwcd_job *j) {
     lc.crew = nwcd_crew_new(NWCD_CREW_PART);
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
     uint64_t done_ns = nwcd_now_ns();
-    /* The lanes' last copies: the model is there when told.  A load naming no place puts each
-     * tensor at its home, which may be any device, so it settles every device. */
-    for (int dv = 0; gpu && d->backend->dev_settle && dv < d->backend->ndevices; dv++) {
-      if (loc >= 0 && dv != loc) continue;
+    /* The lanes' last copies: the model is there when told.  Only the devices its tensors are
+     * on (a load naming no place puts each at its home, which may be any GPU), so that it does
+     * not wait for other devices' loads. */
+    for (int dv = 0; d->backend->dev_settle && dv < d->backend->ndevices; dv++) {
+      if (!(lc.devices >> dv & 1)) continue;
       int src = d->backend->dev_settle(dv);
       if (src < 0 && lc.rc == 0) { /* a CUDA error, which sticks: later uses fail too */
         lc.rc = src;

@@ -460,13 +460,12 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       e->home = named;
     if ((flags & NWCD_ACQ_PIN) && !e->pinned) e->pinned = true, r->pinned_bytes += e->len;
     if (li && !ref->loaded) li->direct = e->direct;
-    ref->ti = e->info;
+    ref->ti = e->info, ref->loc = e->loc;
     if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) {
       e->refs++;
       ref->e = e;
       ref->view = e->view;
       ref->dcopy = e->dcopy;
-      ref->loc = e->loc;
     }
   }
   pthread_mutex_unlock(&r->lock);
