@@ -261,7 +261,7 @@ static int cmd_ls(int argc, char **argv) {
     if (rc < 0) return die(rc);
     json_t *arr = json ? json_array() : NULL;
     /* the name last, as ls -l and ps do: names run long, and the columns before it line up */
-    if (!json) printf("%-14s %-5s %-6s %10s %10s %-15s %s\n", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT", "TENSOR");
+    if (!json) printf("%-14s %-7s %-6s %10s %10s %-15s %s\n", "SHAPE", "DTYPE", "ELEM", "RAW", "NWC", "RESIDENT", "TENSOR");
     for (size_t i = 0; i < n; i++) {
       char shape[200];
       if (json) {
@@ -275,7 +275,7 @@ static int cmd_ls(int argc, char **argv) {
         char elem[16], state[32];
         snprintf(elem, sizeof elem, "%s/%u", elem_name(t[i].elem), (t[i].elem >> 4) & 15);
         snprintf(state, sizeof state, "%s%s", state_name(t[i].state), t[i].pinned ? " pinned" : "");
-        printf("%-14s %-5s %-6s %10s %10s %-15s %s\n",
+        printf("%-14s %-7s %-6s %10s %10s %-15s %s\n", /* DTYPE: up to F8_E4M3 */
                shape_text(t[i].shape, t[i].ndim, shape, sizeof shape), t[i].dtype, elem,
                nwc_size_text(t[i].raw_bytes, buf[0]), nwc_size_text(t[i].nwc_bytes, buf[1]), state,
                t[i].name);
@@ -334,12 +334,12 @@ static int cmd_ps(void) {
                                            "last_used_ms", (json_int_t)p[i].last_used_ms));
     } else {
       char ago[32]; /* at most 12 characters: "59.9 min ago" */
-      double sec = p[i].last_used_ms / 1000.0;
+      double ds = (double)(p[i].last_used_ms / 100) / 10; /* tenths of a second, as printed */
       if (p[i].last_used_ms < 0) snprintf(ago, sizeof ago, "never");
-      else if (sec < 60) snprintf(ago, sizeof ago, "%.1f s ago", sec);
-      else if (sec < 3600) snprintf(ago, sizeof ago, "%.1f min ago", sec / 60);
-      else if (sec < 86400) snprintf(ago, sizeof ago, "%.1f h ago", sec / 3600);
-      else snprintf(ago, sizeof ago, "%.1f d ago", sec / 86400);
+      else if (ds < 60) snprintf(ago, sizeof ago, "%.1f s ago", ds);
+      else if (ds < 3597) snprintf(ago, sizeof ago, "%.1f min ago", ds / 60); /* < 59.95 */
+      else if (ds < 86220) snprintf(ago, sizeof ago, "%.1f h ago", ds / 3600);  /* < 23.95 */
+      else snprintf(ago, sizeof ago, "%.1f d ago", ds / 86400);
       printf("%-*s %-7s %10s %6s %6s %5u %5u %-12s %s\n", mw, p[i].model, where, nwc_size_text(p[i].bytes, buf),
              p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago, p[i].tensor);
     }

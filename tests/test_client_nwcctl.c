@@ -209,32 +209,40 @@ static void check_devices(void) {
   free(out), free(pl);
 }
 
-/* Checkpoints with tensors nwc does not store. */
+/* Checkpoints with tensors nwc does not store (and an fp8 one, whose dtype is the longest that
+ * ls MODEL shows). */
 static void check_import_skips(void) {
   static float w[4 * 8];
   static int64_t ids[8];
-  static uint8_t mask[8];
+  static uint8_t mask[8], f8[4 * 8];
   static int32_t buf[4];
   for (int i = 0; i < 32; i++) w[i] = (float)(test_uniform() - 0.5);
+  for (int i = 0; i < 32; i++) f8[i] = (uint8_t)test_below(0x7f); /* E4M3, no NaN */
   st_spec ck[] = {{"w", "F32", 2, {4, 8}, w, sizeof w},
                   {"position_ids", "I64", 2, {1, 8}, ids, sizeof ids},
                   {"mask", "BOOL", 1, {8}, mask, sizeof mask},
                   {"buf", "I32", 2, {2, 2}, buf, sizeof buf},
-                  {"e", "F32", 2, {0, 4}, NULL, 0}};
+                  {"e", "F32", 2, {0, 4}, NULL, 0},
+                  {"f8", "F8_E4M3", 2, {4, 8}, f8, sizeof f8}};
   char path[400], many[400], ints[400];
   snprintf(path, sizeof path, "%s/ckpt.safetensors", td_dir);
-  CHECK_RC(st_write(path, ck, 5));
+  CHECK_RC(st_write(path, ck, 6));
   char *out = NULL;
   CHECK(run(&out, (const char *[]){"import", "ck", path, NULL}) == 0 &&
-            strstr(out, "imported ck: 1 tensor, ") &&
+            strstr(out, "imported ck: 2 tensors, ") &&
             strstr(out, "; skipped 4 tensors that nwc does not store: position_ids (I64), mask "
                         "(BOOL), buf (I32), e (F32, empty)\n"),
         "import of a checkpoint with I64/BOOL/I32: %s", out);
   printf("%s", out);
   free(out);
-  json_t *j = run_json((const char *[]){"import", "ck2", path, "--json", NULL});
+  json_t *j = run_json((const char *[]){"ls", "ck", "--json", NULL});
+  CHECK(run(&out, (const char *[]){"ls", "ck", NULL}) == 0 && strstr(out, " F8_E4M3 "), "ls ck");
+  check_name_column("ls ck", out, "TENSOR", j, "name");
+  free(out);
+  json_decref(j);
+  j = run_json((const char *[]){"import", "ck2", path, "--json", NULL});
   json_t *sk = json_object_get(j, "skipped_tensors"), *s0 = json_array_get(sk, 0);
-  CHECK(json_integer_value(json_object_get(j, "tensors")) == 1 &&
+  CHECK(json_integer_value(json_object_get(j, "tensors")) == 2 &&
             json_integer_value(json_object_get(j, "skipped")) == 4 && json_array_size(sk) == 4 &&
             !strcmp(json_string_value(json_object_get(s0, "name")), "position_ids") &&
             !strcmp(json_string_value(json_object_get(s0, "dtype")), "I64") &&
