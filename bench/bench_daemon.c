@@ -164,8 +164,15 @@ pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock
     execv(nwcd, (char *const *)argv);
     _exit(127);
   }
-  for (int i = 0; pid > 0 && i < 1000 && !connectable(sock); i++) usleep(10000);
+  for (int i = 0; pid > 0 && i < 1000 && !connectable(sock); i++) {
+    if (waitpid(pid, NULL, WNOHANG) == pid) return -1; /* it exited: a bad path or option */
+    usleep(10000);
+  }
   return pid;
+}
+
+void nwc_bench_nwcd_stop(pid_t pid) {
+  if (pid > 0) nwc_bench_nwcd_stop(pid);
 }
 
 int nwc_bench_daemon(int argc, char **argv) {
@@ -226,7 +233,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   if (rc == 0) rc = nwc_client_import(c, "bench", file, NULL, NULL);
   if (rc < 0) {
     fprintf(stderr, "nwc-bench daemon: %s\n", nwc_client_last_error());
-    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    nwc_bench_nwcd_stop(pid);
     return 1;
   }
   /* The same tensor in-process. */
@@ -256,7 +263,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   nwc_client *cs = NULL; /* the "sleep" path: a connection that never polls */
   if (nwc_client_connect(sock, &cs) < 0 || nwc_client_set_spin(cs, 0) < 0) {
     fprintf(stderr, "nwc-bench daemon: %s\n", nwc_client_last_error());
-    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    nwc_bench_nwcd_stop(pid);
     return 1;
   }
   /* Round trips: per op, its paths in turns of `turn` calls. */
@@ -299,7 +306,7 @@ int nwc_bench_daemon(int argc, char **argv) {
             if (crc < 0) { /* a failed call is not a round trip: timing it would report nonsense */
               fprintf(stderr, "nwc-bench daemon: %s %s of %s failed: %s\n", paths[path], ops[op],
                       best->name, inproc ? nwc_error_detail() : nwc_client_last_error());
-              kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+              nwc_bench_nwcd_stop(pid);
               return 1;
             }
             if (i >= turn) tv[path][i - turn] = nwc_bench_now() - t0;
@@ -371,8 +378,7 @@ int nwc_bench_daemon(int argc, char **argv) {
     }
   }
   nwc_client_free(c);
-  kill(pid, SIGTERM);
-  waitpid(pid, NULL, 0);
+  nwc_bench_nwcd_stop(pid);
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "nwc-bench daemon: could not remove %s\n", dir);

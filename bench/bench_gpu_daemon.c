@@ -292,7 +292,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   if (rc == 0) rc = nwc_client_import(c, "m", file, NULL, NULL);
   if (rc < 0) {
     fprintf(stderr, "nwc-bench gpu-daemon: %s\n", nwc_client_last_error());
-    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    nwc_bench_nwcd_stop(pid);
     return 1;
   }
   fprintf(stderr, "import of %u x %llux%llu: %.2f s\n", T, (unsigned long long)M,
@@ -528,7 +528,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
           (blob_bytes / med[1]) / (file_bytes / med[0]), med[3] / med[1], warm_gbps, raw_gbps,
           warm_gbps / raw_gbps, s50 - k50, n50 - k50, con50 / ser50, drop_how);
   nwc_client_free(c);
-  kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+  nwc_bench_nwcd_stop(pid);
   if (nwc_bench_gpu_load(store, "m", R, specs, nspecs) < 0) rc = 1;
   nwc_k_tensor_free(&kt), nwc_tensor_release(&t);
   cudaFree(dx), cudaFree(dy), cudaFree(ds), cudaStreamDestroy(s);

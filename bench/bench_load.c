@@ -332,7 +332,7 @@ static int nwcd_evict_all(bench *b) {
 static int nwcd_restart(bench *b) {
   nwc_client_free(b->c);
   b->c = NULL;
-  if (b->nwcd_pid > 0) kill(b->nwcd_pid, SIGTERM), waitpid(b->nwcd_pid, NULL, 0);
+  nwc_bench_nwcd_stop(b->nwcd_pid);
   b->nwcd_pid = nwc_bench_nwcd_start(b->nwcd_bin, b->nwcd_store, b->nwcd_sock, NULL, NULL);
   if (nwc_client_connect(b->nwcd_sock, &b->c) < 0)
     return fprintf(stderr, "nwc-bench load: %s did not start again: %s\n", b->nwcd_bin,
@@ -565,7 +565,7 @@ int nwc_bench_load(int argc, char **argv) {
 #endif
   if (b.fresh) release_fresh(&b);
   nwc_client_free(b.c);
-  if (b.nwcd_pid > 0) kill(b.nwcd_pid, SIGTERM), waitpid(b.nwcd_pid, NULL, 0);
+  nwc_bench_nwcd_stop(b.nwcd_pid);
   if (sockdir[0]) unlink(sock), rmdir(sockdir);
   if (b.dst) munmap(b.dst, b.blob_bytes);
   nwc_tensor_info_free(b.ti, b.nti);

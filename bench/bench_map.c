@@ -21,15 +21,12 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* Calls fn(ctx) n times after 10 warm-up calls; prints the JSON line with p50 and p99. */
 static void time_calls(const char *head, size_t n, void (*fn)(void *), void *ctx) {
@@ -215,23 +212,15 @@ int nwc_bench_map(int argc, char **argv) {
   if (!mkdtemp(dir)) return 1;
   snprintf(sock, sizeof sock, "%s/nwcd.sock", dir);
   snprintf(store, sizeof store, "%s/store", dir);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  char *args[] = {(char *)nwcd, "--store", store, "--socket", sock, "--quiet", NULL};
-  pid_t pid;
-  if (posix_spawn(&pid, nwcd, &fa, NULL, args, environ) != 0)
-    return fprintf(stderr, "nwc-bench map: cannot run %s\n", nwcd), 1;
-  int rc = -1;
-  for (int i = 0; i < 500 && rc < 0; i++)
-    if ((rc = nwc_client_connect(sock, &cc.c)) < 0) usleep(10000);
+  pid_t pid = nwc_bench_nwcd_start(nwcd, store, sock, NULL, NULL);
+  if (pid < 0) return fprintf(stderr, "nwc-bench map: cannot run %s\n", nwcd), 1;
+  int rc = nwc_client_connect(sock, &cc.c);
   if (rc == 0) rc = nwc_client_import(cc.c, "bench", file, NULL, NULL);
   cc.name = best->name;
   if (rc == 0) rc = nwc_client_map(cc.c, "bench", cc.name, &cc.m);
   if (rc < 0) {
     fprintf(stderr, "nwc-bench map: %s\n", nwc_client_last_error());
-    kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+    nwc_bench_nwcd_stop(pid);
     return 1;
   }
   uint16_t *w = malloc(cc.M * cc.K * 2);
@@ -275,7 +264,7 @@ int nwc_bench_map(int argc, char **argv) {
   free(src);
 
   nwc_client_free(cc.c);
-  kill(pid, SIGTERM), waitpid(pid, NULL, 0);
+  nwc_bench_nwcd_stop(pid);
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "nwc-bench map: could not remove %s\n", dir);
