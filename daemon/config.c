@@ -248,8 +248,9 @@ static int set_admin_group(const char *path, const nwcd_settings *s) {
   if (rc < 0) {
     char why[300];
     snprintf(why, sizeof why, "%s", nwc_error_detail());
-    rc = nwc__fail(rc, "%s:%d: admin_group: %s (create the group, e.g. with systemd-sysusers, or "
-                   "leave admin_group out)", path, s->admin_line, why);
+    rc = nwc__fail(rc, "%s:%d: admin_group: %s%s", path, s->admin_line, why,
+                   rc == -ENOENT ? " (create the group, e.g. with systemd-sysusers, or leave "
+                                   "admin_group out)" : "");
   }
   return rc;
 }

@@ -40,7 +40,8 @@ int nwcd_policy_set_admin_group(const char *name) {
   char buf[16384];
   struct group g, *res = NULL;
   int rc = getgrnam_r(name, &g, buf, sizeof buf, &res);
-  NWC_RETURN_IF(rc || !res, -EINVAL, "group '%s' does not exist", name);
+  NWC_RETURN_IF(rc, -rc, "group '%s': cannot look it up: %s", name, strerror(rc));
+  NWC_RETURN_IF(!res, -ENOENT, "group '%s' does not exist", name);
   NWC_RETURN_IF(strlen(name) >= sizeof admin_name, -EINVAL, "group name '%s' is too long", name);
   have_admin = true, admin_gid = g.gr_gid;
   snprintf(admin_name, sizeof admin_name, "%s", name);
