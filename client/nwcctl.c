@@ -644,37 +644,36 @@ static int cmd_compute(int argc, char **argv) {
   if (matvec && !xpath) return missing("X.npy");
   if (!strcmp(cmd, "gather") && !nrows) return missing("ROW");
   if (!out) return missing(matvec ? "-o Y.npy" : "-o OUT.npy");
+  uint64_t xn = 0, xk = 0; /* matvec: x is xn x xk */
+  unsigned xdim = 0;
+  int status;
+  float *x = matvec ? npy_read_f32(xpath, &xn, &xk, &xdim, &status) : NULL; /* 3: no such file */
+  if (matvec && !x) return status;
   nwc_client *c = connected();
-  if (!c) return 1;
   nwc_client_tensor_info info;
-  int rc = nwc_client_info(c, model, tensor, &info);
-  if (rc < 0) return die_tensor(c, rc, model, tensor);
+  int rc = c ? nwc_client_info(c, model, tensor, &info) : 0;
+  if (!c || rc < 0) return free(x), c ? die_tensor(c, rc, model, tensor) : 1;
   uint64_t M = info.t.rows, K = info.t.cols;
   unsigned rflags = 0;
   const char *descr = flags & NWC_CLIENT_BF16 ? "<u2" : "<f4";
   size_t esz = flags & NWC_CLIENT_BF16 ? 2 : 4;
   int written = -1; /* npy_write's status once the daemon answered */
-  if (!strcmp(cmd, "matvec")) {
-    uint64_t n, xk;
-    unsigned ndim;
-    int status;
-    float *x = npy_read_f32(xpath, &n, &xk, &ndim, &status);
-    if (!x) return status;
+  if (matvec) {
     if (xk != K) {
       fprintf(stderr, "%s: matvec: x has %llu columns, %s takes %llu\n", prog,
               (unsigned long long)xk, target, (unsigned long long)K);
       free(x);
       return 1;
     }
-    size_t cap = n * M * 4;
+    size_t cap = xn * M * 4;
     float *y = malloc(cap);
-    rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)n, 0, y, cap, &rflags) : -ENOMEM;
-    uint64_t shape2[2] = {n, M}, *shape = ndim == 1 ? shape2 + 1 : shape2; /* y is x's rank */
-    if (rc == 0) written = npy_write(out, "<f4", shape, ndim, y, cap);
-    if (written == 0 && json) json_written(target, out, shape, ndim, "float32", rflags);
+    rc = y ? nwc_client_matvec(c, model, tensor, bias, scale, x, K, (unsigned)xn, 0, y, cap, &rflags) : -ENOMEM;
+    uint64_t shape2[2] = {xn, M}, *shape = xdim == 1 ? shape2 + 1 : shape2; /* y is x's rank */
+    if (rc == 0) written = npy_write(out, "<f4", shape, xdim, y, cap);
+    if (written == 0 && json) json_written(target, out, shape, xdim, "float32", rflags);
     else if (written == 0)
       printf("matvec %s: %llux%llu, %llu column(s) -> %s%s\n", target, (unsigned long long)M,
-             (unsigned long long)K, (unsigned long long)n, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
+             (unsigned long long)K, (unsigned long long)xn, out, rflags & NWC_CLIENT_MAPPED ? " (mapped, not resident)" : "");
     free(x), free(y);
   } else {
     uint64_t n = !strcmp(cmd, "gather") ? nrows : M;

@@ -295,6 +295,8 @@ int main(void) {
   run_fails(2, "info: expected MODEL/TENSOR, got 'm'", (const char *[]){"info", "m", NULL});
   run_fails(2, "load: --device: expected cpu or cuda:N, got 'gpu'",
             (const char *[]){"load", "m", "--device", "gpu", NULL});
+  run_fails(3, "matvec: cannot open no-such-x.npy: No such file", /* 3 with a daemon or without */
+            (const char *[]){"matvec", "m/t", "no-such-x.npy", "-o", "y.npy", NULL});
   /* A socket path that is a regular file or a directory: said so, not "is nwcd running?". */
   char notsock[400];
   snprintf(notsock, sizeof notsock, "%.200s/not-a-socket", td_dir);
