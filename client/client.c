@@ -244,8 +244,8 @@ static int read_one(nwc_client *c, nwc_proto_hdr *h) {
   return 0;
 }
 
-/* Sends req (id assigned here) with fds, waits for its reply.  On success the payload is in
- * c->rbuf[0 .. *len).  Caller holds c->lock. */
+/* Sends req (id assigned here) with fds, waits for its reply, or until progress returns non-zero
+ * (-ECANCELED).  On success the payload is in c->rbuf[0 .. *len).  Caller holds c->lock. */
 static int call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds,
                 nwc_client_progress_fn progress, void *ctx, size_t *len) {
   if (c->broken) return fail(-ENOTCONN, "the connection to nwcd was lost");
@@ -262,7 +262,6 @@ static int call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds
   /* A daemon that refuses us (e.g. too many connections) sends an error frame and closes: our
    * send may then fail with EPIPE, but the frame explaining why is still there to read. */
   if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET) return rc;
-  bool cancelled = false;
   for (;;) {
     nwc_proto_hdr h;
     if ((rc = read_one(c, &h)) < 0) return rc;
@@ -278,12 +277,17 @@ static int call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds
       nwc_pr r;
       nwc_pr_init(&r, c->rbuf, h.length);
       uint64_t done, total;
-      if (progress && !cancelled && nwc_proto_get_progress(&r, &done, &total) == 0)
-        cancelled = progress(ctx, done, total) != 0;
+      /* Stop waiting: the request's later events and reply carry an id no one waits for,
+       * and whichever call reads them drops them. */
+      if (progress && nwc_proto_get_progress(&r, &done, &total) == 0 &&
+          progress(ctx, done, total) != 0)
+        return fail(-ECANCELED, "cancelled by the progress callback at %llu of %llu bytes; the "
+                    "request goes on in nwcd", (unsigned long long)done,
+                    (unsigned long long)total);
       continue;
     }
     *len = h.length;
-    return cancelled ? fail(-ECANCELED, "cancelled") : 0;
+    return 0;
   }
 }
 

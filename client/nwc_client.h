@@ -59,8 +59,10 @@ NWC_CLIENT_API const char *nwc_client_default_socket(void);
 NWC_CLIENT_API const char *nwc_client_backend(const nwc_client *c);
 NWC_CLIENT_API const char *nwc_client_daemon_version(const nwc_client *c);
 
-/* Progress of import and load: done of total bytes.  Return non-zero to stop waiting (the
- * request still completes in the daemon; the call returns -ECANCELED). */
+/* Progress of import and load: done of total bytes.  Return non-zero to stop waiting: the call
+ * returns -ECANCELED at once, while the request still runs to its end in the daemon (an import
+ * still stores the model, a load still makes the tensors resident; its reply, when it comes, is
+ * dropped), and the client stays usable. */
 typedef int (*nwc_client_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct nwc_client_model {

@@ -6,7 +6,10 @@
  * matvec on it (against fp64), and starts
  * a competing import of the same new name: exactly one of the two imports succeeds, the other
  * gets -EEXIST, and afterwards the catalog lists both models, whole, with nothing left over in
- * the containers directory.
+ * the containers directory.  A progress callback that returns non-zero while the daemon is
+ * stopped (SIGSTOP) makes the import return -ECANCELED at once, not when the import ends; the
+ * import still completes once nwcd runs again, and the client stays usable (the cancelled
+ * request's late events and reply are dropped: a ticket and a dequant on it come out right).
  */
 #include "test_daemon_util.h"
 
@@ -58,6 +61,60 @@ static size_t count_containers(void) {
   return n;
 }
 
+static pid_t stopped_pid;
+static volatile sig_atomic_t resumed;
+
+static void on_alarm(int sig) {
+  (void)sig;
+  resumed = 1;
+  kill(stopped_pid, SIGCONT);
+}
+
+static int stop_and_cancel(void *ctx, uint64_t done, uint64_t total) {
+  int *calls = ctx;
+  if (done >= total || (*calls)++) return 0;
+  kill(stopped_pid, SIGSTOP); /* the import cannot end before the call returns */
+  alarm(3);                   /* unless the call waits for it: then nwcd goes on after 3 s */
+  return 1;
+}
+
+static void test_cancel(nwc_client *c, pid_t pid) {
+  stopped_pid = pid;
+  struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+  sigaction(SIGALRM, &sa, NULL);
+  int calls = 0;
+  nwc_client_import_opts o = {.progress = stop_and_cancel, .ctx = &calls};
+  int rc = nwc_client_import(c, "use3", getenv("NWC_SAMPLE"), &o, NULL);
+  int waited = resumed;
+  alarm(0);
+  kill(pid, SIGCONT);
+  CHECK(calls == 1 && rc == -ECANCELED && !waited,
+        "cancelled import: %d (%s) after %d progress calls; %s", rc, nwc_client_last_error(),
+        calls, waited ? "it waited until nwcd ran again" : "it returned at once");
+  const td_tensor *t = &td_t[test_below(td_nt)];
+  size_t bytes = t->rows * t->cols * 2;
+  uint16_t *b = malloc(bytes), *g = malloc(t->cols * 2);
+  uint64_t row = test_below(t->rows), ticket = 0;
+  CHECK_RC(nwc_client_submit_gather(c, "use", t->name, &row, 1, NWC_CLIENT_BF16, g, t->cols * 2,
+                                    &ticket));
+  CHECK_RC(nwc_client_wait(c, ticket, NULL));
+  CHECK(!memcmp(g, t->w + row * t->cols, t->cols * 2), "gather of %s row %llu after the cancel",
+        t->name, (unsigned long long)row);
+  rc = nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, b, bytes, NULL, NULL, NULL);
+  CHECK(rc == 0 && !memcmp(b, t->w, bytes), "dequant of %s after the cancel: %d %s", t->name, rc,
+        nwc_client_last_error());
+  free(b), free(g);
+  uint64_t have = 0;
+  for (int i = 0; i < 1000 && have != td_nt; i++) { /* the import goes on: wait for its end */
+    nwc_client_tensor *ts;
+    size_t n = 0;
+    if (nwc_client_tensors(c, "use3", &ts, &n) == 0) free(ts);
+    if ((have = n) != td_nt) usleep(10000);
+  }
+  CHECK(have == td_nt, "the cancelled import stored %llu of %zu tensors", (unsigned long long)have,
+        td_nt);
+}
+
 int main(void) {
   int rc0;
   pid_t pid = td_begin("test_daemon_import", "nwc-import", NULL, &rc0);
@@ -85,6 +142,7 @@ int main(void) {
   nwc_client_result res;
   CHECK_RC(nwc_client_verify(a, "use2", NULL, NULL, &res));
   CHECK(res.problems == 0, "verify use2: %llu problems", (unsigned long long)res.problems);
+  test_cancel(a, pid);
   nwc_client_free(a);
   nwc_client_free(b);
   CHECK(td_stop_daemon(pid) == 0, "nwcd did not exit 0 after SIGTERM");
