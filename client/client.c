@@ -831,7 +831,7 @@ static void matvec_req(nwc_proto_req *req, const char *model, const char *tensor
  * side.  x goes at offset 0, y after it (64-aligned). */
 static int do_matvec(nwc_client *c, const char *model, const char *tensor, const char *bias,
                      float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
-                     void *y, size_t cap, unsigned *rflags) {
+                     void *y, size_t cap, unsigned *rflags, uint64_t *bytes) {
   nwc_proto_req req;
   matvec_req(&req, model, tensor, bias, scale, x, K, ncols, flags);
   int rc = 0;
@@ -857,25 +857,56 @@ static int do_matvec(nwc_client *c, const char *model, const char *tensor, const
   }
   size_t len;
   if ((rc = call(c, &req, NULL, 0, NULL, NULL, &len)) < 0) return rc;
-  nwc_proto_compute pc;
-  if ((rc = compute_reply(c, len, y, cap, yoff, &pc)) < 0) return rc;
-  if (rflags) *rflags = pc.rflags;
+  nwc_proto_compute pc = {0};
+  rc = compute_reply(c, len, y, cap, yoff, &pc);
+  *bytes = pc.bytes; /* also for -ENOSPC: what the output takes */
+  if (rc < 0) return rc;
+  *rflags = pc.rflags;
+  return 0;
+}
+
+_Static_assert(NWC_CLIENT_MAX_COLS == NWC_PROTO_MAX_COLS, "the header's limit is the protocol's");
+
+/* A matvec of any number of columns: requests of at most NWC_CLIENT_MAX_COLS each, their outputs
+ * back to back in y (column c at c x M); *rflags gets every request's flags. */
+static int do_matvec_cols(nwc_client *c, const char *model, const char *tensor, const char *bias,
+                          float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
+                          void *y, size_t cap, unsigned *rflags) {
+  unsigned all = 0;
+  size_t done = 0;
+  for (unsigned c0 = 0, n; c0 < ncols; c0 += n) {
+    n = ncols - c0 < NWC_CLIENT_MAX_COLS ? ncols - c0 : NWC_CLIENT_MAX_COLS;
+    unsigned rf = 0;
+    uint64_t bytes = 0;
+    int rc = do_matvec(c, model, tensor, bias, scale, x + (size_t)c0 * K, K, n, flags,
+                       (uint8_t *)y + done, cap - done, &rf, &bytes);
+    uint64_t need = bytes / n * ncols; /* every request's output has n columns of M */
+    if (n < ncols && bytes && (rc == -ENOSPC || (c0 == 0 && need > cap)))
+      return fail(-ENOSPC, "the output takes %llu bytes (%u columns), the buffer holds %zu",
+                  (unsigned long long)need, ncols, cap);
+    if (rc < 0) return rc;
+    all |= rf, done += bytes;
+  }
+  if (rflags) *rflags = all;
   return 0;
 }
 
 static int check_matvec(const char *model, const char *tensor, const float *x, uint64_t K,
-                        unsigned ncols, const void *y) {
-  if (check_names(model, tensor) < 0 || !tensor || !x || !y || !ncols || !K ||
-      ncols > NWC_PROTO_MAX_COLS)
-    return fail(-EINVAL, "bad arguments (1..%u columns of K > 0 floats)", NWC_PROTO_MAX_COLS);
+                        unsigned ncols, const void *y, unsigned max_cols) {
+  if (check_names(model, tensor) < 0 || !tensor || !x || !y || !K)
+    return fail(-EINVAL, "bad arguments (model, tensor, x, K > 0 and y are required)");
+  if (!ncols || ncols > max_cols)
+    return fail(-EINVAL, "%u columns: a request takes 1..%u (NWC_CLIENT_MAX_COLS)%s", ncols,
+                max_cols, ncols ? "; nwc_client_matvec takes any number" : "");
   return 0;
 }
 
 int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor, const char *bias,
                       float scale, const float *x, uint64_t K, unsigned ncols, unsigned flags,
                       void *y, size_t cap, unsigned *rflags) {
-  if (check_matvec(model, tensor, x, K, ncols, y) < 0) return -EINVAL;
-  return LOCKED(c, do_matvec(c, model, tensor, bias, scale, x, K, ncols, flags, y, cap, rflags));
+  if (check_matvec(model, tensor, x, K, ncols, y, UINT_MAX) < 0) return -EINVAL;
+  return LOCKED(c, do_matvec_cols(c, model, tensor, bias, scale, x, K, ncols, flags, y, cap,
+                                  rflags));
 }
 
 /* ---- for map.c (client_internal.h) -------------------------------------------------------- */
@@ -927,7 +958,8 @@ int nwc_client_submit_matvec(nwc_client *c, const char *model, const char *tenso
                              const char *bias, float scale, const float *x, uint64_t K,
                              unsigned ncols, unsigned flags, void *y, size_t cap,
                              uint64_t *ticket) {
-  if (check_matvec(model, tensor, x, K, ncols, y) < 0 || !ticket) return -EINVAL;
+  if (check_matvec(model, tensor, x, K, ncols, y, NWC_CLIENT_MAX_COLS) < 0) return -EINVAL;
+  if (!ticket) return fail(-EINVAL, "bad arguments (no ticket)");
   nwc_proto_req req;
   matvec_req(&req, model, tensor, bias, scale, x, K, ncols, flags);
   if (req.x_bytes > NWC_PROTO_MAX_PAYLOAD - 4096)

@@ -226,10 +226,15 @@ NWC_CLIENT_API int nwc_client_dequant(nwc_client *c, const char *model, const ch
 NWC_CLIENT_API int nwc_client_gather(nwc_client *c, const char *model, const char *tensor,
                                      const uint64_t *rows, size_t n, unsigned flags, void *out,
                                      size_t cap, uint64_t *cols, unsigned *rflags);
-/* y = scale * (W x) + bias for ncols columns of K floats at x (column c at x + c * K); y gets
- * ncols columns of M (float, or BF16 with NWC_CLIENT_BF16), cap bytes available.  bias (NULL or
- * "": none) names a tensor of M values in the same model.  flags: NWC_CLIENT_BF16,
- * NWC_CLIENT_INLINE. */
+#define NWC_CLIENT_MAX_COLS 64 /* columns of one request (submit, CUDA): more are -EINVAL */
+
+/* y = scale * (W x) + bias, W the tensor as stored (M = its rows, K = its cols: nwc_client_info),
+ * for ncols columns of K floats at x (column c at x + c * K); y gets ncols columns of M (float,
+ * or BF16 with NWC_CLIENT_BF16), cap bytes available.  Any ncols >= 1: over NWC_CLIENT_MAX_COLS
+ * the call sends one request per NWC_CLIENT_MAX_COLS columns (and *rflags gets all their flags).
+ * bias (NULL or "": none) names a tensor of M values in the same model.  flags: NWC_CLIENT_BF16,
+ * NWC_CLIENT_INLINE.  -EINVAL for a K or bias that does not fit the tensor, -ENOSPC if cap is too
+ * small (the message says what is needed). */
 NWC_CLIENT_API int nwc_client_matvec(nwc_client *c, const char *model, const char *tensor,
                                      const char *bias, float scale, const float *x, uint64_t K,
                                      unsigned ncols, unsigned flags, void *y, size_t cap,
@@ -296,7 +301,8 @@ NWC_CLIENT_API int nwc_client_map_matvec(const nwc_client_mapping *m, const floa
  * thread, once.  A daemon-side error fails only its own ticket (the others go on); a lost
  * connection fails every outstanding ticket. */
 
-/* y = scale * (W x) + bias as nwc_client_matvec, without waiting: *ticket (> 0) names it. */
+/* y = scale * (W x) + bias as nwc_client_matvec, without waiting: *ticket (> 0) names it.
+ * ncols at most NWC_CLIENT_MAX_COLS (one request per ticket). */
 NWC_CLIENT_API int nwc_client_submit_matvec(nwc_client *c, const char *model, const char *tensor,
                                             const char *bias, float scale, const float *x,
                                             uint64_t K, unsigned ncols, unsigned flags, void *y,
@@ -331,8 +337,8 @@ typedef struct nwc_client_cuda_buf {
   uint64_t bytes;     /* the buffer's size */
 } nwc_client_cuda_buf;
 
-/* y = scale * (W x) + bias in the client's device memory: x ncols columns of K floats, y ncols
- * columns of M floats (or BF16 with NWC_CLIENT_BF16). */
+/* y = scale * (W x) + bias in the client's device memory: x ncols (1..NWC_CLIENT_MAX_COLS)
+ * columns of K floats, y ncols columns of M floats (or BF16 with NWC_CLIENT_BF16). */
 NWC_CLIENT_API int nwc_client_matvec_cuda(nwc_client *c, const char *model, const char *tensor,
                                           const char *bias, float scale,
                                           const nwc_client_cuda_buf *x, uint64_t K, unsigned ncols,

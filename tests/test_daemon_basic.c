@@ -3,7 +3,9 @@
  * import of the sample model by descriptors, ls/info/ps/stats, every tensor dequantized (BF16
  * bit for bit against the original file, fp32 exactly its widening), gather of random rows,
  * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
- * 1e-5; and an fp8 matrix with an fp8 bias, both with row scales: test_daemon_q8.h), bulk data
+ * 1e-5; and an fp8 matrix with an fp8 bias, both with row scales: test_daemon_q8.h), a matvec
+ * of more columns than one request takes (the library splits it; a y one column short is
+ * -ENOSPC naming the whole output's bytes; a submit of as many is -EINVAL), bulk data
  * through the shared region (a large dequant), load/evict/pin/unpin, remove.
  * devices: the host's place alone, its budget nwcd's --budget and its use ps's sums (all
  * tensors used, none after evicting them, one of two pinned); refused by an older daemon.
@@ -301,6 +303,41 @@ static void check_matvec(nwc_client *c) {
   }
 }
 
+/* A random matrix times 65..164 columns, with its bias and a scale, against fp64. */
+static void check_wide_matvec(nwc_client *c) {
+  const td_tensor *t, *bias = NULL;
+  do t = &td_t[test_below(td_nt)];
+  while (t->rows < 2);
+  for (size_t j = 0; j < td_nt; j++)
+    if (td_t[j].rows == 1 && td_t[j].cols == t->rows) bias = &td_t[j];
+  unsigned ncols = NWC_CLIENT_MAX_COLS + 1 + (unsigned)test_below(100), rf = 0;
+  unsigned flags = test_below(2) ? NWC_CLIENT_INLINE : 0;
+  size_t cap = (size_t)ncols * t->rows * 4;
+  float *x = malloc((size_t)ncols * t->cols * 4), *y = malloc(cap);
+  for (size_t k = 0; k < (size_t)ncols * t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  int rc = nwc_client_matvec(c, "use", t->name, bias ? bias->name : NULL, 0.5f, x, t->cols, ncols,
+                             flags, y, cap, &rf);
+  CHECK(rc == 0, "matvec %s of %u columns: %d %s", t->name, ncols, rc, nwc_client_last_error());
+  for (unsigned col = 0; rc == 0 && col < ncols; col++) {
+    double e = td_matvec_err(t, x + (size_t)col * t->cols, 0.5, bias, y + (size_t)col * t->rows);
+    CHECK(e <= 1e-5, "matvec %s column %u of %u: relative error %.3g", t->name, col, ncols, e);
+  }
+  char want[128];
+  snprintf(want, sizeof want, "the output takes %zu bytes (%u columns), the buffer holds %zu", cap,
+           ncols, cap - t->rows * 4);
+  rc = nwc_client_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols, ncols, flags, y,
+                         cap - t->rows * 4, NULL);
+  CHECK(rc == -ENOSPC && !strcmp(nwc_client_last_error(), want),
+        "matvec of %u columns into a y a column short: %d '%s'", ncols, rc,
+        nwc_client_last_error());
+  uint64_t ticket;
+  rc = nwc_client_submit_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols, ncols, 0, y, cap,
+                                &ticket);
+  CHECK(rc == -EINVAL && strstr(nwc_client_last_error(), "NWC_CLIENT_MAX_COLS"),
+        "submit of %u columns: %d '%s'", ncols, rc, nwc_client_last_error());
+  free(x), free(y);
+}
+
 /* q8 (test_daemon_q8.h): an fp8 matrix times x plus its fp8 bias, both scaled by their rows'
  * scales, loaded whole into host memory. */
 static void check_fp8_bias(nwc_client *c) {
@@ -364,6 +401,7 @@ int main(void) {
 
   check_all_tensors(c); /* loads on demand */
   check_matvec(c);
+  check_wide_matvec(c);
 
   nwc_client_counters s;
   CHECK_RC(nwc_client_stats(c, &s));
