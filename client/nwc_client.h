@@ -222,7 +222,9 @@ NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
 NWC_CLIENT_API int nwc_client_dequant(nwc_client *c, const char *model, const char *tensor,
                                       unsigned flags, void *out, size_t cap, uint64_t *rows,
                                       uint64_t *cols, unsigned *rflags);
-/* Rows by index (an embedding lookup): n rows x cols into out. */
+/* Rows by index (an embedding lookup): n (1..2096640) rows x cols into out (cap bytes), float or
+ * (NWC_CLIENT_BF16) BF16; *cols and *rflags may be NULL.  -EINVAL naming a row out of range,
+ * -ENOSPC as for dequant. */
 NWC_CLIENT_API int nwc_client_gather(nwc_client *c, const char *model, const char *tensor,
                                      const uint64_t *rows, size_t n, unsigned flags, void *out,
                                      size_t cap, uint64_t *cols, unsigned *rflags);
