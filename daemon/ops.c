@@ -612,12 +612,19 @@ bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b) {
 
 /* Where the x of job j (ncols dense columns of K floats) is: inline or in the shared region;
  * checks its size and the region's bounds. */
+/* -EINVAL unless r's x is ncols columns of the tensor's K floats. */
+static int check_x(const nwc_proto_req *r, uint64_t K) {
+  NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
+                "matvec %s/%s takes K = %llu floats per column: x of %llu bytes is not %u "
+                "column%s of them (%llu bytes)", r->model, r->tensor, (unsigned long long)K,
+                (unsigned long long)r->x_bytes, r->ncols, r->ncols == 1 ? "" : "s",
+                (unsigned long long)r->ncols * K * 4);
+  return 0;
+}
+
 static int matvec_src(const nwcd_job *j, uint64_t K, const uint8_t **out) {
   const nwc_proto_req *r = &j->req;
-  NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
-                "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats (%llu bytes)",
-                (unsigned long long)r->x_bytes, r->model, r->tensor, r->ncols,
-                (unsigned long long)K, (unsigned long long)r->ncols * K * 4);
+  NWC_TRY(check_x(r, K));
   const uint8_t *src = r->x;
   if (r->where == NWC_WHERE_SHM) {
     NWC_RETURN_IF(!j->shm, -EINVAL, "no shared region: pass one (shm) before using it");
@@ -849,10 +856,7 @@ static int op_ipc(nwcd_job *j) {
   nwcd_ipc_buf y = {{0}, r->out_off, r->out_cap};
   memcpy(y.handle, r->ipc_y, sizeof y.handle);
   if (rc == 0 && r->op == NWC_OP_MATVEC_IPC) {
-    if (r->x_bytes != (uint64_t)r->ncols * K * 4)
-      rc = nwc__fail(-EINVAL, "matvec x of %llu bytes; %s/%s takes %u columns of %llu floats",
-                     (unsigned long long)r->x_bytes, r->model, r->tensor, r->ncols,
-                     (unsigned long long)K);
+    rc = check_x(r, K);
     if (rc == 0) rc = bias_vector(d, r, M, &bias);
     nwcd_ipc_buf x = {{0}, r->in_off, r->x_bytes};
     memcpy(x.handle, r->ipc_x, sizeof x.handle);

@@ -301,6 +301,19 @@ static void check_matvec(nwc_client *c) {
       if (td_t[j].rows == 1 && td_t[j].cols == t->rows) bias = &td_t[j];
     check_matvec_of(c, "use", t, bias);
   }
+  /* an x of the wrong K: said with the tensor's K */
+  const td_tensor *t = &td_t[0];
+  for (size_t i = 1; i < td_nt; i++)
+    if (td_t[i].cols > t->cols) t = &td_t[i];
+  float *x = calloc(t->cols, 4), y[1];
+  char want[600];
+  snprintf(want, sizeof want, "matvec use/%s takes K = %llu floats per column: x of %llu bytes is "
+           "not 1 column of them (%llu bytes)", t->name, (unsigned long long)t->cols,
+           (unsigned long long)(t->cols - 1) * 4, (unsigned long long)t->cols * 4);
+  int rc = nwc_client_matvec(c, "use", t->name, NULL, 1.0f, x, t->cols - 1, 1, 0, y, sizeof y, NULL);
+  CHECK(rc == -EINVAL && strstr(nwc_client_last_error(), want), "matvec with K - 1: %d '%s', not "
+        "'%s'", rc, nwc_client_last_error(), want);
+  free(x);
 }
 
 /* A random matrix times 65..164 columns, with its bias and a scale, against fp64. */
