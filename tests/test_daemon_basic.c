@@ -5,8 +5,9 @@
  * matvec (1 and 3 columns, scale, bias tensor) against an fp64 reference (relative error <=
  * 1e-5; and an fp8 matrix with an fp8 bias, both with row scales: test_daemon_q8.h), a matvec
  * of more columns than one request takes (the library splits it; a y one column short is
- * -ENOSPC naming the whole output's bytes; a submit of as many is -EINVAL), bulk data
- * through the shared region (a large dequant), load/evict/pin/unpin, remove.
+ * -ENOSPC naming the whole output's bytes; a submit of as many is -EINVAL), an x of the wrong K
+ * refused naming the tensor's K, bulk data through the shared region (a large dequant),
+ * load/evict/pin/unpin, remove.
  * devices: the host's place alone, its budget nwcd's --budget and its use ps's sums (all
  * tensors used, none after evicting them, one of two pinned); refused by an older daemon.
  * Then the daemon's edges: a second daemon on the same store is refused, --backend cuda is a
