@@ -610,8 +610,6 @@ bool nwcd_ops_can_batch(const nwcd_job *a, unsigned cols, const nwcd_job *b) {
          !strcmp(x->bias, y->bias);
 }
 
-/* Where the x of job j (ncols dense columns of K floats) is: inline or in the shared region;
- * checks its size and the region's bounds. */
 /* -EINVAL unless r's x is ncols columns of the tensor's K floats. */
 static int check_x(const nwc_proto_req *r, uint64_t K) {
   NWC_RETURN_IF(r->x_bytes != (uint64_t)r->ncols * K * 4, -EINVAL,
@@ -622,6 +620,8 @@ static int check_x(const nwc_proto_req *r, uint64_t K) {
   return 0;
 }
 
+/* Where the x of job j (ncols dense columns of K floats) is: inline or in the shared region;
+ * checks its size and the region's bounds. */
 static int matvec_src(const nwcd_job *j, uint64_t K, const uint8_t **out) {
   const nwc_proto_req *r = &j->req;
   NWC_TRY(check_x(r, K));

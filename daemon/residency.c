@@ -58,12 +58,13 @@
  * whole tensor is ever made: the host keeps only the view's shapes (its per-row scales, where
  * it has them, stay on the device: dev_scales), and such an entry cannot be mapped by
  * clients).  Budgets, LRU eviction and the invariants above hold per place: make_room evicts
- * only entries of the place that needs the bytes.  A device load reserves the blob length plus DEV_SLACK (the 16 KiB lookup table) and
- * then holds the copy's exact size.  A device allocation that fails although the budget
- * allowed it (device memory used by others) evicts LRU entries of that device for the size and
- * retries once; a second failure fails the request with -ENOMEM.  When a device holds no
- * tensor any more, the backend frees its idle work buffers (dev_trim), so evicting everything
- * returns all device memory but the loader's ring (pinned host memory, kept).
+ * only entries of the place that needs the bytes.  A device load reserves the blob length plus
+ * DEV_SLACK (the 16 KiB lookup table) and then holds the copy's exact size.  A device
+ * allocation that fails although the budget allowed it (device memory used by others) evicts
+ * LRU entries of that device for the size and retries once; a second failure fails the request
+ * with -ENOMEM.  When a device holds no tensor any more, the backend frees its idle work buffers
+ * (dev_trim), so evicting everything returns all device memory but the loader's ring (pinned
+ * host memory, kept).
  * A tensor's home is the place its last explicit load or pin named (load_on): a request that
  * names no place and finds it absent, such as a compute request after an LRU eviction, loads it
  * there again, not at the default place (device 0), so that a tensor an operator put in host
