@@ -2,7 +2,11 @@
  * nwc_gpu_bench.c - the layout-0 CUDA kernels against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
- *   nwc_gpu_bench [--quick] [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
+ *   nwc_gpu_bench [--quick] [--layout 0|2] [--cols 1..8] [--sample FILE.safetensors]
+ *                 [--floor-tbps T] [--shape MxK]...
+ *
+ * --layout picks the tensors' layout (BF16; fp8 runs in layout 0 only), --cols the columns of x
+ * multiplied in one call, against cublasGemmEx with as many columns.
  *
  * --shape (repeatable) replaces the nine shapes and leaves out the sample model (for profiling).
  *
@@ -54,6 +58,7 @@ static cudaStream_t stream;
 static cublasHandle_t blas;
 static double l2_bytes, floor_bps = 4.52e12, sm_clock_hz;
 static int sms, quick;
+static unsigned layout, ncols = 1; /* --layout, --cols */
 
 /* ---- random weights ----------------------------------------------------------------------- */
 
@@ -161,13 +166,15 @@ typedef struct nwc_side {
   nwc_k_tensor t[32];
   int copies;
   float *x, *bias, *scratch;
+  uint64_t ldx; /* K16: the columns of x */
   uint16_t *y;
   double bytes; /* compressed bytes a call reads */
 } nwc_side;
 
 static void nwc_linear_call(void *ctx, int c) {
   nwc_side *s = ctx;
-  NW(nwc_k_linear_bf16(&s->t[c], s->x, s->bias, s->y, s->scratch, stream));
+  NW(nwc_k_matvec_cols(&s->t[c], s->x, ncols, s->ldx, s->bias, NULL, s->y, s->t[c].rows, s->scratch,
+                       stream));
 }
 
 typedef struct { nwc_side *s; uint16_t *out; } dq_ctx;
@@ -207,15 +214,20 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   }
   s->copies = copies;
   s->bytes = (double)t->data_bytes + (double)t->raw_bytes + (double)t->nblocks * (8 + NWC_LANES);
-  CU(cudaMalloc((void **)&s->x, lay[NWC_LAYOUT_K16] * 4));
+  s->ldx = lay[NWC_LAYOUT_K16];
+  int64_t scratch = nwc_k_scratch_bytes(&s->t[0], ncols);
+  NW(scratch);
+  CU(cudaMalloc((void **)&s->x, s->ldx * ncols * 4));
   CU(cudaMalloc((void **)&s->bias, t->rows * 4));
-  CU(cudaMalloc((void **)&s->scratch, lay[NWC_LAYOUT_SCRATCH] * 4));
-  CU(cudaMalloc((void **)&s->y, t->rows * 2));
+  CU(cudaMalloc((void **)&s->scratch, (size_t)scratch));
+  CU(cudaMemset(s->scratch, 0, (size_t)scratch));
+  CU(cudaMalloc((void **)&s->y, t->rows * 2 * ncols));
   CU(cudaMemset(s->bias, 0, t->rows * 4));
 }
 
+/* x: ncols columns of K16 floats */
 static void nwc_side_set_x(nwc_side *s, const float *x, uint64_t K16) {
-  CU(cudaMemcpy(s->x, x, K16 * 4, cudaMemcpyHostToDevice));
+  CU(cudaMemcpy(s->x, x, K16 * ncols * 4, cudaMemcpyHostToDevice));
 }
 
 static void nwc_side_free(nwc_side *s) {
@@ -234,12 +246,14 @@ static void blas_call(void *ctx, int c) {
   blas_side *b = ctx;
   const float one = 1.f, zero = 0.f;
   /* W row-major M x K is column-major K x M: y = W^T(col) x. */
-  CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, b->M, 1, b->K, &one, b->w[c], CUDA_R_16BF, b->K,
+  CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, b->M, (int)ncols, b->K, &one, b->w[c], CUDA_R_16BF, b->K,
                   b->x, CUDA_R_16BF, b->K, &zero, b->y, CUDA_R_16BF, b->M, CUBLAS_COMPUTE_32F,
                   CUBLAS_GEMM_DEFAULT));
 }
 
-static void blas_side_init(blas_side *b, const uint16_t *w, uint64_t M, uint64_t K, const float *x) {
+/* x: ncols columns of K16 floats */
+static void blas_side_init(blas_side *b, const uint16_t *w, uint64_t M, uint64_t K, const float *x,
+                           uint64_t K16) {
   memset(b, 0, sizeof *b);
   b->M = (int)M, b->K = (int)K;
   b->copies = copies_for((double)M * K * 2);
@@ -250,11 +264,12 @@ static void blas_side_init(blas_side *b, const uint16_t *w, uint64_t M, uint64_t
     else
       CU(cudaMemcpy(b->w[i], b->w[0], M * K * 2, cudaMemcpyDeviceToDevice));
   }
-  uint16_t *xb = malloc(K * 2);
-  for (uint64_t c = 0; c < K; c++) xb[c] = nwc_f32_to_bf16(x[c]);
-  CU(cudaMalloc((void **)&b->x, K * 2));
-  CU(cudaMalloc((void **)&b->y, M * 2));
-  CU(cudaMemcpy(b->x, xb, K * 2, cudaMemcpyHostToDevice));
+  uint16_t *xb = malloc(K * 2 * ncols);
+  for (unsigned i = 0; i < ncols; i++)
+    for (uint64_t c = 0; c < K; c++) xb[i * K + c] = nwc_f32_to_bf16(x[i * K16 + c]);
+  CU(cudaMalloc((void **)&b->x, K * 2 * ncols));
+  CU(cudaMalloc((void **)&b->y, M * 2 * ncols));
+  CU(cudaMemcpy(b->x, xb, K * 2 * ncols, cudaMemcpyHostToDevice));
   free(xb);
 }
 
@@ -310,12 +325,13 @@ static void bench_shape(uint64_t M, uint64_t K) {
   double t0 = (double)clock() / CLOCKS_PER_SEC;
   uint16_t *w = make_weights(M, K);
   uint64_t lay[4];
-  NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, 0), lay));
+  NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
   uint64_t K16 = lay[NWC_LAYOUT_K16];
-  float *x = calloc(K16, 4);
-  for (uint64_t c = 0; c < K; c++) x[c] = normal();
+  float *x = calloc(K16 * ncols, 4);
+  for (unsigned i = 0; i < ncols; i++)
+    for (uint64_t c = 0; c < K; c++) x[i * K16 + c] = normal();
   nwc_tensor t;
-  NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, 0), NULL, &t));
+  NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, layout), NULL, &t));
   fprintf(stderr, "%llux%llu: made and encoded in %.1f s\n", (unsigned long long)M,
           (unsigned long long)K, (double)clock() / CLOCKS_PER_SEC - t0);
 
@@ -326,18 +342,18 @@ static void bench_shape(uint64_t M, uint64_t K) {
   nwc_side_init(&ns, &t, copies_for(nbytes));
   nwc_side_set_x(&ns, x, K16);
   blas_side bs;
-  blas_side_init(&bs, w, M, K, x);
+  blas_side_init(&bs, w, M, K, x, K16);
   time_calls(nwc_linear_call, &ns, ns.copies, &row->nwc_us, &row->nwc_single);
   time_calls(blas_call, &bs, bs.copies, &row->blas_us, &row->blas_single);
-  double agree = bf16_diff(ns.y, bs.y, M);
+  double agree = bf16_diff(ns.y, bs.y, M * ncols);
   row->floor_us = ns.bytes / floor_bps * 1e6;
   row->ratio_bytes = ns.bytes / ((double)M * K * 2);
   row->clk64 = clk64(row->nwc_us, M, K);
-  printf("{\"bench\":\"linear_bf16\",\"shape\":\"%s\",\"nwc_graph_us\":%.2f,\"nwc_single_us\":%.2f,"
+  printf("{\"bench\":\"linear_bf16\",\"layout\":%u,\"cols\":%u,\"shape\":\"%s\",\"nwc_graph_us\":%.2f,\"nwc_single_us\":%.2f,"
          "\"cublas_graph_us\":%.2f,\"cublas_single_us\":%.2f,\"speedup_graph\":%.3f,"
          "\"nwc_bytes\":%.0f,\"bytes_ratio\":%.4f,\"floor_us\":%.2f,\"nwc_tbps\":%.3f,"
          "\"cublas_tbps\":%.3f,\"clk_per_64w\":%.2f,\"copies\":[%d,%d],\"max_rel_diff_vs_cublas\":%.2e}\n",
-         row->name, row->nwc_us, row->nwc_single, row->blas_us, row->blas_single,
+         layout, ncols, row->name, row->nwc_us, row->nwc_single, row->blas_us, row->blas_single,
          row->blas_us / row->nwc_us, ns.bytes, row->ratio_bytes, row->floor_us,
          ns.bytes / row->nwc_us * 1e-6, (double)M * K * 2 / row->blas_us * 1e-6, row->clk64,
          ns.copies, bs.copies, agree);
@@ -374,7 +390,11 @@ static void bench_shape(uint64_t M, uint64_t K) {
   nwc_side_free(&ns);
   nwc_tensor_release(&t);
 
-  /* fp8: NWC linear on the quantized weights against the plain fp8 matvec */
+  /* fp8: NWC linear on the quantized weights against the plain fp8 matvec (layout 0, 1 column) */
+  if (layout != 0 || ncols != 1) {
+    free(x), free(w);
+    return;
+  }
   uint8_t *q = malloc(M * K);
   float *scale = malloc(M * 4);
   NW(nwc_quantize_fp8(w, M, K, q, scale));
@@ -442,16 +462,17 @@ static void bench_sample(const char *path) {
     if (strcmp(st->dtype, "BF16") || st->ndim != 2) continue;
     uint64_t M = st->shape[0], K = st->shape[1], lay[4];
     const uint16_t *w = nwc_st_data(f, st);
-    NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, 0), lay));
-    float *x = calloc(lay[NWC_LAYOUT_K16], 4);
-    for (uint64_t c = 0; c < K; c++) x[c] = normal();
+    NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
+    float *x = calloc(lay[NWC_LAYOUT_K16] * ncols, 4);
+    for (unsigned j = 0; j < ncols; j++)
+      for (uint64_t c = 0; c < K; c++) x[j * lay[NWC_LAYOUT_K16] + c] = normal();
     nwc_tensor t;
-    NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, 0), NULL, &t));
+    NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, layout), NULL, &t));
     nwc_side_init(&m.ns[m.n], &t, copies);
     nwc_side_set_x(&m.ns[m.n], x, lay[NWC_LAYOUT_K16]);
     nbytes += m.ns[m.n].bytes;
     weights += (double)M * K;
-    blas_side_init(&m.bs[m.n], w, M, K, x);
+    blas_side_init(&m.bs[m.n], w, M, K, x, lay[NWC_LAYOUT_K16]);
     /* the same number of copies on both sides */
     for (int c = m.bs[m.n].copies; c < copies; c++) {
       CU(cudaMalloc((void **)&m.bs[m.n].w[c], M * K * 2));
@@ -493,7 +514,13 @@ int main(int argc, char **argv) {
       shapes[given][0] = m, shapes[given][1] = k, nshapes = ++given, sample = NULL;
     else if (!strcmp(argv[i], "--sample") && i + 1 < argc) sample = argv[++i];
     else if (!strcmp(argv[i], "--floor-tbps") && i + 1 < argc) floor_bps = atof(argv[++i]) * 1e12;
-    else DIE("usage: nwc_gpu_bench [--quick] [--sample FILE] [--floor-tbps T] [--shape MxK]...");
+    else if (!strcmp(argv[i], "--layout") && i + 1 < argc) layout = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--cols") && i + 1 < argc) ncols = (unsigned)atoi(argv[++i]);
+    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|2] [--cols 1..8] [--sample FILE] "
+             "[--floor-tbps T] [--shape MxK]...");
+  }
+  if ((layout != 0 && layout != 2) || ncols < 1 || ncols > 8) {
+    DIE("--layout takes 0 or 2 and --cols 1..8 (layout %u, cols %u)", layout, ncols);
   }
   int dev = 0, l2 = 0, clk = 0, drv = 0;
   CU(cudaGetDevice(&dev));

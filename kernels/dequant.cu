@@ -13,6 +13,7 @@
  * Variants: dequant_kernel<BF16|FP8>, gather_kernel<BF16|FP8>.
  */
 #include "host.cuh"
+#include "layout2.cuh"
 
 namespace nwc_k {
 namespace {
@@ -82,6 +83,7 @@ gather_kernel(Geom g, const uint32_t *tab, const uint64_t *rows, uint32_t n, uin
 } /* namespace nwc_k */
 
 extern "C" int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t stream) {
+  if (t && NWC_ELEM_LAYOUT(t->elem) == 2) return nwc_k::l2_rows(t, NULL, 0, out, stream);
   nwc_k::Geom g;
   unsigned type;
   int rc = nwc_k::geom_of(t, &g, &type);
@@ -99,6 +101,10 @@ extern "C" int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t 
 
 extern "C" int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out,
                             cudaStream_t stream) {
+  if (t && NWC_ELEM_LAYOUT(t->elem) == 2) {
+    if (n && !rows) return -EINVAL;
+    return nwc_k::l2_rows(t, rows, n, out, stream);
+  }
   nwc_k::Geom g;
   unsigned type;
   int rc = nwc_k::geom_of(t, &g, &type);

@@ -16,6 +16,7 @@
  * Variants: matvec_kernel<BF16>, matvec_kernel<FP8>; finalize_kernel; ref_fp8_kernel.
  */
 #include "host.cuh"
+#include "layout2.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -201,16 +202,31 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
 } /* namespace */
 } /* namespace nwc_k */
 
+extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
+                                 const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                                 void *scratch, cudaStream_t stream) {
+  if (!t) return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 2)
+    return nwc_k::l2_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+  if (!x || ncols < 1 || ncols > 8 || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;
+  for (unsigned c = 0; c < ncols; c++) {
+    int rc = nwc_k::launch_matvec(t, x + c * ldx, bias, y ? y + c * ldy : NULL,
+                                  y_bf16 ? y_bf16 + c * ldy : NULL, static_cast<float *>(scratch), stream);
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
 extern "C" int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
                                  uint16_t *y, float *scratch, cudaStream_t stream) {
   if (!y) return -EINVAL;
-  return nwc_k::launch_matvec(t, x, bias, NULL, y, scratch, stream);
+  return nwc_k_matvec_cols(t, x, 1, 0, bias, NULL, y, 0, scratch, stream);
 }
 
 extern "C" int nwc_k_matvec(const nwc_k_tensor *t, const float *x, const float *bias, float *y,
                             float *scratch, cudaStream_t stream) {
   if (!y) return -EINVAL;
-  return nwc_k::launch_matvec(t, x, bias, y, NULL, scratch, stream);
+  return nwc_k_matvec_cols(t, x, 1, 0, bias, y, NULL, 0, scratch, stream);
 }
 
 extern "C" int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const float *x,

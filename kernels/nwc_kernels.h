@@ -1,9 +1,10 @@
 /*
- * nwc_kernels.h - the CUDA kernels for layout 0 (BF16 and fp8): linear/matvec, dequant, gather,
- * and the plain fp8 matvec they are measured against.  C ABI, usable from C17.
+ * nwc_kernels.h - the CUDA kernels: linear/matvec, dequant and gather for layout 0 (BF16 and fp8)
+ * and layout 2 (BF16; docs/format-layouts.md), dispatched on the tensor's layout, and the plain fp8
+ * matvec they are measured against.  C ABI, usable from C17.
  *
  * A tensor lives on the device as an nwc_k_tensor: the arrays of an nwc_tensor (docs/format.md)
- * copied to device memory plus its 4096-word lookup table.  nwc_k_tensor_upload() makes one from
+ * copied to device memory plus its 4096-word lookup table (layout 0) and psym.  nwc_k_tensor_upload() makes one from
  * a validated host tensor; a daemon that loads the arrays itself fills the struct directly (all
  * pointers device pointers, the table from nwc_build_tab).
  *
@@ -42,6 +43,7 @@ typedef struct nwc_k_tensor {
   const uint8_t *data;    /* data_bytes, NWC_DATA_SLACK zero bytes at the end */
   const uint8_t *raw;     /* rows * raw stride */
   const float *scale;     /* rows floats, or NULL for 1 */
+  uint8_t psym[16];       /* the tensor's psym (layout 2 reads its lut from here) */
   void *owned;            /* the one device allocation behind the pointers (upload), or NULL */
 } nwc_k_tensor;
 
@@ -52,14 +54,31 @@ NWC_EXTERN int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStr
 /* Frees what upload allocated and zeroes *d; NULL or a borrowed view frees nothing. */
 NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 
+/* Bytes of scratch the matvec entries need for ncols (1..8) columns of x, or a negative errno.
+ * Zero the scratch once (cudaMemset) before its first use: layout 2 keeps counters in it that
+ * every call leaves at zero; layout 0 overwrites it.  One scratch serves one call at a time. */
+NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
+
 /* The cudaError_t of the last -EIO on this thread (0 if none). */
 NWC_EXTERN int nwc_k_last_cuda_error(void);
 
 /*
- * y = scale * (W x) + bias, rounded to BF16 (nearest even).  x: K16 floats (K16 = K rounded up to
- * 16), x[K..K16) must be 0.  bias: rows floats or NULL.  scratch: NWC_LAYOUT_SCRATCH floats of
- * nwc_layout() (partial sums per row and column block; overwritten).  One persistent block of 1024
- * threads per SM decodes and multiplies; a finalize kernel adds the partial sums.
+ * Y = scale * (W X) + bias for ncols (1..8) columns in one pass over the weights.  Column c of X
+ * is x + c * ldx (16-byte aligned, ldx a multiple of 4 and >= K); layout 0 reads K16 floats of it
+ * (x[K..K16) must be 0), layout 2 reads the first K.  bias: rows floats or NULL.  Column c of the
+ * result goes to y + c * ldy (fp32) and/or y_bf16 + c * ldy (BF16, nearest even); either may be
+ * NULL, not both.  scratch: nwc_k_scratch_bytes(t, ncols) bytes (see there).  Layout 0 runs its
+ * one-column kernels once per column; layout 2 multiplies all columns on the tensor cores.
+ */
+NWC_EXTERN int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
+                                 const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                                 void *scratch, cudaStream_t stream);
+
+/*
+ * y = scale * (W x) + bias, rounded to BF16 (nearest even): nwc_k_matvec_cols with one column.
+ * x: K16 floats (K16 = K rounded up to 16), x[K..K16) must be 0.  bias: rows floats or NULL.
+ * scratch: nwc_k_scratch_bytes(t, 1) bytes, zeroed before its first use (layout 0: the
+ * NWC_LAYOUT_SCRATCH floats of nwc_layout(), partial sums per row and column block).
  */
 NWC_EXTERN int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
                                  uint16_t *y, float *scratch, cudaStream_t stream);

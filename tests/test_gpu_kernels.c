@@ -11,7 +11,9 @@
  * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
  * run, so a missing write shows as a mismatch.  Shapes: 1x1, 7x13, 8x512, 9x513, 16x11008,
  * 151936x64 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
- * all-equal, and (BF16) an escaped weight on every lane.  NWC_TEST_QUICK=1 keeps only the
+ * all-equal, and (BF16) an escaped weight on every lane (in layout 2 most weights are exceptions
+ * then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 runs in layouts 0 and 2, fp8
+ * in layout 0; matvec multiplies 1..3 columns at once in layout 0 and 1..8 in layout 2.  NWC_TEST_QUICK=1 keeps only the
  * shapes below a million weights and leaves out the sample (for runs under compute-sanitizer).
  */
 #include "nwc.h"
@@ -115,10 +117,10 @@ static void *dalloc(size_t bytes) {
 
 /* Runs every kernel on one tensor; w: original weights (BF16 or fp8 bytes), scale may be NULL. */
 static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t K, unsigned type,
-                         const float *scale) {
+                         unsigned layout, const float *scale) {
   nwc_tensor t;
   nwc_k_tensor d;
-  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type, 0), scale, &t);
+  int rc = nwc_tensor_encode(w, M, K, NWC_ELEM(type, layout), scale, &t);
   CHECK_RC(rc);
   if (rc < 0) return;
   rc = nwc_k_tensor_upload(&t, &d, stream);
@@ -173,39 +175,57 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CU(cudaFree(d_rows));
   free(rows);
 
-  /* matvec (fp32) and linear (BF16) against fp64 */
-  float *x = calloc(K16, sizeof *x), *bias = malloc(M * sizeof *bias), *y = malloc(M * sizeof *y);
-  for (uint64_t c = 0; c < K; c++) x[c] = (float)normal();
+  /* matvec (fp32) of 1..8 columns at once against fp64; linear (BF16) of one column below */
+  const unsigned maxcols = layout == 2 ? 8 : 3;
+  float *x = calloc(K16 * maxcols, sizeof *x), *bias = malloc(M * sizeof *bias),
+        *y = malloc(M * maxcols * sizeof *y);
+  for (uint64_t i = 0; i < maxcols; i++)
+    for (uint64_t c = 0; c < K; c++) x[i * K16 + c] = (float)normal();
   for (uint64_t r = 0; r < M; r++) bias[r] = (float)(0.1 * normal());
-  double *wd = weights_f64(w, M, K, type, scale), *ref = malloc(M * sizeof *ref),
-         *mag = malloc(M * sizeof *mag);
-  for (uint64_t r = 0; r < M; r++) {
-    double s = bias[r], a = fabs(bias[r]);
-    for (uint64_t c = 0; c < K; c++) s += wd[r * K + c] * x[c], a += fabs(wd[r * K + c] * x[c]);
-    ref[r] = s;
-    mag[r] = a;
-  }
-  float *d_x = dalloc(K16 * 4), *d_bias = dalloc(M * 4), *d_y = dalloc(M * 4),
-        *d_scratch = dalloc(lay[NWC_LAYOUT_SCRATCH] * 4);
-  CU(cudaMemcpyAsync(d_x, x, K16 * 4, cudaMemcpyHostToDevice, stream));
+  double *wd = weights_f64(w, M, K, type, scale), *ref = malloc(M * maxcols * sizeof *ref),
+         *mag = malloc(M * maxcols * sizeof *mag);
+  for (uint64_t i = 0; i < maxcols; i++)
+    for (uint64_t r = 0; r < M; r++) {
+      double s = bias[r], a = fabs(bias[r]);
+      for (uint64_t c = 0; c < K; c++)
+        s += wd[r * K + c] * x[i * K16 + c], a += fabs(wd[r * K + c] * x[i * K16 + c]);
+      ref[i * M + r] = s;
+      mag[i * M + r] = a;
+    }
+  int64_t scratch_bytes = nwc_k_scratch_bytes(&d, maxcols);
+  CHECK(scratch_bytes > 0, "%s: scratch_bytes: %lld", label, (long long)scratch_bytes);
+  float *d_x = dalloc(K16 * maxcols * 4), *d_bias = dalloc(M * 4), *d_y = dalloc(M * maxcols * 4),
+        *d_scratch = dalloc((size_t)scratch_bytes);
+  CU(cudaMemcpyAsync(d_x, x, K16 * maxcols * 4, cudaMemcpyHostToDevice, stream));
   CU(cudaMemcpyAsync(d_bias, bias, M * 4, cudaMemcpyHostToDevice, stream));
-  CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
-  CU(cudaMemsetAsync(d_scratch, 0xff, lay[NWC_LAYOUT_SCRATCH] * 4, stream));
-  CHECK_RC(nwc_k_matvec(&d, d_x, d_bias, d_y, d_scratch, stream));
-  CU(cudaMemcpyAsync(y, d_y, M * 4, cudaMemcpyDeviceToHost, stream));
-  CU(cudaStreamSynchronize(stream));
-  double num = 0, den = 0, noise = 0;
-  for (uint64_t r = 0; r < M; r++) {
-    double e = (double)y[r] - ref[r];
-    num += isfinite(y[r]) ? e * e : INFINITY;
-    den += ref[r] * ref[r];
-    noise += mag[r] * mag[r];
+  CU(cudaMemsetAsync(d_scratch, 0, (size_t)scratch_bytes, stream));
+  double rel = 0;
+  for (unsigned ncols = 1; ncols <= maxcols; ncols++) {
+    CU(cudaMemsetAsync(d_y, 0xff, M * maxcols * 4, stream));
+    CHECK_RC(nwc_k_matvec_cols(&d, d_x, ncols, K16, d_bias, d_y, NULL, M, d_scratch, stream));
+    CU(cudaMemcpyAsync(y, d_y, M * maxcols * 4, cudaMemcpyDeviceToHost, stream));
+    CU(cudaStreamSynchronize(stream));
+    for (unsigned i = 0; i < ncols; i++) {
+      double num = 0, den = 0, noise = 0;
+      for (uint64_t r = 0; r < M; r++) {
+        double e = (double)y[i * M + r] - ref[i * M + r];
+        num += isfinite(y[i * M + r]) ? e * e : INFINITY;
+        den += ref[i * M + r] * ref[i * M + r];
+        noise += mag[i * M + r] * mag[i * M + r];
+      }
+      double ri = den > 0 ? sqrt(num / den) : sqrt(num);
+      rel = ri > rel ? ri : rel;
+      /* A vector of a few rows can cancel to far below its terms (the sample's 1 x N tensors):
+       * then the fp32 sum's own rounding, not the decoder, sets the error, and 2^-20 of the
+       * terms' norm is the bound it is held to instead. */
+      CHECK(ri <= 1e-5 || sqrt(num) <= 0x1p-20 * sqrt(noise),
+            "%s: matvec of %u columns: column %u: relative error %.3g", label, ncols, i, ri);
+    }
+    uint64_t untouched = 0;
+    for (uint64_t i = (uint64_t)ncols * M; i < (uint64_t)maxcols * M; i++) untouched += !isnan(y[i]);
+    CHECK(untouched == 0, "%s: matvec of %u columns wrote %llu values past them", label, ncols,
+          (unsigned long long)untouched);
   }
-  double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-  /* A vector of a few rows can cancel to far below its terms (the sample's 1 x N tensors): then
-   * the fp32 sum's own rounding, not the decoder, sets the error, and 2^-20 of the terms' norm is
-   * the bound it is held to instead. */
-  CHECK(rel <= 1e-5 || sqrt(num) <= 0x1p-20 * sqrt(noise), "%s: matvec: relative error %.3g", label, rel);
 
   uint16_t *yb = malloc(M * 2);
   CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
@@ -242,23 +262,56 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   nwc_tensor_release(&t);
 }
 
-/* BF16 weights checked as BF16 (with a row scale when with_scale) and quantized to fp8. */
+/* BF16 weights checked as BF16 in layouts 0 and 2 (with a row scale when with_scale) and
+ * quantized to fp8 (layout 0). */
 static void check_both(const char *what, const uint16_t *w, uint64_t M, uint64_t K, int with_scale) {
   char label[128];
   float *scale = malloc(M * sizeof *scale);
   for (uint64_t r = 0; r < M; r++) scale[r] = (float)exp(0.3 * normal());
-  snprintf(label, sizeof label, "%s %llux%llu bf16%s", what, (unsigned long long)M,
-           (unsigned long long)K, with_scale ? "+scale" : "");
-  check_tensor(label, w, M, K, NWC_ELEM_BF16, with_scale ? scale : NULL);
+  static const unsigned layouts[] = {0, 2};
+  for (unsigned l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+    snprintf(label, sizeof label, "%s %llux%llu bf16%s L%u", what, (unsigned long long)M,
+             (unsigned long long)K, with_scale ? "+scale" : "", layouts[l]);
+    check_tensor(label, w, M, K, NWC_ELEM_BF16, layouts[l], with_scale ? scale : NULL);
+  }
   uint8_t *q = malloc(M * K);
   int rc = nwc_quantize_fp8(w, M, K, q, scale);
   CHECK_RC(rc);
   if (rc == 0) {
-    snprintf(label, sizeof label, "%s %llux%llu fp8", what, (unsigned long long)M, (unsigned long long)K);
-    check_tensor(label, q, M, K, NWC_ELEM_FP8, scale);
+    snprintf(label, sizeof label, "%s %llux%llu fp8 L0", what, (unsigned long long)M,
+             (unsigned long long)K);
+    check_tensor(label, q, M, K, NWC_ELEM_FP8, 0, scale);
   }
   free(q);
   free(scale);
+}
+
+/* Layout 2 at its limit: 16 x 1024 BF16 weights of 7 common exponent bytes where one lane of each
+ * block (lane 0 of block 0, lane 31 of block 1) has 255 weights of 8 rare exponent bytes, each an
+ * exception: 255 entries, the most a lane may have. */
+static void check_exceptions_255(void) {
+  const uint64_t M = 16, K = 1024;
+  uint16_t *w = malloc(M * K * sizeof *w);
+  for (uint64_t i = 0; i < M * K; i++)
+    w[i] = (uint16_t)((unsigned)test_below(2) << 15 | (0x3cu - (unsigned)test_below(7)) << 8 |
+                      (unsigned)test_below(256));
+  for (unsigned cb = 0; cb < 2; cb++) {
+    const unsigned lane = cb ? 31 : 0, r = lane >> 2, q = lane & 3;
+    for (unsigned k = 0; k < 255; k++) {
+      const unsigned sc = k >> 4, j = k & 15;
+      const uint64_t row = r + 8 * ((j >> 1) & 1);
+      const uint64_t col = 512 * cb + 32 * sc + 8 * q + 4 * (j >> 3) + 2 * ((j >> 2) & 1) + (j & 1);
+      w[row * K + col] = (uint16_t)((unsigned)test_below(2) << 15 | (0x10u + k % 8) << 8 |
+                                    (unsigned)test_below(256));
+    }
+  }
+  nwc_tensor t;
+  CHECK_RC(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, 2), NULL, &t));
+  CHECK(t.hdr && t.hdr[0] == 255 && t.hdr[32 + 31] == 255, "exceptions_255: the lanes have %u and %u entries",
+        t.hdr ? t.hdr[0] : 0, t.hdr ? t.hdr[32 + 31] : 0);
+  nwc_tensor_release(&t);
+  check_tensor("exceptions_255 16x1024 bf16 L2", w, M, K, NWC_ELEM_BF16, 2, NULL);
+  free(w);
 }
 
 static void check_api(void) {
@@ -319,6 +372,7 @@ int main(void) {
       check_both(kind_name[k], w, M, K, (int)(s & 1));
       free(w);
     }
+  check_exceptions_255();
   if (!quick) check_sample();
   CU(cudaStreamDestroy(stream));
   return test_exit(NAME);

@@ -1,0 +1,113 @@
+/*
+ * layout2.cuh - layout 2 (docs/format-layouts.md §2, §4) as the kernels see it: the geometry, the
+ * slot decoder that turns a lane's nibbles and low bytes into mma.m16n8k16 A fragments, and the
+ * walk over a lane's exception entries.  Device code shared by layout2.cu's kernels.
+ *
+ * A slot is 16 rows x 32 columns of one row group; lane L (r = L >> 2, q = L & 3) owns its weights
+ * j = 8h + 2a + e at row r + 8 (a & 1), column 8q + 4h + 2 (a >> 1) + e, which is exactly the
+ * A operand of two mma.m16n8k16 (h = 0, 1), register a, half e, once the tensor's columns are
+ * renamed so that logical k = 2q + 8 (a >> 1) + e of step h is column 8q + 4h + 2 (a >> 1) + e.
+ * The B operand follows the same renaming: lane (n = r, q) holds x[n][8q + 4h .. 8q + 4h + 3] in
+ * its two B registers of step h, one contiguous float4 per step.
+ *
+ * Decoding a BF16 slot (8 nibble bytes, 16 low bytes per lane) is all byte permutes: the high
+ * byte of 4 weights is one prmt of the nibbles (rank in bits 0..2) into the lut psym[0..7], the
+ * sign byte one prmt in sign-replicate mode (nibble bit 3) of a 0x7f table, one lop3 merges them,
+ * and two prmts interleave high and low bytes into BF16 pairs.  An exception's nibble (0x7)
+ * decodes to +0; its entry adds the true weight (the matvec on the CUDA cores, dequant by a
+ * store), so the planes never need patching.
+ *
+ * Bounds: a slot's reads are inside the raw area (validated size); exception entries are read
+ * from [bases[b], bases[b] + E * N(b)), inside data; what the kernels trust is in docs/kernels.md.
+ */
+#ifndef NWC_LAYOUT2_CUH
+#define NWC_LAYOUT2_CUH
+
+#include "nwc_kernels.h"
+
+#include <stdint.h>
+
+namespace nwc_k {
+
+/* The tensor as layout 2's kernels see it (device pointers; 32-bit counts checked by the host). */
+struct L2Geom {
+  const uint64_t *bases;
+  const uint8_t *hdr;
+  const uint8_t *data;
+  const uint8_t *nib; /* the nibble plane: 256 bytes per (row group, slot) */
+  const uint8_t *low; /* the low plane right behind it */
+  uint32_t lut[4];    /* psym as words: lut[0..1] high bytes of ranks 0..7, lut[2..3] fp8 bit 7 */
+  uint32_t M, K, K16, CB, S, RB, nsc_last, nblocks;
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+/* High bytes (sign | psym[rank]) of the 4 weights whose nibbles are the low 16 bits of n. */
+__device__ __forceinline__ uint32_t high_bytes(uint32_t n, uint32_t lut0, uint32_t lut1) {
+  uint32_t mag = prmt(lut0, lut1, n & 0x7777u);     /* psym[rank] */
+  uint32_t pos = prmt(0x7f7f7f7fu, 0x7f7f7f7fu, n); /* 0x7f where the sign is 0, else 0x00 */
+  return mag | (~pos & 0x80808080u);
+}
+
+/* The 8 A registers of one BF16 slot: A[4h + a] = weights 8h + 2a (low half), 8h + 2a + 1. */
+__device__ __forceinline__ void decode_bf16_slot(uint2 nib, uint4 low, uint32_t lut0, uint32_t lut1,
+                                                 uint32_t A[8]) {
+  const uint32_t n[2] = {nib.x, nib.y}, lo[4] = {low.x, low.y, low.z, low.w};
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    uint32_t h0 = high_bytes(n[h], lut0, lut1), h1 = high_bytes(n[h] >> 16, lut0, lut1);
+    A[4 * h + 0] = prmt(lo[2 * h], h0, 0x5140u);
+    A[4 * h + 1] = prmt(lo[2 * h], h0, 0x7362u);
+    A[4 * h + 2] = prmt(lo[2 * h + 1], h1, 0x5140u);
+    A[4 * h + 3] = prmt(lo[2 * h + 1], h1, 0x7362u);
+  }
+}
+
+/* Where weight j of lane (r, q) lies inside its slot: row 0..15, column 0..31. */
+__device__ __forceinline__ uint32_t frag_row(uint32_t r, uint32_t j) { return r + 8 * ((j >> 1) & 1); }
+__device__ __forceinline__ uint32_t frag_col(uint32_t q, uint32_t j) {
+  return 8 * q + 4 * (j >> 3) + 2 * ((j >> 2) & 1) + (j & 1);
+}
+
+/* Exclusive prefix sum of v over the warp's lanes. */
+__device__ __forceinline__ uint32_t lane_prefix(uint32_t v) {
+  const uint32_t lane = threadIdx.x & 31u;
+  uint32_t s = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    uint32_t t = __shfl_up_sync(0xffffffffu, s, d);
+    if (lane >= (uint32_t)d) s += t;
+  }
+  return s - v;
+}
+
+/* A lane's exception entries of block b: count and the first entry's byte offset in data. */
+struct Exceptions {
+  const uint8_t *p;
+  uint32_t n;
+  __device__ __forceinline__ void open(const L2Geom &g, uint32_t b, unsigned esize) {
+    const uint32_t lane = threadIdx.x & 31u;
+    n = g.hdr[(uint64_t)b * 32 + lane];
+    p = g.data + g.bases[b] + esize * lane_prefix(n);
+  }
+};
+
+/* bf16 bits (low half of a word) to fp32. */
+__device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+
+/* The host side of layout2.cu, called by the nwc_k_* entries: checks and geometry of a layout-2
+ * tensor (-ENOTSUP for another layout or type), scratch size, the matvec (1..8 columns), and
+ * dequant (rows == NULL) or gather. */
+int l2_geom_of(const nwc_k_tensor *t, L2Geom *g);
+int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols);
+int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+              float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream);
+int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream);
+
+} /* namespace nwc_k */
+
+#endif /* NWC_LAYOUT2_CUH */
