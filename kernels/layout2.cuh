@@ -11,8 +11,8 @@
  * its two B registers of step h, one contiguous float4 per step.
  *
  * Decoding a BF16 slot (8 nibble bytes, 16 low bytes per lane) is all byte permutes: the high
- * byte of 4 weights is one prmt of the nibbles (rank in bits 0..2) into the lut psym[0..7], the
- * sign byte one prmt in sign-replicate mode (nibble bit 3) of a 0x7f table, one lop3 merges them,
+ * byte of 4 weights is one prmt of the nibbles (rank in bits 0..2) into the lut psym[0..7], their
+ * signs one prmt that lines the nibbles' bit 3 up with the bytes' bit 7, one lop3 merges them,
  * and two prmts interleave high and low bytes into BF16 pairs.  An exception's nibble (0x7)
  * decodes to +0; its entry adds the true weight (the matvec on the CUDA cores, dequant by a
  * store), so the planes never need patching.
@@ -46,20 +46,18 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-/* High bytes (sign | psym[rank]) of the 4 weights whose nibbles are the low 16 bits of n. */
-__device__ __forceinline__ uint32_t high_bytes(uint32_t n, uint32_t lut0, uint32_t lut1) {
-  uint32_t mag = prmt(lut0, lut1, n & 0x7777u);     /* psym[rank] */
-  uint32_t pos = prmt(0x7f7f7f7fu, 0x7f7f7f7fu, n); /* 0x7f where the sign is 0, else 0x00 */
-  return mag | (~pos & 0x80808080u);
-}
-
-/* The 8 A registers of one BF16 slot: A[4h + a] = weights 8h + 2a (low half), 8h + 2a + 1. */
+/* The 8 A registers of one BF16 slot: A[4h + a] = weights 8h + 2a (low half), 8h + 2a + 1.
+ * Per 4 weights (nibbles k = 0..3, 16 bits): the magnitude bytes psym[rank] are one prmt of the
+ * rank bits; the sign of nibble k (bit 4k + 3) reaches bit 8k + 7 through one prmt that takes
+ * byte 0, 1 of (n << 4) and of n alternately (selector 0x5140; 0x7362 for nibbles 4..7). */
 __device__ __forceinline__ void decode_bf16_slot(uint2 nib, uint4 low, uint32_t lut0, uint32_t lut1,
                                                  uint32_t A[8]) {
   const uint32_t n[2] = {nib.x, nib.y}, lo[4] = {low.x, low.y, low.z, low.w};
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    uint32_t h0 = high_bytes(n[h], lut0, lut1), h1 = high_bytes(n[h] >> 16, lut0, lut1);
+    const uint32_t m = n[h] & 0x77777777u, n4 = n[h] << 4;
+    const uint32_t h0 = prmt(lut0, lut1, m) | (prmt(n4, n[h], 0x5140u) & 0x80808080u);
+    const uint32_t h1 = prmt(lut0, lut1, m >> 16) | (prmt(n4, n[h], 0x7362u) & 0x80808080u);
     A[4 * h + 0] = prmt(lo[2 * h], h0, 0x5140u);
     A[4 * h + 1] = prmt(lo[2 * h], h0, 0x7362u);
     A[4 * h + 2] = prmt(lo[2 * h + 1], h1, 0x5140u);
