@@ -3,27 +3,31 @@
  * the tensor cores, dequant and gather.  Reached through the nwc_k_* entries of nwc_kernels.h,
  * which dispatch on the tensor's layout (l2_* below).
  *
- * Matvec design.  The unit of work is one format block (row group g, column block cb: 16 rows x
- * up to 16 slots of 32 columns); warps grid-stride over the blocks.  Per slot a lane loads its 8
- * nibble bytes and 16 low bytes (streaming loads that skip L1, so that L1 keeps x) and, for the
- * lanes r < ncols, its 8 activations x[r][32 s + 8q ..] (two float4, L1-cached); the slot decodes
- * into two A fragments (layout2.cuh) and the activations are split into two BF16 parts,
- * x = hi + lo (x to 16 significant bits: the products are exact in the fp32 accumulators, which
- * keeps the result within fp32 rounding of the fp64 reference); four mma.m16n8k16 per slot
- * accumulate 16 rows x 8 columns.  Loads run kDepth slots ahead in a rotating register buffer.
- * After the block's slots, each lane adds its exception entries (the weights the planes decode
- * to +0) times fp32 x on the CUDA cores, in entry order, and a shuffle sums them over the four
- * lanes of a row into the fragment.
+ * Matvec design.  The work is cut into units: a row group (16 rows) whole, or, when there are too
+ * few row groups to give every resident warp one, F parts of it, each a run of column blocks.  A
+ * warp streams its units' slots (32 columns each) through a ring of shared-memory entries filled
+ * by cp.async kRing - 1 slots ahead (l2_stream), so that many bytes are in flight without
+ * registers.  Per slot a lane decodes its A fragments from the entry (layout2.cuh), loads its 8
+ * activations x[r][32 s + 8q ..] (lanes r < ncols; two float4 from L1/L2) and splits them into
+ * three BF16 parts, x = hi + mid + lo (to 24 bits: with exact products and fp32 accumulation the
+ * result is within fp32 rounding of the fp64 reference); six mma.m16n8k16 per slot, in two
+ * accumulator chains, multiply 16 rows by 8 columns.  After a block's last slot each lane adds
+ * its exception entries (the weights the planes decode to +0) times fp32 x on the CUDA cores, in
+ * entry order; at the unit's end a shuffle sums them over the four lanes of a row into the
+ * fragment.
  *
- * Column blocks of one row group are summed without atomics on values: each block writes its
- * 16 x ncols partial sums to scratch, then counts itself in its row group's counter; the block
- * that completes the count adds the row group's partial sums in column-block order (so the result
- * does not depend on scheduling), applies scale and bias, writes fp32 and/or BF16, and resets
- * the counter to zero.  Scratch: RB counters (zero before the first call; every call leaves them
- * zero), then NB x 16 x NC floats.
+ * A unit that is a whole row group writes its rows.  Parts of a row group are summed without
+ * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
+ * its row group's counter; the part that completes the count adds the row group's partial sums
+ * in part order (so the result does not depend on scheduling), applies scale and bias, writes
+ * fp32 and/or BF16, and resets the counter to zero.  Scratch: RB counters (zero before the first
+ * call; every call leaves them zero), then units x 16 x NC floats.
  *
- * Variants: l2_matvec_kernel<NC> for NC = 1, 2, 4, 8 columns (ncols rounded up); dequant and
- * gather kernels (BF16).
+ * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
+ * stores, then the exceptions' weights; gather decodes the blocks of a requested row's group.
+ *
+ * Variants: l2_matvec_kernel<NC> for NC = 1, 2, 4, 8 columns (ncols rounded up),
+ * l2_dequant_kernel, l2_gather_kernel (BF16).
  */
 #include "host.cuh"
 #include "layout2.cuh"
@@ -33,32 +37,37 @@
 namespace nwc_k {
 namespace {
 
-constexpr unsigned kL2Threads = 256; /* 8 warps; 2 CTAs per SM at <= 128 registers */
-constexpr int kDepth = 4;            /* slots in flight per warp */
+constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps; /* 3 CTAs per SM */
+constexpr unsigned kRing = 8;      /* slots staged per warp */
+constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
+constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
+constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
+
+/* How the row groups are cut into units of work: F parts of `per` column blocks each. */
+struct L2Work {
+  uint32_t units, F, per;
+};
 
 struct L2Matvec {
   const float *x;
   uint64_t ldx, ldy;
-  uint32_t ncols;
+  uint32_t ncols, K;
   const float *scale, *bias;
   float *y;
   uint16_t *y_bf16;
-  uint32_t *count; /* RB counters */
-  float *part;     /* NB x 16 x NC partial sums */
+  uint32_t *count; /* RB counters (F > 1) */
+  float *part;     /* RB x F x 16 x NC partial sums (F > 1) */
 };
 
-__device__ __forceinline__ uint2 ld_stream2(const uint2 *p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
+__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(saddr), "l"(gmem));
 }
-__device__ __forceinline__ uint4 ld_stream4(const uint4 *p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
 }
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -68,67 +77,152 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Two fp32 values as BF16 pairs hi (round to nearest) and lo = BF16 of what hi misses. */
-__device__ __forceinline__ void split2(float v0, float v1, uint32_t &hi, uint32_t &lo) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-  hi = *reinterpret_cast<uint32_t *>(&h);
-  __nv_bfloat162 l = __floats2bfloat162_rn(v0 - __uint_as_float(hi << 16), v1 - __uint_as_float(hi & 0xffff0000u));
-  lo = *reinterpret_cast<uint32_t *>(&l);
+/* Two fp32 values as three BF16 pairs, x = hi + mid + lo to 24 significant bits: each part is
+ * the BF16 (nearest) of what the parts before it miss, so the sum is x to within 2^-25 |x|. */
+__device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {
+#pragma unroll
+  for (int i = 0; i < 3; i++) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    p[i] = *reinterpret_cast<uint32_t *>(&h);
+    v0 -= __uint_as_float(p[i] << 16);
+    v1 -= __uint_as_float(p[i] & 0xffff0000u);
+  }
 }
 
-/* One slot's loads: nibbles, low bytes, and this lane's 8 activations (zero past K or n >= ncols). */
-struct SlotBuf {
-  uint2 nib;
-  uint4 low;
-  float4 x0, x1;
-  __device__ __forceinline__ void load(const uint2 *np, const uint4 *lp, const float *xp, bool xl,
-                                       uint32_t col, uint32_t K) {
-    nib = ld_stream2(np);
-    low = ld_stream4(lp);
-    x0 = x1 = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!xl) return;
-    if (col + 8 <= K) {
-      x0 = __ldg(reinterpret_cast<const float4 *>(xp));
-      x1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
-    } else {
-      float v[8];
-#pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
-      x0 = make_float4(v[0], v[1], v[2], v[3]);
-      x1 = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  }
-  __device__ __forceinline__ void multiply(const L2Geom &g, float c[4]) const {
-    uint32_t A[8], bh[4], bl[4];
-    decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
-    split2(x0.x, x0.y, bh[0], bl[0]);
-    split2(x0.z, x0.w, bh[1], bl[1]);
-    split2(x1.x, x1.y, bh[2], bl[2]);
-    split2(x1.z, x1.w, bh[3], bl[3]);
-    mma_bf16(c, A, bh[0], bh[1]);
-    mma_bf16(c, A, bl[0], bl[1]);
-    mma_bf16(c, A + 4, bh[2], bh[3]);
-    mma_bf16(c, A + 4, bl[2], bl[3]);
+/* A position in a warp's sequence of slots: unit u (row group grp, part), slot s of the row group
+ * (its column block s / 16), the unit's end. */
+struct Cursor {
+  uint32_t u, grp, part, s, s_end;
+  __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, uint32_t unit) {
+    if (unit >= w.units) return false;
+    u = unit, grp = unit / w.F, part = unit - grp * w.F;
+    const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
+    s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
+    return true;
   }
 };
 
-/* The lane's exception entries of block b times x, summed per row (r, r + 8) and column, then
- * over the row's four lanes into the fragment c. */
-template <int NC>
-__device__ __forceinline__ void add_exceptions(const L2Geom &g, const L2Matvec &a, uint32_t b,
-                                               uint32_t cb, float c[4]) {
-  const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
-  Exceptions ex;
-  ex.open(g, b, 3);
-  float s0[NC], s8[NC];
+/*
+ * Streams a warp's units slot by slot through its ring of kRing shared-memory entries (cp.async,
+ * kRing - 1 slots ahead of the decoder; a block's first slot also brings the block's hdr and
+ * bases[b]) and calls the sink: slot(cursor, A fragments) for every slot, exception(cursor, row
+ * in group, column, weight) for every entry of a block after its last slot, unit_end(cursor)
+ * after a unit.  A lane prefetches its first entry of a block when the block starts (most lanes
+ * have none or one: real weights have about 0.2 % exceptions).
+ */
+template <class Sink>
+__device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, uint8_t *ring_mem, Sink &sink) {
+  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
+  const uint32_t nwarps = gridDim.x * kL2Warps, first = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
+  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_mem);
+  Cursor ld, c;
+  bool lv = ld.open(g, w, first), cv = lv;
+  c = ld;
+  auto issue = [&](uint32_t k) {
+    const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
+    const uint32_t dst = ring + k * kEntry;
+    cp_async16(dst + kLowOff + 16 * lane, g.low + gs * 512 + 16 * lane);
+    if (lane < 16) {
+      cp_async16(dst + 16 * lane, g.nib + gs * 256 + 16 * lane);
+    } else if (ld.s % 16 == 0) {
+      const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
+      if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
+      else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
+    }
+    if (++ld.s == ld.s_end) lv = ld.open(g, w, ld.u + nwarps);
+  };
 #pragma unroll
-  for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
-  for (uint32_t k = 0; k < ex.n; k++) {
-    const uint8_t *e = ex.p + 3 * k;
-    const uint32_t idx = __ldg(e), w = __ldg(e + 1) | (uint32_t)__ldg(e + 2) << 8, j = idx & 15u;
-    const uint32_t col = NWC_BLOCK_COLS * cb + 32 * (idx >> 4) + frag_col(q, j);
+  for (uint32_t k = 0; k + 1 < kRing; k++) {
+    if (lv) issue(k);
+    cp_commit();
+  }
+  uint32_t kc = 0, kl = kRing - 1;
+  uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
+  const uint8_t *ex_p = nullptr;
+  while (cv) {
+    cp_wait<kRing - 2>();
+    __syncwarp();
+    const uint8_t *e = ring_mem + kc * kEntry;
+    if (c.s % 16 == 0) { /* a block starts: its exception entries */
+      ex_n = e[kHdrOff + lane];
+      const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
+      ex_p = g.data + base + 3 * lane_prefix(ex_n);
+      if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
+    }
+    uint32_t A[8];
+    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
+                     *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
+    sink.slot(c, A);
+    if (lv) issue(kl);
+    cp_commit();
+    kl = kl + 1 == kRing ? 0 : kl + 1;
+    kc = kc + 1 == kRing ? 0 : kc + 1;
+    const uint32_t next = c.s + 1;
+    if (next % 16 == 0 || next == c.s_end) { /* the block ends: apply its entries */
+      const uint32_t cb = c.s / 16;
+      for (uint32_t k = 0; k < ex_n; k++) {
+        if (k) ex_idx = __ldg(ex_p + 3 * k), ex_w = __ldg(ex_p + 3 * k + 1) | (uint32_t)__ldg(ex_p + 3 * k + 2) << 8;
+        const uint32_t j = ex_idx & 15u;
+        sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * (ex_idx >> 4) + frag_col(q, j), ex_w);
+      }
+    }
+    if (next == c.s_end) {
+      sink.unit_end(g, w, c);
+      cv = c.open(g, w, c.u + nwarps);
+    } else {
+      c.s = next;
+    }
+  }
+  cp_wait<0>();
+}
+
+/* The matvec's sink: mma per slot, exceptions times x on the CUDA cores, the unit's sums out. */
+template <int NC>
+struct MatvecSink {
+  const L2Matvec &a;
+  float c0[4], c1[4];   /* two accumulator chains: mma steps h = 0 and h = 1 */
+  float s0[NC], s8[NC]; /* exception sums of rows r and r + 8, per column */
+
+  __device__ __forceinline__ explicit MatvecSink(const L2Matvec &args) : a(args) { clear(); }
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < 4; i++) c0[i] = c1[i] = 0.f;
+#pragma unroll
+    for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
+  }
+
+  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+    if (r < a.ncols) {
+      const uint32_t col = 32 * c.s + 8 * q, K = a.K;
+      const float *xp = a.x + r * a.ldx + col;
+      if (col + 8 <= K) {
+        x0 = __ldg(reinterpret_cast<const float4 *>(xp));
+        x1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
+      } else {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
+        x0 = make_float4(v[0], v[1], v[2], v[3]);
+        x1 = make_float4(v[4], v[5], v[6], v[7]);
+      }
+    }
+    uint32_t b[4][3]; /* B registers 0, 1 of step 0, then of step 1; three parts each */
+    split3(x0.x, x0.y, b[0]);
+    split3(x0.z, x0.w, b[1]);
+    split3(x1.x, x1.y, b[2]);
+    split3(x1.z, x1.w, b[3]);
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+      mma_bf16(c0, A, b[0][i], b[1][i]);
+      mma_bf16(c1, A + 4, b[2][i], b[3][i]);
+    }
+  }
+
+  __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) {
     const float wv = bf16_to_f32(w);
-    const bool upper = (j >> 1) & 1u;
+    const bool upper = row >= 8;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       if ((uint32_t)n < a.ncols) {
@@ -138,6 +232,16 @@ __device__ __forceinline__ void add_exceptions(const L2Geom &g, const L2Matvec &
       }
     }
   }
+
+  __device__ __forceinline__ void unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur);
+};
+
+template <int NC>
+__device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur) {
+  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
+  float c[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) c[i] = c0[i] + c1[i];
 #pragma unroll
   for (int n = 0; n < NC; n++) {
     float t0 = s0[n] + __shfl_xor_sync(0xffffffffu, s0[n], 1);
@@ -147,95 +251,94 @@ __device__ __forceinline__ void add_exceptions(const L2Geom &g, const L2Matvec &
     if ((uint32_t)n == 2 * q) c[0] += t0, c[2] += t8;
     if ((uint32_t)n == 2 * q + 1) c[1] += t0, c[3] += t8;
   }
-}
-
-/* Writes block b's partial sums; the block that completes its row group's count finishes the
- * row group (see the file comment). */
-template <int NC>
-__device__ __forceinline__ void finish_block(const L2Geom &g, const L2Matvec &a, uint32_t b,
-                                             uint32_t grp, const float c[4]) {
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  float *p = a.part + (uint64_t)b * 16 * NC;
-  if (2 * q < a.ncols) p[r * NC + 2 * q] = c[0], p[(r + 8) * NC + 2 * q] = c[2];
-  if (2 * q + 1 < a.ncols) p[r * NC + 2 * q + 1] = c[1], p[(r + 8) * NC + 2 * q + 1] = c[3];
+  clear();
+  const uint32_t R0 = 16 * cur.grp + r;
+  if (w.F == 1) { /* the unit is the whole row group: out directly */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t n = 2 * q + (i & 1), R = R0 + 8 * (i >> 1);
+      if (n >= a.ncols || R >= g.M) continue;
+      const float v = c[i] * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
+      if (a.y) a.y[n * a.ldy + R] = v;
+      if (a.y_bf16) a.y_bf16[n * a.ldy + R] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+    return;
+  }
+  float *p = a.part + (uint64_t)cur.u * 16 * NC;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t n = 2 * q + (i & 1);
+    if (n < a.ncols) p[(r + 8 * (i >> 1)) * NC + n] = c[i];
+  }
   __threadfence();
   __syncwarp();
   uint32_t done = 0;
-  if (lane == 0) done = atomicAdd(a.count + grp, 1u) + 1;
+  if (lane == 0) done = atomicAdd(a.count + cur.grp, 1u) + 1;
   done = __shfl_sync(0xffffffffu, done, 0);
-  if (done != g.CB) return;
+  if (done != w.F) return;
   __threadfence();
-  const float *base = a.part + (uint64_t)grp * g.CB * 16 * NC;
+  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * NC;
   for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
-    const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * grp + row;
+    const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float s = 0.f;
-    for (uint32_t k = 0; k < g.CB; k++) s += __ldcg(base + ((uint64_t)k * 16 + row) * NC + n);
+    for (uint32_t k = 0; k < w.F; k++) s += __ldcg(base + ((uint64_t)k * 16 + row) * NC + n);
     if (R >= g.M) continue;
     const float v = s * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
     if (a.y) a.y[n * a.ldy + R] = v;
     if (a.y_bf16) a.y_bf16[n * a.ldy + R] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
-  if (lane == 0) a.count[grp] = 0;
+  if (lane == 0) a.count[cur.grp] = 0;
 }
 
 template <int NC>
-__global__ void __launch_bounds__(kL2Threads, 2) l2_matvec_kernel(L2Geom g, L2Matvec a) {
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t nwarps = gridDim.x * (blockDim.x >> 5);
-  const bool xl = r < a.ncols;
-  for (uint32_t b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < g.nblocks; b += nwarps) {
-    const uint32_t grp = b / g.CB, cb = b - grp * g.CB;
-    const uint32_t nsc = cb + 1 < g.CB ? 16u : g.nsc_last;
-    const uint64_t slot0 = (uint64_t)grp * g.S + 16 * cb;
-    const uint2 *np = reinterpret_cast<const uint2 *>(g.nib) + slot0 * 32 + lane;
-    const uint4 *lp = reinterpret_cast<const uint4 *>(g.low) + slot0 * 32 + lane;
-    const uint32_t col0 = NWC_BLOCK_COLS * cb + 8 * q;
-    const float *xp = a.x + (xl ? r * a.ldx : 0) + col0;
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-    SlotBuf buf[kDepth];
-#pragma unroll
-    for (int i = 0; i < kDepth; i++)
-      if ((uint32_t)i < nsc) buf[i].load(np + 32 * i, lp + 32 * i, xp + 32 * i, xl, col0 + 32 * i, g.K);
-    for (uint32_t sc = 0; sc < nsc; sc += kDepth) {
-#pragma unroll
-      for (int i = 0; i < kDepth; i++) {
-        const uint32_t s = sc + i;
-        if (s < nsc) buf[i].multiply(g, c);
-        const uint32_t t = s + kDepth;
-        if (t < nsc) buf[i].load(np + 32 * t, lp + 32 * t, xp + 32 * t, xl, col0 + 32 * t, g.K);
-      }
-    }
-    add_exceptions<NC>(g, a, b, cb, c);
-    finish_block<NC>(g, a, b, grp, c);
-  }
+__global__ void __launch_bounds__(kL2Threads, 3) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
+  extern __shared__ uint4 smem[];
+  MatvecSink<NC> sink(a);
+  l2_stream(g, w, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
 }
 
-/* Dequant (rows = NULL: every row to out + row * K16) or gather (row rows[k] to out + k * K16,
- * one warp per requested row and column block). */
-__global__ void __launch_bounds__(kL2Threads) l2_rows_kernel(L2Geom g, const uint64_t *rows, uint32_t n,
-                                                             uint16_t *out) {
+/* Dequant's sink: each slot's two rows of 8 weights per lane as two 16-byte stores, then the
+ * exceptions' weights over the +0 the planes gave them (same lane, so in program order). */
+struct DequantSink {
+  uint16_t *out;
+  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const;
+  __device__ __forceinline__ void exception(const Cursor &c, uint32_t row, uint32_t col, uint32_t w) const;
+  __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
+  uint32_t M, K16;
+};
+__device__ __forceinline__ void DequantSink::slot(const Cursor &c, const uint32_t A[8]) const {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t nwarps = gridDim.x * (blockDim.x >> 5);
-  const uint32_t units = rows ? n * g.CB : g.nblocks;
-  for (uint32_t u = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); u < units; u += nwarps) {
-    uint32_t grp, cb;
-    uint16_t *d0, *d8; /* where rows r and r + 8 of the group go */
-    bool w0, w8;
-    if (rows) {
-      const uint32_t k = u / g.CB;
-      cb = u - k * g.CB;
-      const uint64_t R = rows[k];
-      if (R >= g.M) continue; /* skipped: its output is left as it was */
-      grp = (uint32_t)(R / 16);
-      const uint32_t keep = (uint32_t)(R % 16);
-      d0 = d8 = out + (uint64_t)k * g.K16;
-      w0 = keep == r, w8 = keep == r + 8;
-    } else {
-      grp = u / g.CB, cb = u - grp * g.CB;
-      d0 = out + (uint64_t)(16 * grp + r) * g.K16;
-      d8 = d0 + (uint64_t)8 * g.K16;
-      w0 = 16 * grp + r < g.M, w8 = 16 * grp + r + 8 < g.M;
-    }
+  const uint32_t col = 32 * c.s + 8 * q, R0 = 16 * c.grp + r;
+  if (col >= K16) return;
+  if (R0 < M) *reinterpret_cast<uint4 *>(out + (uint64_t)R0 * K16 + col) = make_uint4(A[0], A[2], A[4], A[6]);
+  if (R0 + 8 < M)
+    *reinterpret_cast<uint4 *>(out + (uint64_t)(R0 + 8) * K16 + col) = make_uint4(A[1], A[3], A[5], A[7]);
+}
+__device__ __forceinline__ void DequantSink::exception(const Cursor &c, uint32_t row, uint32_t col,
+                                                       uint32_t w) const {
+  const uint32_t R = 16 * c.grp + row;
+  if (R < M) out[(uint64_t)R * K16 + col] = (uint16_t)w;
+}
+
+__global__ void __launch_bounds__(kL2Threads, 3) l2_dequant_kernel(L2Geom g, L2Work w, uint16_t *out) {
+  extern __shared__ uint4 smem[];
+  DequantSink sink{out, g.M, g.K16};
+  l2_stream(g, w, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
+}
+
+/* Gather: row rows[k] to out + k * K16, one warp per requested row and column block; every
+ * lane decodes (the slot's loads are shared), the lanes of the row's r store. */
+__global__ void __launch_bounds__(kL2Threads) l2_gather_kernel(L2Geom g, const uint64_t *rows, uint32_t n,
+                                                               uint16_t *out) {
+  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
+  const uint32_t nwarps = gridDim.x * kL2Warps;
+  for (uint32_t u = blockIdx.x * kL2Warps + (threadIdx.x >> 5); u < n * g.CB; u += nwarps) {
+    const uint32_t k = u / g.CB, cb = u - k * g.CB;
+    const uint64_t R = rows[k];
+    if (R >= g.M) continue; /* skipped: its output is left as it was */
+    const uint32_t grp = (uint32_t)(R / 16), keep = (uint32_t)(R % 16);
+    const bool w0 = keep == r, w8 = keep == r + 8;
+    uint16_t *dst = out + (uint64_t)k * g.K16;
     const uint32_t b = grp * g.CB + cb, nsc = cb + 1 < g.CB ? 16u : g.nsc_last;
     const uint64_t slot0 = (uint64_t)grp * g.S + 16 * cb;
     const uint2 *np = reinterpret_cast<const uint2 *>(g.nib) + slot0 * 32 + lane;
@@ -244,31 +347,43 @@ __global__ void __launch_bounds__(kL2Threads) l2_rows_kernel(L2Geom g, const uin
     for (uint32_t sc = 0; sc < nsc; sc++) {
       const uint32_t col = NWC_BLOCK_COLS * cb + 32 * sc + 8 * q;
       uint32_t A[8];
-      decode_bf16_slot(ld_stream2(np + 32 * sc), ld_stream4(lp + 32 * sc), g.lut[0], g.lut[1], A);
+      decode_bf16_slot(__ldg(np + 32 * sc), __ldg(lp + 32 * sc), g.lut[0], g.lut[1], A);
       if (col >= g.K16) continue;
-      if (w0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
-      if (w8) *reinterpret_cast<uint4 *>(d8 + col) = make_uint4(A[1], A[3], A[5], A[7]);
+      if (w0) *reinterpret_cast<uint4 *>(dst + col) = make_uint4(A[0], A[2], A[4], A[6]);
+      if (w8) *reinterpret_cast<uint4 *>(dst + col) = make_uint4(A[1], A[3], A[5], A[7]);
     }
-    Exceptions ex;
-    ex.open(g, b, 3);
-    for (uint32_t k = 0; k < ex.n; k++) {
-      const uint8_t *e = ex.p + 3 * k;
-      const uint32_t idx = __ldg(e), j = idx & 15u;
-      const uint32_t col = NWC_BLOCK_COLS * cb + 32 * (idx >> 4) + frag_col(q, j);
-      const bool upper = (j >> 1) & 1u;
-      if (upper ? w8 : w0) (upper ? d8 : d0)[col] = (uint16_t)(__ldg(e + 1) | __ldg(e + 2) << 8);
+    const uint32_t ex_n = g.hdr[(uint64_t)b * 32 + lane];
+    const uint8_t *ex_p = g.data + g.bases[b] + 3 * lane_prefix(ex_n);
+    for (uint32_t i = 0; i < ex_n; i++) {
+      const uint32_t idx = __ldg(ex_p + 3 * i), j = idx & 15u;
+      if (frag_row(r, j) != keep) continue;
+      dst[NWC_BLOCK_COLS * cb + 32 * (idx >> 4) + frag_col(q, j)] =
+          (uint16_t)(__ldg(ex_p + 3 * i + 1) | __ldg(ex_p + 3 * i + 2) << 8);
     }
   }
 }
 
-/* Blocks for a grid-striding kernel of kL2Threads: enough warps for the units, at most `per_sm`
+/* CTAs for a grid-striding kernel of kL2Threads: enough warps for the units, at most `per_sm`
  * CTAs per SM. */
 int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
   int sms = sm_count();
   if (sms < 0) return sms;
-  const uint64_t warps = kL2Threads / 32, need = (units + warps - 1) / warps;
-  const uint64_t most = (uint64_t)sms * per_sm;
+  const uint64_t need = (units + kL2Warps - 1) / kL2Warps, most = (uint64_t)sms * per_sm;
   *ctas = (unsigned)(need < most ? need : most);
+  return 0;
+}
+
+/* The matvec's units: a row group whole (F = 1, no partial sums) when there are enough row groups
+ * to give every resident warp one, else cut into F parts so that the units fill the warps. */
+int l2_work(const L2Geom &g, L2Work *w) {
+  int sms = sm_count();
+  if (sms < 0) return sms;
+  const uint32_t warps = (uint32_t)sms * 3 * kL2Warps;
+  uint32_t f = (warps + g.RB - 1) / g.RB;
+  if (f > g.CB) f = g.CB;
+  w->per = (g.CB + f - 1) / f;
+  w->F = (g.CB + w->per - 1) / w->per;
+  w->units = g.RB * w->F;
   return 0;
 }
 
@@ -276,7 +391,8 @@ int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
 
 int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   if (!t || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
-  if ((uintptr_t)t->raw % 16) return -EINVAL;
+  /* the ring copies raw and hdr in 16-byte pieces, bases[b] in 8 */
+  if ((uintptr_t)t->raw % 16 || (uintptr_t)t->hdr % 16 || (uintptr_t)t->bases % 8) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) != 2 || NWC_ELEM_TYPE(t->elem) != NWC_ELEM_BF16) return -ENOTSUP;
   uint64_t lay[4];
   int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
@@ -309,7 +425,22 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
   const unsigned nc = ncols <= 1 ? 1 : ncols <= 2 ? 2 : ncols <= 4 ? 4 : 8;
-  return (int64_t)(((uint64_t)g.RB * 4 + 15) / 16 * 16 + (uint64_t)g.nblocks * 16 * nc * 4);
+  L2Work w;
+  int rc = l2_work(g, &w);
+  if (rc < 0) return rc;
+  return (int64_t)(((uint64_t)g.RB * 4 + 15) / 16 * 16 + (uint64_t)w.units * 16 * nc * 4);
+}
+
+template <int NC>
+static int launch_l2_matvec(const L2Geom &g, const L2Work &w, const L2Matvec &a, cudaStream_t stream) {
+  unsigned ctas;
+  int rc = l2_ctas(w.units, 3, &ctas);
+  if (rc < 0) return rc;
+  if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kL2Smem))) < 0)
+    return rc;
+  l2_matvec_kernel<NC><<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, a);
+  return launch_status();
 }
 
 int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
@@ -321,18 +452,17 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < g.K || ldx % 4)) || (ncols > 1 && ldy < g.M) ||
       (uintptr_t)scratch % 16)
     return -EINVAL;
+  L2Work w;
+  if ((rc = l2_work(g, &w)) < 0) return rc;
   L2Matvec a;
-  a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.scale = t->scale, a.bias = bias;
+  a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
   a.y = y, a.y_bf16 = y_bf16;
   a.count = static_cast<uint32_t *>(scratch);
   a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + ((uint64_t)g.RB * 4 + 15) / 16 * 16);
-  unsigned ctas;
-  if ((rc = l2_ctas(g.nblocks, 2, &ctas)) < 0) return rc;
-  if (ncols == 1) l2_matvec_kernel<1><<<ctas, kL2Threads, 0, stream>>>(g, a);
-  else if (ncols == 2) l2_matvec_kernel<2><<<ctas, kL2Threads, 0, stream>>>(g, a);
-  else if (ncols <= 4) l2_matvec_kernel<4><<<ctas, kL2Threads, 0, stream>>>(g, a);
-  else l2_matvec_kernel<8><<<ctas, kL2Threads, 0, stream>>>(g, a);
-  return launch_status();
+  if (ncols == 1) return launch_l2_matvec<1>(g, w, a, stream);
+  if (ncols == 2) return launch_l2_matvec<2>(g, w, a, stream);
+  if (ncols <= 4) return launch_l2_matvec<4>(g, w, a, stream);
+  return launch_l2_matvec<8>(g, w, a, stream);
 }
 
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
@@ -340,11 +470,20 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   int rc = l2_geom_of(t, &g);
   if (rc < 0) return rc;
   if (!out || (uintptr_t)out % 16) return -EINVAL;
-  if (rows && n == 0) return 0;
-  if (rows && n * g.CB >= (UINT64_C(1) << 31)) return -EOVERFLOW;
   unsigned ctas;
-  if ((rc = l2_ctas(rows ? n * g.CB : g.nblocks, 8, &ctas)) < 0) return rc;
-  l2_rows_kernel<<<ctas, kL2Threads, 0, stream>>>(g, rows, (uint32_t)n, out);
+  if (!rows) { /* dequant: a unit per block */
+    L2Work w{g.nblocks, g.CB, 1};
+    if ((rc = l2_ctas(w.units, 3, &ctas)) < 0) return rc;
+    if ((rc = cuda_status(cudaFuncSetAttribute(l2_dequant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               kL2Smem))) < 0)
+      return rc;
+    l2_dequant_kernel<<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, out);
+    return launch_status();
+  }
+  if (n == 0) return 0;
+  if (n * g.CB >= (UINT64_C(1) << 31)) return -EOVERFLOW;
+  if ((rc = l2_ctas(n * g.CB, 8, &ctas)) < 0) return rc;
+  l2_gather_kernel<<<ctas, kL2Threads, 0, stream>>>(g, rows, (uint32_t)n, out);
   return launch_status();
 }
 
