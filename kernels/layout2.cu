@@ -9,8 +9,8 @@
  * by cp.async kRing - 1 slots ahead (l2_stream), so that many bytes are in flight without
  * registers.  Per slot a lane decodes its A fragments from the entry (layout2.cuh), loads its 8
  * activations x[r][32 s + 8q ..] (lanes r < ncols; two float4 from L1/L2) and splits them into
- * three BF16 parts, x = hi + mid + lo (to 24 bits: with exact products and fp32 accumulation the
- * result is within fp32 rounding of the fp64 reference); six mma.m16n8k16 per slot, in two
+ * two BF16 parts, x = hi + lo (x to 16 significant bits, the products exact, fp32 accumulation:
+ * docs/kernels.md has what that means for accuracy); four mma.m16n8k16 per slot, in two
  * accumulator chains, multiply 16 rows by 8 columns.  After a block's last slot each lane adds
  * its exception entries (the weights the planes decode to +0) times fp32 x on the CUDA cores, in
  * entry order; at the unit's end a shuffle sums them over the four lanes of a row into the
@@ -24,10 +24,11 @@
  * call; every call leaves them zero), then units x 16 x NC floats.
  *
  * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
- * stores, then the exceptions' weights; gather decodes the blocks of a requested row's group.
+ * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
+ * storing that row only.
  *
  * Variants: l2_matvec_kernel<NC> for NC = 1, 2, 4, 8 columns (ncols rounded up),
- * l2_dequant_kernel, l2_gather_kernel (BF16).
+ * l2_rows_kernel (dequant and gather) (BF16).
  */
 #include "host.cuh"
 #include "layout2.cuh"
@@ -77,27 +78,42 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Two fp32 values as three BF16 pairs, x = hi + mid + lo to 24 significant bits: each part is
- * the BF16 (nearest) of what the parts before it miss, so the sum is x to within 2^-25 |x|. */
-__device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {
-#pragma unroll
-  for (int i = 0; i < 3; i++) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-    p[i] = *reinterpret_cast<uint32_t *>(&h);
-    v0 -= __uint_as_float(p[i] << 16);
-    v1 -= __uint_as_float(p[i] & 0xffff0000u);
-  }
+/* Two fp32 values as two BF16 pairs, x = hi + lo to 16 significant bits: lo is the BF16
+ * (nearest) of what hi misses, so hi + lo is x to within 2^-17 |x|. */
+__device__ __forceinline__ void split2(float v0, float v1, uint32_t &hi, uint32_t &lo) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+  hi = *reinterpret_cast<uint32_t *>(&h);
+  __nv_bfloat162 l = __floats2bfloat162_rn(v0 - __uint_as_float(hi << 16), v1 - __uint_as_float(hi & 0xffff0000u));
+  lo = *reinterpret_cast<uint32_t *>(&l);
 }
 
-/* A position in a warp's sequence of slots: unit u (row group grp, part), slot s of the row group
- * (its column block s / 16), the unit's end. */
+/* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
+ * row k = u / F), slot s of the row group (its column block s / 16), the unit's end, and the
+ * slot's nibbles and low bytes in global memory. */
 struct Cursor {
   uint32_t u, grp, part, s, s_end;
-  __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, uint32_t unit) {
-    if (unit >= w.units) return false;
-    u = unit, grp = unit / w.F, part = unit - grp * w.F;
+  const uint8_t *nib, *low;
+  __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
+    for (;; unit += gridDim.x * (blockDim.x >> 5)) {
+      if (unit >= w.units) return false;
+      const uint32_t k = unit / w.F;
+      part = unit - k * w.F;
+      if (!rows) {
+        grp = k;
+        break;
+      }
+      const uint64_t R = rows[k];
+      if (R < g.M) { /* a row out of range is skipped: its output is left as it was */
+        grp = (uint32_t)(R / 16);
+        break;
+      }
+    }
+    u = unit;
     const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
     s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
+    const uint64_t gs = (uint64_t)grp * g.S + s;
+    nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
+    low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
     return true;
   }
 };
@@ -111,25 +127,26 @@ struct Cursor {
  * have none or one: real weights have about 0.2 % exceptions).
  */
 template <class Sink>
-__device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, uint8_t *ring_mem, Sink &sink) {
+__device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows,
+                                          uint8_t *ring_mem, Sink &sink) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
   const uint32_t nwarps = gridDim.x * kL2Warps, first = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_mem);
   Cursor ld, c;
-  bool lv = ld.open(g, w, first), cv = lv;
+  bool lv = ld.open(g, w, rows, first), cv = lv;
   c = ld;
   auto issue = [&](uint32_t k) {
-    const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
     const uint32_t dst = ring + k * kEntry;
-    cp_async16(dst + kLowOff + 16 * lane, g.low + gs * 512 + 16 * lane);
+    cp_async16(dst + kLowOff + 16 * lane, ld.low);
     if (lane < 16) {
-      cp_async16(dst + 16 * lane, g.nib + gs * 256 + 16 * lane);
+      cp_async16(dst + 16 * lane, ld.nib);
     } else if (ld.s % 16 == 0) {
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
       else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
     }
-    if (++ld.s == ld.s_end) lv = ld.open(g, w, ld.u + nwarps);
+    ld.nib += 256, ld.low += 512;
+    if (++ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
   };
 #pragma unroll
   for (uint32_t k = 0; k + 1 < kRing; k++) {
@@ -168,7 +185,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, uint
     }
     if (next == c.s_end) {
       sink.unit_end(g, w, c);
-      cv = c.open(g, w, c.u + nwarps);
+      cv = c.open(g, w, rows, c.u + nwarps);
     } else {
       c.s = next;
     }
@@ -208,16 +225,15 @@ struct MatvecSink {
         x1 = make_float4(v[4], v[5], v[6], v[7]);
       }
     }
-    uint32_t b[4][3]; /* B registers 0, 1 of step 0, then of step 1; three parts each */
-    split3(x0.x, x0.y, b[0]);
-    split3(x0.z, x0.w, b[1]);
-    split3(x1.x, x1.y, b[2]);
-    split3(x1.z, x1.w, b[3]);
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-      mma_bf16(c0, A, b[0][i], b[1][i]);
-      mma_bf16(c1, A + 4, b[2][i], b[3][i]);
-    }
+    uint32_t bh[4], bl[4]; /* B registers 0, 1 of step 0, then of step 1: hi and lo parts */
+    split2(x0.x, x0.y, bh[0], bl[0]);
+    split2(x0.z, x0.w, bh[1], bl[1]);
+    split2(x1.x, x1.y, bh[2], bl[2]);
+    split2(x1.z, x1.w, bh[3], bl[3]);
+    mma_bf16(c0, A, bh[0], bh[1]);
+    mma_bf16(c1, A + 4, bh[2], bh[3]);
+    mma_bf16(c0, A, bl[0], bl[1]);
+    mma_bf16(c1, A + 4, bl[2], bl[3]);
   }
 
   __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) {
@@ -294,73 +310,40 @@ template <int NC>
 __global__ void __launch_bounds__(kL2Threads, 3) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
   extern __shared__ uint4 smem[];
   MatvecSink<NC> sink(a);
-  l2_stream(g, w, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
+  l2_stream(g, w, nullptr, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
 }
 
-/* Dequant's sink: each slot's two rows of 8 weights per lane as two 16-byte stores, then the
- * exceptions' weights over the +0 the planes gave them (same lane, so in program order). */
-struct DequantSink {
+/* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
+ * (gather: only the requested row, to out + k * K16), then the exceptions' weights over the +0
+ * the planes gave them (the same lane, so in program order). */
+struct RowsSink {
   uint16_t *out;
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const;
-  __device__ __forceinline__ void exception(const Cursor &c, uint32_t row, uint32_t col, uint32_t w) const;
-  __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
-  uint32_t M, K16;
-};
-__device__ __forceinline__ void DequantSink::slot(const Cursor &c, const uint32_t A[8]) const {
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t col = 32 * c.s + 8 * q, R0 = 16 * c.grp + r;
-  if (col >= K16) return;
-  if (R0 < M) *reinterpret_cast<uint4 *>(out + (uint64_t)R0 * K16 + col) = make_uint4(A[0], A[2], A[4], A[6]);
-  if (R0 + 8 < M)
-    *reinterpret_cast<uint4 *>(out + (uint64_t)(R0 + 8) * K16 + col) = make_uint4(A[1], A[3], A[5], A[7]);
-}
-__device__ __forceinline__ void DequantSink::exception(const Cursor &c, uint32_t row, uint32_t col,
-                                                       uint32_t w) const {
-  const uint32_t R = 16 * c.grp + row;
-  if (R < M) out[(uint64_t)R * K16 + col] = (uint16_t)w;
-}
+  const uint64_t *rows; /* NULL: dequant */
+  uint32_t M, K16, F;
 
-__global__ void __launch_bounds__(kL2Threads, 3) l2_dequant_kernel(L2Geom g, L2Work w, uint16_t *out) {
-  extern __shared__ uint4 smem[];
-  DequantSink sink{out, g.M, g.K16};
-  l2_stream(g, w, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
-}
-
-/* Gather: row rows[k] to out + k * K16, one warp per requested row and column block; every
- * lane decodes (the slot's loads are shared), the lanes of the row's r store. */
-__global__ void __launch_bounds__(kL2Threads) l2_gather_kernel(L2Geom g, const uint64_t *rows, uint32_t n,
-                                                               uint16_t *out) {
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t nwarps = gridDim.x * kL2Warps;
-  for (uint32_t u = blockIdx.x * kL2Warps + (threadIdx.x >> 5); u < n * g.CB; u += nwarps) {
-    const uint32_t k = u / g.CB, cb = u - k * g.CB;
-    const uint64_t R = rows[k];
-    if (R >= g.M) continue; /* skipped: its output is left as it was */
-    const uint32_t grp = (uint32_t)(R / 16), keep = (uint32_t)(R % 16);
-    const bool w0 = keep == r, w8 = keep == r + 8;
-    uint16_t *dst = out + (uint64_t)k * g.K16;
-    const uint32_t b = grp * g.CB + cb, nsc = cb + 1 < g.CB ? 16u : g.nsc_last;
-    const uint64_t slot0 = (uint64_t)grp * g.S + 16 * cb;
-    const uint2 *np = reinterpret_cast<const uint2 *>(g.nib) + slot0 * 32 + lane;
-    const uint4 *lp = reinterpret_cast<const uint4 *>(g.low) + slot0 * 32 + lane;
-#pragma unroll 4
-    for (uint32_t sc = 0; sc < nsc; sc++) {
-      const uint32_t col = NWC_BLOCK_COLS * cb + 32 * sc + 8 * q;
-      uint32_t A[8];
-      decode_bf16_slot(__ldg(np + 32 * sc), __ldg(lp + 32 * sc), g.lut[0], g.lut[1], A);
-      if (col >= g.K16) continue;
-      if (w0) *reinterpret_cast<uint4 *>(dst + col) = make_uint4(A[0], A[2], A[4], A[6]);
-      if (w8) *reinterpret_cast<uint4 *>(dst + col) = make_uint4(A[1], A[3], A[5], A[7]);
-    }
-    const uint32_t ex_n = g.hdr[(uint64_t)b * 32 + lane];
-    const uint8_t *ex_p = g.data + g.bases[b] + 3 * lane_prefix(ex_n);
-    for (uint32_t i = 0; i < ex_n; i++) {
-      const uint32_t idx = __ldg(ex_p + 3 * i), j = idx & 15u;
-      if (frag_row(r, j) != keep) continue;
-      dst[NWC_BLOCK_COLS * cb + 32 * (idx >> 4) + frag_col(q, j)] =
-          (uint16_t)(__ldg(ex_p + 3 * i + 1) | __ldg(ex_p + 3 * i + 2) << 8);
-    }
+  /* Where row `row` of the cursor's group goes, or NULL. */
+  __device__ __forceinline__ uint16_t *dst(const Cursor &c, uint32_t row) const {
+    if (!rows) return 16 * c.grp + row < M ? out + (uint64_t)(16 * c.grp + row) * K16 : nullptr;
+    const uint32_t k = c.u / F;
+    return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
+  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * c.s + 8 * q;
+    if (col >= K16) return;
+    uint16_t *d0 = dst(c, r), *d8 = dst(c, r + 8);
+    if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
+    if (d8) *reinterpret_cast<uint4 *>(d8 + col) = make_uint4(A[1], A[3], A[5], A[7]);
+  }
+  __device__ __forceinline__ void exception(const Cursor &c, uint32_t row, uint32_t col, uint32_t w) const {
+    uint16_t *d = dst(c, row);
+    if (d) d[col] = (uint16_t)w;
+  }
+  __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
+};
+
+__global__ void __launch_bounds__(kL2Threads, 3) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
+  extern __shared__ uint4 smem[];
+  l2_stream(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
 }
 
 /* CTAs for a grid-striding kernel of kL2Threads: enough warps for the units, at most `per_sm`
@@ -470,20 +453,17 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   int rc = l2_geom_of(t, &g);
   if (rc < 0) return rc;
   if (!out || (uintptr_t)out % 16) return -EINVAL;
+  if (rows && n == 0) return 0;
+  const uint64_t units = (rows ? n : g.RB) * g.CB; /* a unit per block (and requested row) */
+  if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
+  L2Work w{(uint32_t)units, g.CB, 1};
+  RowsSink sink{out, rows, g.M, g.K16, g.CB};
   unsigned ctas;
-  if (!rows) { /* dequant: a unit per block */
-    L2Work w{g.nblocks, g.CB, 1};
-    if ((rc = l2_ctas(w.units, 3, &ctas)) < 0) return rc;
-    if ((rc = cuda_status(cudaFuncSetAttribute(l2_dequant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               kL2Smem))) < 0)
-      return rc;
-    l2_dequant_kernel<<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, out);
-    return launch_status();
-  }
-  if (n == 0) return 0;
-  if (n * g.CB >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  if ((rc = l2_ctas(n * g.CB, 8, &ctas)) < 0) return rc;
-  l2_gather_kernel<<<ctas, kL2Threads, 0, stream>>>(g, rows, (uint32_t)n, out);
+  if ((rc = l2_ctas(w.units, 3, &ctas)) < 0) return rc;
+  if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kL2Smem))) < 0)
+    return rc;
+  l2_rows_kernel<<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, sink);
   return launch_status();
 }
 
