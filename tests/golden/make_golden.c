@@ -1,5 +1,6 @@
 /*
- * make_golden.c - writes the golden files that freeze the layout-0 format (tests/golden/README.md).
+ * make_golden.c - writes the golden files that freeze the format, layouts 0, 1 and 2, valid and
+ * invalid (tests/golden/README.md).
  *
  * For each case of the table below it writes, into the directory given as argv[1]:
  *   NAME.in    the input: BF16 (uint16 little-endian) or fp8 bytes, row-major, rows x cols
