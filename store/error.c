@@ -10,11 +10,15 @@
 
 static _Thread_local char detail[1024]; /* room for a path, a tensor name and the reason */
 
+/* Formats into a local buffer first: callers pass the current detail on ("%s",
+ * nwc_error_detail()), and vsnprintf into its own argument is undefined (glibc gives ""). */
 int nwc__fail(int err, const char *fmt, ...) {
+  char buf[sizeof detail];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(detail, sizeof detail, fmt, ap);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(detail, buf, sizeof detail);
   return err;
 }
 

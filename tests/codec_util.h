@@ -27,6 +27,17 @@ static inline void *cu_malloc(size_t n) {
   return p;
 }
 
+/* The errno values the golden invalid cases name (tests/golden/invalid.txt); 0 if unknown. */
+static inline int cu_errno_value(const char *name) {
+  static const struct {
+    const char *name;
+    int value;
+  } names[] = {{"EBADMSG", EBADMSG}, {"EINVAL", EINVAL}, {"ERANGE", ERANGE}, {"ENOTSUP", ENOTSUP}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i].name)) return names[i].value;
+  return 0;
+}
+
 /* ---- scalar references ---------------------------------------------------------------------- */
 
 static inline float cu_bits_f32(uint32_t u) {

@@ -6,6 +6,10 @@
  * NAME.in (checks the golden data itself); reading NAME.nwct and decoding it must give NAME.out
  * (freezes the decoder), and gather and matvec on it must agree with NAME.out.  A change that
  * moves one bit of the format fails here.
+ *
+ * Then each case in invalid.txt must fail with exactly the error listed there, at its stage:
+ * encode (NAME.in does not encode; fp8q: does not quantize), read (nwc_record_read of NAME.nwct)
+ * or decode (NAME.nwct reads, nwc_dequant and nwc_matvec fail), which freezes the error paths.
  */
 #include "codec_util.h"
 
@@ -118,6 +122,65 @@ done:
   free(out);
 }
 
+/* One line of invalid.txt: NAME STAGE ERROR TYPE ROWS COLS LAYOUT WHY... */
+static void invalid_case(const char *dir, const char *line) {
+  char name[256], stage[16], err[16], type[16];
+  unsigned long long M, K;
+  unsigned layout;
+  if (sscanf(line, "%255s %15s %15s %15s %llu %llu %u", name, stage, err, type, &M, &K,
+             &layout) != 7 || !cu_errno_value(err) || layout > 15) {
+    CHECK(0, "invalid.txt: bad line: %s", line);
+    return;
+  }
+  int want = -cu_errno_value(err), got = 0, fp8_in = !strcmp(type, "fp8");
+  int quant = !strcmp(type, "fp8q");
+  size_t len = 0;
+  if (!strcmp(stage, "encode")) {
+    uint8_t *in = slurp(dir, name, ".in", &len);
+    uint64_t n = M * K;
+    if (!in) return;
+    CHECK(len == (fp8_in ? n : 2 * n), "%s: %zu bytes of input for %llux%llu", name, len, M, K);
+    uint8_t *q = fp8_in ? in : cu_malloc(n);
+    float *scale = quant ? cu_malloc(M * sizeof *scale) : NULL;
+    if (quant) got = nwc_quantize_fp8((const uint16_t *)in, M, K, q, scale);
+    nwc_tensor t;
+    unsigned type_id = fp8_in || quant ? NWC_ELEM_FP8 : NWC_ELEM_BF16;
+    if (got == 0 && len == (fp8_in ? n : 2 * n)) {
+      got = nwc_tensor_encode(type_id == NWC_ELEM_FP8 ? (void *)q : in, M, K,
+                              NWC_ELEM(type_id, layout), scale, &t);
+      if (got == 0) nwc_tensor_release(&t);
+    }
+    if (!fp8_in) free(q);
+    free(scale);
+    free(in);
+  } else {
+    int decode = !strcmp(stage, "decode");
+    CHECK(decode || !strcmp(stage, "read"), "%s: unknown stage %s", name, stage);
+    uint8_t *rec = slurp(dir, name, ".nwct", &len);
+    if (!rec) return;
+    nwc_tensor t;
+    got = nwc_record_read(rec, len, &t);
+    if (decode && got == 0) {
+      uint64_t K16 = cu_k16(t.cols);
+      uint16_t *out = cu_malloc(t.rows * K16 * 2);
+      float *x = calloc(K16, sizeof *x), *y = cu_malloc(t.rows * sizeof *y);
+      got = nwc_dequant(&t, out);
+      int mv = nwc_matvec(&t, x, NULL, y, NULL);
+      CHECK(mv == want, "%s: nwc_matvec returned %d (%s), expected %s", name, mv, nwc_strerror(mv),
+            err);
+      free(out);
+      free(x);
+      free(y);
+      nwc_tensor_release(&t);
+    } else if (got == 0) {
+      nwc_tensor_release(&t);
+    }
+    free(rec);
+  }
+  CHECK(got == want, "%s: %s returned %d (%s: %s), expected %s", name, stage, got,
+        nwc_strerror(got), got ? nwc_error_detail() : "", err);
+}
+
 int main(void) {
   test_seed("test_codec_golden");
   const char *src = getenv("NWC_SOURCE_DIR");
@@ -151,5 +214,19 @@ int main(void) {
   }
   fclose(f);
   CHECK(cases >= 8, "golden.txt lists only %d cases", cases);
+
+  snprintf(path, sizeof path, "%s/invalid.txt", dir);
+  f = fopen(path, "r");
+  CHECK(f, "cannot open %s: %s", path, strerror(errno));
+  int bad = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || line[0] == '\n') continue;
+    int before = test_failures;
+    invalid_case(dir, line);
+    printf("%-22s %s\n", strtok(line, " "), test_failures == before ? "fails as listed" : "FAILED");
+    bad++;
+  }
+  if (f) fclose(f);
+  CHECK(bad >= 20, "invalid.txt lists only %d cases", bad);
   return test_exit("test_codec_golden");
 }
