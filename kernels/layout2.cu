@@ -56,8 +56,9 @@ struct L2Matvec {
   const float *scale, *bias;
   float *y;
   uint16_t *y_bf16;
-  uint32_t *count; /* RB counters (F > 1) */
-  float *part;     /* RB x F x 16 x NC partial sums (F > 1) */
+  uint32_t *count;  /* RB counters (F > 1) */
+  float *part;      /* units x 16 x NC partial sums (F > 1) */
+  const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
 
 __device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
@@ -85,6 +86,33 @@ __device__ __forceinline__ void split2(float v0, float v1, uint32_t &hi, uint32_
   hi = *reinterpret_cast<uint32_t *>(&h);
   __nv_bfloat162 l = __floats2bfloat162_rn(v0 - __uint_as_float(hi << 16), v1 - __uint_as_float(hi & 0xffff0000u));
   lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* x's B fragments, once per call: for slot s, column n, lane q the hi and lo parts of
+ * x[n][32 s + 8q .. 32 s + 8q + 7] (zero from K on) as two uint4, each b0, b1 of mma step 0 then
+ * of step 1, at xs + 2 ((s ncols + n) 4 + q).  It lets the matvec kernel start (programmatic
+ * dependent launch) as soon as every CTA of it has run: the matvec fills its rings meanwhile and
+ * waits for this grid before it reads xs. */
+__global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint4 *xs) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < S * ncols * 4) {
+    const uint32_t q = i & 3u, sn = i >> 2, s = sn / ncols, n = sn - s * ncols, col = 32 * s + 8 * q;
+    const float *xp = x + n * ldx + col;
+    float v[8];
+    if (col + 8 <= K) {
+      const float4 a = __ldg(reinterpret_cast<const float4 *>(xp)), b = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
+    }
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) split2(v[2 * k], v[2 * k + 1], hi[k], lo[k]);
+    xs[2 * i] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    xs[2 * i + 1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 /* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
@@ -153,6 +181,9 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     if (lv) issue(k);
     cp_commit();
   }
+  /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
+   * the grid before wrote.  A no-op otherwise. */
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   uint32_t kc = 0, kl = kRing - 1;
   uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
   const uint8_t *ex_p = nullptr;
@@ -210,30 +241,15 @@ struct MatvecSink {
 
   __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+    uint4 hi = make_uint4(0, 0, 0, 0), lo = hi; /* B registers: b0, b1 of step 0, b0, b1 of step 1 */
     if (r < a.ncols) {
-      const uint32_t col = 32 * c.s + 8 * q, K = a.K;
-      const float *xp = a.x + r * a.ldx + col;
-      if (col + 8 <= K) {
-        x0 = __ldg(reinterpret_cast<const float4 *>(xp));
-        x1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
-      } else {
-        float v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
-        x0 = make_float4(v[0], v[1], v[2], v[3]);
-        x1 = make_float4(v[4], v[5], v[6], v[7]);
-      }
+      const uint4 *p = a.xs + 2 * ((c.s * a.ncols + r) * 4 + q);
+      hi = p[0], lo = p[1];
     }
-    uint32_t bh[4], bl[4]; /* B registers 0, 1 of step 0, then of step 1: hi and lo parts */
-    split2(x0.x, x0.y, bh[0], bl[0]);
-    split2(x0.z, x0.w, bh[1], bl[1]);
-    split2(x1.x, x1.y, bh[2], bl[2]);
-    split2(x1.z, x1.w, bh[3], bl[3]);
-    mma_bf16(c0, A, bh[0], bh[1]);
-    mma_bf16(c1, A + 4, bh[2], bh[3]);
-    mma_bf16(c0, A, bl[0], bl[1]);
-    mma_bf16(c1, A + 4, bl[2], bl[3]);
+    mma_bf16(c0, A, hi.x, hi.y);
+    mma_bf16(c1, A + 4, hi.z, hi.w);
+    mma_bf16(c0, A, lo.x, lo.y);
+    mma_bf16(c1, A + 4, lo.z, lo.w);
   }
 
   __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) {
@@ -406,12 +422,24 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
+/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x NC floats), x's
+ * B fragments (S x NC x 128 bytes). */
+struct L2Scratch {
+  uint64_t part, xs, total;
+  L2Scratch(const L2Geom &g, const L2Work &w, unsigned nc) {
+    part = ((uint64_t)g.RB * 4 + 15) / 16 * 16;
+    xs = part + (uint64_t)w.units * 16 * nc * 4;
+    total = xs + (uint64_t)g.S * nc * 128;
+  }
+};
+
+static unsigned round_cols(unsigned ncols) { return ncols <= 1 ? 1 : ncols <= 2 ? 2 : ncols <= 4 ? 4 : 8; }
+
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
-  const unsigned nc = ncols <= 1 ? 1 : ncols <= 2 ? 2 : ncols <= 4 ? 4 : 8;
   L2Work w;
   int rc = l2_work(g, &w);
   if (rc < 0) return rc;
-  return (int64_t)(((uint64_t)g.RB * 4 + 15) / 16 * 16 + (uint64_t)w.units * 16 * nc * 4);
+  return (int64_t)L2Scratch(g, w, round_cols(ncols)).total;
 }
 
 template <int NC>
@@ -422,7 +450,16 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, const L2Matvec &a,
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;
-  l2_matvec_kernel<NC><<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, a);
+  const uint32_t frags = g.S * a.ncols * 4;
+  l2_xfrag_kernel<<<(frags + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, const_cast<uint4 *>(a.xs));
+  if ((rc = launch_status()) < 0) return rc;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2Smem, cfg.stream = stream;
+  cfg.attrs = pdl, cfg.numAttrs = 1;
+  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<NC>, g, w, a))) < 0) return rc;
   return launch_status();
 }
 
@@ -440,8 +477,10 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   L2Matvec a;
   a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
   a.y = y, a.y_bf16 = y_bf16;
+  const L2Scratch sc(g, w, round_cols(ncols));
   a.count = static_cast<uint32_t *>(scratch);
-  a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + ((uint64_t)g.RB * 4 + 15) / 16 * 16);
+  a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + sc.part);
+  a.xs = reinterpret_cast<const uint4 *>(static_cast<uint8_t *>(scratch) + sc.xs);
   if (ncols == 1) return launch_l2_matvec<1>(g, w, a, stream);
   if (ncols == 2) return launch_l2_matvec<2>(g, w, a, stream);
   if (ncols <= 4) return launch_l2_matvec<4>(g, w, a, stream);
