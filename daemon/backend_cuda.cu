@@ -51,6 +51,7 @@
  *     libcuda at link time) and every request's offset and size is checked against it.
  *     An epilogue kernel applies the request's scale and bias and writes float or BF16.
  */
+#include "backend.h" /* NWCD_MAX_DEVICES */
 #include "backend_cuda.h"
 
 #include "nwc_kernels.h"
@@ -66,8 +67,6 @@
 extern "C" int nwc__fail(int err, const char *fmt, ...);
 
 namespace {
-
-constexpr int kMaxDev = 16;
 
 /* A device copy: one allocation from the device's copy pool (k.owned) holding the lookup table
  * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
@@ -164,11 +163,11 @@ struct Pool {
   Ctx *idle[kMaxIdle];
   int n = 0;
 };
-Pool pools[kMaxDev];
+Pool pools[NWCD_MAX_DEVICES];
 
 /* Each device's memory pool for copies, made at its first copy, release threshold 0 (above). */
 pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
-cudaMemPool_t copy_pools[kMaxDev];
+cudaMemPool_t copy_pools[NWCD_MAX_DEVICES];
 
 int copy_pool(int dev, cudaMemPool_t *out) {
   pthread_mutex_lock(&copy_pools_lock);
@@ -195,7 +194,7 @@ int copy_pool(int dev, cudaMemPool_t *out) {
 
 cudaMemPool_t copy_pool_if_any(int dev) {
   pthread_mutex_lock(&copy_pools_lock);
-  cudaMemPool_t p = dev >= 0 && dev < kMaxDev ? copy_pools[dev] : nullptr;
+  cudaMemPool_t p = dev >= 0 && dev < NWCD_MAX_DEVICES ? copy_pools[dev] : nullptr;
   pthread_mutex_unlock(&copy_pools_lock);
   return p;
 }
@@ -236,7 +235,7 @@ struct Lease {
     if (!keep) ctx_destroy(c);
   }
   int take(int d) {
-    if (d < 0 || d >= kMaxDev) return nwc__fail(-EINVAL, "CUDA device %d out of range", d);
+    if (d < 0 || d >= NWCD_MAX_DEVICES) return nwc__fail(-EINVAL, "CUDA device %d out of range", d);
     CU_TRY(cudaSetDevice(d), "cudaSetDevice");
     Pool &p = pools[d];
     pthread_mutex_lock(&p.lock);
@@ -568,7 +567,7 @@ extern "C" int nwcd_cuda_devices(int *n) {
     return nwc__fail(-ENODEV, "no CUDA device (%s)",
                      e != cudaSuccess ? cudaGetErrorString(e) : "none found");
   }
-  *n = k < kMaxDev ? k : kMaxDev;
+  *n = k < NWCD_MAX_DEVICES ? k : NWCD_MAX_DEVICES;
   /* A request's worker spins on its completion event rather than sleeping: a sleeping waiter's
    * wake-up costs tens of microseconds per request (before any context exists, so it applies) */
   for (int d = 0; d < *n; d++)
@@ -589,7 +588,7 @@ extern "C" void nwcd_cuda_forget(const void *owner) {
 }
 
 extern "C" void nwcd_cuda_trim(int dev) {
-  if (dev < 0 || dev >= kMaxDev) return;
+  if (dev < 0 || dev >= NWCD_MAX_DEVICES) return;
   Pool &p = pools[dev];
   pthread_mutex_lock(&p.lock);
   int n = p.n;
@@ -624,24 +623,24 @@ extern "C" int nwcd_cuda_pool_idle(int dev, uint64_t *bytes) {
   return 0;
 }
 
-extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
+extern "C" int nwcd_cuda_blob_alloc(const nwc_tensor_info *ti, int dev, void *stream, void *stage,
                                     void **dcopy, void **blob) {
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   uint64_t lay[4];
-  TRY(nwc_layout(b->rows, b->cols, b->elem, lay));
-  if (lay[NWC_LAYOUT_BLOCKS] != b->nblocks)
+  TRY(nwc_layout(ti->rows, ti->cols, ti->elem, lay));
+  if (lay[NWC_LAYOUT_BLOCKS] != ti->nblocks)
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
-                     (unsigned long long)b->nblocks, (unsigned long long)b->rows,
-                     (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
+                     (unsigned long long)ti->nblocks, (unsigned long long)ti->rows,
+                     (unsigned long long)ti->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
   cudaMemPool_t pool;
   TRY(copy_pool(dev, &pool));
   uint32_t *tab = static_cast<uint32_t *>(stage);
-  TRY(nwc_build_tab(b->psym, b->elem, tab));
+  TRY(nwc_build_tab(ti->psym, ti->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   Copy *cp = new (std::nothrow) Copy;
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
   memset(&cp->k, 0, sizeof cp->k);
-  cp->bytes = kTabSpace + b->length;
+  cp->bytes = kTabSpace + ti->length;
   uint8_t *mem = nullptr;
   cudaError_t e = cudaMallocFromPoolAsync((void **)&mem, cp->bytes, pool, st);
   int rc = e == cudaErrorMemoryAllocation
@@ -664,15 +663,15 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   return 0;
 }
 
-extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b) {
+extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwc_tensor_info *ti) {
   Copy *cp = static_cast<Copy *>(dcopy);
   uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
   nwc_k_tensor &k = cp->k;
-  k.elem = b->elem, k.rows = b->rows, k.cols = b->cols, k.nblocks = b->nblocks;
+  k.elem = ti->elem, k.rows = ti->rows, k.cols = ti->cols, k.nblocks = ti->nblocks;
   k.tab = reinterpret_cast<const uint32_t *>(mem);
-  k.bases = reinterpret_cast<const uint64_t *>(blob + b->off_bases);
-  k.hdr = blob + b->off_hdr, k.data = blob + b->off_data, k.raw = blob + b->off_raw;
-  k.scale = b->off_scale ? reinterpret_cast<const float *>(blob + b->off_scale) : nullptr;
+  k.bases = reinterpret_cast<const uint64_t *>(blob + ti->off_bases);
+  k.hdr = blob + ti->off_hdr, k.data = blob + ti->off_data, k.raw = blob + ti->off_raw;
+  k.scale = ti->off_scale ? reinterpret_cast<const float *>(blob + ti->off_scale) : nullptr;
 }
 
 extern "C" int nwcd_cuda_scales(const void *dcopy, float *out) {

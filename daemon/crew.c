@@ -26,11 +26,14 @@
  * helpers); front <= back always, and [0, front) and [back, length) never overlap, so every
  * byte is loaded exactly once.
  */
-#include "nwcd.h"
+#include "crew.h"
+
+#include "clock.h"
 
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -18,12 +18,13 @@
  * a failed load synchronizes the stream before its slots go back, and a slot is refilled only
  * once its copy's event has completed, so no copy reads a slot that a later load refills.
  */
-#include "nwcd.h"
+#include "loader_cuda.h"
 
 #include "internal.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 struct nwcd_gpu_ring {

@@ -20,7 +20,13 @@
  * during a pass queues one more.  State under svc.lock; the thread is joined before the loop
  * ends (nwcd_service_close), so it never outlives residency or the store.
  */
-#include "service.h"
+#include "notify.h"
+
+#include "clock.h"
+#include "config.h"
+#include "log.h"
+#include "nwcd.h"
+#include "residency.h"
 
 #include "internal.h"
 
@@ -59,21 +65,6 @@ void nwcd_notify(const char *fmt, ...) {
   static atomic_bool warned; /* once: a vanished NOTIFY_SOCKET would repeat it forever */
   if (rc < 0 && !atomic_exchange(&warned, true))
     nwcd_log(NWCD_LOG_WARN, "sd_notify to %s: %s", getenv("NOTIFY_SOCKET"), strerror(-rc));
-}
-
-const char *nwcd_journal_prefix(int level) {
-  static atomic_int journal = -1; /* unknown, 0 no, 1 yes; a race only computes it twice */
-  int j = atomic_load(&journal);
-  if (j < 0) {
-    const char *env = getenv("JOURNAL_STREAM");
-    unsigned long long dev = 0, ino = 0;
-    struct stat st;
-    j = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 && fstat(2, &st) == 0 &&
-        (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
-    atomic_store(&journal, j);
-  }
-  static const char *prio[] = {SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG};
-  return j && level >= 0 && level <= 3 ? prio[level] : "";
 }
 
 int nwcd_service_listen_fd(char *path, size_t n) {
@@ -219,7 +210,7 @@ static void on_sighup(uv_signal_t *h, int signum) {
   nwcd_log(NWCD_LOG_INFO, "SIGHUP: reloading the configuration");
   if (nwcd_config_reload(svc.d) < 0)
     nwcd_notify("READY=1\nSTATUS=serving; the last reload failed: %s", nwc_error_detail());
-  /* else the service thread sends READY=1 after the preload pass */
+  else nwcd_service_preload(); /* the service thread sends READY=1 after the pass */
 }
 
 static void on_watchdog(uv_timer_t *t) {

@@ -75,6 +75,10 @@
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
  * and stats count it.
  */
+#include "residency.h"
+
+#include "clock.h"
+#include "log.h"
 #include "nwcd.h"
 
 #include "internal.h"
