@@ -49,7 +49,8 @@
  *     (at most 16 per connection, LRU; closed when the connection ends); the allocation's real
  *     size comes from the driver (cuMemGetAddressRange, fetched at run time so that nwcd needs no
  *     libcuda at link time) and every request's offset and size is checked against it.
- *     An epilogue kernel applies the request's scale and bias and writes float or BF16.
+ *     An epilogue kernel (nwc_k_epilogue) applies the request's scale and bias and writes float
+ *     or BF16.
  */
 #include "backend.h" /* NWCD_MAX_DEVICES */
 #include "backend_cuda.h"
@@ -350,54 +351,6 @@ void region_forget(const void *owner) {
   pthread_mutex_unlock(&region_lock);
   if (r && r->dev && cudaHostUnregister(r->base) != cudaSuccess) cudaGetLastError();
   delete r;
-}
-
-/* ---- kernels of this file: the IPC paths' epilogue and compaction ------------------------- */
-
-/* y[c * M + i] = scale * t[c * M + i] + bias[i], as float or BF16 (round to nearest even). */
-__global__ void epilogue_kernel(const float *t, uint64_t M, uint64_t n, float scale,
-                                const float *bias, void *y, int bf16) {
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    float v = scale * t[i] + (bias ? bias[i % M] : 0.0f);
-    if (bf16) {
-      uint32_t u = __float_as_uint(v);
-      uint16_t h = (v != v) ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-      static_cast<uint16_t *>(y)[i] = h;
-    } else {
-      static_cast<float *>(y)[i] = v;
-    }
-  }
-}
-
-/* A socket matvec's x for the kernels: ncols columns of K floats, xld apart in host memory the
- * device maps (src: its device view), into dx as columns of K16, zero padded (n = ncols * K16).
- * The SMs read it over the bus: for a few KiB that starts sooner than a copy engine's transfer,
- * and the graph has no engine switch before the matvec kernels. */
-__global__ void load_x_kernel(const float *src, uint64_t K, uint64_t xld, uint64_t K16, uint64_t n,
-                              float *dx) {
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t col = i / K16, k = i - col * K16;
-    dx[i] = k < K ? src[col * xld + k] : 0.0f;
-  }
-}
-
-/* Dense rows x K (BF16 or float) from BF16 rows of stride K16. */
-__global__ void compact_kernel(const uint16_t *src, uint64_t M, uint64_t K, uint64_t K16, void *dst,
-                               int bf16) {
-  uint64_t n = M * K;
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint16_t h = src[(i / K) * K16 + i % K];
-    if (bf16) static_cast<uint16_t *>(dst)[i] = h;
-    else static_cast<float *>(dst)[i] = __uint_as_float((uint32_t)h << 16);
-  }
-}
-
-unsigned grid_for(uint64_t n) {
-  uint64_t g = (n + 255) / 256;
-  return (unsigned)(g < 4096 ? (g ? g : 1) : 4096);
 }
 
 /* ---- IPC ----------------------------------------------------------------------------------- */
@@ -777,12 +730,11 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   return rc;
 }
 
-/* x up into c->dx (zero padded to K16) by load_x_kernel, then the kernels writing y, enqueued
+/* x up into c->dx (zero padded to K16) by nwc_k_load_x, then the kernels writing y, enqueued
  * on c's stream. */
 static int enqueue_io(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
-  const uint64_t K = cp->k.cols, K16 = cp->k16, n = (uint64_t)ncols * K16;
-  load_x_kernel<<<grid_for(n), 256, 0, c->stream>>>(io.x, K, io.xld, K16, n, (float *)c->dx.p);
-  CU_TRY(cudaGetLastError(), "launch of the x copy");
+  TRY(kstatus(nwc_k_load_x(io.x, cp->k.cols, io.xld, ncols, (float *)c->dx.p, c->stream),
+              "launch of the x copy"));
   return enqueue_matvecs(c, cp, ncols, io.y);
 }
 
@@ -905,11 +857,9 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
   TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
   TRY(grow(c, c->ds, cp->scratch * 4, false));
   TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
-  uint64_t n = (uint64_t)ncols * M;
-  epilogue_kernel<<<grid_for(n), 256, 0, c->stream>>>((const float *)c->dy.p, M, n, scale,
-                                                      bias ? (const float *)c->dbias.p : nullptr,
-                                                      my.p, bf16);
-  CU_TRY(cudaGetLastError(), "epilogue launch");
+  TRY(kstatus(nwc_k_epilogue((const float *)c->dy.p, M, ncols, scale,
+                              bias ? (const float *)c->dbias.p : nullptr, my.p, bf16, c->stream),
+              "epilogue launch"));
   return finish(*c, "matvec into the client's buffer");
 }
 
@@ -930,9 +880,8 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const
   } else {
     TRY(grow(c, c->dout, M * K16 * 2, false));
     TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
-    compact_kernel<<<grid_for(M * K), 256, 0, c->stream>>>((const uint16_t *)c->dout.p, M, K, K16,
-                                                           mo.p, bf16);
-    CU_TRY(cudaGetLastError(), "compact launch");
+    TRY(kstatus(nwc_k_compact((const uint16_t *)c->dout.p, M, K, mo.p, bf16, c->stream),
+                "compact launch"));
   }
   return finish(*c, "dequant into the client's buffer");
 }
