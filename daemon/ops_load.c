@@ -86,7 +86,8 @@ static void load_lane(void *ctx, uint64_t lane) {
       else c->res.buffered++;
     }
     c->done += c->ti[i].length;
-    if (pthread_equal(pthread_self(), c->owner)) nwcd_send_progress(c->pc, c->done, c->total, false);
+    if (pthread_equal(pthread_self(), c->owner))
+      nwcd_send_progress(c->pc, c->done, c->total, false);
     pthread_mutex_unlock(&c->lock);
   }
   nwcd_crew_join(NULL);
