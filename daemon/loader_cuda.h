@@ -9,8 +9,8 @@
 
 #include <stdint.h>
 
-/* A ring whose sink copies each slot to device memory with cudaMemcpyAsync, releasing slots as their
- * copies' events complete. */
+/* A ring whose sink copies each slot to device memory with cudaMemcpyAsync, releasing slots as
+ * their copies' events complete. */
 typedef struct nwcd_gpu_ring nwcd_gpu_ring;
 /* A ring (bytes, slot_size as nwcd_ring_create) pinned with cudaHostRegister, a stream and an
  * event per slot on device.  Free with nwcd_gpu_ring_free. */
