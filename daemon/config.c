@@ -94,7 +94,8 @@ static int parse_uint(const char *v, int base, unsigned long max, unsigned *out)
   return 0;
 }
 
-int nwcd_parse_log_level(const char *s, int *level) {
+/* "error", "warning", "info", "debug" (or 0..3): 0 and *level, or -EINVAL. */
+static int parse_log_level(const char *s, int *level) {
   static const char *names[] = {"error", "warning", "info", "debug"};
   for (int i = 0; i < 4; i++)
     if (!strcmp(s, names[i])) return *level = i, 0;
@@ -176,7 +177,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
       return s->set |= NWCD_SET_MODE, 1;
     }
     if (!strcmp(name, "log_level")) {
-      if (nwcd_parse_log_level(v, &s->log_level) < 0)
+      if (parse_log_level(v, &s->log_level) < 0)
         return bad(p, "log_level: expected error, warning, info or debug, got '%s'", v);
       return s->set |= NWCD_SET_LOGLEVEL, 1;
     }
@@ -277,7 +278,7 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
     case 'v': case 'q': flags_set |= NWCD_SET_LOGLEVEL; break;
     case 'C': config_path = arg; break;
     case 'L':
-      if (nwcd_parse_log_level(arg, &level) < 0) {
+      if (parse_log_level(arg, &level) < 0) {
         fprintf(stderr, "nwcd: --log-level: %s\n", nwc_error_detail());
         return -EINVAL;
       }

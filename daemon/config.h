@@ -68,15 +68,12 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg);
  * exists) into cfg under the flags.  0, or -errno after printing "FILE:LINE: why". */
 int nwcd_config_load(nwcd_config *cfg);
 /* SIGHUP (loop thread): re-reads the file and applies budgets, limits, log level, admin group
- * and the preload list; logs what needs a restart.  A file that does not
- * parse changes nothing (logged).  Returns 0 (the caller then starts a preload pass,
- * nwcd_service_preload) or the parse error. */
+ * and the preload list; logs what needs a restart.  A file that does not parse changes nothing
+ * (logged).  Returns 0 (the caller, notify.c, then starts a preload pass) or the parse error. */
 int nwcd_config_reload(struct nwcd *d);
 /* A copy of the active preload list (any thread): 0 and *out (n strdup'ed names in a
  * malloc'ed array: free each and the array), or -ENOMEM. */
 int nwcd_config_preload(char ***out, size_t *n);
-/* "error", "warning", "info", "debug" (or 0..3): 0 and *level, or -EINVAL. */
-int nwcd_parse_log_level(const char *s, int *level);
 /* Frees the active settings (at exit). */
 void nwcd_config_free(void);
 

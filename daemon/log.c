@@ -21,7 +21,9 @@ void nwcd_log_set_level(int level) {
   atomic_store_explicit(&level_now, level, memory_order_relaxed);
 }
 
-const char *nwcd_journal_prefix(int level) {
+/* "<3>".."<7>" (the syslog priority of an NWCD_LOG_ level) when stderr is the journal
+ * (JOURNAL_STREAM names its device and inode), "" otherwise. */
+static const char *journal_prefix(int level) {
   static atomic_int journal = -1; /* unknown, 0 no, 1 yes; a race only computes it twice */
   int j = atomic_load(&journal);
   if (j < 0) {
@@ -44,5 +46,5 @@ void nwcd_log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "%snwcd: %s: %s\n", nwcd_journal_prefix(level), names[level], buf);
+  fprintf(stderr, "%snwcd: %s: %s\n", journal_prefix(level), names[level], buf);
 }

@@ -16,8 +16,5 @@ void nwcd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* The current level (NWCD_LOG_INFO until set), and a new one (NWCD_LOG_ERR..NWCD_LOG_DEBUG). */
 int nwcd_log_level(void);
 void nwcd_log_set_level(int level);
-/* "<3>".."<7>" (the syslog priority of an NWCD_LOG_ level) when stderr is the journal
- * (JOURNAL_STREAM names its device and inode), "" otherwise. */
-const char *nwcd_journal_prefix(int level);
 
 #endif

@@ -55,7 +55,8 @@ static struct {
   size_t npinned;
 } svc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-void nwcd_notify(const char *fmt, ...) {
+/* sd_notify wrapper: a no-op without NOTIFY_SOCKET; any thread. */
+__attribute__((format(printf, 1, 2))) static void notify(const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
@@ -139,7 +140,7 @@ static int preload_model(nwcd *d, const char *model) {
       break;
     }
     int pct = total ? (int)(done * 100 / total) : 100;
-    if (pct != last_pct) nwcd_notify("STATUS=loading %s: %d %%", model, pct), last_pct = pct;
+    if (pct != last_pct) notify("STATUS=loading %s: %d %%", model, pct), last_pct = pct;
     nwcd_ref ref;
     nwcd_load_info li;
     rc = nwcd_res_acquire(d->res, model, ti[i].name, NWCD_ACQ_PIN, &ref, &li);
@@ -168,14 +169,14 @@ static void preload_pass(nwcd *d) {
   svc.pinned = want, svc.npinned = n;
   unsigned ok = 0;
   for (size_t i = 0; i < n && !should_stop(); i++) ok += preload_model(d, want[i]) == 0;
-  if (n) nwcd_notify("STATUS=serving; %u of %zu preload models resident", ok, n);
-  else nwcd_notify("STATUS=serving");
+  if (n) notify("STATUS=serving; %u of %zu preload models resident", ok, n);
+  else notify("STATUS=serving");
 }
 
 static void *service_main(void *arg) {
   nwcd *d = arg;
   preload_pass(d);
-  if (!should_stop()) nwcd_notify("READY=1");
+  if (!should_stop()) notify("READY=1");
   pthread_mutex_lock(&svc.lock);
   while (!svc.stop) {
     if (!svc.pass_pending) {
@@ -185,14 +186,16 @@ static void *service_main(void *arg) {
     svc.pass_pending = false;
     pthread_mutex_unlock(&svc.lock);
     preload_pass(d);
-    if (!should_stop()) nwcd_notify("READY=1");
+    if (!should_stop()) notify("READY=1");
     pthread_mutex_lock(&svc.lock);
   }
   pthread_mutex_unlock(&svc.lock);
   return NULL;
 }
 
-void nwcd_service_preload(void) {
+/* Queues a preload pass for the active settings' list (after a reload); the service thread
+ * unpins models no longer listed, loads and pins the listed ones, then sends READY=1. */
+static void preload_queue(void) {
   pthread_mutex_lock(&svc.lock);
   svc.pass_pending = true;
   pthread_cond_signal(&svc.cond);
@@ -205,17 +208,17 @@ static void on_sighup(uv_signal_t *h, int signum) {
   (void)h, (void)signum;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  nwcd_notify("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+  notify("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
               (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
   nwcd_log(NWCD_LOG_INFO, "SIGHUP: reloading the configuration");
   if (nwcd_config_reload(svc.d) < 0)
-    nwcd_notify("READY=1\nSTATUS=serving; the last reload failed: %s", nwc_error_detail());
-  else nwcd_service_preload(); /* the service thread sends READY=1 after the pass */
+    notify("READY=1\nSTATUS=serving; the last reload failed: %s", nwc_error_detail());
+  else preload_queue(); /* the service thread sends READY=1 after the pass */
 }
 
 static void on_watchdog(uv_timer_t *t) {
   (void)t;
-  nwcd_notify("WATCHDOG=1");
+  notify("WATCHDOG=1");
 }
 
 int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
@@ -237,7 +240,7 @@ int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
 }
 
 void nwcd_service_stopping(void) {
-  nwcd_notify("STOPPING=1\nSTATUS=stopping: finishing requests in flight");
+  notify("STOPPING=1\nSTATUS=stopping: finishing requests in flight");
   pthread_mutex_lock(&svc.lock);
   svc.stop = true;
   pthread_cond_signal(&svc.cond);

@@ -25,10 +25,5 @@ int nwcd_service_start(struct nwcd *d, uv_loop_t *loop);
 void nwcd_service_stopping(void);
 /* Closes the handles and joins the service thread (before the loop ends). */
 void nwcd_service_close(void);
-/* Queues a preload pass for the active settings' list (after a reload); the service thread
- * unpins models no longer listed, loads and pins the listed ones, then sends READY=1. */
-void nwcd_service_preload(void);
-/* sd_notify wrapper: a no-op without NOTIFY_SOCKET; any thread. */
-void nwcd_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -22,9 +22,6 @@ struct nwcd;
 
 /* ---- ops_reply.c --------------------------------------------------------------------------- */
 
-/* Sends w's frame (status, flags) for j; final marks j's last frame (NWC_PF_ALONE added where j
- * is alone), after which j is gone.  When the frame cannot be built, sends -ENOMEM instead. */
-void nwcd_send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, bool final);
 /* j's final reply with w's payload (status 0). */
 void nwcd_reply(nwcd_job *j, nwc_pw *w);
 /* j's final reply with error rc, nwc_error_detail() (or nwc_strerror(rc)) as the message. */

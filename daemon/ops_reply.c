@@ -14,7 +14,9 @@
 #include <errno.h>
 #include <stdio.h>
 
-void nwcd_send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, bool final) {
+/* Sends w's frame (status, flags) for j; final marks j's last frame (NWC_PF_ALONE added where j
+ * is alone), after which j is gone.  When the frame cannot be built, sends -ENOMEM instead. */
+static void send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, bool final) {
   if (final && j->alone) flags |= NWC_PF_ALONE;
   int64_t n = nwc_pw_finish(w, j->req.op, flags, status, j->req.id);
   if (n < 0) { /* could not build the reply: send the failure instead */
@@ -32,7 +34,7 @@ void nwcd_send_frame(nwcd_job *j, nwc_pw *w, int32_t status, uint16_t flags, boo
   w->buf = NULL;
 }
 
-void nwcd_reply(nwcd_job *j, nwc_pw *w) { nwcd_send_frame(j, w, 0, 0, true); }
+void nwcd_reply(nwcd_job *j, nwc_pw *w) { send_frame(j, w, 0, 0, true); }
 
 void nwcd_reply_error(nwcd_job *j, int rc) {
   const char *detail = nwc_error_detail();
@@ -42,7 +44,7 @@ void nwcd_reply_error(nwcd_job *j, int rc) {
   nwc_pw w;
   nwc_pw_init(&w);
   nwc_pw_str(&w, msg);
-  nwcd_send_frame(j, &w, rc, 0, true);
+  send_frame(j, &w, rc, 0, true);
 }
 
 void nwcd_send_progress(nwcd_progress *p, uint64_t done, uint64_t total, bool force) {
@@ -52,5 +54,5 @@ void nwcd_send_progress(nwcd_progress *p, uint64_t done, uint64_t total, bool fo
   nwc_pw w;
   nwc_pw_init(&w);
   nwc_proto_put_progress(&w, done, total);
-  nwcd_send_frame(p->j, &w, 0, NWC_PF_EVENT, false);
+  send_frame(p->j, &w, 0, NWC_PF_EVENT, false);
 }
