@@ -6,9 +6,9 @@
  * small.  On a virtual machine an idle vCPU halts; once it has halted for longer than the host
  * polls for it (a few hundred microseconds), waking it takes the host's scheduler, and meanwhile
  * the host may hand the physical core's other hyperthread to another tenant, which slows the
- * daemon's own compute on the sibling.  Measured on the 2-vCPU dev VM (docs/results.md, issue 5):
- * a 256 x 512 matvec through nwcd took 190 - 210 us p50 sleeping, 131 us polling, for 120 us of
- * nwcd's CPU.  CUDA's cudaDeviceScheduleYield waits the same way for the same reason.
+ * daemon's own compute on the sibling: on the dev VM a 1-row gather between two processes took
+ * twice as long with both sleeping as with the client polling (docs/results.md: waiting by
+ * polling).  CUDA's cudaDeviceScheduleYield waits the same way for the same reason.
  *
  * The policy, per connection (nwc_client_set_spin, or NWC_CLIENT_SPIN_US in the environment):
  *   - poll only while this client is the daemon's only busy one: nwcd marks a final reply

@@ -1,5 +1,5 @@
 /*
- * backend_cuda.cu - the CUDA compute backend of nwcd (issue 8): device copies of resident
+ * backend_cuda.cu - the CUDA compute backend of nwcd: device copies of resident
  * tensors and the layout-0 kernels of kernels/ (nwc_kernels.h) for dequant, gather and matvec,
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *

@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 /* A model's tensors load in this many lanes at once (ops.c): into host memory 8, into GPU
- * memory 16, and the cuda backend keeps as many staging rings per device (backend_cpu.c).  A
+ * memory 16, and the cuda backend keeps as many staging rings per device (gpu_staging.c).  A
  * warm load into GPU memory is bound by the CPU: each lane copies the page cache into its ring
  * and checks the chunks (a hot load), at a few GB/s per core on the H200 host, so its lanes are
- * as many as that host's 16 cores (docs/results.md, issue 8). */
+ * as many as that host's 16 cores (docs/results.md). */
 #define NWCD_LOAD_LANES 8
 #define NWCD_GPU_LOAD_LANES 16
 /* The most bytes a lane that has run out of tensors takes of another's at once (crew.c), onto a

@@ -24,10 +24,9 @@
  * hot (nwcd_load_opts.hot): each lane copies the page cache 1 MiB at a time (RING_PIECE: in a
  * core's 2 MiB L2) and checks it at once on its own core, alone (the lanes are as many as the
  * cores: helper threads would only add wake-ups), and a slot goes to the device when its 4 MiB
- * are in.  The in-process loader on the H200 host (docs/results.md, 2026-12-02 session 13): 16
- * lanes of two 4 MiB slots in 1 MiB pieces 44.4 GB/s; 16 MiB rings of 2 MiB slots, read whole
- * (the last geometry) 36.3-37.9; 16 MiB of 4 MiB in pieces 38.6; 8 MiB slots 31.9-33.7.  Fewer
- * bytes staged at once leave each slot in the caches until its copy reads it. */
+ * are in.  Of the geometries measured in-process on the H200 host (docs/results.md: GPU loads
+ * in 4 MiB slots) this one loaded fastest: fewer bytes staged at once leave each slot in the
+ * caches until its copy reads it. */
 #define RINGS NWCD_GPU_LOAD_LANES
 #define RING_BYTES ((128u << 20) / RINGS)
 #define RING_SLOT (4u << 20)
