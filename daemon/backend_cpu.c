@@ -1,6 +1,6 @@
 /*
- * backend_cpu.c - the compute backend interface (nwcd.h, nwcd_backend) and its CPU
- * implementation: host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
+ * backend_cpu.c - the CPU implementation of the compute backend interface (backend.h,
+ * nwcd_backend): host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
  * warning once otherwise), and the store/ decoders for dequant, gather and matvec.
  *
  * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING), so that its pages can be
@@ -21,12 +21,11 @@
  * mapping is unmapped before the seal, so the write seal still finds no writable mapping.  A
  * shared (sealed) copy is unmapped and closed when freed; clients' mappings keep its pages.
  * Residency bounds the spares with host_trim so that resident and spare bytes together stay
- * within the budget, and frees them all on an explicit evict.  The copies and spares are found in one table under a mutex.
+ * within the budget, and frees them all on an explicit evict.  The copies and spares are found
+ * in one table under a mutex.
  *
- * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
- * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
- * and host-resident ones these decoders.  auto is cuda when the build has it and a device
- * exists, else cpu.
+ * The "cuda" backend (backend.c) is this table with the device functions added: mapped
+ * (non-resident) and host-resident tensors still run these decoders there.
  */
 #include "backend.h"
 

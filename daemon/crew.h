@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-/* A model's tensors load in this many lanes at once (ops.c): into host memory 8, into GPU
+/* A model's tensors load in this many lanes at once (ops_load.c): into host memory 8, into GPU
  * memory 16, and the cuda backend keeps as many staging rings per device (gpu_staging.c).  A
  * warm load into GPU memory is bound by the CPU: each lane copies the page cache into its ring
  * and checks the chunks (a hot load), at a few GB/s per core on the H200 host, so its lanes are

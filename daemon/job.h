@@ -1,6 +1,6 @@
 /*
  * job.h - one request on its way through nwcd: the server (server.c) decodes a frame into a job,
- * a worker (pool.c) or the loop thread runs it (ops.c), and its final reply, sent through
+ * a worker (pool.c) or the loop thread runs it (ops.h), and its final reply, sent through
  * nwcd_server_send, hands it back to the server, which frees it.
  */
 #ifndef NWCD_JOB_H

@@ -32,6 +32,13 @@ static void on_load_progress(void *ctx, uint64_t done, uint64_t len) {
   nwcd_send_progress(lp->pc, lp->base + done, lp->total, false);
 }
 
+/* Loads of a model run in NWCD_LOAD_LANES parallel lanes (NWCD_GPU_LOAD_LANES onto a device,
+ * where the backend has as many staging rings: crew.h), each lane taking the next tensor, the
+ * largest first; the request's own worker is one of them and alone sends progress.  The lanes
+ * form a crew (crew.c): a lane with no tensor left takes parts of the others' last ones, so that
+ * the lanes end together.  Into host memory each lane writes its tensor's fresh memfd through
+ * its worker's staging ring (making pages costs more than the read itself, and the lanes make
+ * them in parallel, on as many cores as they run on), a helper its part into the same memfd. */
 typedef struct lanes_ctx {
   nwcd *d;
   const nwc_proto_req *r;
