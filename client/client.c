@@ -268,7 +268,8 @@ int nwc_client_connect(const char *path, nwc_client **out) {
   int wrc = nwc__waiter_init(&c->waiter);
   if (wrc < 0) {
     free(c);
-    return wrc;
+    return nwc__client_fail(wrc, "NWC_CLIENT_SPIN_US must be a number of microseconds from 0 to "
+                                 "1000000");
   }
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
@@ -316,6 +317,7 @@ int nwc_client_set_spin(nwc_client *c, unsigned spin_us) {
   pthread_mutex_lock(&c->lock);
   int rc = nwc__waiter_set(&c->waiter, spin_us);
   pthread_mutex_unlock(&c->lock);
+  if (rc < 0) return nwc__client_fail(rc, "a spin of more than 1 s (1000000 us) is not a wait");
   return rc;
 }
 

@@ -25,9 +25,10 @@ typedef struct nwc_waiter {
   uint32_t spin_us;   /* the longest poll, 0 = always sleep */
   uint32_t window_us; /* the poll of the next wait (adapts between 0 and spin_us) */
 } nwc_waiter;
-/* spin_us from NWC_CLIENT_SPIN_US, or the default; -EINVAL (message set) if it is malformed. */
+/* spin_us from NWC_CLIENT_SPIN_US, or the default; -EINVAL if it is malformed (the caller says
+ * so: wait.c sets no message, so that it needs nothing of client.c). */
 int nwc__waiter_init(nwc_waiter *w);
-/* nwc_client_set_spin's check and effect. */
+/* nwc_client_set_spin's check (-EINVAL over 1 s, no message set) and effect. */
 int nwc__waiter_set(nwc_waiter *w, unsigned spin_us);
 /* recv(fd, buf, len) that polls first, by the policy, if poll (the daemon's last reply said its
  * other clients are quiet); returns what recv returned (errno set on -1; never -1 with EINTR or
