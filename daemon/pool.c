@@ -8,8 +8,8 @@
  * nwcd_ops_can_batch: matvecs on the same tensor, bias, scale and output, up to 8 columns in
  * all) lets take more, it also takes, from anywhere in the queue, the jobs the rule lets join,
  * chained on job->batch: concurrent matvecs of several clients on one tensor then cost one pass
- * over the compressed weights (nwc_matvec_batch).  Freeing the pool
- * lets the workers finish the queue, then joins them.
+ * over the compressed weights (nwc_matvec_batch).  Freeing the pool lets the workers finish the
+ * queue, then joins them.
  *
  * Parallel regions (nwcd_pool_parallel): a job that is one big piece of work (dequant of a large
  * tensor) splits it into n parts; idle workers take parts before new jobs, and the calling worker
