@@ -12,8 +12,6 @@
 #include "ops.h"
 #include "server.h"
 
-#include "internal.h"
-
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>

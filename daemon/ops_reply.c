@@ -9,8 +9,6 @@
 #include "nwcd.h"
 #include "server.h"
 
-#include "internal.h"
-
 #include <errno.h>
 #include <stdio.h>
 
