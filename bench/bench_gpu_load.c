@@ -41,7 +41,7 @@
 #include "bench.h"
 
 #include "nwc_store.h"
-#include "nwcd.h"
+#include "loader_cuda.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>

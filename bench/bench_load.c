@@ -51,7 +51,7 @@
 #include "bench.h"
 #include "nwc_client.h"
 #include "nwc_store.h"
-#include "nwcd.h"
+#include "loader_cuda.h"
 
 #ifdef NWCD_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -21,7 +21,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,15 +40,6 @@ struct nwc_client_mapping {
   nwc_client_map_info info;
 };
 
-__attribute__((format(printf, 2, 3))) static int mfail(int err, const char *fmt, ...) {
-  char msg[NWC_PROTO_MAX_MSG + 64];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return nwc__client_fail(err, msg);
-}
-
 /* Maps the memfd read-only after checking its seals and size. */
 static int map_memfd(int fd, uint64_t size, void **base) {
   struct stat st;
@@ -57,12 +47,15 @@ static int map_memfd(int fd, uint64_t size, void **base) {
   int need = F_SEAL_SHRINK | F_SEAL_GROW;
   if (fstat(fd, &st) < 0 || seals < 0 || (seals & need) != need ||
       !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
-    return mfail(-EPERM, "the tensor's memfd is not sealed against writes and resizing");
+    return nwc__client_fail(-EPERM, "the tensor's memfd is not sealed against writes and resizing");
   if (size < 4096 || size % 4096 || (uint64_t)st.st_size < size) /* blobs are whole pages */
-    return mfail(-EBADMSG, "the reply's size %llu is not whole pages within the tensor's memfd "
-                 "of %lld bytes", (unsigned long long)size, (long long)st.st_size);
+    return nwc__client_fail(-EBADMSG,
+                            "the reply's size %llu is not whole pages within the tensor's memfd "
+                            "of %lld bytes",
+                            (unsigned long long)size, (long long)st.st_size);
   *base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (*base == MAP_FAILED) return mfail(-errno, "mmap of the tensor: %s", strerror(errno));
+  if (*base == MAP_FAILED)
+    return nwc__client_fail(-errno, "mmap of the tensor: %s", strerror(errno));
   return 0;
 }
 
@@ -79,7 +72,7 @@ static int map_view(nwc_client_mapping *m, const char *model, const char *tensor
       .off_raw = p->off_raw, .off_scale = p->off_scale};
   memcpy(ti.psym, p->psym, 16);
   int rc = nwc_store_blob_view(&ti, m->base, &m->t);
-  return rc < 0 ? mfail(rc, "%s", nwc_error_detail()) : 0;
+  return rc < 0 ? nwc__client_fail(rc, "%s", nwc_error_detail()) : 0;
 }
 
 int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
@@ -87,10 +80,10 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
   *out = NULL;
   if (!c || !model || !tensor || strlen(model) >= NWC_PROTO_NAME_MAX ||
       strlen(tensor) >= NWC_PROTO_NAME_MAX)
-    return mfail(-EINVAL, "bad arguments");
+    return nwc__client_fail(-EINVAL, "bad arguments");
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-    return mfail(-errno, "socketpair: %s", strerror(errno));
+    return nwc__client_fail(-errno, "socketpair: %s", strerror(errno));
   nwc_proto_req req = {.op = NWC_OP_MAP};
   snprintf(req.model, sizeof req.model, "%s", model);
   snprintf(req.tensor, sizeof req.tensor, "%s", tensor);
@@ -103,14 +96,14 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
     nwc_pr r;
     nwc_pr_init(&r, payload, len);
     if (nwc_proto_get_map(&r, &p) < 0 || nwc_pr_end(&r, "map") < 0)
-      rc = mfail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
+      rc = nwc__client_fail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
   }
   free(payload);
   nwc_client_mapping *m = NULL;
   int fd = -1;
   if (rc == 0 && (rc = nwc_proto_map_recv(sv[0], req.id, &fd)) < 0)
-    rc = mfail(rc, "%s", nwc_error_detail());
-  if (rc == 0 && !(m = calloc(1, sizeof *m))) rc = mfail(-ENOMEM, "out of memory");
+    rc = nwc__client_fail(rc, "%s", nwc_error_detail());
+  if (rc == 0 && !(m = calloc(1, sizeof *m))) rc = nwc__client_fail(-ENOMEM, "out of memory");
   if (rc == 0) {
     m->base = MAP_FAILED;
     rc = map_memfd(fd, p.size, &m->base);
@@ -145,8 +138,8 @@ static size_t esize(unsigned flags) { return flags & NWC_CLIENT_BF16 ? 2 : 4; }
 
 static int check_cap(uint64_t n, uint64_t cols, unsigned flags, size_t cap) {
   if (n * cols * esize(flags) > cap)
-    return mfail(-ENOSPC, "the output takes %llu bytes, the buffer holds %zu",
-                 (unsigned long long)(n * cols * esize(flags)), cap);
+    return nwc__client_fail(-ENOSPC, "the output takes %llu bytes, the buffer holds %zu",
+                            (unsigned long long)(n * cols * esize(flags)), cap);
   return 0;
 }
 
@@ -170,7 +163,7 @@ static void put_rows(const uint16_t *dec, uint64_t n, uint64_t K, uint64_t K16, 
 static uint64_t k16(uint64_t K) { return (K + 15) & ~UINT64_C(15); }
 
 int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *out, size_t cap) {
-  if (!m || !out) return mfail(-EINVAL, "bad arguments");
+  if (!m || !out) return nwc__client_fail(-EINVAL, "bad arguments");
   const nwc_tensor *t = &m->t;
   uint64_t M = t->rows, K = t->cols, br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
   int rc = check_cap(M, K, flags, cap);
@@ -178,7 +171,7 @@ int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *ou
   /* Bands of row blocks (about 4 MiB of decoded rows) through a scratch buffer. */
   uint64_t band = (UINT64_C(4) << 20) / (2 * k16(K) * br) + 1, nrb = (M + br - 1) / br;
   uint16_t *dec = malloc(band * br * k16(K) * 2);
-  if (!dec) return mfail(-ENOMEM, "out of memory");
+  if (!dec) return nwc__client_fail(-ENOMEM, "out of memory");
   for (uint64_t rb = 0; rb < nrb; rb += band) {
     uint64_t rb1 = rb + band < nrb ? rb + band : nrb, r0 = rb * br;
     uint64_t r1 = rb1 * br < M ? rb1 * br : M;
@@ -186,36 +179,36 @@ int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *ou
     put_rows(dec, r1 - r0, K, k16(K), flags, (uint8_t *)out + r0 * K * esize(flags));
   }
   free(dec);
-  return rc < 0 ? mfail(rc, "dequant: %s", nwc_error_detail()) : 0;
+  return rc < 0 ? nwc__client_fail(rc, "dequant: %s", nwc_error_detail()) : 0;
 }
 
 int nwc_client_map_gather(const nwc_client_mapping *m, const uint64_t *rows, size_t n,
                           unsigned flags, void *out, size_t cap) {
-  if (!m || !rows || !n || !out) return mfail(-EINVAL, "bad arguments");
+  if (!m || !rows || !n || !out) return nwc__client_fail(-EINVAL, "bad arguments");
   const nwc_tensor *t = &m->t;
   for (size_t i = 0; i < n; i++)
     if (rows[i] >= t->rows)
-      return mfail(-EINVAL, "row %llu is out of range (%llu rows)", (unsigned long long)rows[i],
-                   (unsigned long long)t->rows);
+      return nwc__client_fail(-EINVAL, "row %llu is out of range (%llu rows)",
+                              (unsigned long long)rows[i], (unsigned long long)t->rows);
   int rc = check_cap(n, t->cols, flags, cap);
   if (rc < 0) return rc;
   uint16_t *dec = malloc(n * k16(t->cols) * 2);
-  if (!dec) return mfail(-ENOMEM, "out of memory");
+  if (!dec) return nwc__client_fail(-ENOMEM, "out of memory");
   rc = nwc_gather(t, rows, n, dec);
   if (rc == 0) put_rows(dec, n, t->cols, k16(t->cols), flags, out);
   free(dec);
-  return rc < 0 ? mfail(rc, "gather: %s", nwc_error_detail()) : 0;
+  return rc < 0 ? nwc__client_fail(rc, "gather: %s", nwc_error_detail()) : 0;
 }
 
 int nwc_client_map_matvec(const nwc_client_mapping *m, const float *bias, float scale,
                           const float *x, unsigned ncols, unsigned flags, void *y, size_t cap) {
-  if (!m || !x || !ncols || !y) return mfail(-EINVAL, "bad arguments");
+  if (!m || !x || !ncols || !y) return nwc__client_fail(-EINVAL, "bad arguments");
   const nwc_tensor *t = &m->t;
   uint64_t M = t->rows, K = t->cols;
   int rc = check_cap(ncols, M, flags, cap);
   if (rc < 0) return rc;
   float *Y = malloc((size_t)ncols * M * 4);
-  if (!Y) return mfail(-ENOMEM, "out of memory");
+  if (!Y) return nwc__client_fail(-ENOMEM, "out of memory");
   for (unsigned c = 0; rc == 0 && c < ncols; c += 8) /* one decoder pass per 8 columns */
     rc = nwc_matvec_batch(t, x + (size_t)c * K, ncols - c < 8 ? ncols - c : 8, K, NULL,
                           Y + (size_t)c * M, M, NULL);
@@ -229,5 +222,5 @@ int nwc_client_map_matvec(const nwc_client_mapping *m, const float *bias, float 
     }
   }
   free(Y);
-  return rc < 0 ? mfail(rc, "matvec: %s", nwc_error_detail()) : 0;
+  return rc < 0 ? nwc__client_fail(rc, "matvec: %s", nwc_error_detail()) : 0;
 }

@@ -589,6 +589,7 @@ static int cmd_stats(void) {
   if (json) {
     json_t *o = json_object();
     json_object_set_new(o, "backend", json_string(s.backend));
+    json_object_set_new(o, "daemon", json_string(nwc_client_daemon_version(c)));
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
       json_object_set_new(o, names[i], json_integer((json_int_t)v[i]));
     json_out(o);
@@ -602,6 +603,7 @@ static int cmd_stats(void) {
            bytes ? nwc_size_text(v[i], h) : "", bytes ? ")" : "");
   }
   printf("%-18s %s\n", "backend", s.backend);
+  printf("%-18s %s\n", "daemon", nwc_client_daemon_version(c));
   return 0;
 }
 

@@ -1,6 +1,6 @@
 /*
- * backend_cpu.c - the compute backend interface (nwcd.h, nwcd_backend) and its CPU
- * implementation: host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
+ * backend_cpu.c - the CPU implementation of the compute backend interface (backend.h,
+ * nwcd_backend): host memory in memfds, pinned with mlock where RLIMIT_MEMLOCK allows (a
  * warning once otherwise), and the store/ decoders for dequant, gather and matvec.
  *
  * Host memory: each resident copy is one memfd (MFD_ALLOW_SEALING), so that its pages can be
@@ -21,19 +21,25 @@
  * mapping is unmapped before the seal, so the write seal still finds no writable mapping.  A
  * shared (sealed) copy is unmapped and closed when freed; clients' mappings keep its pages.
  * Residency bounds the spares with host_trim so that resident and spare bytes together stay
- * within the budget, and frees them all on an explicit evict.  The copies and spares are found in one table under a mutex.
+ * within the budget, and frees them all on an explicit evict.  The copies and spares are found
+ * in one table under a mutex.
  *
- * The "cuda" backend (built with NWC_WITH_CUDA) is this struct with the device functions of
- * backend_cuda.cu added: tensors that live on a device run the kernels, mapped (non-resident)
- * and host-resident ones these decoders.  auto is cuda when the build has it and a device
- * exists, else cpu.
+ * The "cuda" backend (backend.c) is this table with the device functions added: mapped
+ * (non-resident) and host-resident tensors still run these decoders there.
  */
-#include "nwcd.h"
+#include "backend.h"
+
+#include "crew.h"
+#include "loader.h"
+#include "log.h"
 
 #include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,176 +293,12 @@ static int cpu_matvec(const nwc_tensor *t, const float *X, unsigned ncols, size_
   return nwc_matvec_batch(t, X, ncols, ldx, bias, Y, ldy, NULL);
 }
 
-static const nwcd_backend cpu_backend = {.name = "cpu", .host_load = cpu_host_load,
-                                         .host_trim = cpu_host_trim,
-                                         .host_free = cpu_host_free, .dequant = cpu_dequant,
-                                         .gather = cpu_gather, .matvec = cpu_matvec,
-                                         .host_share = cpu_host_share};
+const nwcd_backend nwcd_cpu_backend = {.name = "cpu", .host_load = cpu_host_load,
+                                       .host_trim = cpu_host_trim,
+                                       .host_free = cpu_host_free, .dequant = cpu_dequant,
+                                       .gather = cpu_gather, .matvec = cpu_matvec,
+                                       .host_share = cpu_host_share};
 
-#ifdef NWC_WITH_CUDA
-static nwcd_backend cuda_backend;
-/* Staging rings per device: one per load lane, two slots of 4 MiB each (128 MiB in all), so
- * that every lane streams at once; made at a device's first load, kept until exit.  Loads are
- * hot (nwcd_load_opts.hot): each lane copies the page cache 1 MiB at a time (RING_PIECE: in a
- * core's 2 MiB L2) and checks it at once on its own core, alone (the lanes are as many as the
- * cores: helper threads would only add wake-ups), and a slot goes to the device when its 4 MiB
- * are in.  The in-process loader on the H200 host (docs/results.md, 2026-12-02 session 13): 16
- * lanes of two 4 MiB slots in 1 MiB pieces 44.4 GB/s; 16 MiB rings of 2 MiB slots, read whole
- * (the last geometry) 36.3-37.9; 16 MiB of 4 MiB in pieces 38.6; 8 MiB slots 31.9-33.7.  Fewer
- * bytes staged at once leave each slot in the caches until its copy reads it. */
-#define RINGS NWCD_GPU_LOAD_LANES
-#define RING_BYTES ((128u << 20) / RINGS)
-#define RING_SLOT (4u << 20)
-#define RING_PIECE (1u << 20)
-static nwcd_gpu_ring *rings[NWCD_MAX_DEVICES][RINGS];
-static bool ring_busy[NWCD_MAX_DEVICES][RINGS];
-static pthread_mutex_t rings_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t ring_free = PTHREAD_COND_INITIALIZER;
-
-/* The ring of each device that the calling thread took last, plus one (0: none yet). */
-static _Thread_local unsigned ring_mine[NWCD_MAX_DEVICES];
-
-/* A ring of dev for one load (waits while all are busy); -errno if it cannot be made.  A thread
- * takes the ring it had last when that one is free: its slots are still in the thread's core's
- * caches, where a copy into another thread's ring would first fetch every line from that core
- * (each load lane takes a ring per tensor). */
-static int ring_take(int dev, unsigned *k) {
-  pthread_mutex_lock(&rings_lock);
-  for (;;) {
-    *k = ring_mine[dev] ? ring_mine[dev] - 1 : 0;
-    if (!ring_busy[dev][*k]) break;
-    for (*k = 0; *k < RINGS && ring_busy[dev][*k]; (*k)++) {
-    }
-    if (*k < RINGS) break;
-    pthread_cond_wait(&ring_free, &rings_lock);
-  }
-  int rc = rings[dev][*k] ? 0 : nwcd_gpu_ring_create(dev, RING_BYTES, RING_SLOT, &rings[dev][*k]);
-  ring_busy[dev][*k] = rc == 0;
-  if (rc == 0) ring_mine[dev] = *k + 1;
-  pthread_mutex_unlock(&rings_lock);
-  return rc;
-}
-
-static void ring_give(int dev, unsigned k) {
-  pthread_mutex_lock(&rings_lock);
-  ring_busy[dev][k] = false;
-  pthread_cond_broadcast(&ring_free); /* the waiters may want other devices' rings */
-  pthread_mutex_unlock(&rings_lock);
-}
-
-/* A blob being loaded onto dev at blob (device memory), as a crew's helper sees it: the memory
- * is there for other streams once ready (a mark on the owner's ring) has passed. */
-typedef struct dev_blob {
-  const nwc_tensor_info *ti;
-  int dev;
-  uint8_t *blob;
-  void *ready;
-} dev_blob;
-
-static const nwcd_load_opts dev_load_opts = {.checkers = 1, .hot = true, .piece = RING_PIECE};
-
-/* A crew helper's part of a blob (nwcd_part_fn): bytes [off, off + len) through a ring of its
- * own, checked against the blob's chunks from off on. */
-static int cuda_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
-  const dev_blob *b = ctx;
-  nwcd_load_opts o = dev_load_opts;
-  o.from = off, o.to = off + len;
-  NWC_TRY(nwcd_gpu_mark_wait(b->ready));
-  unsigned k;
-  NWC_TRY(ring_take(b->dev, &k));
-  int rc = nwcd_load_to_device(rings[b->dev][k], b->ti, b->blob, &o, li);
-  ring_give(b->dev, k);
-  return rc;
-}
-
-/* dev_load: a device copy whose blob the loader streams through one of dev's rings; with a crew
- * joined (a model load's lanes), the blob is offered to it, so that lanes with no tensor left
- * load parts of it from the back, each through a ring of its own, and the load is queued: it
- * returns once the owner's last copies are queued, not done, so that its lane reads its next
- * tensor while they run (the copy's users wait for its arrival on the device, and the model
- * load settles its device's rings before it answers: dev_settle).  Waiting for them instead
- * kept every lane from reading at each tensor's end, and the lanes, which take equal tensors
- * together, left the copy engine idle together. */
-static int cuda_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, nwcd_load_info *li) {
-  *dcopy = NULL;
-  unsigned k;
-  int rc = ring_take(dev, &k);
-  if (rc < 0) return rc;
-  nwcd_blob_desc b = {.elem = ti->elem, .rows = ti->rows, .cols = ti->cols,
-                      .nblocks = ti->nblocks, .length = ti->length, .off_bases = ti->off_bases,
-                      .off_hdr = ti->off_hdr, .off_data = ti->off_data, .off_raw = ti->off_raw,
-                      .off_scale = ti->off_scale};
-  memcpy(b.psym, ti->psym, sizeof b.psym);
-  void *blob = NULL;
-  uint64_t t0 = nwcd_now_ns();
-  nwcd_gpu_ring *g = rings[dev][k];
-  void *side = NULL;
-  if (rc == 0) rc = nwcd_gpu_ring_side(g, &side);
-  if (rc == 0) /* queues the allocation and the table on the ring's stream */
-    rc = nwcd_cuda_blob_alloc(&b, dev, nwcd_gpu_ring_stream(g), side, dcopy, &blob);
-  dev_blob share = {ti, dev, blob, NULL};
-  nwcd_load_opts o = dev_load_opts;
-  nwcd_crew *crew = nwcd_crew_joined();
-  o.queued = crew != NULL; /* the mark below also frees the side buffer for the next load */
-  if (rc == 0 && crew && (rc = nwcd_gpu_ring_mark(g, &share.ready)) == 0)
-    o.split = nwcd_crew_offer(crew, ti->length, ti->chunk_size, cuda_load_part, &share);
-  uint64_t alloc_ns = nwcd_now_ns() - t0;
-  if (rc == 0) rc = nwcd_load_to_device(g, ti, blob, &o, li);
-  if (rc == 0 && o.queued) rc = nwcd_cuda_blob_queued(*dcopy, nwcd_gpu_ring_stream(g));
-  if (rc < 0 && *dcopy) /* the copy is freed below: what was queued into it (its table, and */
-    nwcd_gpu_ring_settle(g); /* the load's copies where the load did not wait) must be done */
-  ring_give(dev, k);
-  if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
-  if (li) li->alloc_ns = alloc_ns;
-  if (rc == 0) nwcd_cuda_blob_finish(*dcopy, &b);
-  if (rc < 0) {
-    nwcd_cuda_free(*dcopy);
-    *dcopy = NULL;
-  }
-  return rc;
-}
-
-/* dev_settle: waits for the copies that queued loads left running on dev's rings (0, or the
- * first ring's CUDA error). */
-static int cuda_dev_settle(int dev) {
-  int rc = 0;
-  for (unsigned k = 0; k < RINGS; k++) {
-    pthread_mutex_lock(&rings_lock); /* rings are made by the loads that first need them */
-    nwcd_gpu_ring *g = rings[dev][k];
-    pthread_mutex_unlock(&rings_lock);
-    int r = g ? nwcd_gpu_ring_settle(g) : 0;
-    if (rc == 0) rc = r;
-  }
-  return rc;
-}
-
-/* 0 and the cuda backend, or -ENODEV (detail: why) without a device. */
-static int cuda_get(const nwcd_backend **out) {
-  int n = 0;
-  NWC_TRY(nwcd_cuda_devices(&n));
-  if (n > NWCD_MAX_DEVICES) n = NWCD_MAX_DEVICES;
-  cuda_backend = cpu_backend;
-  cuda_backend.name = "cuda";
-  cuda_backend.ndevices = n;
-  cuda_backend.dev_load = cuda_dev_load;
-  cuda_backend.dev_settle = cuda_dev_settle;
-  cuda_backend.dev_size = nwcd_cuda_copy_size;
-  cuda_backend.dev_scales = nwcd_cuda_scales;
-  cuda_backend.dev_free = nwcd_cuda_free;
-  cuda_backend.dev_dequant = nwcd_cuda_dequant;
-  cuda_backend.dev_gather = nwcd_cuda_gather;
-  cuda_backend.dev_matvec = nwcd_cuda_matvec;
-  cuda_backend.dev_matvec_shared = nwcd_cuda_matvec_shared;
-  cuda_backend.dev_meminfo = nwcd_cuda_meminfo;
-  cuda_backend.dev_pool_idle = nwcd_cuda_pool_idle;
-  cuda_backend.dev_trim = nwcd_cuda_trim;
-  cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
-  cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;
-  cuda_backend.forget = nwcd_cuda_forget;
-  *out = &cuda_backend;
-  return 0;
-}
-#endif
 
 void nwcd_host_pages_note(void) {
   static const char path[] = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
@@ -476,23 +318,4 @@ void nwcd_host_pages_note(void) {
              "tensor memory: 4 KiB pages (shmem_enabled is '%s'; 'within_size' loads faster: "
              "nwcd(8), PERFORMANCE)",
              mode);
-}
-
-int nwcd_backend_get(const char *name, const nwcd_backend **out) {
-  bool is_auto = !name || !strcmp(name, "auto");
-  if (is_auto || !strcmp(name, "cuda")) {
-#ifdef NWC_WITH_CUDA
-    int rc = cuda_get(out);
-    if (rc == 0 || !is_auto) return rc;
-#else
-    NWC_RETURN_IF(!is_auto, -ENOTSUP,
-                  "this build has no CUDA backend (configure with -DNWC_WITH_CUDA=ON); use "
-                  "--backend cpu or auto");
-#endif
-  }
-  if (is_auto || !strcmp(name, "cpu")) {
-    *out = &cpu_backend;
-    return 0;
-  }
-  return nwc__fail(-EINVAL, "unknown backend '%s' (auto, cpu or cuda)", name);
 }

@@ -1,5 +1,5 @@
 /*
- * backend_cuda.cu - the CUDA compute backend of nwcd (issue 8): device copies of resident
+ * backend_cuda.cu - the CUDA compute backend of nwcd: device copies of resident
  * tensors and the layout-0 kernels of kernels/ (nwc_kernels.h) for dequant, gather and matvec,
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
@@ -49,8 +49,10 @@
  *     (at most 16 per connection, LRU; closed when the connection ends); the allocation's real
  *     size comes from the driver (cuMemGetAddressRange, fetched at run time so that nwcd needs no
  *     libcuda at link time) and every request's offset and size is checked against it.
- *     An epilogue kernel applies the request's scale and bias and writes float or BF16.
+ *     An epilogue kernel (nwc_k_epilogue) applies the request's scale and bias and writes float
+ *     or BF16.
  */
+#include "backend.h" /* NWCD_MAX_DEVICES */
 #include "backend_cuda.h"
 
 #include "nwc_kernels.h"
@@ -66,8 +68,6 @@
 extern "C" int nwc__fail(int err, const char *fmt, ...);
 
 namespace {
-
-constexpr int kMaxDev = 16;
 
 /* A device copy: one allocation from the device's copy pool (k.owned) holding the lookup table
  * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
@@ -164,11 +164,11 @@ struct Pool {
   Ctx *idle[kMaxIdle];
   int n = 0;
 };
-Pool pools[kMaxDev];
+Pool pools[NWCD_MAX_DEVICES];
 
 /* Each device's memory pool for copies, made at its first copy, release threshold 0 (above). */
 pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
-cudaMemPool_t copy_pools[kMaxDev];
+cudaMemPool_t copy_pools[NWCD_MAX_DEVICES];
 
 int copy_pool(int dev, cudaMemPool_t *out) {
   pthread_mutex_lock(&copy_pools_lock);
@@ -195,7 +195,7 @@ int copy_pool(int dev, cudaMemPool_t *out) {
 
 cudaMemPool_t copy_pool_if_any(int dev) {
   pthread_mutex_lock(&copy_pools_lock);
-  cudaMemPool_t p = dev >= 0 && dev < kMaxDev ? copy_pools[dev] : nullptr;
+  cudaMemPool_t p = dev >= 0 && dev < NWCD_MAX_DEVICES ? copy_pools[dev] : nullptr;
   pthread_mutex_unlock(&copy_pools_lock);
   return p;
 }
@@ -236,7 +236,7 @@ struct Lease {
     if (!keep) ctx_destroy(c);
   }
   int take(int d) {
-    if (d < 0 || d >= kMaxDev) return nwc__fail(-EINVAL, "CUDA device %d out of range", d);
+    if (d < 0 || d >= NWCD_MAX_DEVICES) return nwc__fail(-EINVAL, "CUDA device %d out of range", d);
     CU_TRY(cudaSetDevice(d), "cudaSetDevice");
     Pool &p = pools[d];
     pthread_mutex_lock(&p.lock);
@@ -351,54 +351,6 @@ void region_forget(const void *owner) {
   pthread_mutex_unlock(&region_lock);
   if (r && r->dev && cudaHostUnregister(r->base) != cudaSuccess) cudaGetLastError();
   delete r;
-}
-
-/* ---- kernels of this file: the IPC paths' epilogue and compaction ------------------------- */
-
-/* y[c * M + i] = scale * t[c * M + i] + bias[i], as float or BF16 (round to nearest even). */
-__global__ void epilogue_kernel(const float *t, uint64_t M, uint64_t n, float scale,
-                                const float *bias, void *y, int bf16) {
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    float v = scale * t[i] + (bias ? bias[i % M] : 0.0f);
-    if (bf16) {
-      uint32_t u = __float_as_uint(v);
-      uint16_t h = (v != v) ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-      static_cast<uint16_t *>(y)[i] = h;
-    } else {
-      static_cast<float *>(y)[i] = v;
-    }
-  }
-}
-
-/* A socket matvec's x for the kernels: ncols columns of K floats, xld apart in host memory the
- * device maps (src: its device view), into dx as columns of K16, zero padded (n = ncols * K16).
- * The SMs read it over the bus: for a few KiB that starts sooner than a copy engine's transfer,
- * and the graph has no engine switch before the matvec kernels. */
-__global__ void load_x_kernel(const float *src, uint64_t K, uint64_t xld, uint64_t K16, uint64_t n,
-                              float *dx) {
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t col = i / K16, k = i - col * K16;
-    dx[i] = k < K ? src[col * xld + k] : 0.0f;
-  }
-}
-
-/* Dense rows x K (BF16 or float) from BF16 rows of stride K16. */
-__global__ void compact_kernel(const uint16_t *src, uint64_t M, uint64_t K, uint64_t K16, void *dst,
-                               int bf16) {
-  uint64_t n = M * K;
-  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint16_t h = src[(i / K) * K16 + i % K];
-    if (bf16) static_cast<uint16_t *>(dst)[i] = h;
-    else static_cast<float *>(dst)[i] = __uint_as_float((uint32_t)h << 16);
-  }
-}
-
-unsigned grid_for(uint64_t n) {
-  uint64_t g = (n + 255) / 256;
-  return (unsigned)(g < 4096 ? (g ? g : 1) : 4096);
 }
 
 /* ---- IPC ----------------------------------------------------------------------------------- */
@@ -568,7 +520,7 @@ extern "C" int nwcd_cuda_devices(int *n) {
     return nwc__fail(-ENODEV, "no CUDA device (%s)",
                      e != cudaSuccess ? cudaGetErrorString(e) : "none found");
   }
-  *n = k < kMaxDev ? k : kMaxDev;
+  *n = k < NWCD_MAX_DEVICES ? k : NWCD_MAX_DEVICES;
   /* A request's worker spins on its completion event rather than sleeping: a sleeping waiter's
    * wake-up costs tens of microseconds per request (before any context exists, so it applies) */
   for (int d = 0; d < *n; d++)
@@ -589,7 +541,7 @@ extern "C" void nwcd_cuda_forget(const void *owner) {
 }
 
 extern "C" void nwcd_cuda_trim(int dev) {
-  if (dev < 0 || dev >= kMaxDev) return;
+  if (dev < 0 || dev >= NWCD_MAX_DEVICES) return;
   Pool &p = pools[dev];
   pthread_mutex_lock(&p.lock);
   int n = p.n;
@@ -624,24 +576,24 @@ extern "C" int nwcd_cuda_pool_idle(int dev, uint64_t *bytes) {
   return 0;
 }
 
-extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
+extern "C" int nwcd_cuda_blob_alloc(const nwc_tensor_info *ti, int dev, void *stream, void *stage,
                                     void **dcopy, void **blob) {
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   uint64_t lay[4];
-  TRY(nwc_layout(b->rows, b->cols, b->elem, lay));
-  if (lay[NWC_LAYOUT_BLOCKS] != b->nblocks)
+  TRY(nwc_layout(ti->rows, ti->cols, ti->elem, lay));
+  if (lay[NWC_LAYOUT_BLOCKS] != ti->nblocks)
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
-                     (unsigned long long)b->nblocks, (unsigned long long)b->rows,
-                     (unsigned long long)b->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
+                     (unsigned long long)ti->nblocks, (unsigned long long)ti->rows,
+                     (unsigned long long)ti->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
   cudaMemPool_t pool;
   TRY(copy_pool(dev, &pool));
   uint32_t *tab = static_cast<uint32_t *>(stage);
-  TRY(nwc_build_tab(b->psym, b->elem, tab));
+  TRY(nwc_build_tab(ti->psym, ti->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   Copy *cp = new (std::nothrow) Copy;
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
   memset(&cp->k, 0, sizeof cp->k);
-  cp->bytes = kTabSpace + b->length;
+  cp->bytes = kTabSpace + ti->length;
   uint8_t *mem = nullptr;
   cudaError_t e = cudaMallocFromPoolAsync((void **)&mem, cp->bytes, pool, st);
   int rc = e == cudaErrorMemoryAllocation
@@ -664,15 +616,15 @@ extern "C" int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stre
   return 0;
 }
 
-extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b) {
+extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwc_tensor_info *ti) {
   Copy *cp = static_cast<Copy *>(dcopy);
   uint8_t *mem = static_cast<uint8_t *>(cp->k.owned), *blob = mem + kTabSpace;
   nwc_k_tensor &k = cp->k;
-  k.elem = b->elem, k.rows = b->rows, k.cols = b->cols, k.nblocks = b->nblocks;
+  k.elem = ti->elem, k.rows = ti->rows, k.cols = ti->cols, k.nblocks = ti->nblocks;
   k.tab = reinterpret_cast<const uint32_t *>(mem);
-  k.bases = reinterpret_cast<const uint64_t *>(blob + b->off_bases);
-  k.hdr = blob + b->off_hdr, k.data = blob + b->off_data, k.raw = blob + b->off_raw;
-  k.scale = b->off_scale ? reinterpret_cast<const float *>(blob + b->off_scale) : nullptr;
+  k.bases = reinterpret_cast<const uint64_t *>(blob + ti->off_bases);
+  k.hdr = blob + ti->off_hdr, k.data = blob + ti->off_data, k.raw = blob + ti->off_raw;
+  k.scale = ti->off_scale ? reinterpret_cast<const float *>(blob + ti->off_scale) : nullptr;
 }
 
 extern "C" int nwcd_cuda_scales(const void *dcopy, float *out) {
@@ -778,12 +730,11 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   return rc;
 }
 
-/* x up into c->dx (zero padded to K16) by load_x_kernel, then the kernels writing y, enqueued
+/* x up into c->dx (zero padded to K16) by nwc_k_load_x, then the kernels writing y, enqueued
  * on c's stream. */
 static int enqueue_io(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
-  const uint64_t K = cp->k.cols, K16 = cp->k16, n = (uint64_t)ncols * K16;
-  load_x_kernel<<<grid_for(n), 256, 0, c->stream>>>(io.x, K, io.xld, K16, n, (float *)c->dx.p);
-  CU_TRY(cudaGetLastError(), "launch of the x copy");
+  TRY(kstatus(nwc_k_load_x(io.x, cp->k.cols, io.xld, ncols, (float *)c->dx.p, c->stream),
+              "launch of the x copy"));
   return enqueue_matvecs(c, cp, ncols, io.y);
 }
 
@@ -906,11 +857,9 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
   TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
   TRY(grow(c, c->ds, cp->scratch * 4, false));
   TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
-  uint64_t n = (uint64_t)ncols * M;
-  epilogue_kernel<<<grid_for(n), 256, 0, c->stream>>>((const float *)c->dy.p, M, n, scale,
-                                                      bias ? (const float *)c->dbias.p : nullptr,
-                                                      my.p, bf16);
-  CU_TRY(cudaGetLastError(), "epilogue launch");
+  TRY(kstatus(nwc_k_epilogue((const float *)c->dy.p, M, ncols, scale,
+                              bias ? (const float *)c->dbias.p : nullptr, my.p, bf16, c->stream),
+              "epilogue launch"));
   return finish(*c, "matvec into the client's buffer");
 }
 
@@ -931,9 +880,8 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const
   } else {
     TRY(grow(c, c->dout, M * K16 * 2, false));
     TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
-    compact_kernel<<<grid_for(M * K), 256, 0, c->stream>>>((const uint16_t *)c->dout.p, M, K, K16,
-                                                           mo.p, bf16);
-    CU_TRY(cudaGetLastError(), "compact launch");
+    TRY(kstatus(nwc_k_compact((const uint16_t *)c->dout.p, M, K, mo.p, bf16, c->stream),
+                "compact launch"));
   }
   return finish(*c, "dequant into the client's buffer");
 }

@@ -1,7 +1,7 @@
 /*
  * backend_cuda.h - the CUDA backend's entry points (backend_cuda.cu), in plain C types so that
- * backend_cpu.c wires them into the nwcd_backend struct without CUDA headers (and nwcd.h, which
- * uses C11 atomics, stays out of C++; it includes this one for nwcd_ipc_buf).  The definitions
+ * backend.c and gpu_staging.c wire them into the nwcd_backend struct without CUDA headers
+ * (backend.h includes this one for nwcd_ipc_buf).  The definitions
  * are built only with NWC_WITH_CUDA.
  *
  * A device copy ("dcopy") is an opaque handle made by nwcd_cuda_blob_alloc and freed by
@@ -14,6 +14,7 @@
 #define NWCD_BACKEND_CUDA_H
 
 #include "nwc.h"
+#include "nwc_store.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -35,21 +36,14 @@ int nwcd_cuda_pool_idle(int dev, uint64_t *bytes);
 /* Frees dev's idle work contexts (streams, events, work and staging buffers) and gives what its
  * copy pool still keeps back to the device (residency calls it when dev holds no tensor). */
 void nwcd_cuda_trim(int dev);
-/* The catalog's description of a blob (nwc_tensor_info's decoder parameters). */
-typedef struct nwcd_blob_desc {
-  unsigned elem;
-  uint64_t rows, cols, nblocks, length; /* length: the blob's bytes */
-  uint8_t psym[16];
-  uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: no scales */
-} nwcd_blob_desc;
-/* A device copy on dev whose blob the caller fills: *blob gets where its length bytes go (device
- * memory).  The copy is allocated from dev's copy pool and its lookup table, built here in stage
- * (pinned host memory of NWC_TAB_ENTRIES * 4 bytes at least, e.g. the ring's side buffer),
- * copied into it, both in the order of stream (a cudaStream_t of dev, e.g. the loader's ring's),
- * which the caller synchronizes before anything else uses the copy or stage.  -ENOMEM when device
- * memory runs out,
- * -EBADMSG for a shape the catalog's block count does not match.  Free with nwcd_cuda_free. */
-int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *stage,
+/* A device copy on dev of ti's blob (the catalog's decoder parameters), which the caller fills:
+ * *blob gets where its ti->length bytes go (device memory).  The copy is allocated from dev's
+ * copy pool and its lookup table, built here in stage (pinned host memory of NWC_TAB_ENTRIES * 4
+ * bytes at least, e.g. the ring's side buffer), copied into it, both in the order of stream (a
+ * cudaStream_t of dev, e.g. the loader's ring's), which the caller synchronizes before anything
+ * else uses the copy or stage.  -ENOMEM when device memory runs out, -EBADMSG for a shape the
+ * catalog's block count does not match.  Free with nwcd_cuda_free. */
+int nwcd_cuda_blob_alloc(const nwc_tensor_info *ti, int dev, void *stream, void *stage,
                          void **dcopy, void **blob);
 /* After the blob's copies were queued on stream without waiting for them (a queued load,
  * nwcd_load_to_device): records the blob's arrival there, and every later use of the copy (a
@@ -57,7 +51,7 @@ int nwcd_cuda_blob_alloc(const nwcd_blob_desc *b, int dev, void *stream, void *s
 int nwcd_cuda_blob_queued(void *dcopy, void *stream);
 /* After the blob is in place (or queued: nwcd_cuda_blob_queued): points the copy's arrays at its
  * sections (nothing waits: a queued load's lane goes on to its next tensor). */
-void nwcd_cuda_blob_finish(void *dcopy, const nwcd_blob_desc *b);
+void nwcd_cuda_blob_finish(void *dcopy, const nwc_tensor_info *ti);
 /* The copy's per-row scales (rows floats; it has them) into host out, after its arrival. */
 int nwcd_cuda_scales(const void *dcopy, float *out);
 /* Device bytes a copy holds. */

@@ -18,18 +18,25 @@
  * get them in Debian's build).
  *
  * Reload (loop thread, SIGHUP): applied at once are host_budget and gpu_budget (residency evicts
- * down to them),
- * the limits, log_level and admin_group; the preload list goes to the service thread
- * (notify.c).  store, socket, socket_mode, backend and threads need a restart: a change is
- * logged as not applied.  The active settings are kept until the next successful reload, since
- * nwcd_config's strings point into them.
+ * down to them), the limits, log_level and admin_group; the preload list is read by the service
+ * thread (notify.c), whose SIGHUP handler starts its pass after a reload.  store, socket,
+ * socket_mode, backend and threads need a restart: a change is logged as not applied.  The
+ * active settings are kept until the next successful reload, since nwcd_config's strings point
+ * into them.
  */
-#include "service.h"
+#include "config.h"
+
+#include "clock.h"
+#include "log.h"
+#include "nwcd.h"
+#include "policy.h"
+#include "residency.h"
 
 #include "internal.h"
 
 #include <errno.h>
 #include <ini.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +94,8 @@ static int parse_uint(const char *v, int base, unsigned long max, unsigned *out)
   return 0;
 }
 
-int nwcd_parse_log_level(const char *s, int *level) {
+/* "error", "warning", "info", "debug" (or 0..3): 0 and *level, or -EINVAL. */
+static int parse_log_level(const char *s, int *level) {
   static const char *names[] = {"error", "warning", "info", "debug"};
   for (int i = 0; i < 4; i++)
     if (!strcmp(s, names[i])) return *level = i, 0;
@@ -169,7 +177,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
       return s->set |= NWCD_SET_MODE, 1;
     }
     if (!strcmp(name, "log_level")) {
-      if (nwcd_parse_log_level(v, &s->log_level) < 0)
+      if (parse_log_level(v, &s->log_level) < 0)
         return bad(p, "log_level: expected error, warning, info or debug, got '%s'", v);
       return s->set |= NWCD_SET_LOGLEVEL, 1;
     }
@@ -257,6 +265,7 @@ static int set_admin_group(const char *path, const nwcd_settings *s) {
 
 int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
   (void)cfg;
+  int level;
   switch (opt) {
     case 's': flags_set |= NWCD_SET_STORE; break;
     case 'S': flags_set |= NWCD_SET_SOCKET; break;
@@ -269,10 +278,11 @@ int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
     case 'v': case 'q': flags_set |= NWCD_SET_LOGLEVEL; break;
     case 'C': config_path = arg; break;
     case 'L':
-      if (nwcd_parse_log_level(arg, &nwcd_log_level) < 0) {
+      if (parse_log_level(arg, &level) < 0) {
         fprintf(stderr, "nwcd: --log-level: %s\n", nwc_error_detail());
         return -EINVAL;
       }
+      nwcd_log_set_level(level);
       flags_set |= NWCD_SET_LOGLEVEL;
       break;
     default: break;
@@ -289,7 +299,7 @@ static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
   if (use & NWCD_SET_INFLIGHT) cfg->max_inflight = s->max_inflight;
   if (use & NWCD_SET_OUTQ) cfg->max_outq = s->max_outq;
   if (use & NWCD_SET_POLL) __atomic_store_n(&cfg->poll_us, s->poll_us, __ATOMIC_RELAXED);
-  if (use & NWCD_SET_LOGLEVEL) nwcd_log_level = s->log_level;
+  if (use & NWCD_SET_LOGLEVEL) nwcd_log_set_level(s->log_level);
 }
 
 int nwcd_config_load(nwcd_config *cfg) {
@@ -361,8 +371,7 @@ int nwcd_config_reload(nwcd *d) {
     nwcd_log(NWCD_LOG_WARN, "reload: no settings file to re-read (%s); nothing changed",
              no_file ? "NWCD_CONFIG is empty" : NWCD_CONFIG_DEFAULT " does not exist; nwcd "
              "--config FILE names one");
-    nwcd_service_preload(); /* READY=1 after the pass, as after a reload */
-    return 0;
+    return 0; /* the preload pass sends READY=1, as after a reload */
   }
   uint64_t t0 = nwcd_now_ns();
   nwcd_settings s;
@@ -417,7 +426,37 @@ int nwcd_config_reload(nwcd *d) {
   pthread_mutex_unlock(&active_lock);
   settings_free(&old);
   nwcd_log(NWCD_LOG_INFO, "reload %s: applied in %.2f ms (log level %d, %zu preload models)",
-           path, (nwcd_now_ns() - t0) / 1e6, nwcd_log_level, active.npreload);
-  nwcd_service_preload();
+           path, (nwcd_now_ns() - t0) / 1e6, nwcd_log_level(), active.npreload);
+  return 0;
+}
+
+const char *nwcd_default_socket(char *buf, size_t n) {
+  const char *env = getenv("NWC_SOCKET");
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (env && *env) snprintf(buf, n, "%s", env);
+  else if (geteuid() == 0) snprintf(buf, n, "/run/nwc/nwcd.sock");
+  else if (xdg && *xdg) snprintf(buf, n, "%s/nwc/nwcd.sock", xdg);
+  else snprintf(buf, n, "/tmp/nwc-%u/nwcd.sock", (unsigned)geteuid());
+  return buf;
+}
+
+int nwcd_parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  NWC_RETURN_IF(errno || end == s || !(v >= 0) || !isfinite(v), -EINVAL, "bad size '%s'", s);
+  double mult = 1;
+  switch (*end) {
+    case 'k': case 'K': mult = 1024.0, end++; break;
+    case 'm': case 'M': mult = 1048576.0, end++; break;
+    case 'g': case 'G': mult = 1073741824.0, end++; break;
+    case 't': case 'T': mult = 1099511627776.0, end++; break;
+    default: break;
+  }
+  if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'b' || *end == 'B') end++;
+  NWC_RETURN_IF(*end, -EINVAL, "bad size '%s' (e.g. 512M, 2G, 1.5GiB)", s);
+  NWC_RETURN_IF(v * mult > 1.8e19, -EINVAL, "size '%s' is too large", s);
+  *out = (uint64_t)(v * mult);
   return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * crew.c - the lanes of one model load end together (issue 8): a lane that loads a large blob
+ * crew.c - the lanes of one model load end together: a lane that loads a large blob
  * offers it (nwcd_crew_offer) and reads it from the front, claiming each read before it starts
  * (nwcd_split_claim, called by loader.c); a lane that has no tensor left to take helps
  * (nwcd_crew_help): it takes the last part of the offer with the most left, from the back, and
@@ -12,25 +12,27 @@
  * O_DIRECT bytes and the wait in its load.
  *
  * Why: a model's tensors go to the lanes whole, largest first, so the lanes end unevenly, and
- * the load lasts as long as its slowest lane.  On the H200 host a model of 32 tensors of 23 MB
- * and an embedding of 359 MB loaded warm at 12.9 GB/s, the embedding's lane alone for most of
- * it, and at 34.0 GB/s with the crew (docs/results.md, session 14).
+ * the load lasts as long as its slowest lane: a model with one large embedding loaded warm
+ * with the embedding's lane alone for most of it, and over twice as fast with the crew
+ * (docs/results.md: lanes that run out of tensors help).
  *
  * A part is whole chunks (the checksums' unit: each part is checked on its own; it starts on
  * a chunk, rounded up), at most the crew's part size and at most half of what the owner has not
  * claimed yet, so that the owner still has as much to read as the helper and does not wait for
- * it to start.  Parts get smaller toward the end of a blob, down to one chunk: with parts of 4
- * MiB only while the owner had 8 MiB unclaimed, the lanes of a 729 MB load ended 2-3 ms apart
- * (docs/results.md, session 15).
+ * it to start.  Parts get smaller toward the end of a blob, down to one chunk, so that the
+ * lanes end close together (docs/results.md: crew parts shrink toward a tensor's end).
  * One lock (the crew's) guards every offer's front (claimed by the owner) and back (taken by
  * helpers); front <= back always, and [0, front) and [back, length) never overlap, so every
  * byte is loaded exactly once.
  */
-#include "nwcd.h"
+#include "crew.h"
+
+#include "clock.h"
 
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -70,11 +70,15 @@
  * with the sink: the ring's next load reclaims them as it needs slots, so that the sink's work
  * on one blob's last slots (the GPU's copies) runs on while the next blob is read.
  */
-#include "nwcd.h"
+#include "loader.h"
+
+#include "clock.h"
+#include "crew.h"
 
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <stdatomic.h>
@@ -191,12 +195,6 @@ static pthread_once_t tl_ring_once = PTHREAD_ONCE_INIT;
 void nwcd_load_observe(nwcd_progress_fn fn, void *ctx) {
   tl_observer = fn;
   tl_observer_ctx = ctx;
-}
-
-uint64_t nwcd_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- checking chunks ---------------------------------------------------------------------- */
@@ -612,11 +610,6 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     L->map = m == MAP_FAILED ? NULL : m; /* without it every read goes O_DIRECT */
   }
   return 0;
-}
-
-void nwcd_load_info_add(nwcd_load_info *sum, const nwcd_load_info *li) {
-  sum->wait_ns += li->wait_ns, sum->check_ns += li->check_ns, sum->sink_ns += li->sink_ns;
-  sum->drain_ns += li->drain_ns, sum->alloc_ns += li->alloc_ns;
 }
 
 static void load_close(load *L, nwcd_load_info *li, uint64_t t0) {

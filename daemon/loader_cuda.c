@@ -10,7 +10,7 @@
  * order), polled with cudaEventQuery while there are free slots and waited for with
  * cudaEventSynchronize when the loader has none.  The events block (cudaEventBlockingSync): a
  * waiting lane sleeps instead of spinning on a core that the copies out of the page cache need
- * (16 lanes on the H200 host: 19.5 -> 24.7 GB/s in-process).  A queued load
+ * (faster in 16 lanes on the H200 host: docs/results.md).  A queued load
  * (nwcd_load_opts.queued) returns with its last copies still running: their slots stay in the
  * ring's list, oldest first, for the ring's next load to release in the same order, and
  * nwcd_gpu_ring_settle waits for them.  The ring memory is mapped by loader.c and pinned for DMA
@@ -18,12 +18,13 @@
  * a failed load synchronizes the stream before its slots go back, and a slot is refilled only
  * once its copy's event has completed, so no copy reads a slot that a later load refills.
  */
-#include "nwcd.h"
+#include "loader_cuda.h"
 
 #include "internal.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 struct nwcd_gpu_ring {

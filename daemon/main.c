@@ -5,64 +5,20 @@
  * socket and the loop (server.c).  SIGINT/SIGTERM stop accepting, finish what is in flight,
  * release everything and exit 0.  Runs in the foreground, logging to stderr.
  */
+#include "clock.h"
+#include "config.h"
+#include "log.h"
 #include "nwcd.h"
-#include "service.h"
-
-#include "internal.h"
+#include "ops.h"
+#include "server.h"
 
 #include <errno.h>
 #include <getopt.h>
-#include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-int nwcd_log_level = NWCD_LOG_INFO;
-
-void nwcd_log(int level, const char *fmt, ...) {
-  if (level > nwcd_log_level) return;
-  static const char *names[] = {"error", "warning", "info", "debug"};
-  char buf[1200];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "%snwcd: %s: %s\n", nwcd_journal_prefix(level), names[level], buf);
-}
-
-const char *nwcd_default_socket(char *buf, size_t n) {
-  const char *env = getenv("NWC_SOCKET");
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  if (env && *env) snprintf(buf, n, "%s", env);
-  else if (geteuid() == 0) snprintf(buf, n, "/run/nwc/nwcd.sock");
-  else if (xdg && *xdg) snprintf(buf, n, "%s/nwc/nwcd.sock", xdg);
-  else snprintf(buf, n, "/tmp/nwc-%u/nwcd.sock", (unsigned)geteuid());
-  return buf;
-}
-
-int nwcd_parse_size(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  NWC_RETURN_IF(errno || end == s || !(v >= 0) || !isfinite(v), -EINVAL, "bad size '%s'", s);
-  double mult = 1;
-  switch (*end) {
-    case 'k': case 'K': mult = 1024.0, end++; break;
-    case 'm': case 'M': mult = 1048576.0, end++; break;
-    case 'g': case 'G': mult = 1073741824.0, end++; break;
-    case 't': case 'T': mult = 1099511627776.0, end++; break;
-    default: break;
-  }
-  if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
-  if (*end == 'b' || *end == 'B') end++;
-  NWC_RETURN_IF(*end, -EINVAL, "bad size '%s' (e.g. 512M, 2G, 1.5GiB)", s);
-  NWC_RETURN_IF(v * mult > 1.8e19, -EINVAL, "size '%s' is too large", s);
-  *out = (uint64_t)(v * mult);
-  return 0;
-}
 
 /* A whole number in [min, max] given to flag (unit: how the message names it, e.g.
  * "microseconds "): 0 and *out, or -1 after a line saying what was expected. */
@@ -139,7 +95,7 @@ int main(int argc, char **argv) {
   int o;
   opterr = 0; /* a bad flag is one line of ours, not getopt's and the whole usage */
   while ((o = getopt_long(argc, argv, ":s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
-    if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* service.h: flags over the file */
+    if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* config.h: flags over the file */
     switch (o) {
       case 'C': case 'L': break;
       case 's': d.cfg.store_dir = optarg; break;
@@ -162,8 +118,8 @@ int main(int argc, char **argv) {
         if (flag_count("--poll-us", "microseconds ", optarg, 0, 1000000, &d.cfg.poll_us) < 0)
           return 2;
         break;
-      case 'v': d.cfg.verbose = 1, nwcd_log_level = NWCD_LOG_DEBUG; break;
-      case 'q': nwcd_log_level = NWCD_LOG_WARN; break;
+      case 'v': d.cfg.verbose = 1, nwcd_log_set_level(NWCD_LOG_DEBUG); break;
+      case 'q': nwcd_log_set_level(NWCD_LOG_WARN); break;
       case 'h': usage(stdout); return 0;
       case ':':
         fprintf(stderr, "nwcd: %s needs a value (nwcd --help lists the options)\n",
@@ -213,7 +169,7 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&d.store_lock, NULL);
   rc = nwcd_res_create(&d, d.cfg.budget, &d.res);
   if (rc == 0) nwcd_res_set_gpu_budget(d.res, d.cfg.gpu_budget);
-  if (rc == 0) rc = nwcd_pool_create(d.cfg.threads, nwcd_ops_run, &d.pool);
+  if (rc == 0) rc = nwcd_pool_create(d.cfg.threads, nwcd_ops_run, nwcd_ops_can_batch, &d.pool);
   if (rc == 0) {
     rc = nwcd_server_run(&d);
     if (rc < 0) fprintf(stderr, "nwcd: %s\n", nwc_error_detail());

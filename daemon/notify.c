@@ -20,7 +20,13 @@
  * during a pass queues one more.  State under svc.lock; the thread is joined before the loop
  * ends (nwcd_service_close), so it never outlives residency or the store.
  */
-#include "service.h"
+#include "notify.h"
+
+#include "clock.h"
+#include "config.h"
+#include "log.h"
+#include "nwcd.h"
+#include "residency.h"
 
 #include "internal.h"
 
@@ -49,7 +55,8 @@ static struct {
   size_t npinned;
 } svc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-void nwcd_notify(const char *fmt, ...) {
+/* sd_notify wrapper: a no-op without NOTIFY_SOCKET; any thread. */
+__attribute__((format(printf, 1, 2))) static void notify(const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
@@ -59,21 +66,6 @@ void nwcd_notify(const char *fmt, ...) {
   static atomic_bool warned; /* once: a vanished NOTIFY_SOCKET would repeat it forever */
   if (rc < 0 && !atomic_exchange(&warned, true))
     nwcd_log(NWCD_LOG_WARN, "sd_notify to %s: %s", getenv("NOTIFY_SOCKET"), strerror(-rc));
-}
-
-const char *nwcd_journal_prefix(int level) {
-  static atomic_int journal = -1; /* unknown, 0 no, 1 yes; a race only computes it twice */
-  int j = atomic_load(&journal);
-  if (j < 0) {
-    const char *env = getenv("JOURNAL_STREAM");
-    unsigned long long dev = 0, ino = 0;
-    struct stat st;
-    j = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 && fstat(2, &st) == 0 &&
-        (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
-    atomic_store(&journal, j);
-  }
-  static const char *prio[] = {SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG};
-  return j && level >= 0 && level <= 3 ? prio[level] : "";
 }
 
 int nwcd_service_listen_fd(char *path, size_t n) {
@@ -148,7 +140,7 @@ static int preload_model(nwcd *d, const char *model) {
       break;
     }
     int pct = total ? (int)(done * 100 / total) : 100;
-    if (pct != last_pct) nwcd_notify("STATUS=loading %s: %d %%", model, pct), last_pct = pct;
+    if (pct != last_pct) notify("STATUS=loading %s: %d %%", model, pct), last_pct = pct;
     nwcd_ref ref;
     nwcd_load_info li;
     rc = nwcd_res_acquire(d->res, model, ti[i].name, NWCD_ACQ_PIN, &ref, &li);
@@ -177,14 +169,14 @@ static void preload_pass(nwcd *d) {
   svc.pinned = want, svc.npinned = n;
   unsigned ok = 0;
   for (size_t i = 0; i < n && !should_stop(); i++) ok += preload_model(d, want[i]) == 0;
-  if (n) nwcd_notify("STATUS=serving; %u of %zu preload models resident", ok, n);
-  else nwcd_notify("STATUS=serving");
+  if (n) notify("STATUS=serving; %u of %zu preload models resident", ok, n);
+  else notify("STATUS=serving");
 }
 
 static void *service_main(void *arg) {
   nwcd *d = arg;
   preload_pass(d);
-  if (!should_stop()) nwcd_notify("READY=1");
+  if (!should_stop()) notify("READY=1");
   pthread_mutex_lock(&svc.lock);
   while (!svc.stop) {
     if (!svc.pass_pending) {
@@ -194,14 +186,16 @@ static void *service_main(void *arg) {
     svc.pass_pending = false;
     pthread_mutex_unlock(&svc.lock);
     preload_pass(d);
-    if (!should_stop()) nwcd_notify("READY=1");
+    if (!should_stop()) notify("READY=1");
     pthread_mutex_lock(&svc.lock);
   }
   pthread_mutex_unlock(&svc.lock);
   return NULL;
 }
 
-void nwcd_service_preload(void) {
+/* Queues a preload pass for the active settings' list (after a reload); the service thread
+ * unpins models no longer listed, loads and pins the listed ones, then sends READY=1. */
+static void preload_queue(void) {
   pthread_mutex_lock(&svc.lock);
   svc.pass_pending = true;
   pthread_cond_signal(&svc.cond);
@@ -214,17 +208,17 @@ static void on_sighup(uv_signal_t *h, int signum) {
   (void)h, (void)signum;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  nwcd_notify("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+  notify("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
               (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
   nwcd_log(NWCD_LOG_INFO, "SIGHUP: reloading the configuration");
   if (nwcd_config_reload(svc.d) < 0)
-    nwcd_notify("READY=1\nSTATUS=serving; the last reload failed: %s", nwc_error_detail());
-  /* else the service thread sends READY=1 after the preload pass */
+    notify("READY=1\nSTATUS=serving; the last reload failed: %s", nwc_error_detail());
+  else preload_queue(); /* the service thread sends READY=1 after the pass */
 }
 
 static void on_watchdog(uv_timer_t *t) {
   (void)t;
-  nwcd_notify("WATCHDOG=1");
+  notify("WATCHDOG=1");
 }
 
 int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
@@ -246,7 +240,7 @@ int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
 }
 
 void nwcd_service_stopping(void) {
-  nwcd_notify("STOPPING=1\nSTATUS=stopping: finishing requests in flight");
+  notify("STOPPING=1\nSTATUS=stopping: finishing requests in flight");
   pthread_mutex_lock(&svc.lock);
   svc.stop = true;
   pthread_cond_signal(&svc.cond);

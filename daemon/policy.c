@@ -15,11 +15,16 @@
  * uid, pid, operation, subject and how long the check took.  The check runs on the loop thread
  * for the admin operations only (the others return at once), so its cost is one getsockopt.
  */
-#include "service.h"
+#include "policy.h"
+
+#include "clock.h"
+#include "log.h"
 
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <grp.h>
 #include <pwd.h>
 #include <stdio.h>

@@ -4,19 +4,22 @@
  * Design: one FIFO under a mutex and a condition variable; the loop thread submits, workers pop.
  * A submit signals only when a worker is idle, and after unlocking, so that the woken worker
  * does not block on the mutex the submitter still holds (one futex wake per request at most).
- * When a worker pops a matvec job it also takes, from anywhere in the queue, the jobs that
- * nwcd_ops_can_batch() says may share its decoder pass (same tensor, bias, scale and output; up
- * to 8 columns in all), chained on job->batch: concurrent matvecs of several clients on one
- * tensor then cost one pass over the compressed weights (nwc_matvec_batch).  Freeing the pool
- * lets the workers finish the queue, then joins them.
+ * When a worker pops a job that the batching rule it was given (pool.h; the daemon's is
+ * nwcd_ops_can_batch: matvecs on the same tensor, bias, scale and output, up to 8 columns in
+ * all) lets take more, it also takes, from anywhere in the queue, the jobs the rule lets join,
+ * chained on job->batch: concurrent matvecs of several clients on one tensor then cost one pass
+ * over the compressed weights (nwc_matvec_batch).  Freeing the pool lets the workers finish the
+ * queue, then joins them.
  *
  * Parallel regions (nwcd_pool_parallel): a job that is one big piece of work (dequant of a large
  * tensor) splits it into n parts; idle workers take parts before new jobs, and the calling worker
  * takes parts too, so the call finishes even when every other worker is busy (no deadlock).
  */
-#include "nwcd.h"
+#include "pool.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 typedef struct region {
@@ -34,7 +37,8 @@ struct nwcd_pool {
   nwcd_job *head, *tail;
   bool stop;
   unsigned nthreads, idle; /* idle: workers waiting on cond */
-  void (*run)(nwcd_job *);
+  nwcd_run_fn run;
+  nwcd_batch_fn batch; /* or NULL */
   pthread_t threads[];
 };
 
@@ -62,12 +66,12 @@ static void *worker(void *arg) {
     p->head = j->next;
     if (!p->head) p->tail = NULL;
     j->next = NULL;
-    if (j->req.op == NWC_OP_MATVEC) {
-      unsigned cols = j->req.ncols;
+    unsigned cols = j->req.ncols;
+    if (p->batch && p->batch(j, cols, NULL)) {
       nwcd_job **link = &j->batch, *prev = NULL;
-      for (nwcd_job *b = p->head, *next; b && cols < 8; b = next) {
+      for (nwcd_job *b = p->head, *next; b && p->batch(j, cols, NULL); b = next) {
         next = b->next;
-        if (nwcd_ops_can_batch(j, cols, b)) {
+        if (p->batch(j, cols, b)) {
           if (prev) prev->next = next;
           else p->head = next;
           if (p->tail == b) p->tail = prev;
@@ -87,12 +91,12 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-int nwcd_pool_create(unsigned threads, void (*run)(nwcd_job *), nwcd_pool **out) {
+int nwcd_pool_create(unsigned threads, nwcd_run_fn run, nwcd_batch_fn batch, nwcd_pool **out) {
   nwcd_pool *p = calloc(1, sizeof *p + threads * sizeof(pthread_t));
   if (!p) return -ENOMEM;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
-  p->run = run;
+  p->run = run, p->batch = batch;
   for (unsigned i = 0; i < threads; i++) {
     if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
       nwcd_pool_free(p);
@@ -114,6 +118,8 @@ void nwcd_pool_submit(nwcd_pool *p, nwcd_job *j) {
   pthread_mutex_unlock(&p->lock);
   if (wake) pthread_cond_signal(&p->cond); /* after unlocking: the woken worker gets the lock */
 }
+
+void nwcd_pool_run_here(nwcd_pool *p, nwcd_job *j) { p->run(j); }
 
 void nwcd_pool_parallel(nwcd_pool *p, uint64_t n, void (*fn)(void *ctx, uint64_t i), void *ctx) {
   if (n == 0) return;

@@ -75,6 +75,10 @@
  * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
  * and stats count it.
  */
+#include "residency.h"
+
+#include "clock.h"
+#include "log.h"
 #include "nwcd.h"
 
 #include "internal.h"
@@ -443,7 +447,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     else r->mlock_failed++;
     ref->loaded = true;
     if (li) *li = l;
-    if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* explicit loads are logged by ops.c */
+    if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* explicit loads are logged by ops_load.c */
       nwcd_log(NWCD_LOG_INFO, "loaded %s/%s for a request: %llu bytes (%s) in %.3f ms", model,
                tensor, (unsigned long long)l.bytes, l.direct ? "O_DIRECT" : "buffered",
                l.micros / 1e3);

@@ -37,8 +37,13 @@
  * since the stream cannot be resynchronized; a malformed payload inside a good frame gets an
  * error reply and the connection stays.
  */
+#include "server.h"
+
+#include "clock.h"
+#include "log.h"
+#include "notify.h"
 #include "nwcd.h"
-#include "service.h"
+#include "policy.h"
 
 #include "internal.h"
 
@@ -123,6 +128,15 @@ static void conn_close(nwcd_conn *c);
 static void conn_update(nwcd_conn *c);
 static void conn_input(nwcd_conn *c);
 static void check_shutdown(nwcd_server *s);
+
+/* Closes a job's descriptors and frees it (the server made it). */
+static void job_free(nwcd_job *j) {
+  if (!j) return;
+  for (unsigned i = 0; i < j->nfds; i++) close(j->fds[i]);
+  nwc_proto_req_clear(&j->req);
+  free(j->payload);
+  free(j);
+}
 
 /* Drops a reference (any thread); the last one frees the struct. */
 static void conn_unref(nwcd_conn *c) {
@@ -236,7 +250,7 @@ static void conn_error(nwcd_conn *c, const nwc_proto_hdr *h, int err, const char
   nwc_pw_str(&w, buf);
   int64_t n = nwc_pw_finish(&w, h ? h->op : 0, 0, err, h ? h->id : 0);
   atomic_fetch_add(&c->srv->d->stats.errors, 1);
-  if (nwcd_log_level >= NWCD_LOG_DEBUG)
+  if (nwcd_log_level() >= NWCD_LOG_DEBUG)
     nwcd_log(NWCD_LOG_DEBUG, "uid %u pid %d: %s: %s", (unsigned)c->uid, (int)c->pid,
              h && nwc_proto_op_name(h->op) ? nwc_proto_op_name(h->op) : "frame", buf);
   if (n < 0) {
@@ -424,7 +438,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   }
   if (rc == 0 && h->op == NWC_OP_HELLO) {
     do_hello(c, h, &j->req);
-    nwcd_job_free(j);
+    job_free(j);
     return;
   }
   if (rc == 0 && h->op == NWC_OP_SHM) {
@@ -435,7 +449,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
       int64_t n = nwc_pw_finish(&w, h->op, 0, 0, h->id);
       if (n > 0) conn_send(c, w.buf, (size_t)n);
       else nwc_pw_free(&w);
-      nwcd_job_free(j);
+      job_free(j);
       return;
     }
   }
@@ -444,7 +458,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
     if (h->flags & NWC_PF_FDS) close_fds(c->fdq, c->nfdq), c->nfdq = 0;
     if (rc == -EPROTO) c->close_after_flush = true;
     conn_error(c, h, rc, nwc_error_detail());
-    nwcd_job_free(j);
+    job_free(j);
     return;
   }
   j->conn = c, j->shm = c->shm, j->shm_size = c->shm_size;
@@ -460,7 +474,7 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   atomic_fetch_add(&c->refs, 1);
   atomic_fetch_add(&c->inflight, 1);
   atomic_fetch_add(&c->srv->jobs, 1);
-  if (inline_ok) nwcd_ops_run(j); /* its reply retires it, as on a worker */
+  if (inline_ok) nwcd_pool_run_here(d->pool, j); /* its reply retires it, as on a worker */
   else nwcd_pool_submit(d->pool, j);
   loop_poll(c->srv, quiet, nwcd_now_ns());
 }
@@ -627,7 +641,7 @@ void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final) {
   nwcd_conn *c = j->conn;
   bool wake = buf && conn_put(c, buf, len);
   if (final) {
-    nwcd_job_free(j);
+    job_free(j);
     atomic_fetch_sub(&c->inflight, 1);
     wake |= atomic_load(&c->paused);
     atomic_fetch_sub(&s->jobs, 1);

@@ -15,10 +15,10 @@
  *
  * Variants: matvec_kernel<BF16>, matvec_kernel<FP8>; finalize_kernel; ref_fp8_kernel.
  */
+#include "bf16.cuh"
 #include "host.cuh"
 #include "layout2.cuh"
 
-#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 namespace nwc_k {
@@ -112,7 +112,7 @@ __global__ void finalize_kernel(const float *scratch, uint32_t M, uint32_t CB, c
   for (uint32_t cb = 0; cb < CB; cb++) s += p[cb];
   float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
   if (y) y[r] = v;
-  if (y_bf16) y_bf16[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  if (y_bf16) y_bf16[r] = bf16_rne(v);
 }
 
 /* 16 fp8 weights times x[16 c .. 16 c + 15], converted through half2. */
@@ -136,7 +136,7 @@ __device__ __forceinline__ float dot16_fp8(uint4 v, const float4 *xp, uint32_t c
 __device__ __forceinline__ void ref_fp8_store(float s, uint32_t r, const float *scale, const float *bias,
                                               uint16_t *y) {
   float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
-  y[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  y[r] = bf16_rne(v);
 }
 
 /* Persistent warps, two rows at a time (sharing the x loads), four 16-byte loads per row and lane

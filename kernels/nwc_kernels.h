@@ -101,6 +101,25 @@ NWC_EXTERN int nwc_k_ref_fp8(const uint8_t *q, uint64_t M, uint64_t K, const flo
                              const float *scale, const float *bias, uint16_t *y,
                              cudaStream_t stream);
 
+/* ---- around the decoders: x in, results out (io.cu) ------------------------------------------
+ * For callers whose vectors are laid out otherwise than the kernels above take them.  Each
+ * enqueues one kernel on stream; pointers are device pointers (or device views of mapped host
+ * memory); K16 is K rounded up to 16.  0, -EINVAL for a NULL pointer or an empty shape where
+ * one is needed, -EOVERFLOW, -EIO. */
+
+/* dx[c * K16 ..] = ncols columns of K floats xld apart at src, each zero padded to K16 (the x
+ * that nwc_k_matvec takes).  xld >= K. */
+NWC_EXTERN int nwc_k_load_x(const float *src, uint64_t K, uint64_t xld, uint64_t ncols, float *dx,
+                            cudaStream_t stream);
+/* y[c * M + i] = scale * t[c * M + i] + bias[i] for ncols columns of M floats (bias: M floats or
+ * NULL), as floats or (bf16) BF16 rounded to nearest even. */
+NWC_EXTERN int nwc_k_epilogue(const float *t, uint64_t M, uint64_t ncols, float scale,
+                              const float *bias, void *y, int bf16, cudaStream_t stream);
+/* dst = M dense rows of K (BF16, or float with bf16 0) from src, BF16 rows of stride K16 (the
+ * output of nwc_k_dequant). */
+NWC_EXTERN int nwc_k_compact(const uint16_t *src, uint64_t M, uint64_t K, void *dst, int bf16,
+                             cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -395,8 +395,12 @@ int main(void) {
   j = run_json((const char *[]){"stats", "--json", NULL});
   CHECK(j && json_integer_value(json_object_get(j, "resident_tensors")) == 0 &&
             !strcmp(json_string_value(json_object_get(j, "backend")), "cpu"), "stats --json");
+  CHECK(j && json_string_value(json_object_get(j, "daemon")) &&
+            !strncmp(json_string_value(json_object_get(j, "daemon")), "nwcd ", 5),
+        "stats --json: the daemon's version");
   json_decref(j);
-  CHECK(run(&out, (const char *[]){"stats", NULL}) == 0 && strstr(out, "\nbudget ") &&
+  CHECK(run(&out, (const char *[]){"stats", NULL}) == 0 && strstr(out, "\ndaemon             nwcd ") &&
+            strstr(out, "\nbudget ") &&
             strstr(strstr(out, "\nbudget "), "iB)\n"), "stats: the budget without a human size: %s", out);
   free(out);
   CHECK(run(&out, (const char *[]){"verify", NULL}) == 0 && strstr(out, "0 problems"), "verify: %s", out);

@@ -376,6 +376,8 @@ int main(void) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   if (!c) return 1;
   CHECK(!strcmp(nwc_client_backend(c), "cpu"), "backend %s", nwc_client_backend(c));
+  CHECK(!strncmp(nwc_client_daemon_version(c), "nwcd ", 5), "daemon version '%s'",
+        nwc_client_daemon_version(c));
   check_pages_note();
   check_bad_flag("nwcd: bad option '--bogus' (nwcd --help lists the options)",
                  (const char *[]){"--store", td_store, "--bogus", NULL});

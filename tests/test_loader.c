@@ -29,7 +29,8 @@
  *                        returning with its last copies running) then compared once the ring
  *                        settled; damaged containers fail as above; 77 without a GPU
  */
-#include "nwcd.h"
+#include "crew.h"
+#include "loader_cuda.h"
 #include "test_store_util.h"
 
 #include <dirent.h>

@@ -1,0 +1,85 @@
+/*
+ * residency.h - resident tensors (residency.c; its design comment says the states, budgets,
+ * LRU order, reference counts, pins and client mappings): acquire and release for compute,
+ * load, pin, evict, budgets per place, and the listings.
+ */
+#ifndef NWCD_RESIDENCY_H
+#define NWCD_RESIDENCY_H
+
+#include "backend.h"
+#include "loader.h"
+#include "nwc_proto.h"
+#include "nwc_store.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct nwcd_res nwcd_res;
+typedef struct nwcd_entry nwcd_entry;
+
+/* A reference to a tensor usable for compute: view valid until nwcd_res_release. */
+typedef struct nwcd_ref {
+  nwcd_entry *e;          /* resident entry (refs held), or NULL when mapped */
+  nwc_store_map *map;     /* mapped container (non-resident compute), or NULL */
+  nwc_tensor view;        /* shapes always; the arrays and scales only for host copies */
+  const nwc_tensor_info *ti;
+  const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */
+  int loc;                /* NWCD_LOC_CPU or the device (also for a load or pin: no ref) */
+  bool loaded;            /* this acquire loaded it */
+} nwcd_ref;
+
+enum {
+  NWCD_ACQ_MAP_OK = 1, /* may fall back to mapping the container when it cannot fit */
+  NWCD_ACQ_PIN = 2,    /* pin it (and keep no reference) */
+  NWCD_ACQ_NOREF = 4,  /* load only (and keep no reference) */
+};
+/* Acquire flag naming where a load goes (loc: NWCD_LOC_CPU or a device; NWCD_LOC_DEFAULT is no
+ * flag: the default place).  A tensor resident elsewhere than a named place is -EEXIST. */
+#define NWCD_ACQ_AT(loc) ((unsigned)((loc) + 2) << 8)
+
+struct nwcd;
+int nwcd_res_create(struct nwcd *d, uint64_t budget, nwcd_res **out);
+/* The budget of every device (at start and on reload): per_device bytes, or with 0, 90% of the
+ * device memory free at the first call; evicts LRU copies down to it. */
+void nwcd_res_set_gpu_budget(nwcd_res *r, uint64_t per_device);
+/* The budget of loc (NWCD_LOC_DEFAULT, NWCD_LOC_CPU or a device): its bytes, or 0 for a device
+ * the backend lacks (*where gets its name: "cpu", "cuda:0"). */
+uint64_t nwcd_res_budget(nwcd_res *r, int loc, char where[16]);
+void nwcd_res_free(nwcd_res *r);
+/* Finds (loading if needed) model/tensor.  Returns 0 and *ref, -ENOENT, -ENOSPC when it cannot
+ * fit (and mapping is not allowed), or a load error. */
+int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
+                     nwcd_ref *ref, nwcd_load_info *li);
+void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
+/* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
+int nwcd_no_device(const nwcd_backend *b, int at);
+/* Evicts one tensor: 0, -EBUSY (in use or pinned: detail says which), -ENOENT when absent.
+ * *bytes gets what was freed. */
+int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);
+/* New budget (reload): evicts LRU entries down to it; *used gets the bytes still resident. */
+void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used);
+int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor);
+/* Drops every entry of model (before removing it): -EBUSY if one is in use or loading. */
+int nwcd_res_forget_model(nwcd_res *r, const char *model);
+/* Residency of one tensor for listings. */
+void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_proto_tensor *out);
+/* The blob bytes of model/tensor when it is resident now (acquiring it would not load), else 0;
+ * *loc (when loc is not NULL and it is resident): NWCD_LOC_CPU or its device. */
+uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor, int *loc);
+uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
+/* Resident tensors for ps: *out malloc'ed array of *n (free()). */
+int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);
+void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s);
+/* The places for devices, in one snapshot: out[0] host memory, out[1 + n] device n, each with
+ * its name, budget, resident bytes and tensors and pinned bytes as ps counts them (the memory
+ * fields are left 0).  out has room for 1 + NWCD_MAX_DEVICES; returns how many it filled. */
+int nwcd_res_places(nwcd_res *r, nwc_proto_place *out);
+/* Shares model/tensor with a client (map): makes it resident if needed (-ENOSPC when it cannot
+ * fit), sends its sealed memfd with the token (NWC_PROTO_MAP_TOKEN bytes) over sock, a
+ * connected Unix stream socket the client passed, and keeps a mapping reference, which stops
+ * eviction, until the client's end of sock is closed (unmap, exit).  sock stays the caller's
+ * (a duplicate is kept).  Fills *out with the decoder parameters for the reply. */
+int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
+                 nwc_proto_map *out);
+
+#endif

@@ -1,0 +1,27 @@
+/*
+ * server.h - nwcd's libuv loop (server.c; design comment there): the listening socket,
+ * connections, framing, back-pressure and replies.
+ */
+#ifndef NWCD_SERVER_H
+#define NWCD_SERVER_H
+
+#include "job.h"
+#include "nwc_proto.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct nwcd;
+
+/* Binds (or takes systemd's) socket and runs the loop until SIGINT/SIGTERM; the requests in
+ * flight finish first.  0, or a negative errno with a detail. */
+int nwcd_server_run(struct nwcd *d);
+/* Called on the worker: writes a finished frame (buf malloc'ed, ownership passes; NULL: none) to
+ * job j's connection, or queues it behind unsent ones; final marks the job's last frame, after
+ * which j is freed (do not touch it again). */
+void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
+/* The server's counters (connections, requests) into s (any thread). */
+void nwcd_server_get_stats(struct nwcd *d, nwc_proto_stats *s);
+
+#endif
