@@ -3,11 +3,11 @@
  * the tensor cores, dequant and gather.  Reached through the nwc_k_* entries of nwc_kernels.h,
  * which dispatch on the tensor's layout (l2_* below).
  *
- * Matvec design.  The work is cut into units: a row group (16 rows) whole, or, when there are too
- * few row groups to give every resident warp one, F parts of it, each a run of column blocks.  A
- * warp streams its units' slots (32 columns each) through a ring of shared-memory entries filled
- * by cp.async kRing - 1 slots ahead (l2_stream), so that many bytes are in flight without
- * registers.  Per slot a lane decodes its A fragments from the entry (layout2.cuh), loads its 8
+ * Matvec design.  The work is cut into units: a row group (16 rows) whole, or F parts of it, each
+ * a run of column blocks, F chosen so that the units keep the resident warps evenly busy
+ * (l2_work).  A warp streams its units' slots (32 columns each) through a ring of shared-memory
+ * entries of two slots, filled by the bulk copy engine several entries ahead (l2_stream), so that
+ * many bytes are in flight without registers and the copies cost one lane a few instructions.  Per slot a lane decodes its A fragments from the entry (layout2.cuh), loads its 8
  * activations x[r][32 s + 8q ..] (lanes r < ncols; two float4 from L1/L2) and splits them into
  * two BF16 parts, x = hi + lo (x to 16 significant bits, the products exact, fp32 accumulation:
  * docs/kernels.md has what that means for accuracy); four mma.m16n8k16 per slot, in two
@@ -34,14 +34,18 @@
 #include "layout2.cuh"
 
 #include <cuda_bf16.h>
+#include <math.h>
 
 namespace nwc_k {
 namespace {
 
-constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps; /* 3 CTAs per SM */
-constexpr unsigned kRing = 8;      /* slots staged per warp */
-constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
-constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
+constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps; /* 2 CTAs per SM, <= 128 registers */
+constexpr unsigned kL2CtasPerSm = 2;
+constexpr unsigned kRing = 6; /* entries per warp, each two slots */
+/* A ring entry: the nibbles (256 bytes a slot), low bytes (512 a slot), the block's hdr (32) and
+ * the pair of bases words holding bases[b] (16), and the entry's mbarrier (8). */
+constexpr unsigned kNibOff = 0, kLowOff = 512, kHdrOff = 1536, kBaseOff = 1568, kBarOff = 1584;
+constexpr unsigned kEntry = 1600;
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
 
 /* How the row groups are cut into units of work: F parts of `per` column blocks each. */
@@ -61,15 +65,28 @@ struct L2Matvec {
   const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
 
-__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(saddr), "l"(gmem));
+/* The bulk copy engine: one lane copies whole planes' slices into the ring; each entry's mbarrier
+ * counts the bytes in (arrive.expect_tx, complete_tx) and flips its phase when they are there. */
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok;
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -116,8 +133,8 @@ __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32
 }
 
 /* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
- * row k = u / F), slot s of the row group (its column block s / 16), the unit's end, and the
- * slot's nibbles and low bytes in global memory. */
+ * row k = u / F), slot s of the row group (its column block s / 16; units start at a block, so
+ * an even slot), the unit's end, and slot s's nibbles and low bytes in global memory. */
 struct Cursor {
   uint32_t u, grp, part, s, s_end;
   const uint8_t *nib, *low;
@@ -140,19 +157,20 @@ struct Cursor {
     const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
     s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
     const uint64_t gs = (uint64_t)grp * g.S + s;
-    nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
-    low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
+    nib = g.nib + gs * 256;
+    low = g.low + gs * 512;
     return true;
   }
 };
 
 /*
- * Streams a warp's units slot by slot through its ring of kRing shared-memory entries (cp.async,
- * kRing - 1 slots ahead of the decoder; a block's first slot also brings the block's hdr and
- * bases[b]) and calls the sink: slot(cursor, A fragments) for every slot, exception(cursor, row
- * in group, column, weight) for every entry of a block after its last slot, unit_end(cursor)
- * after a unit.  A lane prefetches its first entry of a block when the block starts (most lanes
- * have none or one: real weights have about 0.2 % exceptions).
+ * Streams a warp's units through its ring of kRing shared-memory entries, two slots an entry: lane
+ * 0 fills entries kRing - 1 ahead of the decoder with the bulk copy engine (a block's first entry
+ * also brings the block's hdr and bases[b]); all lanes wait on an entry's mbarrier, decode its
+ * slots and call the sink: slot(cursor, s, A fragments) for every slot, exception(cursor, row in
+ * group, column, weight) for every entry of a block after its last slot, unit_end(cursor) after
+ * a unit.  A lane prefetches its first exception entry of a block when the block starts (most
+ * lanes have none or one: real weights have about 0.2 % exceptions).
  */
 template <class Sink>
 __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows,
@@ -160,52 +178,69 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
   const uint32_t nwarps = gridDim.x * kL2Warps, first = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_mem);
+  if (lane == 0) {
+    for (uint32_t k = 0; k < kRing; k++) mbar_init(ring + k * kEntry + kBarOff);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
   Cursor ld, c;
   bool lv = ld.open(g, w, rows, first), cv = lv;
   c = ld;
+  /* Fills entry k with the loader's next one or two slots and advances it. */
   auto issue = [&](uint32_t k) {
-    const uint32_t dst = ring + k * kEntry;
-    cp_async16(dst + kLowOff + 16 * lane, ld.low);
-    if (lane < 16) {
-      cp_async16(dst + 16 * lane, ld.nib);
-    } else if (ld.s % 16 == 0) {
-      const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
-      if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
-      else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
+    const uint32_t n = ld.s_end - ld.s >= 2 ? 2u : 1u, dst = ring + k * kEntry, bar = dst + kBarOff;
+    const bool starts = ld.s % 16 == 0;
+    if (lane == 0) {
+      mbar_expect(bar, 768 * n + (starts ? 48 : 0));
+      bulk_copy(dst + kNibOff, ld.nib, 256 * n, bar);
+      bulk_copy(dst + kLowOff, ld.low, 512 * n, bar);
+      if (starts) {
+        const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
+        bulk_copy(dst + kHdrOff, g.hdr + b * 32, 32, bar);
+        bulk_copy(dst + kBaseOff, g.bases + (b & ~UINT64_C(1)), 16, bar);
+      }
     }
-    ld.nib += 256, ld.low += 512;
-    if (++ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
+    ld.nib += 256 * n, ld.low += 512 * n, ld.s += n;
+    if (ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
   };
-#pragma unroll
-  for (uint32_t k = 0; k + 1 < kRing; k++) {
+  for (uint32_t k = 0; k + 1 < kRing; k++)
     if (lv) issue(k);
-    cp_commit();
-  }
   /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  uint32_t kc = 0, kl = kRing - 1;
+  uint32_t kc = 0, kl = kRing - 1, phase = 0; /* phase: bit k = parity of entry k's next fill */
   uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
   const uint8_t *ex_p = nullptr;
   while (cv) {
-    cp_wait<kRing - 2>();
-    __syncwarp();
+    const uint32_t bar = ring + kc * kEntry + kBarOff;
+    while (!mbar_try_wait(bar, (phase >> kc) & 1u)) {
+    }
+    phase ^= 1u << kc;
     const uint8_t *e = ring_mem + kc * kEntry;
+    const uint32_t n = c.s_end - c.s >= 2 ? 2u : 1u;
     if (c.s % 16 == 0) { /* a block starts: its exception entries */
+      const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16;
       ex_n = e[kHdrOff + lane];
-      const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
+      const uint64_t base = reinterpret_cast<const uint64_t *>(e + kBaseOff)[b & 1];
       ex_p = g.data + base + 3 * lane_prefix(ex_n);
       if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
     }
-    uint32_t A[8];
-    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
+    uint32_t A[8], B[8];
+    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + kNibOff + 8 * lane),
                      *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
-    sink.slot(c, A);
-    if (lv) issue(kl);
-    cp_commit();
-    kl = kl + 1 == kRing ? 0 : kl + 1;
+    if (n == 2)
+      decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + kNibOff + 256 + 8 * lane),
+                       *reinterpret_cast<const uint4 *>(e + kLowOff + 512 + 16 * lane), g.lut[0], g.lut[1], B);
+    sink.slot(c, c.s, A);
+    if (n == 2) sink.slot(c, c.s + 1, B);
+    __syncwarp(); /* every lane has read entry kl (the previous one) before it is filled again */
+    if (lv) {
+      if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      issue(kl);
+    }
+    kl = kc;
     kc = kc + 1 == kRing ? 0 : kc + 1;
-    const uint32_t next = c.s + 1;
+    const uint32_t next = c.s + n;
     if (next % 16 == 0 || next == c.s_end) { /* the block ends: apply its entries */
       const uint32_t cb = c.s / 16;
       for (uint32_t k = 0; k < ex_n; k++) {
@@ -221,7 +256,6 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
       c.s = next;
     }
   }
-  cp_wait<0>();
 }
 
 /* The matvec's sink: mma per slot, exceptions times x on the CUDA cores, the unit's sums out. */
@@ -239,11 +273,11 @@ struct MatvecSink {
     for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
   }
 
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
+  __device__ __forceinline__ void slot(const Cursor &, uint32_t s, const uint32_t A[8]) {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
     uint4 hi = make_uint4(0, 0, 0, 0), lo = hi; /* B registers: b0, b1 of step 0, b0, b1 of step 1 */
     if (r < a.ncols) {
-      const uint4 *p = a.xs + 2 * ((c.s * a.ncols + r) * 4 + q);
+      const uint4 *p = a.xs + 2 * ((s * a.ncols + r) * 4 + q);
       hi = p[0], lo = p[1];
     }
     mma_bf16(c0, A, hi.x, hi.y);
@@ -323,7 +357,7 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
 }
 
 template <int NC>
-__global__ void __launch_bounds__(kL2Threads, 3) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
+__global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
   extern __shared__ uint4 smem[];
   MatvecSink<NC> sink(a);
   l2_stream(g, w, nullptr, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
@@ -343,8 +377,8 @@ struct RowsSink {
     const uint32_t k = c.u / F;
     return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * c.s + 8 * q;
+  __device__ __forceinline__ void slot(const Cursor &c, uint32_t s, const uint32_t A[8]) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * s + 8 * q;
     if (col >= K16) return;
     uint16_t *d0 = dst(c, r), *d8 = dst(c, r + 8);
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
@@ -357,7 +391,7 @@ struct RowsSink {
   __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
 };
 
-__global__ void __launch_bounds__(kL2Threads, 3) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
+__global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
   extern __shared__ uint4 smem[];
   l2_stream(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
 }
@@ -372,26 +406,35 @@ int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
   return 0;
 }
 
-/* The matvec's units: a row group whole (F = 1, no partial sums) when there are enough row groups
- * to give every resident warp one, else cut into F parts so that the units fill the warps. */
+/* The matvec's units: row groups cut into F parts (F = 1: whole, no partial sums).  Warps take
+ * units in turn, so the time is about ceil(units / warps) units; F is the smallest whose units
+ * keep the resident warps busiest (within 3 % of the best), counting a part as its share of the
+ * row group. */
 int l2_work(const L2Geom &g, L2Work *w) {
   int sms = sm_count();
   if (sms < 0) return sms;
-  const uint32_t warps = (uint32_t)sms * 3 * kL2Warps;
-  uint32_t f = (warps + g.RB - 1) / g.RB;
-  if (f > g.CB) f = g.CB;
-  w->per = (g.CB + f - 1) / f;
-  w->F = (g.CB + w->per - 1) / w->per;
-  w->units = g.RB * w->F;
-  return 0;
+  const double warps = (double)sms * kL2CtasPerSm * kL2Warps;
+  double best = 0;
+  for (uint32_t pass = 0; pass < 2; pass++)
+    for (uint32_t f = 1; f <= g.CB; f++) {
+      const uint32_t per = (g.CB + f - 1) / f, F = (g.CB + per - 1) / per;
+      if (F != f) continue;
+      const double units = (double)g.RB * F, busy = units / (ceil(units / warps) * warps);
+      if (pass == 0 && busy > best) best = busy;
+      if (pass == 1 && busy >= 0.97 * best) {
+        w->per = per, w->F = F, w->units = g.RB * F;
+        return 0;
+      }
+    }
+  return -EINVAL; /* not reached: pass 1 meets pass 0's best */
 }
 
 } /* namespace */
 
 int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   if (!t || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
-  /* the ring copies raw and hdr in 16-byte pieces, bases[b] in 8 */
-  if ((uintptr_t)t->raw % 16 || (uintptr_t)t->hdr % 16 || (uintptr_t)t->bases % 8) return -EINVAL;
+  /* the bulk copies take 16-byte aligned pieces of raw, hdr and bases */
+  if ((uintptr_t)t->raw % 16 || (uintptr_t)t->hdr % 16 || (uintptr_t)t->bases % 16) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) != 2 || NWC_ELEM_TYPE(t->elem) != NWC_ELEM_BF16) return -ENOTSUP;
   uint64_t lay[4];
   int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
@@ -422,6 +465,7 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
+
 /* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x NC floats), x's
  * B fragments (S x NC x 128 bytes). */
 struct L2Scratch {
@@ -445,7 +489,7 @@ int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
 template <int NC>
 static int launch_l2_matvec(const L2Geom &g, const L2Work &w, const L2Matvec &a, cudaStream_t stream) {
   unsigned ctas;
-  int rc = l2_ctas(w.units, 3, &ctas);
+  int rc = l2_ctas(w.units, kL2CtasPerSm, &ctas);
   if (rc < 0) return rc;
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
@@ -498,7 +542,7 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   L2Work w{(uint32_t)units, g.CB, 1};
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
   unsigned ctas;
-  if ((rc = l2_ctas(w.units, 3, &ctas)) < 0) return rc;
+  if ((rc = l2_ctas(w.units, kL2CtasPerSm, &ctas)) < 0) return rc;
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;
