@@ -1,6 +1,6 @@
 /*
  * backend_cuda.cu - the CUDA compute backend of nwcd: device copies of resident
- * tensors and the layout-0 kernels of kernels/ (nwc_kernels.h) for dequant, gather and matvec,
+ * tensors and the kernels of kernels/ (nwc_kernels.h; layouts 0 and 2) for dequant, gather and matvec,
  * from host buffers (the socket path) or from a client's own device memory (CUDA IPC).
  *
  * Design:
@@ -43,8 +43,8 @@
  *     nwcd_cuda_trim frees a device's idle contexts (residency calls it when the device holds no
  *     tensor any more), so evicting everything gives all device memory back.
  *   - Several columns of one matvec (a batched pass of several clients) go up together, run
- *     as back-to-back launches (the kernels take one right-hand side) and write y in one go:
- *     one round trip and one wait for all of them.
+ *     as one launch of up to 8 columns (layout 2: one pass over the weights; layout 0: a
+ *     launch per column) and write y in one go: one round trip and one wait for all of them.
  *   - IPC: the client's handles are opened on the copy's device and kept open for its connection
  *     (at most 16 per connection, LRU; closed when the connection ends); the allocation's real
  *     size comes from the driver (cuMemGetAddressRange, fetched at run time so that nwcd needs no
@@ -73,10 +73,11 @@ namespace {
  * (kTabSpace bytes), then the blob as it is on disk; the kernel tensor's arrays point at the
  * blob's sections. */
 constexpr uint64_t kTabSpace = NWC_TAB_ENTRIES * 4; /* 16 KiB: keeps the blob 256-aligned */
+constexpr unsigned kMaxCols = 8; /* columns of x one kernel launch multiplies */
 struct Copy {
   nwc_k_tensor k;
   int dev;
-  uint64_t k16, scratch, bytes;
+  uint64_t k16, scratch, bytes; /* scratch: bytes a matvec of kMaxCols columns needs */
   uint64_t id; /* unique for the process's life: keys the matvec graphs (addresses are reused) */
   cudaEvent_t arrival = nullptr; /* recorded after the blob's last copy (nwcd_cuda_blob_queued) */
   mutable int pending = 0; /* 1 until the arrival is seen complete (atomic) */
@@ -609,7 +610,7 @@ extern "C" int nwcd_cuda_blob_alloc(const nwc_tensor_info *ti, int dev, void *st
     delete cp;
     return rc;
   }
-  cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16], cp->scratch = lay[NWC_LAYOUT_SCRATCH];
+  cp->dev = dev, cp->k16 = lay[NWC_LAYOUT_K16];
   cp->id = __atomic_add_fetch(&copy_ids, 1, __ATOMIC_RELAXED);
   cp->k.owned = mem;
   *dcopy = cp, *blob = mem + kTabSpace;
@@ -625,6 +626,10 @@ extern "C" void nwcd_cuda_blob_finish(void *dcopy, const nwc_tensor_info *ti) {
   k.bases = reinterpret_cast<const uint64_t *>(blob + ti->off_bases);
   k.hdr = blob + ti->off_hdr, k.data = blob + ti->off_data, k.raw = blob + ti->off_raw;
   k.scale = ti->off_scale ? reinterpret_cast<const float *>(blob + ti->off_scale) : nullptr;
+  memcpy(k.psym, ti->psym, sizeof k.psym);
+  /* one scratch serves every matvec of the copy: up to kMaxCols columns a launch */
+  const int64_t scratch = nwc_k_scratch_bytes(&k, kMaxCols);
+  cp->scratch = scratch > 0 ? (uint64_t)scratch : 0;
 }
 
 extern "C" int nwcd_cuda_scales(const void *dcopy, float *out) {
@@ -718,15 +723,18 @@ extern "C" int nwcd_cuda_gather(const void *dcopy, const uint64_t *rows, uint64_
   return rc;
 }
 
-/* ncols matvecs of the columns already in c->dx (stride K16) into y (stride M; device memory or
- * the device view of mapped pinned memory), enqueued on c's stream. */
+/* The matvec of the ncols columns already in c->dx (stride K16) into y (stride M; device memory
+ * or the device view of mapped pinned memory), enqueued on c's stream: kMaxCols columns a launch
+ * (layout 2 multiplies them in one pass over the weights; layout 0 runs a column at a time). */
 static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
   const uint64_t M = cp->k.rows, K16 = cp->k16;
   int rc = 0;
-  for (unsigned col = 0; rc == 0 && col < ncols; col++)
-    rc = kstatus(nwc_k_matvec(&cp->k, (const float *)c->dx.p + col * K16, NULL, y + col * M,
-                              (float *)c->ds.p, c->stream),
+  for (unsigned col = 0; rc == 0 && col < ncols; col += kMaxCols) {
+    unsigned n = ncols - col < kMaxCols ? ncols - col : kMaxCols;
+    rc = kstatus(nwc_k_matvec_cols(&cp->k, (const float *)c->dx.p + col * K16, n, K16, NULL,
+                                   y + col * M, NULL, M, c->ds.p, c->stream),
                  "matvec");
+  }
   return rc;
 }
 
@@ -799,7 +807,7 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
   TRY(grow(c, c->dx, xb, false));
   TRY(grow(c, c->hin, xb, true));
-  TRY(grow(c, c->ds, cp->scratch * 4, false));
+  TRY(grow(c, c->ds, cp->scratch, false));
   TRY(grow(c, c->hout, yb, true));
   for (unsigned col = 0; col < ncols; col++)
     memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
@@ -822,7 +830,7 @@ extern "C" int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t
   TRY(region_of(owner, static_cast<uint8_t *>(region), window, &g));
   Ctx *c = lease.c;
   TRY(grow(c, c->dx, (size_t)ncols * cp->k16 * 4, false));
-  TRY(grow(c, c->ds, cp->scratch * 4, false));
+  TRY(grow(c, c->ds, cp->scratch, false));
   Io io = {g->id, reinterpret_cast<const float *>(g->dev + x_off), cp->k.cols,
            reinterpret_cast<float *>(g->dev + y_off)};
   return run_matvec(c, cp, ncols, io);
@@ -855,7 +863,7 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
            "copy of the bias");
   }
   TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
-  TRY(grow(c, c->ds, cp->scratch * 4, false));
+  TRY(grow(c, c->ds, cp->scratch, false));
   TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
   TRY(kstatus(nwc_k_epilogue((const float *)c->dy.p, M, ncols, scale,
                               bias ? (const float *)c->dbias.p : nullptr, my.p, bf16, c->stream),

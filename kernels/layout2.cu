@@ -19,9 +19,9 @@
  * A unit that is a whole row group writes its rows.  Parts of a row group are summed without
  * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
  * its row group's counter; the part that completes the count adds the row group's partial sums
- * in part order (so the result does not depend on scheduling), applies scale and bias, writes
- * fp32 and/or BF16, and resets the counter to zero.  Scratch: RB counters (zero before the first
- * call; every call leaves them zero), then units x 16 x NC floats.
+ * in part order (so the result does not depend on scheduling), applies scale and bias and writes
+ * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x NC
+ * floats of partial sums, x's fragments.
  *
  * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
@@ -107,11 +107,13 @@ __device__ __forceinline__ void split2(float v0, float v1, uint32_t &hi, uint32_
 
 /* x's B fragments, once per call: for slot s, column n, lane q the hi and lo parts of
  * x[n][32 s + 8q .. 32 s + 8q + 7] (zero from K on) as two uint4, each b0, b1 of mma step 0 then
- * of step 1, at xs + 2 ((s ncols + n) 4 + q).  It lets the matvec kernel start (programmatic
+ * of step 1, at xs + 2 ((s ncols + n) 4 + q); and the row groups' counters set to zero.  It lets the matvec kernel start (programmatic
  * dependent launch) as soon as every CTA of it has run: the matvec fills its rings meanwhile and
  * waits for this grid before it reads xs. */
-__global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint4 *xs) {
+__global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint4 *xs,
+                                uint32_t *count, uint32_t RB) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < RB) count[i] = 0;
   if (i < S * ncols * 4) {
     const uint32_t q = i & 3u, sn = i >> 2, s = sn / ncols, n = sn - s * ncols, col = 32 * s + 8 * q;
     const float *xp = x + n * ldx + col;
@@ -353,7 +355,6 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
     if (a.y) a.y[n * a.ldy + R] = v;
     if (a.y_bf16) a.y_bf16[n * a.ldy + R] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
-  if (lane == 0) a.count[cur.grp] = 0;
 }
 
 template <int NC>
@@ -494,8 +495,9 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, const L2Matvec &a,
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;
-  const uint32_t frags = g.S * a.ncols * 4;
-  l2_xfrag_kernel<<<(frags + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, const_cast<uint4 *>(a.xs));
+  const uint32_t threads = max(g.S * a.ncols * 4, g.RB);
+  l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols,
+                                                              const_cast<uint4 *>(a.xs), a.count, g.RB);
   if ((rc = launch_status()) < 0) return rc;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -54,9 +54,8 @@ NWC_EXTERN int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStr
 /* Frees what upload allocated and zeroes *d; NULL or a borrowed view frees nothing. */
 NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 
-/* Bytes of scratch the matvec entries need for ncols (1..8) columns of x, or a negative errno.
- * Zero the scratch once (cudaMemset) before its first use: layout 2 keeps counters in it that
- * every call leaves at zero; layout 0 overwrites it.  One scratch serves one call at a time. */
+/* Bytes of scratch the matvec entries need for ncols (1..8) columns of x (enough for fewer too),
+ * or a negative errno.  A call overwrites it; one scratch serves one call at a time. */
 NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
 
 /* The cudaError_t of the last -EIO on this thread (0 if none). */
@@ -77,8 +76,8 @@ NWC_EXTERN int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
 /*
  * y = scale * (W x) + bias, rounded to BF16 (nearest even): nwc_k_matvec_cols with one column.
  * x: K16 floats (K16 = K rounded up to 16), x[K..K16) must be 0.  bias: rows floats or NULL.
- * scratch: nwc_k_scratch_bytes(t, 1) bytes, zeroed before its first use (layout 0: the
- * NWC_LAYOUT_SCRATCH floats of nwc_layout(), partial sums per row and column block).
+ * scratch: nwc_k_scratch_bytes(t, 1) bytes (layout 0: the NWC_LAYOUT_SCRATCH floats of
+ * nwc_layout(), partial sums per row and column block).
  */
 NWC_EXTERN int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
                                  uint16_t *y, float *scratch, cudaStream_t stream);
