@@ -1,13 +1,11 @@
 /*
  * blob_view.c - nwc_store_blob_view (nwc_store.h): a borrowed view of a tensor blob in memory,
  * checked against the catalog's decoder parameters (the blob header layout is in container.c's
- * comment).  Part of the codec library (nwc_store), not the catalog, so that libnwc-client can
- * check the blobs nwcd shares with it (client/map.c) without linking SQLite.
+ * comment).  A library of its own (nwc_blob_view), not part of the store's, so that libnwc-client
+ * can check the blobs nwcd shares with it (client/map.c) without linking SQLite.
  */
 #include "store_internal.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -15,16 +13,6 @@ static uint64_t get64(const uint8_t *p) {
   uint64_t v;
   memcpy(&v, p, 8);
   return v;
-}
-
-int nwc__fail_prefix(int err, const char *fmt, ...) {
-  char prefix[512], old[1024];
-  snprintf(old, sizeof old, "%s", nwc_error_detail());
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
-  va_end(ap);
-  return nwc__fail(err, "%s: %s", prefix, old);
 }
 
 int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *t) {

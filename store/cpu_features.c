@@ -5,7 +5,7 @@
  * avx512.  The variable is read on every call so
  * that tests can run every path in one process; the hardware probe is cached.
  */
-#include "internal.h"
+#include "decode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -41,13 +41,4 @@ int nwc__cpu_level(void) {
     else if (!strcmp(env, "avx512")) want = NWC__CPU_AVX512;
   }
   return want < hw ? want : hw;
-}
-
-const char *nwc__cpu_level_name(int level) {
-  switch (level) {
-  case NWC__CPU_SSSE3: return "ssse3";
-  case NWC__CPU_AVX2: return "avx2";
-  case NWC__CPU_AVX512: return "avx512";
-  default: return "portable";
-  }
 }

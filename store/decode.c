@@ -1,5 +1,7 @@
 /*
- * decode.c - the CPU reference decoder for layout 0: dequant, matvec and gather.
+ * decode.c - the CPU reference decoder for layout 0 (dequant, matvec and gather; decode_api.c
+ * hands it the layout-0 calls), and its prefix-code lane decoder, which layout 1 and the batched
+ * matvec use too (nwc__pcdec_*).
  *
  * It decodes the lane streams the way the GPU kernel does: the next 12 bits of a lane's 64-bit
  * window index the lookup table, a fast entry yields two weights and the bits they used, a slow
@@ -15,7 +17,7 @@
  * Loops run row by row over all lanes of a block, so the 32 independent lane states give the CPU
  * independent dependency chains to overlap.
  */
-#include "internal.h"
+#include "decode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -253,8 +255,7 @@ static int dequant_block(decoder *d, uint64_t b, unsigned nrows, int keep, uint1
   return 0;
 }
 
-int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, uint16_t *out) {
-  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_dequant_range(t, rb_begin, rb_end, out);
+int nwc__l0_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, uint16_t *out) {
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;
@@ -270,14 +271,7 @@ int nwc_dequant_range(const nwc_tensor *t, uint64_t rb_begin, uint64_t rb_end, u
   return rc;
 }
 
-int nwc_dequant(const nwc_tensor *t, uint16_t *out) {
-  if (t && NWC_ELEM_LAYOUT(t->elem))
-    return nwc__lx_dequant_range(t, 0, nwc__ceil_div(t->rows, NWC__LX_BLOCK_ROWS), out);
-  return nwc_dequant_range(t, 0, t ? nwc__ceil_div(t->rows, NWC_BLOCK_ROWS) : 0, out);
-}
-
-int nwc_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out) {
-  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_gather(t, rows, n, out);
+int nwc__l0_gather(const nwc_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out) {
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;
@@ -318,9 +312,8 @@ static inline float hsum16(const v16f *acc) {
   return s[0];
 }
 
-int nwc_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
-               uint16_t *y_bf16) {
-  if (t && NWC_ELEM_LAYOUT(t->elem)) return nwc__lx_matvec(t, x, bias, y, y_bf16);
+int nwc__l0_matvec(const nwc_tensor *t, const float *x, const float *bias, float *y,
+                   uint16_t *y_bf16) {
   int rc;
   decoder *d = decoder_new(t, &rc);
   if (!d) return rc;

@@ -15,7 +15,7 @@
  * their bases shifted.  Block offsets are relative to the data start and blocks depend only on
  * their own weights, so the output is byte for byte that of one thread.
  */
-#include "internal.h"
+#include "encode_internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -351,11 +351,9 @@ static int plan_init(plan *p, const void *w, uint64_t n, uint64_t K, unsigned el
   return plan_symbols(p, freq, psym);
 }
 
-int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
-                   uint8_t psym[16], uint64_t *bases, uint8_t *hdr, uint8_t *data, uint64_t cap,
-                   uint8_t *raw) {
-  if (NWC_ELEM_LAYOUT(elem) != 0) /* layouts 1 and 2: store/layout_common.c */
-    return nwc__lx_encode(w, n, K, elem, freq, psym, bases, hdr, data, cap, raw);
+int64_t nwc__l0_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_t *freq,
+                       uint8_t psym[16], uint64_t *bases, uint8_t *hdr, uint8_t *data, uint64_t cap,
+                       uint8_t *raw) {
   NWC_RETURN_IF(!psym || !bases || !hdr, -EINVAL, "nwc_encode: missing output array");
   plan *p = malloc(sizeof *p);
   if (!p) return -ENOMEM;
@@ -377,9 +375,8 @@ int64_t nwc_encode(const void *w, uint64_t n, uint64_t K, unsigned elem, uint64_
   return rc;
 }
 
-int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem,
-                      const float *scale, nwc_tensor *t) {
-  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_tensor_encode(w, rows, cols, elem, scale, t);
+int nwc__l0_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem,
+                          const float *scale, nwc_tensor *t) {
   NWC_RETURN_IF(!t, -EINVAL, "nwc_tensor_encode: no output");
   memset(t, 0, sizeof *t);
   uint64_t lay[4];
@@ -423,13 +420,7 @@ int nwc_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned elem
   return rc;
 }
 
-void nwc_tensor_release(nwc_tensor *t) {
-  if (!t) return;
-  free(t->owned);
-  memset(t, 0, sizeof *t);
-}
-
-/* ---- on several threads (store/internal.h) ---------------------------------------------------- */
+/* ---- on several threads (store/encode_internal.h) --------------------------------------------- */
 
 typedef struct band {
   uint64_t rb0, rb1;   /* row blocks */
@@ -676,7 +667,7 @@ void nwc__enc_free(nwc__enc *e) {
   free(e);
 }
 
-/* ---- shared with layouts 1 and 2 (store/internal.h, store/layouts.h) ------------------------ */
+/* ---- shared with layouts 1 and 2 (store/encode_internal.h) ---------------------------------- */
 
 int nwc__encode_args(const void *w, uint64_t n, uint64_t K) {
   NWC_RETURN_IF(!w, -EINVAL, "nwc_encode: no input");

@@ -1,6 +1,7 @@
 /*
  * error.c - error text: nwc_strerror() for the negative errno values every nwc call returns, and
- * the thread-local detail line that NWC_RETURN_IF records.
+ * the thread-local detail line that NWC_RETURN_IF records (nwc__fail) or prefixes
+ * (nwc__fail_prefix).
  */
 #include "internal.h"
 
@@ -23,6 +24,16 @@ int nwc__fail(int err, const char *fmt, ...) {
 }
 
 const char *nwc_error_detail(void) { return detail; }
+
+int nwc__fail_prefix(int err, const char *fmt, ...) {
+  char prefix[512], old[1024];
+  snprintf(old, sizeof old, "%s", nwc_error_detail());
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  return nwc__fail(err, "%s: %s", prefix, old);
+}
 
 const char *nwc_strerror(int err) {
   switch (err) {

@@ -1,6 +1,6 @@
 /*
- * format.c - format parameters and shape arithmetic (nwc_info, nwc_layout, nwc_encode_bound), the
- * fp8 symbol split, and the BF16/fp8 scalar conversions the codec and its tools share.
+ * format.c - format parameters (nwc_info), the fp8 symbol split, and the BF16/fp8 scalar
+ * conversions the codec and its tools share.  The shape arithmetic is in geometry.c.
  */
 #include "internal.h"
 
@@ -15,48 +15,6 @@ int64_t nwc_info(int key) {
   case NWC_INFO_BLOCK_WEIGHTS: return NWC_BLOCK_ROWS * NWC_BLOCK_COLS;
   default: return nwc__fail(-EINVAL, "nwc_info: unknown key %d", key);
   }
-}
-
-int nwc__geom_init(nwc__geom *g, uint64_t M, uint64_t K, unsigned elem) {
-  NWC_RETURN_IF(M == 0 || K == 0, -EINVAL, "shape %llux%llu: zero dimension",
-                (unsigned long long)M, (unsigned long long)K);
-  NWC_RETURN_IF(M > NWC__MAX_WEIGHTS || K > NWC__MAX_WEIGHTS || M > NWC__MAX_WEIGHTS / K, -EINVAL,
-                "shape %llux%llu: more than 2^40 weights", (unsigned long long)M,
-                (unsigned long long)K);
-  unsigned type = NWC_ELEM_TYPE(elem), layout = NWC_ELEM_LAYOUT(elem);
-  NWC_RETURN_IF(elem > 255 || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8), -EINVAL,
-                "elem 0x%x: unknown element type", elem);
-  NWC_RETURN_IF(layout > 2, -ENOTSUP, "elem 0x%x: layout %u is not implemented", elem, layout);
-  memset(g, 0, sizeof *g);
-  g->M = M;
-  g->K = K;
-  g->K16 = nwc__round_up(K, NWC_LANE_COLS);
-  /* layouts 1 and 2 (store/layout_common.c): row groups of 16, a raw plane that is not row-major */
-  g->row_blocks = nwc__ceil_div(M, layout ? NWC__LX_BLOCK_ROWS : NWC_BLOCK_ROWS);
-  g->col_blocks = nwc__ceil_div(K, NWC_BLOCK_COLS);
-  g->nblocks = g->row_blocks * g->col_blocks;
-  g->raw_stride = layout ? 0 : type == NWC_ELEM_BF16 ? g->K16 : g->K16 / 2;
-  g->type = type;
-  return 0;
-}
-
-int nwc_layout(uint64_t M, uint64_t K, unsigned elem, uint64_t out[4]) {
-  nwc__geom g = {0};
-  NWC_TRY(nwc__geom_init(&g, M, K, elem));
-  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_layout(M, K, elem, out);
-  out[NWC_LAYOUT_BLOCKS] = g.nblocks;
-  out[NWC_LAYOUT_RAW_BYTES] = g.M * g.raw_stride;
-  out[NWC_LAYOUT_SCRATCH] = g.row_blocks * NWC_BLOCK_ROWS * g.col_blocks;
-  out[NWC_LAYOUT_K16] = g.K16;
-  return 0;
-}
-
-int64_t nwc_encode_bound(uint64_t M, uint64_t K, unsigned elem) {
-  nwc__geom g = {0};
-  NWC_TRY(nwc__geom_init(&g, M, K, elem));
-  if (NWC_ELEM_LAYOUT(elem) != 0) return nwc__lx_encode_bound(M, K, elem);
-  /* 32 lanes of 192 units is 12288 bytes, already a multiple of the 8-byte alignment. */
-  return (int64_t)(g.nblocks * NWC_LANES * NWC_LANE_MAX_UNITS * 2 + NWC_DATA_SLACK);
 }
 
 /* ---- fp8 e4m3 symbols ----------------------------------------------------------------------- */

@@ -25,6 +25,7 @@
  * per import, SLOTS_PER_THREAD chunk buffers per thread.
  */
 #include "store_internal.h"
+#include "encode_internal.h" /* the layout-0 encoder in steps (nwc__enc_*) */
 
 #include <fcntl.h>
 #include <limits.h>

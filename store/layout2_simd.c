@@ -13,10 +13,10 @@
  *
  *   the AVX2+FMA multiply-accumulate kernel of the (batched) matvec.
  *
- * The portable C versions (layout2.c, matvec_batch.c) define the results; these must match them
+ * The portable C versions (layout2_decode.c, matvec_batch.c) define the results; these must match them
  * bit for bit for the tiles (tests run both).
  */
-#include "internal.h"
+#include "decode_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -4,8 +4,8 @@
  * lists), and dequant and gather.  The matvec is in matvec_batch.c.
  *
  * A block is walked as begin, tile(sc) for sc = 0 .. nsc-1 in order, end.  Layout 1 tiles come
- * from the prefix-code lane decoder (layout1.c), layout 2 tiles from the portable or SIMD tile
- * decoder chosen by the CPU level (layout2.c, layout2_simd.c); layout-2 exceptions are then
+ * from the prefix-code lane decoder (layout1_decode.c), layout 2 tiles from the portable or SIMD
+ * tile decoder chosen by the CPU level (layout2_decode.c, layout2_simd.c); layout-2 exceptions are then
  * written over their weights, so a tile always holds the exact weights.
  *
  * Safety: the geometry and the raw size are checked once (nwc__lxdec_init), every block's
@@ -15,7 +15,7 @@
  * Tiles go straight into the output only when all 16 x 32 positions lie inside it, else through
  * a local buffer.
  */
-#include "internal.h"
+#include "decode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -13,7 +13,7 @@
  * column.  Weights in columns K and beyond (fillers) are cleared before the multiply, so that a
  * filler decoding to an infinity cannot turn a row into NaN.
  */
-#include "internal.h"
+#include "decode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /*
- * record.c - validation of encoded tensors, and the tensor record: a self-contained, checksummed
- * serialization of one encoded tensor (docs/format.md, "Tensor record") used by the golden files
- * and tools.
+ * record.c - the tensor record: a self-contained, checksummed serialization of one encoded
+ * tensor (docs/format.md, "Tensor record") used by the golden files and tools; and
+ * nwc_tensor_release, which frees what a record read (or an encoder) allocated for a tensor.
  *
  * Record layout (little-endian):
  *   0 "NWCT"  4 u16 version  6 u8 elem  7 u8 flags (bit 0: per-row scale present)
@@ -11,7 +11,6 @@
  */
 #include "internal.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -22,83 +21,6 @@
 
 #define RECORD_HEADER 72
 #define RECORD_FLAG_SCALE 1u
-
-static int validate_psym(const nwc_tensor *t, unsigned type) {
-  unsigned seen = 0;
-  uint64_t seen128[2] = {0, 0};
-  if (type == NWC_ELEM_BF16) {
-    for (unsigned r = 0; r < NWC_BF16_CODED_RANKS; r++) {
-      unsigned v = t->psym[r];
-      NWC_RETURN_IF(v > 127 || (seen128[v >> 6] >> (v & 63) & 1), -EBADMSG,
-                    "psym[%u] = %u: not a distinct 7-bit exponent", r, v);
-      seen128[v >> 6] |= UINT64_C(1) << (v & 63);
-    }
-    NWC_RETURN_IF(t->psym[15] != 0, -EBADMSG, "psym[15] = %u, must be 0", t->psym[15]);
-    return 0;
-  }
-  for (unsigned r = 0; r < NWC_RANKS; r++) {
-    unsigned v = t->psym[r], s = 0;
-    if (r >= NWC_FP8_SYMBOLS) {
-      NWC_RETURN_IF(v != 0, -EBADMSG, "fp8 psym[%u] = %u, must be 0", r, v);
-      continue;
-    }
-    while (s < NWC_FP8_SYMBOLS && nwc__fp8_sym_byte[s] != v) s++;
-    NWC_RETURN_IF(s == NWC_FP8_SYMBOLS || (seen >> s & 1), -EBADMSG,
-                  "fp8 psym[%u] = %u: not a distinct fp8 symbol byte", r, v);
-    seen |= 1u << s;
-  }
-  return 0;
-}
-
-static int validate_scale(const nwc_tensor *t, uint64_t M) {
-  for (uint64_t r = 0; t->scale && r < M; r++)
-    NWC_RETURN_IF(!isfinite(t->scale[r]) || t->scale[r] <= 0, -EBADMSG,
-                  "scale[%llu] = %g is not a positive finite number", (unsigned long long)r,
-                  (double)t->scale[r]);
-  return 0;
-}
-
-int nwc_tensor_validate(const nwc_tensor *t) {
-  nwc__geom g = {0};
-  NWC_RETURN_IF(!t || !t->bases || !t->hdr || !t->data || !t->raw, -EINVAL,
-                "validate: tensor has missing arrays");
-  int rc = nwc__geom_init(&g, t->rows, t->cols, t->elem);
-  NWC_RETURN_IF(rc == -ENOTSUP, rc, "%s", nwc_error_detail());
-  NWC_RETURN_IF(rc < 0, -EBADMSG, "%s", nwc_error_detail());
-  if (NWC_ELEM_LAYOUT(t->elem) != 0) { /* layouts 1 and 2: store/layout_common.c */
-    if (NWC_ELEM_LAYOUT(t->elem) == 1) NWC_TRY(validate_psym(t, g.type));
-    NWC_TRY(nwc__lx_validate(t));
-    return validate_scale(t, g.M);
-  }
-  NWC_RETURN_IF(t->nblocks != g.nblocks, -EBADMSG, "%llu blocks, shape needs %llu",
-                (unsigned long long)t->nblocks, (unsigned long long)g.nblocks);
-  NWC_RETURN_IF(t->raw_bytes != g.M * g.raw_stride, -EBADMSG, "raw plane %llu bytes, needs %llu",
-                (unsigned long long)t->raw_bytes, (unsigned long long)(g.M * g.raw_stride));
-  NWC_TRY(validate_psym(t, g.type));
-  NWC_RETURN_IF(t->bases[0] != 0, -EBADMSG, "bases[0] = %llu, must be 0",
-                (unsigned long long)t->bases[0]);
-  for (uint64_t b = 0; b < g.nblocks; b++) {
-    uint64_t units = 0, rows = nwc__block_rows(&g, b / g.col_blocks);
-    unsigned active = nwc__active_lanes(&g, b % g.col_blocks);
-    for (unsigned l = 0; l < NWC_LANES; l++) {
-      /* each of a lane's rows * 16 codes takes 2..24 bits: 2 * rows .. 24 * rows units */
-      uint64_t n = t->hdr[b * NWC_LANES + l], lo = l < active ? 2 * rows : 0, hi = 12 * lo;
-      NWC_RETURN_IF(n < lo || n > hi, -EBADMSG, "block %llu lane %u: %llu units, must be %llu..%llu",
-                    (unsigned long long)b, l, (unsigned long long)n, (unsigned long long)lo,
-                    (unsigned long long)hi);
-      units += n;
-    }
-    uint64_t want = t->bases[b] + nwc__block_span(units);
-    NWC_RETURN_IF(t->bases[b + 1] != want, -EBADMSG, "bases[%llu] = %llu, streams end at %llu",
-                  (unsigned long long)(b + 1), (unsigned long long)t->bases[b + 1],
-                  (unsigned long long)want);
-  }
-  NWC_RETURN_IF(t->data_bytes != t->bases[g.nblocks] + NWC_DATA_SLACK, -EBADMSG,
-                "data is %llu bytes, blocks end at %llu (+%d slack)",
-                (unsigned long long)t->data_bytes, (unsigned long long)t->bases[g.nblocks],
-                NWC_DATA_SLACK);
-  return validate_scale(t, g.M);
-}
 
 static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -183,4 +105,10 @@ int nwc_record_read(const uint8_t *buf, size_t len, nwc_tensor *t) {
   int rc = nwc_tensor_validate(t);
   if (rc < 0) nwc_tensor_release(t);
   return rc;
+}
+
+void nwc_tensor_release(nwc_tensor *t) {
+  if (!t) return;
+  free(t->owned);
+  memset(t, 0, sizeof *t);
 }

@@ -56,8 +56,6 @@ static inline uint64_t nwc__chunks(uint64_t length, uint64_t chunk) {
 }
 /* Reads len bytes at off from fd (-EIO on a short read). */
 int nwc__pread_full(int fd, void *buf, uint64_t len, uint64_t off);
-/* Records "prefix: <current detail>" as the detail and returns err (prefix may be long). */
-int nwc__fail_prefix(int err, const char *fmt, ...) NWC__PRINTF(2, 3);
 
 /* ---- catalog.c ---- */
 

@@ -8,7 +8,7 @@
 #define NWC_LAYOUT_UTIL_H
 
 #include "codec_util.h"
-#include "internal.h" /* nwc__cpu_level: which levels this machine can run */
+#include "decode_internal.h" /* nwc__cpu_level: which levels this machine can run */
 
 static const char *const lu_level_env[4] = {"portable", "ssse3", "avx2", "avx512"};
 

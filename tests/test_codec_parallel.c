@@ -9,7 +9,7 @@
  * a read error comes back as it is, from the first step or a later one.
  */
 #include "codec_util.h"
-#include "internal.h"
+#include "encode_internal.h"
 
 typedef struct reader {
   const uint8_t *src;

@@ -1,28 +1,20 @@
 /*
- * layout1.c - layout 1 (docs/format-layouts.md, "Layout 1"): the layout-0 prefix code and lane
- * streams, with 16 x 512 blocks whose lane streams follow the mma.m16n8k16 fragment order, and
- * a raw plane [row group][slot][lane][16 bytes] (fp8: 8 bytes of nibbles).
+ * layout1_encode.c - the encoder of layout 1 (docs/format-layouts.md, "Layout 1"): the layout-0
+ * prefix code and lane streams, with 16 x 512 blocks whose lane streams follow the mma.m16n8k16
+ * fragment order, and a raw plane [row group][slot][lane][16 bytes] (fp8: 8 bytes of nibbles).
+ * Its decoder is layout1_decode.c.
  *
- * Encoder: the code of every input byte comes from the layout-0 encoder (nwc__prefix_codes), so
+ * The code of every input byte comes from the layout-0 encoder (nwc__prefix_codes), so
  * symbols, ranking and psym are those of layout 0; this file only orders the weights.  Lane L of
  * a block codes, for each coded super-chunk sc, its 16 weights j = 0..15 at tile row
  * nwc__frag_row(L, j) and column nwc__frag_col(L, j); a position outside the tensor (row >= M or
  * column >= K) is a filler (rank 0, sign 0: the 2-bit code "1 0").  Each lane's stream is padded
  * with zero bits to whole 32-bit words; hdr = words; the lanes follow each other word-aligned.
- *
- * Decoder: the layout-0 lane decoder (nwc__pcdec_*) decodes 16 codes per lane and super-chunk;
- * tiles come out in stream order.
  */
-#include "internal.h"
+#include "encode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* The input key (BF16 high byte, fp8 byte) of input index i; -1 for a filler. */
-static inline int key_of(const nwc__lx_plan *p, uint64_t i) {
-  if (i == NWC__LX_FILLER) return -1;
-  return p->w16 ? p->w16[i] >> 8 : p->w8[i];
-}
 
 int nwc__l1_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *bases,
                  uint8_t *hdr, uint64_t *data_bytes) {
@@ -41,7 +33,7 @@ int nwc__l1_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *ba
       uint64_t bits = 0, in[256];
       unsigned n = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned k = 0; k < n; k++) {
-        int key = key_of(p, in[k]);
+        int key = nwc__lx_key(p, in[k]);
         bits += key < 0 ? 2 : p->len[key];
       }
       hdr[b * NWC_LANES + L] = (uint8_t)nwc__ceil_div(bits, 32);
@@ -72,7 +64,7 @@ void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
       uint64_t acc = 0, in[256]; /* MSB-first writer: pending bits right-aligned */
       unsigned n = 0, nw = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned k = 0; k < nw; k++) {
-        int key = key_of(p, in[k]);
+        int key = nwc__lx_key(p, in[k]);
         uint32_t bits = key < 0 ? 2u : p->bits[key], len = key < 0 ? 2u : p->len[key];
         acc = acc << len | bits;
         n += len;
@@ -98,36 +90,4 @@ void nwc__l1_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
     memset(dst, 0, (size_t)(data + p->bases[b + 1] - dst)); /* alignment padding */
   }
   memset(data + p->bases[lg->g.nblocks], 0, NWC_DATA_SLACK);
-}
-
-/* ---- decoding ---------------------------------------------------------------------------- */
-
-int nwc__l1_tile(nwc__pcdec *pc, const nwc__lgeom *lg, const uint8_t *raw, uint64_t slot,
-                 uint32_t lanes, uint16_t *dst, size_t stride) {
-  /* j of tile row r's columns +0..+7 and of row r + 8's (section 2 of docs/format-layouts.md) */
-  static const uint8_t row_j[2][8] = {{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}};
-  int bf16 = lg->g.type == NWC_ELEM_BF16;
-  uint8_t h[NWC_LANES][16];
-  NWC_TRY(nwc__pcdec_lanes16(pc, lanes, h));
-  for (; lanes; lanes &= lanes - 1) {
-    unsigned L = (unsigned)__builtin_ctz(lanes);
-    uint8_t lo[16];
-    const uint8_t *lr = raw + (slot * NWC_LANES + L) * (bf16 ? 16 : 8);
-    if (bf16) {
-      memcpy(lo, lr, 16);
-    } else { /* word 0: weights 0..3 in the low nibbles, 4..7 in the high ones; word 1: 8..15 */
-      uint32_t q[2], v[4];
-      memcpy(q, lr, 8);
-      v[0] = (q[0] & 0x0f0f0f0fu) << 4, v[1] = q[0] & 0xf0f0f0f0u;
-      v[2] = (q[1] & 0x0f0f0f0fu) << 4, v[3] = q[1] & 0xf0f0f0f0u;
-      memcpy(lo, v, 16);
-    }
-    uint16_t *o = dst + (L >> 2) * stride + 8 * (L & 3);
-    for (unsigned half = 0; half < 2; half++, o += 8 * stride)
-      for (unsigned k = 0; k < 8; k++) {
-        unsigned j = row_j[half][k];
-        o[k] = (uint16_t)(h[L][j] << 8 | lo[j]);
-      }
-  }
-  return 0;
 }

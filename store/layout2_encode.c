@@ -1,7 +1,7 @@
 /*
- * layout2.c - layout 2 (docs/format-layouts.md, "Layout 2"): fixed-width nibbles [sign | rank]
- * for the seven most frequent symbols, the raw plane behind them, and per-block exception lists;
- * the encoder and the portable tile decoder (the SIMD ones are in layout2_simd.c).
+ * layout2_encode.c - the encoder of layout 2 (docs/format-layouts.md, "Layout 2"): fixed-width
+ * nibbles [sign | rank] for the seven most frequent symbols, the raw plane behind them, and
+ * per-block exception lists.  Its decoders are layout2_decode.c (portable) and layout2_simd.c.
  *
  * Symbols: BF16 the 7-bit exponent byte (high byte without the sign, 128 symbols); fp8 the BF16
  * exponent field E of the value (19 symbols k: k = 0 for E = 0, the zeros; k = E - 117 for
@@ -10,7 +10,7 @@
  * ascending symbol; ranks 0..6 get nibbles, the rest are exceptions (nibble 7, sign 0, raw
  * fields 0; the entry holds the weight).
  */
-#include "internal.h"
+#include "encode_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -59,12 +59,6 @@ static int plan_symbols(nwc__lx_plan *p, uint64_t *freq_out, uint8_t psym[16]) {
   return 0;
 }
 
-/* The input key (BF16 high byte, fp8 byte) of input index i; -1 for a filler. */
-static inline int key_of(const nwc__lx_plan *p, uint64_t i) {
-  if (i == NWC__LX_FILLER) return -1;
-  return p->w16 ? p->w16[i] >> 8 : p->w8[i];
-}
-
 int nwc__l2_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *bases,
                  uint8_t *hdr, uint64_t *data_bytes) {
   const nwc__lgeom *lg = &p->lg;
@@ -77,7 +71,7 @@ int nwc__l2_plan(nwc__lx_plan *p, uint64_t *freq, uint8_t psym[16], uint64_t *ba
       uint64_t in[256];
       unsigned n = 0, nw = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned idx = 0; idx < nw; idx++) {
-        int k = key_of(p, in[idx]);
+        int k = nwc__lx_key(p, in[idx]);
         n += k >= 0 && (p->nib[k] & 7) == 7;
       }
       NWC_RETURN_IF(n > NWC__L2_MAX_EXC, -ERANGE,
@@ -116,7 +110,7 @@ void nwc__l2_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
       unsigned nw = nwc__lx_lane_inputs(lg, b, L, in);
       for (unsigned idx = 0; idx < nw; idx++) {
         uint64_t i = in[idx], slot = cb * NWC__SC_PER_BLOCK + (idx >> 4); /* within the group */
-        int k = key_of(p, i);
+        int k = nwc__lx_key(p, i);
         if (k < 0) continue; /* filler: nibble 0, raw 0 */
         unsigned j = idx & 15, nib = p->nib[k];
         uint64_t ls = (gr * lg->slots + slot) * NWC_LANES + L;
@@ -141,25 +135,4 @@ void nwc__l2_write(const nwc__lx_plan *p, uint8_t *data, uint8_t *raw) {
     memset(e, 0, (size_t)(data + p->bases[b + 1] - e)); /* alignment padding */
   }
   memset(data + p->bases[lg->g.nblocks], 0, NWC_DATA_SLACK);
-}
-
-/* ---- portable tile decoder --------------------------------------------------------------- */
-
-void nwc__l2_tile_portable(const nwc__lgeom *lg, const uint8_t *raw, const uint8_t lut[16],
-                           uint64_t gr, uint64_t s, unsigned nlanes, uint16_t *dst, size_t stride) {
-  int bf16 = lg->g.type == NWC_ELEM_BF16;
-  const uint8_t *low = raw + lg->nib_bytes;
-  const uint8_t *pair = low + (gr * nwc__ceil_div(lg->slots, 2) + (s >> 1)) * 3 * NWC_LANES * 4;
-  for (unsigned L = 0; L < nlanes; L++) {
-    uint64_t ls = (gr * lg->slots + s) * NWC_LANES + L;
-    const uint8_t *nb = raw + ls * 8;
-    uint64_t f = bf16 ? 0 : nwc__l2_fp8_fields48(pair, L, (unsigned)(s & 1));
-    uint16_t *o = dst + (L >> 2) * stride + 8 * (L & 3);
-    for (unsigned j = 0; j < NWC__SC_WEIGHTS; j++) {
-      unsigned nib = nb[j >> 1] >> 4 * (j & 1) & 15u, r = nib & 7u;
-      unsigned hi = lut[r] | (nib & 8u) << 4;
-      unsigned lo = bf16 ? low[ls * 16 + j] : (unsigned)((f >> 3 * j) & 7u) << 4 | lut[8 + r];
-      o[8 * ((j >> 1) & 1u) * stride + nwc__frag_col(0, j)] = (uint16_t)(hi << 8 | lo);
-    }
-  }
 }
