@@ -9,7 +9,7 @@
  */
 #include "nwc_proto.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <stdlib.h>

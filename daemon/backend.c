@@ -7,7 +7,7 @@
  */
 #include "backend.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <stdbool.h>

@@ -33,7 +33,7 @@
 #include "loader.h"
 #include "log.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -55,6 +55,7 @@
 #include "backend.h" /* NWCD_MAX_DEVICES */
 #include "backend_cuda.h"
 
+#include "nwc_error.h"
 #include "nwc_kernels.h"
 
 #include <cuda.h>
@@ -64,8 +65,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-
-extern "C" int nwc__fail(int err, const char *fmt, ...);
 
 namespace {
 

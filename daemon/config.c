@@ -32,7 +32,7 @@
 #include "policy.h"
 #include "residency.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <ini.h>

@@ -29,7 +29,7 @@
 
 #include "clock.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -14,7 +14,7 @@
 #include "crew.h"
 #include "loader_cuda.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -75,7 +75,7 @@
 #include "clock.h"
 #include "crew.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -20,7 +20,7 @@
  */
 #include "loader_cuda.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>

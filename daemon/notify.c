@@ -28,7 +28,7 @@
 #include "nwcd.h"
 #include "residency.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <fcntl.h>

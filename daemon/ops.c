@@ -12,7 +12,7 @@
 #include "ops.h"
 #include "ops_internal.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 

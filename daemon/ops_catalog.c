@@ -10,7 +10,7 @@
 #include "log.h"
 #include "nwcd.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <stdio.h>

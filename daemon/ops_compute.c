@@ -11,7 +11,7 @@
 
 #include "nwcd.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <math.h>

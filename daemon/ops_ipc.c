@@ -6,7 +6,7 @@
 
 #include "nwcd.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <stdlib.h>

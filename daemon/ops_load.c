@@ -11,7 +11,7 @@
 #include "log.h"
 #include "nwcd.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 #include "size_text.h"
 
 #include <errno.h>

@@ -8,7 +8,7 @@
 #include "nwcd.h"
 #include "server.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -20,7 +20,7 @@
 #include "clock.h"
 #include "log.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <pthread.h>

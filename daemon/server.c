@@ -45,7 +45,7 @@
 #include "nwcd.h"
 #include "policy.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <errno.h>
 #include <fcntl.h>

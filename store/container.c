@@ -14,6 +14,7 @@
  * 120 u64 XXH3-64 of [0, 120); the sections from 128 on, each 64-aligned; zeros to the 4096 end.
  */
 #include "store_internal.h"
+#include "internal.h" /* nwc__round_up */
 
 #include <fcntl.h>
 #include <stdarg.h>

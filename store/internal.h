@@ -1,45 +1,15 @@
 /*
  * internal.h - what every translation unit of the codec shares (not installed): the error
- * macros, the geometry of layout 0 (and, through layouts.h, of layouts 1 and 2), the fp8 symbol
- * split.  The encoder's files add encode_internal.h, the decoders' decode_internal.h; neither
+ * macros (common/nwc_error.h), the geometry of layout 0 (and, through layouts.h, of layouts 1
+ * and 2), the fp8 symbol split.  The encoder's files add encode_internal.h, the decoders' decode_internal.h; neither
  * includes the other, so a decoder cannot call into the encoder.
- *
- * NWC_RETURN_IF is how the codec rejects outside bytes: it records a one-line detail that
- * nwc_error_detail() returns, and returns the negative errno from the enclosing function.
  */
 #ifndef NWC_INTERNAL_H
 #define NWC_INTERNAL_H
 
 #include "nwc.h"
 
-#include <errno.h>
-
-#if defined(__GNUC__)
-#define NWC__PRINTF(a, b) __attribute__((format(printf, a, b)))
-#define NWC__LIKELY(x) __builtin_expect(!!(x), 1)
-#define NWC__UNLIKELY(x) __builtin_expect(!!(x), 0)
-#else
-#define NWC__PRINTF(a, b)
-#define NWC__LIKELY(x) (x)
-#define NWC__UNLIKELY(x) (x)
-#endif
-
-/* Records the detail text for err and returns err. */
-int nwc__fail(int err, const char *fmt, ...) NWC__PRINTF(2, 3);
-/* Records "prefix: <current detail>" as the detail and returns err (prefix may be long). */
-int nwc__fail_prefix(int err, const char *fmt, ...) NWC__PRINTF(2, 3);
-
-#define NWC_RETURN_IF(cond, err, ...)                                                            \
-  do {                                                                                           \
-    if (NWC__UNLIKELY(cond)) return nwc__fail((err), __VA_ARGS__);                               \
-  } while (0)
-
-/* Propagates a negative status. */
-#define NWC_TRY(expr)                                                                            \
-  do {                                                                                           \
-    int64_t nwc__rc = (expr);                                                                    \
-    if (nwc__rc < 0) return (int)nwc__rc;                                                        \
-  } while (0)
+#include "nwc_error.h"
 
 /* Largest supported dimension product; keeps every byte count below 2^62. */
 #define NWC__MAX_WEIGHTS (UINT64_C(1) << 40)

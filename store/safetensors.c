@@ -13,7 +13,7 @@
  */
 #include "safetensors.h"
 
-#include "internal.h"
+#include "nwc_error.h"
 
 #include <fcntl.h>
 #include <jansson.h>

@@ -5,7 +5,8 @@
 #ifndef NWC_STORE_INTERNAL_H
 #define NWC_STORE_INTERNAL_H
 
-#include "internal.h"
+#include "nwc.h"
+#include "nwc_error.h"
 #include "nwc_store.h"
 
 #include <pthread.h>
