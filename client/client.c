@@ -55,13 +55,7 @@ int nwc__client_fail(int err, const char *fmt, ...) {
 const char *nwc_client_last_error(void) { return last_error; }
 
 const char *nwc_client_default_socket(void) {
-  const char *env = getenv("NWC_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-  if (env && *env) snprintf(default_socket, sizeof default_socket, "%s", env);
-  else if (geteuid() == 0) snprintf(default_socket, sizeof default_socket, "/run/nwc/nwcd.sock");
-  else if (xdg && *xdg) snprintf(default_socket, sizeof default_socket, "%s/nwc/nwcd.sock", xdg);
-  else
-    snprintf(default_socket, sizeof default_socket, "/tmp/nwc-%u/nwcd.sock", (unsigned)geteuid());
-  return default_socket;
+  return nwc_proto_default_socket(default_socket, sizeof default_socket);
 }
 
 const char *nwc_client_backend(const nwc_client *c) { return c->hello.backend; }

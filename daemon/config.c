@@ -430,15 +430,6 @@ int nwcd_config_reload(nwcd *d) {
   return 0;
 }
 
-const char *nwcd_default_socket(char *buf, size_t n) {
-  const char *env = getenv("NWC_SOCKET");
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  if (env && *env) snprintf(buf, n, "%s", env);
-  else if (geteuid() == 0) snprintf(buf, n, "/run/nwc/nwcd.sock");
-  else if (xdg && *xdg) snprintf(buf, n, "%s/nwc/nwcd.sock", xdg);
-  else snprintf(buf, n, "/tmp/nwc-%u/nwcd.sock", (unsigned)geteuid());
-  return buf;
-}
 
 int nwcd_parse_size(const char *s, uint64_t *out) {
   char *end;

@@ -18,7 +18,7 @@
 /* What the flags fill; the config file adds what they leave out. */
 typedef struct nwcd_config {
   const char *store_dir;
-  const char *socket_path; /* NULL: nwcd_default_socket() */
+  const char *socket_path; /* NULL: nwc_proto_default_socket() */
   const char *backend;     /* "auto", "cpu", "cuda" */
   uint64_t budget;         /* bytes of resident tensors; 0: half of physical memory */
   uint64_t gpu_budget;     /* bytes of device copies per CUDA device; 0: 90% of its free memory */
@@ -31,9 +31,6 @@ typedef struct nwcd_config {
   int verbose;
 } nwcd_config;
 
-/* Default socket path: $NWC_SOCKET, else $XDG_RUNTIME_DIR/nwc/nwcd.sock, else /run/nwc/nwcd.sock
- * as root (or /tmp/nwc-UID/nwcd.sock).  Writes into buf[n]; returns buf. */
-const char *nwcd_default_socket(char *buf, size_t n);
 /* Parses "512M", "2G", "1.5GiB", "1048576": 0 and *out, or -EINVAL. */
 int nwcd_parse_size(const char *s, uint64_t *out);
 

@@ -75,7 +75,7 @@ static void usage(FILE *f) {
           "  --verbose         --log-level debug\n"
           "  --quiet           --log-level warning\n"
           "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
-          nwcd_default_socket(def, sizeof def));
+          nwc_proto_default_socket(def, sizeof def));
 }
 
 int main(int argc, char **argv) {

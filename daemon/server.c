@@ -766,7 +766,8 @@ int nwcd_server_run(nwcd *d) {
   d->server = s;
   s->lfd = -1;
   char def[256];
-  const char *path = d->cfg.socket_path ? d->cfg.socket_path : nwcd_default_socket(def, sizeof def);
+  const char *path =
+      d->cfg.socket_path ? d->cfg.socket_path : nwc_proto_default_socket(def, sizeof def);
   if (!d->cfg.socket_path) {
     /* The default lives in a directory of its own: create it (mode 0750) if missing. */
     char dir[256];

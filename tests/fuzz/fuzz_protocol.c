@@ -1,5 +1,5 @@
 /*
- * fuzz_protocol.c - libFuzzer target for the nwcd frame parser (client/proto.c): the bytes a
+ * fuzz_protocol.c - libFuzzer target for the nwcd frame parser (proto/proto.c): the bytes a
  * client sends are outside input to the daemon, and the daemon's replies are outside input to
  * libnwc-client.
  *

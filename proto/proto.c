@@ -30,6 +30,12 @@ static const char *const op_names[NWC_OP_COUNT] = {
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
 
+/* 1 for the requests that pass file descriptors with their frame (NWC_PF_FDS): shm (the region's
+ * memfd), import and import2 (the files), map (the mapping's socket); 0 for every other. */
+static int op_carries_fds(unsigned op) {
+  return op == NWC_OP_SHM || op == NWC_OP_IMPORT || op == NWC_OP_IMPORT2 || op == NWC_OP_MAP;
+}
+
 static void put_le(uint8_t *p, uint64_t v, unsigned n) {
   for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -193,7 +199,7 @@ void nwc_proto_req_clear(nwc_proto_req *r) {
 }
 
 int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
-  uint16_t flags = r->flags;
+  uint16_t flags = (uint16_t)(r->flags | (op_carries_fds(r->op) ? NWC_PF_FDS : 0));
   switch (r->op) {
     case NWC_OP_HELLO:
       nwc_pw_u32(w, r->ver_min), nwc_pw_u32(w, r->ver_max), nwc_pw_u64(w, r->caps);
@@ -201,7 +207,6 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       break;
     case NWC_OP_SHM:
       nwc_pw_u64(w, r->shm_size);
-      flags |= NWC_PF_FDS;
       break;
     case NWC_OP_MODELS:
     case NWC_OP_STATS:
@@ -224,9 +229,8 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       nwc_pw_u8(w, r->pin), nwc_pw_u32(w, (uint32_t)r->device);
       break;
-    case NWC_OP_MAP: /* the descriptor: the mapping's socket */
+    case NWC_OP_MAP:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
-      flags |= NWC_PF_FDS;
       break;
     case NWC_OP_IMPORT:
     case NWC_OP_IMPORT2:
@@ -235,7 +239,6 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       if (r->op == NWC_OP_IMPORT2) nwc_pw_u8(w, r->import_flags);
       nwc_pw_u32(w, r->nfiles);
       for (uint32_t i = 0; i < r->nfiles; i++) nwc_pw_str(w, r->files[i]);
-      flags |= NWC_PF_FDS;
       break;
     case NWC_OP_DEQUANT:
     case NWC_OP_GATHER:
@@ -291,8 +294,7 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
   NWC_RETURN_IF(h->status != 0, -EBADMSG, "request with a non-zero status");
   NWC_RETURN_IF(h->flags & NWC_PF_EVENT, -EBADMSG, "request with the event flag");
   NWC_RETURN_IF(h->flags & NWC_PF_ALONE, -EBADMSG, "request with the alone flag");
-  int wants_fds = h->op == NWC_OP_SHM || h->op == NWC_OP_IMPORT || h->op == NWC_OP_IMPORT2 ||
-                  h->op == NWC_OP_MAP;
+  int wants_fds = op_carries_fds(h->op);
   NWC_RETURN_IF(!!(h->flags & NWC_PF_FDS) != wants_fds, -EBADMSG,
                 "%s request %s the descriptor flag", name, wants_fds ? "lacks" : "carries");
   nwc_pr p;

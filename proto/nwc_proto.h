@@ -1,6 +1,7 @@
 /*
  * nwc_proto.h - the nwcd wire protocol (docs/protocol.md): frame header, opcodes, and the
- * encoders/decoders of every payload, shared by nwcd (daemon/) and libnwc-client (client/).
+ * encoders/decoders of every payload, and the default socket path, shared by nwcd (daemon/) and
+ * libnwc-client (client/).  proto/ includes nothing of nwc but the error header.
  *
  * Design: a frame is a fixed 24-byte little-endian header followed by `length` payload bytes.
  * Payloads are sequences of little-endian integers, IEEE floats and length-prefixed strings (u16
@@ -76,6 +77,10 @@ enum nwc_op {
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
 const char *nwc_proto_op_name(unsigned op);
+
+/* The default socket path into buf[n]: $NWC_SOCKET, else /run/nwc/nwcd.sock as root, else
+ * $XDG_RUNTIME_DIR/nwc/nwcd.sock, else /tmp/nwc-UID/nwcd.sock.  Returns buf. */
+const char *nwc_proto_default_socket(char *buf, size_t n);
 
 /* Output element type and placement of bulk data. */
 enum { NWC_OUT_F32 = 0, NWC_OUT_BF16 = 1 };
