@@ -43,10 +43,6 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-void nwc__container_name(uint64_t cid, int tmp, char buf[32]) {
-  snprintf(buf, 32, "%016llx.%s", (unsigned long long)cid, tmp ? "tmp" : "nwc");
-}
-
 void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]) {
   memset(hdr, 0, NWC__CONTAINER_HEADER);
   memcpy(hdr, container_magic, 8);
@@ -207,14 +203,6 @@ int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t) {
   }
   t->owned = buf;
   return 0;
-}
-
-int nwc_store_read(nwc_store *s, const char *model, const char *tensor, nwc_tensor *t) {
-  nwc_tensor_info *ti = NULL;
-  NWC_TRY(nwc_store_tensor(s, model, tensor, &ti));
-  int rc = nwc_store_read_info(ti, t);
-  nwc_tensor_info_free(ti, 1);
-  return rc;
 }
 
 struct nwc_store_map {

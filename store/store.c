@@ -1,6 +1,7 @@
 /*
  * store.c - the store directory: open (create, lock, migrate, sweep crash leftovers), close,
- * remove a model, and the name rules.
+ * remove a model, the name rules, and nwc_store_read (a tensor by name: its catalog row, then its
+ * blob read through container.c).
  *
  * Locking: DIR/lock is flock()ed exclusively by a writer and shared by readers (RDONLY), so a
  * sweep never races an import of another process.  The sweep (writer open only) deletes, in
@@ -213,5 +214,13 @@ int nwc_store_remove(nwc_store *s, const char *model) {
   nwc__unlock(s);
   free(ids);
   free(sizes);
+  return rc;
+}
+
+int nwc_store_read(nwc_store *s, const char *model, const char *tensor, nwc_tensor *t) {
+  nwc_tensor_info *ti = NULL;
+  NWC_TRY(nwc_store_tensor(s, model, tensor, &ti));
+  int rc = nwc_store_read_info(ti, t);
+  nwc_tensor_info_free(ti, 1);
   return rc;
 }

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdio.h>
 
 #define NWC__CONTAINER_HEADER 4096u /* bytes before the first blob */
 #define NWC__BLOB_HEADER 128u       /* bytes before a blob's first section */
@@ -40,8 +41,11 @@ typedef struct nwc__blob_layout {
 
 /* ---- container.c ---- */
 
-/* "%016llx.nwc" (tmp: ".tmp") into buf[32]. */
-void nwc__container_name(uint64_t cid, int tmp, char buf[32]);
+/* "%016llx.nwc" (tmp: ".tmp") into buf[32]: the name of container cid's file in DIR/containers
+ * (the catalog names it, import writes it, store.c sweeps and removes it). */
+static inline void nwc__container_name(uint64_t cid, int tmp, char buf[32]) {
+  snprintf(buf, 32, "%016llx.%s", (unsigned long long)cid, tmp ? "tmp" : "nwc");
+}
 /* The 4096-byte container header for container cid. */
 void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]);
 /* Checks a container header read from path; -EBADMSG (detail names path) if it is not cid's. */
