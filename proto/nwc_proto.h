@@ -119,12 +119,8 @@ typedef struct nwc_pw {
 void nwc_pw_init(nwc_pw *w);
 int64_t nwc_pw_finish(nwc_pw *w, uint16_t op, uint16_t flags, int32_t status, uint64_t id);
 void nwc_pw_free(nwc_pw *w);
-void nwc_pw_u8(nwc_pw *w, uint8_t v);
-void nwc_pw_u16(nwc_pw *w, uint16_t v);
+/* The fields the daemon and the client write themselves (proto.c has the other widths). */
 void nwc_pw_u32(nwc_pw *w, uint32_t v);
-void nwc_pw_u64(nwc_pw *w, uint64_t v);
-void nwc_pw_i64(nwc_pw *w, int64_t v);
-void nwc_pw_f32(nwc_pw *w, float v);
 void nwc_pw_str(nwc_pw *w, const char *s); /* u16 length + bytes (truncated to 65535) */
 void nwc_pw_bytes(nwc_pw *w, const void *p, size_t n);
 /* Reserves n bytes and returns where they go (NULL after an allocation failure). */
@@ -139,12 +135,7 @@ typedef struct nwc_pr {
 static inline void nwc_pr_init(nwc_pr *r, const void *p, size_t n) {
   r->p = (const uint8_t *)p, r->left = n, r->err = 0;
 }
-uint8_t nwc_pr_u8(nwc_pr *r);
-uint16_t nwc_pr_u16(nwc_pr *r);
-uint32_t nwc_pr_u32(nwc_pr *r);
-uint64_t nwc_pr_u64(nwc_pr *r);
-int64_t nwc_pr_i64(nwc_pr *r);
-float nwc_pr_f32(nwc_pr *r);
+uint32_t nwc_pr_u32(nwc_pr *r); /* proto.c has the other widths */
 /* Copies a string into out[cap] NUL-terminated; -EBADMSG if it does not fit, holds a NUL byte,
  * or overruns the payload. */
 int nwc_pr_str(nwc_pr *r, char *out, size_t cap);

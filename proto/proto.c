@@ -102,12 +102,12 @@ static void pw_le(nwc_pw *w, uint64_t v, unsigned n) {
   uint8_t *p = nwc_pw_reserve(w, n);
   if (p) put_le(p, v, n);
 }
-void nwc_pw_u8(nwc_pw *w, uint8_t v) { pw_le(w, v, 1); }
-void nwc_pw_u16(nwc_pw *w, uint16_t v) { pw_le(w, v, 2); }
+static void nwc_pw_u8(nwc_pw *w, uint8_t v) { pw_le(w, v, 1); }
+static void nwc_pw_u16(nwc_pw *w, uint16_t v) { pw_le(w, v, 2); }
 void nwc_pw_u32(nwc_pw *w, uint32_t v) { pw_le(w, v, 4); }
-void nwc_pw_u64(nwc_pw *w, uint64_t v) { pw_le(w, v, 8); }
-void nwc_pw_i64(nwc_pw *w, int64_t v) { pw_le(w, (uint64_t)v, 8); }
-void nwc_pw_f32(nwc_pw *w, float v) {
+static void nwc_pw_u64(nwc_pw *w, uint64_t v) { pw_le(w, v, 8); }
+static void nwc_pw_i64(nwc_pw *w, int64_t v) { pw_le(w, (uint64_t)v, 8); }
+static void nwc_pw_f32(nwc_pw *w, float v) {
   uint32_t u;
   memcpy(&u, &v, 4);
   pw_le(w, u, 4);
@@ -151,12 +151,12 @@ static uint64_t pr_le(nwc_pr *r, unsigned n) {
   const uint8_t *p = pr_take(r, n);
   return p ? get_le(p, n) : 0;
 }
-uint8_t nwc_pr_u8(nwc_pr *r) { return (uint8_t)pr_le(r, 1); }
-uint16_t nwc_pr_u16(nwc_pr *r) { return (uint16_t)pr_le(r, 2); }
+static uint8_t nwc_pr_u8(nwc_pr *r) { return (uint8_t)pr_le(r, 1); }
+static uint16_t nwc_pr_u16(nwc_pr *r) { return (uint16_t)pr_le(r, 2); }
 uint32_t nwc_pr_u32(nwc_pr *r) { return (uint32_t)pr_le(r, 4); }
-uint64_t nwc_pr_u64(nwc_pr *r) { return pr_le(r, 8); }
-int64_t nwc_pr_i64(nwc_pr *r) { return (int64_t)pr_le(r, 8); }
-float nwc_pr_f32(nwc_pr *r) {
+static uint64_t nwc_pr_u64(nwc_pr *r) { return pr_le(r, 8); }
+static int64_t nwc_pr_i64(nwc_pr *r) { return (int64_t)pr_le(r, 8); }
+static float nwc_pr_f32(nwc_pr *r) {
   uint32_t u = (uint32_t)pr_le(r, 4);
   float f;
   memcpy(&f, &u, 4);

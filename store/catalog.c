@@ -60,7 +60,9 @@ static const char *const migrations[NWC_STORE_SCHEMA_VERSION] = {
     " WHERE tensors.name GLOB '*weight';",
 };
 
-int nwc__sql_fail(sqlite3 *db, const char *what) {
+/* db's last error as a negative errno (-EBUSY, -ENOSPC, -EBADMSG, -EROFS, -EEXIST, else -EIO),
+ * the detail "catalog: WHAT: SQLite's message" (what NULL: "catalog: SQLite's message"). */
+static int sql_fail(sqlite3 *db, const char *what) {
   int code = sqlite3_errcode(db);
   int err = code == SQLITE_BUSY || code == SQLITE_LOCKED ? -EBUSY
             : code == SQLITE_FULL                         ? -ENOSPC
@@ -72,12 +74,13 @@ int nwc__sql_fail(sqlite3 *db, const char *what) {
               : nwc__fail(err, "catalog: %s", sqlite3_errmsg(db));
 }
 
-int nwc__sql_exec(sqlite3 *db, const char *sql) {
-  return sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : nwc__sql_fail(db, NULL);
+/* Runs sql (no results); on failure sql_fail(db, NULL). */
+static int sql_exec(sqlite3 *db, const char *sql) {
+  return sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : sql_fail(db, NULL);
 }
 
 static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st) {
-  if (sqlite3_prepare_v2(db, sql, -1, st, NULL) != SQLITE_OK) return nwc__sql_fail(db, sql);
+  if (sqlite3_prepare_v2(db, sql, -1, st, NULL) != SQLITE_OK) return sql_fail(db, sql);
   return 0;
 }
 
@@ -110,12 +113,12 @@ int nwc__catalog_init_at(sqlite3 *db, int version) {
   NWC_RETURN_IF(version > NWC_STORE_SCHEMA_VERSION, -EINVAL, "catalog: no schema version %d",
                 version);
   for (; v < version; v++) {
-    NWC_TRY(nwc__sql_exec(db, "BEGIN IMMEDIATE"));
+    NWC_TRY(sql_exec(db, "BEGIN IMMEDIATE"));
     char bump[64];
     snprintf(bump, sizeof bump, "UPDATE schema_version SET version = %d", v + 1);
-    int rc = nwc__sql_exec(db, migrations[v]);
-    if (rc == 0) rc = nwc__sql_exec(db, bump);
-    if (rc == 0) rc = nwc__sql_exec(db, "COMMIT");
+    int rc = sql_exec(db, migrations[v]);
+    if (rc == 0) rc = sql_exec(db, bump);
+    if (rc == 0) rc = sql_exec(db, "COMMIT");
     if (rc < 0) {
       sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
       return nwc__fail_prefix(rc, "migration %d -> %d", v, v + 1);
@@ -128,12 +131,12 @@ int nwc__catalog_open(const char *path, int create, int rdonly, sqlite3 **out) {
   sqlite3 *db = NULL;
   int fl = rdonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
   if (sqlite3_open_v2(path, &db, fl | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
-    int rc = db ? nwc__sql_fail(db, path) : -ENOMEM;
+    int rc = db ? sql_fail(db, path) : -ENOMEM;
     sqlite3_close(db);
     return rc;
   }
   sqlite3_busy_timeout(db, 5000);
-  int rc = nwc__sql_exec(db, rdonly ? "PRAGMA foreign_keys = ON;"
+  int rc = sql_exec(db, rdonly ? "PRAGMA foreign_keys = ON;"
                                     : "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
                                       "PRAGMA foreign_keys = ON;");
   int v = rc < 0 ? rc : nwc__catalog_version(db);
@@ -154,15 +157,15 @@ int nwc__catalog_open(const char *path, int create, int rdonly, sqlite3 **out) {
 
 int nwc__catalog_next_container(sqlite3 *db, uint64_t *cid) {
   sqlite3_stmt *st;
-  NWC_TRY(nwc__sql_exec(db, "BEGIN IMMEDIATE"));
+  NWC_TRY(sql_exec(db, "BEGIN IMMEDIATE"));
   int rc = prepare(db, "UPDATE meta SET value = value + 1 WHERE key = 'next_container' "
                        "RETURNING value - 1", &st);
   if (rc == 0) {
     if (sqlite3_step(st) == SQLITE_ROW) *cid = (uint64_t)sqlite3_column_int64(st, 0);
-    else rc = nwc__sql_fail(db, "next container id");
+    else rc = sql_fail(db, "next container id");
     sqlite3_finalize(st);
   }
-  if (rc == 0) rc = nwc__sql_exec(db, "COMMIT");
+  if (rc == 0) rc = sql_exec(db, "COMMIT");
   if (rc < 0) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
 }
@@ -172,7 +175,7 @@ int nwc__catalog_has_container(sqlite3 *db, uint64_t cid) {
   NWC_TRY(prepare(db, "SELECT 1 FROM containers WHERE id = ?", &st));
   sqlite3_bind_int64(st, 1, (sqlite3_int64)cid);
   int r = sqlite3_step(st);
-  int rc = r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : nwc__sql_fail(db, "containers");
+  int rc = r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : sql_fail(db, "containers");
   sqlite3_finalize(st);
   return rc;
 }
@@ -184,7 +187,7 @@ int nwc__catalog_model_id(sqlite3 *db, const char *model, int64_t *id) {
   int r = sqlite3_step(st), rc = 0;
   if (r == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
   else if (r == SQLITE_DONE) rc = nwc__fail(-ENOENT, "model '%s' does not exist", model);
-  else rc = nwc__sql_fail(db, "models");
+  else rc = sql_fail(db, "models");
   sqlite3_finalize(st);
   return rc;
 }
@@ -194,7 +197,7 @@ int nwc__catalog_set_verified(sqlite3 *db, int64_t model_id, int64_t when) {
   NWC_TRY(prepare(db, "UPDATE models SET verified = ? WHERE id = ?", &st));
   sqlite3_bind_int64(st, 1, when);
   sqlite3_bind_int64(st, 2, model_id);
-  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : nwc__sql_fail(db, "set verified");
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(db, "set verified");
   sqlite3_finalize(st);
   return rc;
 }
@@ -221,7 +224,7 @@ int nwc__catalog_containers(sqlite3 *db, int64_t model_id, uint64_t **ids, uint6
     (*ids)[*n] = (uint64_t)sqlite3_column_int64(st, 0);
     (*sizes)[(*n)++] = (uint64_t)sqlite3_column_int64(st, 1);
   }
-  if (rc == 0 && r != SQLITE_DONE) rc = nwc__sql_fail(db, "containers");
+  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(db, "containers");
   sqlite3_finalize(st);
   if (rc < 0) free(*ids), free(*sizes), *ids = *sizes = NULL, *n = 0;
   return rc;
@@ -229,14 +232,14 @@ int nwc__catalog_containers(sqlite3 *db, int64_t model_id, uint64_t **ids, uint6
 
 int nwc__catalog_delete_model(sqlite3 *db, int64_t model_id) {
   sqlite3_stmt *st;
-  NWC_TRY(nwc__sql_exec(db, "BEGIN IMMEDIATE"));
+  NWC_TRY(sql_exec(db, "BEGIN IMMEDIATE"));
   int rc = prepare(db, "DELETE FROM models WHERE id = ?", &st);
   if (rc == 0) {
     sqlite3_bind_int64(st, 1, model_id);
-    if (sqlite3_step(st) != SQLITE_DONE) rc = nwc__sql_fail(db, "delete model");
+    if (sqlite3_step(st) != SQLITE_DONE) rc = sql_fail(db, "delete model");
     sqlite3_finalize(st);
   }
-  if (rc == 0) rc = nwc__sql_exec(db, "COMMIT");
+  if (rc == 0) rc = sql_exec(db, "COMMIT");
   if (rc < 0) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
 }
@@ -282,7 +285,7 @@ static int publish_tensor(sqlite3 *db, sqlite3_stmt *st, int64_t model_id, size_
     sqlite3_bind_int64(st, k++, (sqlite3_int64)w[i]);
   if (t->bias_tensor) sqlite3_bind_text(st, k++, t->bias_tensor, -1, SQLITE_STATIC);
   else sqlite3_bind_null(st, k++);
-  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : nwc__sql_fail(db, t->name);
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(db, t->name);
   free(shape);
   return rc;
 }
@@ -310,7 +313,7 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
   sqlite3_bind_int64(st, 6, (sqlite3_int64)src);
   sqlite3_bind_int64(st, 7, (sqlite3_int64)raw);
   sqlite3_bind_int64(st, 8, (sqlite3_int64)enc);
-  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : nwc__sql_fail(db, "insert model");
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(db, "insert model");
   sqlite3_finalize(st);
   NWC_TRY(rc);
   int64_t model_id = sqlite3_last_insert_rowid(db);
@@ -324,7 +327,7 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
     sqlite3_bind_int64(st, 4, (sqlite3_int64)s->size);
     sqlite3_bind_int64(st, 5, s->mtime_ns);
     sqlite3_bind_int64(st, 6, (sqlite3_int64)s->header_xxh3);
-    if (sqlite3_step(st) != SQLITE_DONE) rc = nwc__sql_fail(db, "insert source");
+    if (sqlite3_step(st) != SQLITE_DONE) rc = sql_fail(db, "insert source");
   }
   sqlite3_finalize(st);
   NWC_TRY(rc);
@@ -334,7 +337,7 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
   sqlite3_bind_int64(st, 3, (sqlite3_int64)m->container_size);
   sqlite3_bind_int64(st, 4, (sqlite3_int64)m->container_header_xxh3);
   sqlite3_bind_int64(st, 5, NWC_CONTAINER_VERSION);
-  rc = sqlite3_step(st) == SQLITE_DONE ? 0 : nwc__sql_fail(db, "insert container");
+  rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(db, "insert container");
   sqlite3_finalize(st);
   NWC_TRY(rc);
   NWC_TRY(prepare(db, "INSERT INTO tensors(model_id, idx, name, shape, source_idx, source_dtype,"
@@ -352,9 +355,9 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
 }
 
 int nwc__catalog_publish(sqlite3 *db, const nwc__pub_model *m) {
-  NWC_TRY(nwc__sql_exec(db, "BEGIN IMMEDIATE"));
+  NWC_TRY(sql_exec(db, "BEGIN IMMEDIATE"));
   int rc = publish_body(db, m);
-  if (rc == 0) rc = nwc__sql_exec(db, "COMMIT");
+  if (rc == 0) rc = sql_exec(db, "COMMIT");
   if (rc < 0) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
 }
@@ -408,7 +411,7 @@ static int models_query(nwc_store *s, const char *model, nwc_model_info **out, s
     m->nsources = (unsigned)sqlite3_column_int64(st, 8);
     if (!m->name) rc = -ENOMEM;
   }
-  if (rc == 0 && r != SQLITE_DONE) rc = nwc__sql_fail(s->db, "models");
+  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(s->db, "models");
   sqlite3_finalize(st);
   if (rc < 0) nwc_model_info_free(*out, *n), *out = NULL, *n = 0;
   return rc;
@@ -505,8 +508,8 @@ static int fill_tensor(nwc_store *s, sqlite3_stmt *st, nwc_tensor_info *t) {
   return 0;
 }
 
-int nwc__catalog_tensors(nwc_store *s, const char *model, const char *tensor,
-                         nwc_tensor_info **out, size_t *n) {
+static int catalog_tensors(nwc_store *s, const char *model, const char *tensor,
+                           nwc_tensor_info **out, size_t *n) {
   int64_t mid;
   *out = NULL, *n = 0;
   NWC_TRY(nwc__catalog_model_id(s->db, model, &mid));
@@ -533,7 +536,7 @@ int nwc__catalog_tensors(nwc_store *s, const char *model, const char *tensor,
     rc = fill_tensor(s, st, &(*out)[(*n)++]);
     if (rc < 0) break;
   }
-  if (rc == 0 && r != SQLITE_DONE) rc = nwc__sql_fail(s->db, "tensors");
+  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(s->db, "tensors");
   sqlite3_finalize(st);
   if (rc == 0 && tensor && *n == 0)
     rc = nwc__fail(-ENOENT, "model '%s' has no tensor '%s'", model, tensor);
@@ -544,7 +547,7 @@ int nwc__catalog_tensors(nwc_store *s, const char *model, const char *tensor,
 int nwc_store_tensors(nwc_store *s, const char *model, nwc_tensor_info **out, size_t *n) {
   NWC_RETURN_IF(!s || !model || !out || !n, -EINVAL, "nwc_store_tensors: missing argument");
   nwc__lock(s);
-  int rc = nwc__catalog_tensors(s, model, NULL, out, n);
+  int rc = catalog_tensors(s, model, NULL, out, n);
   nwc__unlock(s);
   return rc;
 }
@@ -553,7 +556,7 @@ int nwc_store_tensor(nwc_store *s, const char *model, const char *tensor, nwc_te
   NWC_RETURN_IF(!s || !model || !tensor || !out, -EINVAL, "nwc_store_tensor: missing argument");
   size_t n;
   nwc__lock(s);
-  int rc = nwc__catalog_tensors(s, model, tensor, out, &n);
+  int rc = catalog_tensors(s, model, tensor, out, &n);
   nwc__unlock(s);
   return rc;
 }

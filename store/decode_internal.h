@@ -74,9 +74,8 @@ static inline uint64_t nwc__l2_fp8_fields48(const uint8_t *pair, unsigned L, uns
  * row i with column c is the sum of the 8 partial lanes e. */
 typedef void (*nwc__fma_fn)(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
                             const float *x, size_t ldx, unsigned ncols, float *part);
-void nwc__fma_portable(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
-                       const float *x, size_t ldx, unsigned ncols, float *part);
-/* The AVX-512 or AVX2+FMA kernel, or NULL below AVX2 (layout2_simd.c). */
+/* The AVX-512 or AVX2+FMA kernel, or NULL below AVX2 (layout2_simd.c; the portable one is
+ * matvec_batch.c's). */
 nwc__fma_fn nwc__fma_simd(int level);
 
 /* ---- decoders of layouts 1 and 2 (store/layout1_decode.c, store/lx_decode.c) ------------ */

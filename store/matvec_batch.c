@@ -27,8 +27,9 @@ static inline float bf16_f32(uint16_t h) {
   return f;
 }
 
-void nwc__fma_portable(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
-                       const float *x, size_t ldx, unsigned ncols, float *part) {
+/* The portable multiply-accumulate kernel (nwc__fma_fn); the SIMD ones must match it. */
+static void fma_portable(const uint16_t *w, size_t wstride, unsigned nrows, unsigned n,
+                         const float *x, size_t ldx, unsigned ncols, float *part) {
   for (unsigned i = 0; i < nrows; i++)
     for (unsigned k0 = 0; k0 < n; k0 += NWC__SC_COLS) {
       float wf[NWC__SC_COLS];
@@ -168,7 +169,7 @@ int nwc_matvec_batch(const nwc_tensor *t, const float *X, unsigned ncols, size_t
   B->xp = calloc((size_t)(B->Kp * ncols), sizeof(float));
   int level = nwc__cpu_level();
   B->fma = nwc__fma_simd(level);
-  if (!B->fma) B->fma = nwc__fma_portable;
+  if (!B->fma) B->fma = fma_portable;
   int rc = B->xp ? 0 : -ENOMEM;
   for (unsigned c = 0; rc == 0 && c < ncols; c++) memcpy(B->xp + c * B->Kp, X + c * ldx, t->cols * 4);
   if (rc == 0)

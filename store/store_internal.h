@@ -71,11 +71,6 @@ int nwc__catalog_open(const char *path, int create, int rdonly, sqlite3 **out);
  * build catalogs of every earlier version). */
 int nwc__catalog_init_at(sqlite3 *db, int version);
 int nwc__catalog_version(sqlite3 *db);
-/* Runs sql (no results); on failure nwc__sql_fail(db, NULL). */
-int nwc__sql_exec(sqlite3 *db, const char *sql);
-/* db's last error as a negative errno (-EBUSY, -ENOSPC, -EBADMSG, -EROFS, -EEXIST, else -EIO),
- * the detail "catalog: WHAT: SQLite's message" (what NULL: "catalog: SQLite's message"). */
-int nwc__sql_fail(sqlite3 *db, const char *what);
 /* A fresh container id (a counter bumped in its own transaction, never reused). */
 int nwc__catalog_next_container(sqlite3 *db, uint64_t *cid);
 /* 1 if container cid is referenced by the catalog, 0 if not, negative on error. */
@@ -124,9 +119,6 @@ typedef struct nwc__pub_model {
 /* One transaction: the model, its sources, its container, its tensors.  -EEXIST if the name is
  * taken (checked inside the transaction). */
 int nwc__catalog_publish(sqlite3 *db, const nwc__pub_model *m);
-
-int nwc__catalog_tensors(nwc_store *s, const char *model, const char *tensor,
-                         nwc_tensor_info **out, size_t *n);
 
 /* ---- store.c ---- */
 
