@@ -32,7 +32,9 @@ static void problem(vctx *v, const char *model, const char *tensor, const char *
   v->st.problems++;
   if (!v->first) {
     v->first = err;
-    snprintf(v->first_msg, sizeof v->first_msg, "%s", what);
+    size_t n = strnlen(what, sizeof v->first_msg - 1); /* the first message, cut to fit */
+    memcpy(v->first_msg, what, n);
+    v->first_msg[n] = 0;
   }
   if (v->cb) {
     nwc_verify_problem p = {model, tensor, path, off, len, err, what};
