@@ -5,15 +5,10 @@
  * can check the blobs nwcd shares with it (client/map.c) without linking SQLite.
  */
 #include "store_internal.h"
+#include "internal.h" /* nwc__get64 */
 
 #include <string.h>
 #include <xxhash.h>
-
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
 
 int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *t) {
   NWC_RETURN_IF(!ti || !blob || !t, -EINVAL, "nwc_store_blob_view: missing argument");
@@ -21,15 +16,15 @@ int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor 
   const uint8_t *h = blob;
   uint16_t ver;
   memcpy(&ver, h + 4, 2);
-  NWC_RETURN_IF(memcmp(h, "NWCB", 4) || get64(h + 120) != XXH3_64bits(h, 120), -EBADMSG,
+  NWC_RETURN_IF(memcmp(h, "NWCB", 4) || nwc__get64(h + 120) != XXH3_64bits(h, 120), -EBADMSG,
                 "%s: model '%s' tensor '%s': bad blob header at file offset %llu", ti->path,
                 ti->model, ti->name, (unsigned long long)ti->offset);
   uint64_t cat[] = {ti->container, ti->rows, ti->cols, ti->nblocks, ti->data_bytes,
                     ti->raw_plane_bytes, ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw,
                     ti->off_scale};
-  uint64_t blb[] = {get64(h + 8), get64(h + 16), get64(h + 24), get64(h + 48), get64(h + 56),
-                    get64(h + 64), get64(h + 72), get64(h + 80), get64(h + 88), get64(h + 96),
-                    get64(h + 104)};
+  uint64_t blb[] = {nwc__get64(h + 8), nwc__get64(h + 16), nwc__get64(h + 24), nwc__get64(h + 48), nwc__get64(h + 56),
+                    nwc__get64(h + 64), nwc__get64(h + 72), nwc__get64(h + 80), nwc__get64(h + 88), nwc__get64(h + 96),
+                    nwc__get64(h + 104)};
   int same = ver == ti->format_version && h[6] == ti->elem && h[7] == (ti->off_scale ? 1 : 0) &&
              !memcmp(h + 32, ti->psym, 16) && !memcmp(cat, blb, sizeof cat);
   NWC_RETURN_IF(!same, -EBADMSG,

@@ -14,7 +14,7 @@
  * 120 u64 XXH3-64 of [0, 120); the sections from 128 on, each 64-aligned; zeros to the 4096 end.
  */
 #include "store_internal.h"
-#include "internal.h" /* nwc__round_up */
+#include "internal.h" /* nwc__round_up, nwc__put64, nwc__get64 */
 
 #include <fcntl.h>
 #include <stdarg.h>
@@ -30,43 +30,30 @@
 
 static const char container_magic[8] = {'N', 'W', 'C', 'S', 'T', 'O', 'R', 'E'};
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]) {
   memset(hdr, 0, NWC__CONTAINER_HEADER);
   memcpy(hdr, container_magic, 8);
-  put32(hdr + 8, NWC_CONTAINER_VERSION);
-  put32(hdr + 12, NWC__CONTAINER_HEADER);
-  put64(hdr + 16, cid);
-  put32(hdr + 24, NWC_STORE_CHUNK);
-  put32(hdr + 28, NWC_STORE_ALIGN);
-  put64(hdr + NWC__CONTAINER_HEADER - 8, XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8));
+  nwc__put32(hdr + 8, NWC_CONTAINER_VERSION);
+  nwc__put32(hdr + 12, NWC__CONTAINER_HEADER);
+  nwc__put64(hdr + 16, cid);
+  nwc__put32(hdr + 24, NWC_STORE_CHUNK);
+  nwc__put32(hdr + 28, NWC_STORE_ALIGN);
+  nwc__put64(hdr + NWC__CONTAINER_HEADER - 8, XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8));
 }
 
 int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *path) {
   NWC_RETURN_IF(memcmp(hdr, container_magic, 8), -EBADMSG, "%s: not an nwc container", path);
-  NWC_RETURN_IF(get64(hdr + NWC__CONTAINER_HEADER - 8) !=
+  NWC_RETURN_IF(nwc__get64(hdr + NWC__CONTAINER_HEADER - 8) !=
                     XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8),
                 -EBADMSG, "%s: container header checksum mismatch (offset 0, 4096 bytes)", path);
-  NWC_RETURN_IF(get32(hdr + 8) != NWC_CONTAINER_VERSION, -EBADMSG,
-                "%s: container version %u, this build reads %u", path, get32(hdr + 8),
+  NWC_RETURN_IF(nwc__get32(hdr + 8) != NWC_CONTAINER_VERSION, -EBADMSG,
+                "%s: container version %u, this build reads %u", path, nwc__get32(hdr + 8),
                 NWC_CONTAINER_VERSION);
-  NWC_RETURN_IF(get32(hdr + 12) != NWC__CONTAINER_HEADER || get32(hdr + 24) != NWC_STORE_CHUNK ||
-                    get32(hdr + 28) != NWC_STORE_ALIGN,
+  NWC_RETURN_IF(nwc__get32(hdr + 12) != NWC__CONTAINER_HEADER || nwc__get32(hdr + 24) != NWC_STORE_CHUNK ||
+                    nwc__get32(hdr + 28) != NWC_STORE_ALIGN,
                 -EBADMSG, "%s: unexpected header, chunk or alignment size", path);
-  NWC_RETURN_IF(get64(hdr + 16) != cid, -EBADMSG, "%s: header says container %llu, expected %llu",
-                path, (unsigned long long)get64(hdr + 16), (unsigned long long)cid);
+  NWC_RETURN_IF(nwc__get64(hdr + 16) != cid, -EBADMSG, "%s: header says container %llu, expected %llu",
+                path, (unsigned long long)nwc__get64(hdr + 16), (unsigned long long)cid);
   return 0;
 }
 
@@ -100,19 +87,19 @@ static void blob_header(const nwc_tensor *t, uint64_t cid, const nwc__blob_layou
   memcpy(h + 4, &v, 2);
   h[6] = (uint8_t)t->elem;
   h[7] = t->scale ? 1 : 0;
-  put64(h + 8, cid);
-  put64(h + 16, t->rows);
-  put64(h + 24, t->cols);
+  nwc__put64(h + 8, cid);
+  nwc__put64(h + 16, t->rows);
+  nwc__put64(h + 24, t->cols);
   memcpy(h + 32, t->psym, 16);
-  put64(h + 48, t->nblocks);
-  put64(h + 56, t->data_bytes);
-  put64(h + 64, t->raw_bytes);
-  put64(h + 72, L->off_bases);
-  put64(h + 80, L->off_hdr);
-  put64(h + 88, L->off_data);
-  put64(h + 96, L->off_raw);
-  put64(h + 104, L->off_scale);
-  put64(h + 120, XXH3_64bits(h, 120));
+  nwc__put64(h + 48, t->nblocks);
+  nwc__put64(h + 56, t->data_bytes);
+  nwc__put64(h + 64, t->raw_bytes);
+  nwc__put64(h + 72, L->off_bases);
+  nwc__put64(h + 80, L->off_hdr);
+  nwc__put64(h + 88, L->off_data);
+  nwc__put64(h + 96, L->off_raw);
+  nwc__put64(h + 104, L->off_scale);
+  nwc__put64(h + 120, XXH3_64bits(h, 120));
 }
 
 /* Zeros blob bytes [a, b) where they fall inside [from, upto) (dst[0] is byte from). */

@@ -11,11 +11,29 @@
 
 #include "nwc_error.h"
 
+#include <string.h>
+
 /* Largest supported dimension product; keeps every byte count below 2^62. */
 #define NWC__MAX_WEIGHTS (UINT64_C(1) << 40)
 
 static inline uint64_t nwc__ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 static inline uint64_t nwc__round_up(uint64_t a, uint64_t b) { return nwc__ceil_div(a, b) * b; }
+
+/* Little-endian fields of records and blobs at any alignment (the host is little-endian: record.c
+ * checks). */
+static inline void nwc__put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void nwc__put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void nwc__put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline uint32_t nwc__get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static inline uint64_t nwc__get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
 
 /* Shape of a layout-0 tensor, derived from M, K and the element type. */
 typedef struct nwc__geom {

@@ -22,14 +22,6 @@
 #define RECORD_HEADER 72
 #define RECORD_FLAG_SCALE 1u
 
-static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 /* XXH3-64 of the header before the checksum field and everything after it (seed 0). */
 static uint64_t record_hash(const uint8_t *buf, size_t len) {
   return XXH3_64bits_withSeed(buf + RECORD_HEADER, len - RECORD_HEADER, XXH3_64bits(buf, 64));
@@ -44,22 +36,22 @@ int nwc_record_write(const nwc_tensor *t, uint8_t **buf, size_t *len) {
   uint8_t *p = malloc(total);
   if (!p) return -ENOMEM;
   memcpy(p, "NWCT", 4);
-  put_u16(p + 4, NWC_FORMAT_VERSION);
+  nwc__put16(p + 4, NWC_FORMAT_VERSION);
   p[6] = (uint8_t)t->elem;
   p[7] = t->scale ? RECORD_FLAG_SCALE : 0;
-  put_u64(p + 8, t->rows);
-  put_u64(p + 16, t->cols);
+  nwc__put64(p + 8, t->rows);
+  nwc__put64(p + 16, t->cols);
   memcpy(p + 24, t->psym, 16);
-  put_u64(p + 40, nb);
-  put_u64(p + 48, t->data_bytes);
-  put_u64(p + 56, t->raw_bytes);
+  nwc__put64(p + 40, nb);
+  nwc__put64(p + 48, t->data_bytes);
+  nwc__put64(p + 56, t->raw_bytes);
   uint8_t *q = p + RECORD_HEADER;
   memcpy(q, t->bases, (nb + 1) * 8), q += (nb + 1) * 8;
   memcpy(q, t->hdr, nb * NWC_LANES), q += nb * NWC_LANES;
   memcpy(q, t->data, t->data_bytes), q += t->data_bytes;
   memcpy(q, t->raw, t->raw_bytes), q += t->raw_bytes;
   if (scale_bytes) memcpy(q, t->scale, scale_bytes);
-  put_u64(p + 64, record_hash(p, total));
+  nwc__put64(p + 64, record_hash(p, total));
   *buf = p;
   *len = total;
   return 0;
@@ -75,8 +67,8 @@ int nwc_record_read(const uint8_t *buf, size_t len, nwc_tensor *t) {
   NWC_RETURN_IF(version != NWC_FORMAT_VERSION, -EBADMSG, "record: format version %u, expected %d",
                 version, NWC_FORMAT_VERSION);
   NWC_RETURN_IF(buf[7] & ~RECORD_FLAG_SCALE, -EBADMSG, "record: unknown flags 0x%x", buf[7]);
-  uint64_t rows = get_u64(buf + 8), cols = get_u64(buf + 16), nb = get_u64(buf + 40);
-  uint64_t data_bytes = get_u64(buf + 48), raw_bytes = get_u64(buf + 56);
+  uint64_t rows = nwc__get64(buf + 8), cols = nwc__get64(buf + 16), nb = nwc__get64(buf + 40);
+  uint64_t data_bytes = nwc__get64(buf + 48), raw_bytes = nwc__get64(buf + 56);
   NWC_RETURN_IF(nb > len || data_bytes > len || raw_bytes > len || rows > len, -EBADMSG,
                 "record: counts larger than the record");
   uint64_t scale_bytes = (buf[7] & RECORD_FLAG_SCALE) ? rows * 4 : 0;
@@ -84,7 +76,7 @@ int nwc_record_read(const uint8_t *buf, size_t len, nwc_tensor *t) {
                   scale_bytes;
   NWC_RETURN_IF(want != len, -EBADMSG, "record: %zu bytes, header describes %llu", len,
                 (unsigned long long)want);
-  NWC_RETURN_IF(get_u64(buf + 64) != record_hash(buf, len), -EBADMSG, "record: checksum mismatch");
+  NWC_RETURN_IF(nwc__get64(buf + 64) != record_hash(buf, len), -EBADMSG, "record: checksum mismatch");
   uint8_t *copy = malloc(len - RECORD_HEADER + 8);
   if (!copy) return -ENOMEM;
   memcpy(copy, buf + RECORD_HEADER, len - RECORD_HEADER);
