@@ -22,9 +22,10 @@ int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor 
   uint64_t cat[] = {ti->container, ti->rows, ti->cols, ti->nblocks, ti->data_bytes,
                     ti->raw_plane_bytes, ti->off_bases, ti->off_hdr, ti->off_data, ti->off_raw,
                     ti->off_scale};
-  uint64_t blb[] = {nwc__get64(h + 8), nwc__get64(h + 16), nwc__get64(h + 24), nwc__get64(h + 48), nwc__get64(h + 56),
-                    nwc__get64(h + 64), nwc__get64(h + 72), nwc__get64(h + 80), nwc__get64(h + 88), nwc__get64(h + 96),
-                    nwc__get64(h + 104)};
+  uint64_t blb[] = {nwc__get64(h + 8),  nwc__get64(h + 16), nwc__get64(h + 24),
+                    nwc__get64(h + 48), nwc__get64(h + 56), nwc__get64(h + 64),
+                    nwc__get64(h + 72), nwc__get64(h + 80), nwc__get64(h + 88),
+                    nwc__get64(h + 96), nwc__get64(h + 104)};
   int same = ver == ti->format_version && h[6] == ti->elem && h[7] == (ti->off_scale ? 1 : 0) &&
              !memcmp(h + 32, ti->psym, 16) && !memcmp(cat, blb, sizeof cat);
   NWC_RETURN_IF(!same, -EBADMSG,

@@ -49,11 +49,12 @@ int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *pa
   NWC_RETURN_IF(nwc__get32(hdr + 8) != NWC_CONTAINER_VERSION, -EBADMSG,
                 "%s: container version %u, this build reads %u", path, nwc__get32(hdr + 8),
                 NWC_CONTAINER_VERSION);
-  NWC_RETURN_IF(nwc__get32(hdr + 12) != NWC__CONTAINER_HEADER || nwc__get32(hdr + 24) != NWC_STORE_CHUNK ||
-                    nwc__get32(hdr + 28) != NWC_STORE_ALIGN,
+  NWC_RETURN_IF(nwc__get32(hdr + 12) != NWC__CONTAINER_HEADER ||
+                    nwc__get32(hdr + 24) != NWC_STORE_CHUNK || nwc__get32(hdr + 28) != NWC_STORE_ALIGN,
                 -EBADMSG, "%s: unexpected header, chunk or alignment size", path);
-  NWC_RETURN_IF(nwc__get64(hdr + 16) != cid, -EBADMSG, "%s: header says container %llu, expected %llu",
-                path, (unsigned long long)nwc__get64(hdr + 16), (unsigned long long)cid);
+  NWC_RETURN_IF(nwc__get64(hdr + 16) != cid, -EBADMSG,
+                "%s: header says container %llu, expected %llu", path,
+                (unsigned long long)nwc__get64(hdr + 16), (unsigned long long)cid);
   return 0;
 }
 

@@ -420,7 +420,7 @@ int nwc__l0_tensor_encode(const void *w, uint64_t rows, uint64_t cols, unsigned 
   return rc;
 }
 
-/* ---- on several threads (store/encode_internal.h) --------------------------------------------- */
+/* ---- on several threads (store/encode_internal.h) ------------------------------------------ */
 
 typedef struct band {
   uint64_t rb0, rb1;   /* row blocks */

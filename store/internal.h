@@ -1,8 +1,9 @@
 /*
  * internal.h - what every translation unit of the codec shares (not installed): the error
  * macros (common/nwc_error.h), the geometry of layout 0 (and, through layouts.h, of layouts 1
- * and 2), the fp8 symbol split.  The encoder's files add encode_internal.h, the decoders' decode_internal.h; neither
- * includes the other, so a decoder cannot call into the encoder.
+ * and 2), the fp8 symbol split, little-endian fields.  The encoder's files add encode_internal.h,
+ * the decoders' decode_internal.h; neither includes the other, so a decoder cannot call into the
+ * encoder.
  */
 #ifndef NWC_INTERNAL_H
 #define NWC_INTERNAL_H

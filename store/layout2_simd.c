@@ -13,8 +13,8 @@
  *
  *   the AVX2+FMA multiply-accumulate kernel of the (batched) matvec.
  *
- * The portable C versions (layout2_decode.c, matvec_batch.c) define the results; these must match them
- * bit for bit for the tiles (tests run both).
+ * The portable C versions (layout2_decode.c, matvec_batch.c) define the results; these must
+ * match them bit for bit for the tiles (tests run both).
  */
 #include "decode_internal.h"
 

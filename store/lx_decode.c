@@ -5,8 +5,8 @@
  *
  * A block is walked as begin, tile(sc) for sc = 0 .. nsc-1 in order, end.  Layout 1 tiles come
  * from the prefix-code lane decoder (layout1_decode.c), layout 2 tiles from the portable or SIMD
- * tile decoder chosen by the CPU level (layout2_decode.c, layout2_simd.c); layout-2 exceptions are then
- * written over their weights, so a tile always holds the exact weights.
+ * tile decoder chosen by the CPU level (layout2_decode.c, layout2_simd.c); layout-2 exceptions
+ * are then written over their weights, so a tile always holds the exact weights.
  *
  * Safety: the geometry and the raw size are checked once (nwc__lxdec_init), every block's
  * offsets and lengths before its bytes are read; a block's exception entries are checked and

@@ -76,7 +76,8 @@ int nwc_record_read(const uint8_t *buf, size_t len, nwc_tensor *t) {
                   scale_bytes;
   NWC_RETURN_IF(want != len, -EBADMSG, "record: %zu bytes, header describes %llu", len,
                 (unsigned long long)want);
-  NWC_RETURN_IF(nwc__get64(buf + 64) != record_hash(buf, len), -EBADMSG, "record: checksum mismatch");
+  NWC_RETURN_IF(nwc__get64(buf + 64) != record_hash(buf, len), -EBADMSG,
+                "record: checksum mismatch");
   uint8_t *copy = malloc(len - RECORD_HEADER + 8);
   if (!copy) return -ENOMEM;
   memcpy(copy, buf + RECORD_HEADER, len - RECORD_HEADER);

@@ -155,9 +155,9 @@ int nwc_tensor_validate(const nwc_tensor *t) {
     for (unsigned l = 0; l < NWC_LANES; l++) {
       /* each of a lane's rows * 16 codes takes 2..24 bits: 2 * rows .. 24 * rows units */
       uint64_t n = t->hdr[b * NWC_LANES + l], lo = l < active ? 2 * rows : 0, hi = 12 * lo;
-      NWC_RETURN_IF(n < lo || n > hi, -EBADMSG, "block %llu lane %u: %llu units, must be %llu..%llu",
-                    (unsigned long long)b, l, (unsigned long long)n, (unsigned long long)lo,
-                    (unsigned long long)hi);
+      NWC_RETURN_IF(n < lo || n > hi, -EBADMSG,
+                    "block %llu lane %u: %llu units, must be %llu..%llu", (unsigned long long)b, l,
+                    (unsigned long long)n, (unsigned long long)lo, (unsigned long long)hi);
       units += n;
     }
     uint64_t want = t->bases[b] + nwc__block_span(units);
