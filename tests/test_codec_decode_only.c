@@ -17,30 +17,10 @@
 #define GOLDEN_DIR "tests/golden"
 #endif
 
-/* Reads a whole file (malloc'ed, *len bytes) or returns NULL after a failed CHECK. */
-static uint8_t *slurp(const char *dir, const char *name, const char *ext, size_t *len) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s%s", dir, name, ext);
-  FILE *f = fopen(path, "rb");
-  CHECK(f, "cannot open %s: %s", path, strerror(errno));
-  if (!f) return NULL;
-  uint8_t *p = NULL;
-  size_t n = 0, cap = 0, got;
-  do {
-    if (n == cap && !(p = realloc(p, cap = cap ? 2 * cap : 1 << 16))) break;
-    got = fread(p + n, 1, cap - n, f);
-    n += got;
-  } while (got > 0);
-  fclose(f);
-  CHECK(p, "out of memory reading %s", path);
-  *len = n;
-  return p;
-}
-
 static void golden_case(const char *dir, const char *name, uint64_t M, uint64_t K) {
   size_t rec_len = 0, out_len = 0;
-  uint8_t *rec = slurp(dir, name, ".nwct", &rec_len);
-  uint16_t *out = (uint16_t *)slurp(dir, name, ".out", &out_len);
+  uint8_t *rec = test_slurp(dir, name, ".nwct", &rec_len);
+  uint16_t *out = (uint16_t *)test_slurp(dir, name, ".out", &out_len);
   nwc_tensor t;
   int rc = rec ? nwc_record_read(rec, rec_len, &t) : -ENOENT;
   CHECK(rc == 0, "%s: nwc_record_read: %s", name, nwc_error_detail());

@@ -19,24 +19,6 @@
 #define GOLDEN_DIR "tests/golden"
 #endif
 
-/* Reads a whole file (malloc'ed) or returns NULL with a CHECK failure. */
-static uint8_t *slurp(const char *dir, const char *name, const char *ext, size_t *len) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s%s", dir, name, ext);
-  FILE *f = fopen(path, "rb");
-  CHECK(f, "cannot open %s: %s", path, strerror(errno));
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *p = cu_malloc((size_t)(n > 0 ? n : 1));
-  size_t got = fread(p, 1, (size_t)n, f);
-  fclose(f);
-  CHECK(n >= 0 && got == (size_t)n, "short read of %s", path);
-  *len = got;
-  return p;
-}
-
 /* Where two records first differ, named by the record layout (docs/format.md, "Tensor record"). */
 static void report_diff(const char *name, const uint8_t *got, size_t glen, const uint8_t *want,
                         size_t wlen) {
@@ -64,8 +46,9 @@ static void golden_case(const char *dir, const char *name, const char *type, uin
   CHECK(fp8_in || quant || !strcmp(type, "bf16"), "%s: unknown type %s", name, type);
   uint64_t K16 = cu_k16(K), n = M * K;
   size_t in_len = 0, rec_len = 0, out_len = 0;
-  uint8_t *in = slurp(dir, name, ".in", &in_len), *rec = slurp(dir, name, ".nwct", &rec_len);
-  uint16_t *out = (uint16_t *)slurp(dir, name, ".out", &out_len);
+  uint8_t *in = test_slurp(dir, name, ".in", &in_len);
+  uint8_t *rec = test_slurp(dir, name, ".nwct", &rec_len);
+  uint16_t *out = (uint16_t *)test_slurp(dir, name, ".out", &out_len);
   if (!in || !rec || !out) goto done;
   int sizes_ok = in_len == (fp8_in ? n : 2 * n) && out_len == M * K16 * 2;
   CHECK(sizes_ok, "%s: file sizes do not fit %llux%llu", name, (unsigned long long)M,
@@ -136,7 +119,7 @@ static void invalid_case(const char *dir, const char *line) {
   int quant = !strcmp(type, "fp8q");
   size_t len = 0;
   if (!strcmp(stage, "encode")) {
-    uint8_t *in = slurp(dir, name, ".in", &len);
+    uint8_t *in = test_slurp(dir, name, ".in", &len);
     uint64_t n = M * K;
     if (!in) return;
     CHECK(len == (fp8_in ? n : 2 * n), "%s: %zu bytes of input for %llux%llu", name, len, M, K);
@@ -156,7 +139,7 @@ static void invalid_case(const char *dir, const char *line) {
   } else {
     int decode = !strcmp(stage, "decode");
     CHECK(decode || !strcmp(stage, "read"), "%s: unknown stage %s", name, stage);
-    uint8_t *rec = slurp(dir, name, ".nwct", &len);
+    uint8_t *rec = test_slurp(dir, name, ".nwct", &len);
     if (!rec) return;
     nwc_tensor t;
     got = nwc_record_read(rec, len, &t);

@@ -6,6 +6,7 @@
 #ifndef NWC_TEST_UTIL_H
 #define NWC_TEST_UTIL_H
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +76,30 @@ static uint64_t test_seed(const char *name) {
   for (int i = 0; i < 4; i++) test_rng_s[i] = test_splitmix(&x);
   printf("%s: seed %" PRIu64 " (replay with NWC_SEED=%" PRIu64 ")\n", name, seed, seed);
   return seed;
+}
+
+/* Reads the file DIR/NAME EXT whole (malloc'ed, *len bytes; the golden files), or returns NULL
+ * after a failed CHECK. */
+static inline uint8_t *test_slurp(const char *dir, const char *name, const char *ext,
+                                  size_t *len) {
+  char path[4608]; /* a 4096-byte folder, a 256-byte name and an extension */
+  snprintf(path, sizeof path, "%s/%s%s", dir, name, ext);
+  FILE *f = fopen(path, "rb");
+  CHECK(f, "cannot open %s: %s", path, strerror(errno));
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *p = n >= 0 ? malloc((size_t)(n > 0 ? n : 1)) : NULL;
+  size_t got = p ? fread(p, 1, (size_t)n, f) : 0;
+  fclose(f);
+  CHECK(p && got == (size_t)n, "cannot read %s", path);
+  if (!p || got != (size_t)n) {
+    free(p);
+    return NULL;
+  }
+  *len = got;
+  return p;
 }
 
 static int test_exit(const char *name) {
