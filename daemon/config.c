@@ -265,7 +265,7 @@ static int set_admin_group(const char *path, const nwcd_settings *s) {
 
 int nwcd_config_flag(nwcd_config *cfg, int opt, const char *arg) {
   (void)cfg;
-  int level;
+  int level = 0; /* set by parse_log_level where it succeeds (-O3 cannot tell) */
   switch (opt) {
     case 's': flags_set |= NWCD_SET_STORE; break;
     case 'S': flags_set |= NWCD_SET_SOCKET; break;

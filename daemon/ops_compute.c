@@ -185,7 +185,7 @@ static int matvec_src(const nwcd_job *j, uint64_t K, const uint8_t **out) {
 
 /* The x of job j copied to X (column stride K16, padding left 0). */
 static int matvec_input(nwcd_job *j, uint64_t K, uint64_t K16, float *X) {
-  const uint8_t *src;
+  const uint8_t *src = NULL; /* set by matvec_src where it succeeds */
   NWC_TRY(matvec_src(j, K, &src));
   for (uint32_t c = 0; c < j->req.ncols; c++) memcpy(X + c * K16, src + c * K * 4, K * 4);
   return 0;
