@@ -42,6 +42,8 @@
  *   6. (Then, where the machine has a second GPU.)  A tensor and then the whole sample on cuda:1:
  *      matvec and dequant right there, a load onto cuda:0 refused, cuda:1's memory back after
  *      evicting everything.
+ *   8. (After 4.)  Layout 2: the sample imported with layout 2, each matrix on cuda:0 alone,
+ *      dequant and gather bit for bit, matvecs of 1 - 3 columns within 1e-5 of fp64.
  *   7. (After 2, on its daemon: 4 MiB per device.)  devices: the host, then one place per GPU
  *      in order, each GPU's budget the 4 MiB given and all of them together what stats sums,
  *      its total memory CUDA's and its free memory at most that; every place's resident bytes,
@@ -674,6 +676,44 @@ static void fp8_steps(nwc_client *c) {
   fp8_model_with_bias(c);
 }
 
+/* 8. Layout 2 (the tensor-core kernels): the sample imported with layout 2, each matrix loaded
+ * onto cuda:0 alone: dequant and a gather of random rows bit for bit against the original
+ * weights, the matvecs of 0 (1 - 3 columns in one launch) within 1e-5 of fp64. */
+static void layout2_steps(nwc_client *c) {
+  nwc_client_import_opts l2 = {.layout = 2};
+  CHECK_RC(nwc_client_import(c, "use2", getenv("NWC_SAMPLE"), &l2, NULL));
+  unsigned mats = 0;
+  for (size_t i = 0; i < td_nt && test_failures == 0; i++) {
+    const td_tensor *t = &td_t[i];
+    const uint64_t M = t->rows, K = t->cols, n = M * K;
+    if (M < 2) continue;
+    uint64_t idx[16], ng = 1 + test_below(16), rows = 0, cols = 0;
+    uint16_t *want = malloc(n * 2), *got = malloc((n > ng * K ? n : ng * K) * 2);
+    memcpy(want, t->w, n * 2); /* the sample's view is unaligned */
+    CHECK_RC(nwc_client_load_on(c, "use2", t->name, 0, NULL, NULL, NULL));
+    CHECK(ps_device(c, "use2", t->name) == 0, "use2/%s is not on cuda:0", t->name);
+    memset(got, 0xff, n * 2);
+    int rc = nwc_client_dequant(c, "use2", t->name, NWC_CLIENT_BF16, got, n * 2, &rows, &cols, NULL);
+    CHECK(rc == 0 && rows == M && cols == K && !memcmp(got, want, n * 2),
+          "layout 2 dequant %s [%llux%llu]: %d %s, or values differ", t->name,
+          (unsigned long long)M, (unsigned long long)K, rc, rc ? nwc_client_last_error() : "");
+    for (size_t k = 0; k < ng; k++) idx[k] = test_below(M);
+    memset(got, 0xff, ng * K * 2);
+    rc = nwc_client_gather(c, "use2", t->name, idx, ng, NWC_CLIENT_BF16, got, ng * K * 2, &cols, NULL);
+    CHECK(rc == 0 && cols == K, "layout 2 gather %s: %d %s", t->name, rc, nwc_client_last_error());
+    for (size_t k = 0; rc == 0 && k < ng; k++)
+      CHECK(!memcmp(got + k * K, want + idx[k] * K, K * 2), "layout 2 gather %s: row %llu differs",
+            t->name, (unsigned long long)idx[k]);
+    shared_tensor(c, "use2", t, NULL);
+    CHECK_RC(nwc_client_evict(c, "use2", t->name, NULL));
+    mats++;
+    free(want), free(got);
+  }
+  printf("layout 2 on cuda:0: %u matrices: dequant and gather bit for bit, matvec ok\n", mats);
+  CHECK(mats > 0, "no matrix in use2");
+  CHECK_RC(nwc_client_remove(c, "use2"));
+}
+
 int main(int argc, char **argv) {
   int skip = td_open_sample();
   if (argc >= 4 && !strcmp(argv[1], "ipc")) {
@@ -754,6 +794,7 @@ int main(int argc, char **argv) {
         (unsigned long long)free0, (unsigned long long)free1);
   devices_steps(c, ndev, 4u << 20);
   fp8_steps(c);
+  layout2_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   /* 3. again with a budget that allows the large load (the same store) */
