@@ -130,11 +130,6 @@ int fail_cuda(cudaError_t e, const char *what) {
     return nwc__fail(-ENOMEM, "CUDA: %s: out of device memory", what);
   return nwc__fail(-EIO, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
-#define TRY(expr)                                                                                \
-  do {                                                                                           \
-    int try__rc = (expr);                                                                        \
-    if (try__rc < 0) return try__rc;                                                             \
-  } while (0)
 #define CU_TRY(expr, what)                                                                       \
   do {                                                                                           \
     int cu__rc = fail_cuda((expr), what);                                                        \
@@ -262,7 +257,7 @@ struct Lease {
 };
 
 int Lease::take(const Copy *cp) {
-  TRY(take(cp->dev));
+  NWC_TRY(take(cp->dev));
   if (!__atomic_load_n(&cp->pending, __ATOMIC_ACQUIRE)) return 0;
   cudaError_t e = cudaEventQuery(cp->arrival);
   if (e == cudaSuccess) {
@@ -580,15 +575,15 @@ extern "C" int nwcd_cuda_blob_alloc(const nwc_tensor_info *ti, int dev, void *st
                                     void **dcopy, void **blob) {
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   uint64_t lay[4];
-  TRY(nwc_layout(ti->rows, ti->cols, ti->elem, lay));
+  NWC_TRY(nwc_layout(ti->rows, ti->cols, ti->elem, lay));
   if (lay[NWC_LAYOUT_BLOCKS] != ti->nblocks)
     return nwc__fail(-EBADMSG, "catalog says %llu blocks, a %llux%llu tensor has %llu",
                      (unsigned long long)ti->nblocks, (unsigned long long)ti->rows,
                      (unsigned long long)ti->cols, (unsigned long long)lay[NWC_LAYOUT_BLOCKS]);
   cudaMemPool_t pool;
-  TRY(copy_pool(dev, &pool));
+  NWC_TRY(copy_pool(dev, &pool));
   uint32_t *tab = static_cast<uint32_t *>(stage);
-  TRY(nwc_build_tab(ti->psym, ti->elem, tab));
+  NWC_TRY(nwc_build_tab(ti->psym, ti->elem, tab));
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   Copy *cp = new (std::nothrow) Copy;
   if (!cp) return nwc__fail(-ENOMEM, "no memory for a device copy record");
@@ -740,7 +735,7 @@ static int enqueue_matvecs(Ctx *c, const Copy *cp, unsigned ncols, float *y) {
 /* x up into c->dx (zero padded to K16) by nwc_k_load_x, then the kernels writing y, enqueued
  * on c's stream. */
 static int enqueue_io(Ctx *c, const Copy *cp, unsigned ncols, const Io &io) {
-  TRY(kstatus(nwc_k_load_x(io.x, cp->k.cols, io.xld, ncols, (float *)c->dx.p, c->stream),
+  NWC_TRY(kstatus(nwc_k_load_x(io.x, cp->k.cols, io.xld, ncols, (float *)c->dx.p, c->stream),
               "launch of the x copy"));
   return enqueue_matvecs(c, cp, ncols, io.y);
 }
@@ -801,19 +796,19 @@ extern "C" int nwcd_cuda_matvec(const void *dcopy, const float *X, unsigned ncol
   const Copy *cp = static_cast<const Copy *>(dcopy);
   const uint64_t M = cp->k.rows, K16 = cp->k16;
   Lease lease;
-  TRY(lease.take(cp));
+  NWC_TRY(lease.take(cp));
   Ctx *c = lease.c;
   size_t xb = (size_t)ncols * K16 * 4, yb = (size_t)ncols * M * 4;
-  TRY(grow(c, c->dx, xb, false));
-  TRY(grow(c, c->hin, xb, true));
-  TRY(grow(c, c->ds, cp->scratch, false));
-  TRY(grow(c, c->hout, yb, true));
+  NWC_TRY(grow(c, c->dx, xb, false));
+  NWC_TRY(grow(c, c->hin, xb, true));
+  NWC_TRY(grow(c, c->ds, cp->scratch, false));
+  NWC_TRY(grow(c, c->hout, yb, true));
   for (unsigned col = 0; col < ncols; col++)
     memcpy((float *)c->hin.p + col * K16, X + col * ldx, K16 * 4);
   Io io = {0, nullptr, K16, nullptr};
   CU_TRY(cudaHostGetDevicePointer((void **)&io.x, c->hin.p, 0), "cudaHostGetDevicePointer");
   CU_TRY(cudaHostGetDevicePointer((void **)&io.y, c->hout.p, 0), "cudaHostGetDevicePointer");
-  TRY(run_matvec(c, cp, ncols, io));
+  NWC_TRY(run_matvec(c, cp, ncols, io));
   for (unsigned col = 0; col < ncols; col++)
     memcpy(Y + col * ldy, (const float *)c->hout.p + col * M, M * 4);
   return 0;
@@ -824,12 +819,12 @@ extern "C" int nwcd_cuda_matvec_shared(const void *owner, void *region, uint64_t
                                        uint64_t y_off) {
   const Copy *cp = static_cast<const Copy *>(dcopy);
   Lease lease;
-  TRY(lease.take(cp));
+  NWC_TRY(lease.take(cp));
   const Region *g = nullptr;
-  TRY(region_of(owner, static_cast<uint8_t *>(region), window, &g));
+  NWC_TRY(region_of(owner, static_cast<uint8_t *>(region), window, &g));
   Ctx *c = lease.c;
-  TRY(grow(c, c->dx, (size_t)ncols * cp->k16 * 4, false));
-  TRY(grow(c, c->ds, cp->scratch, false));
+  NWC_TRY(grow(c, c->dx, (size_t)ncols * cp->k16 * 4, false));
+  NWC_TRY(grow(c, c->ds, cp->scratch, false));
   Io io = {g->id, reinterpret_cast<const float *>(g->dev + x_off), cp->k.cols,
            reinterpret_cast<float *>(g->dev + y_off)};
   return run_matvec(c, cp, ncols, io);
@@ -846,25 +841,25 @@ extern "C" int nwcd_cuda_matvec_ipc(const void *owner, const void *dcopy, const 
   if (rc < 0) return rc;
   Mapped mx, my;
   Drain drain{c}; /* before the buffers are released, even on an error return */
-  TRY(open_buf(owner, cp->dev, *x, (uint64_t)ncols * K * 4, "x", mx));
-  TRY(open_buf(owner, cp->dev, *y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
-  TRY(wait_client_event(*c, ev));
-  TRY(grow(c, c->dx, (size_t)ncols * K16 * 4, false));
+  NWC_TRY(open_buf(owner, cp->dev, *x, (uint64_t)ncols * K * 4, "x", mx));
+  NWC_TRY(open_buf(owner, cp->dev, *y, (uint64_t)ncols * M * (bf16 ? 2 : 4), "y", my));
+  NWC_TRY(wait_client_event(*c, ev));
+  NWC_TRY(grow(c, c->dx, (size_t)ncols * K16 * 4, false));
   if (K16 != K) CU_TRY(cudaMemsetAsync(c->dx.p, 0, (size_t)ncols * K16 * 4, c->stream), "memset");
   CU_TRY(cudaMemcpy2DAsync(c->dx.p, K16 * 4, mx.p, K * 4, K * 4, ncols, cudaMemcpyDeviceToDevice,
                            c->stream),
          "copy of the client's x");
   if (bias) {
-    TRY(grow(c, c->dbias, M * 4, false));
-    TRY(grow(c, c->hin, M * 4, true));
+    NWC_TRY(grow(c, c->dbias, M * 4, false));
+    NWC_TRY(grow(c, c->hin, M * 4, true));
     memcpy(c->hin.p, bias, M * 4);
     CU_TRY(cudaMemcpyAsync(c->dbias.p, c->hin.p, M * 4, cudaMemcpyHostToDevice, c->stream),
            "copy of the bias");
   }
-  TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
-  TRY(grow(c, c->ds, cp->scratch, false));
-  TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
-  TRY(kstatus(nwc_k_epilogue((const float *)c->dy.p, M, ncols, scale,
+  NWC_TRY(grow(c, c->dy, (size_t)ncols * M * 4, false));
+  NWC_TRY(grow(c, c->ds, cp->scratch, false));
+  NWC_TRY(enqueue_matvecs(c, cp, ncols, (float *)c->dy.p));
+  NWC_TRY(kstatus(nwc_k_epilogue((const float *)c->dy.p, M, ncols, scale,
                               bias ? (const float *)c->dbias.p : nullptr, my.p, bf16, c->stream),
               "epilogue launch"));
   return finish(*c, "matvec into the client's buffer");
@@ -880,14 +875,14 @@ extern "C" int nwcd_cuda_dequant_ipc(const void *owner, const void *dcopy, const
   if (rc < 0) return rc;
   Mapped mo;
   Drain drain{c};
-  TRY(open_buf(owner, cp->dev, *out, M * K * (bf16 ? 2 : 4), "output", mo));
-  TRY(wait_client_event(*c, ev));
+  NWC_TRY(open_buf(owner, cp->dev, *out, M * K * (bf16 ? 2 : 4), "output", mo));
+  NWC_TRY(wait_client_event(*c, ev));
   if (bf16 && K16 == K) { /* straight into the client's buffer */
-    TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)mo.p, c->stream), "dequant"));
+    NWC_TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)mo.p, c->stream), "dequant"));
   } else {
-    TRY(grow(c, c->dout, M * K16 * 2, false));
-    TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
-    TRY(kstatus(nwc_k_compact((const uint16_t *)c->dout.p, M, K, mo.p, bf16, c->stream),
+    NWC_TRY(grow(c, c->dout, M * K16 * 2, false));
+    NWC_TRY(kstatus(nwc_k_dequant(&cp->k, (uint16_t *)c->dout.p, c->stream), "dequant"));
+    NWC_TRY(kstatus(nwc_k_compact((const uint16_t *)c->dout.p, M, K, mo.p, bf16, c->stream),
                 "compact launch"));
   }
   return finish(*c, "dequant into the client's buffer");
