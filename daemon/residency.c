@@ -71,9 +71,15 @@
  * memory or on cuda:1 does not come back on cuda:0, evicting that device's own tensors and
  * making a later load onto its place fail with -EEXIST.  An explicit evict forgets the home.
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
- * tensors) is -ENOSPC for a load, pin or map; a compute request may instead map the container
- * read-only (nwc_store_map_info) and run on the page cache: the reply says so (NWC_RF_MAPPED)
- * and stats count it.
+ * tensors) is -ENOSPC for a load, pin or map; a compute request may instead run on a transient
+ * copy of the blob, read with pread and checked (nwc_store_read_info) and freed when the request
+ * releases it: the reply says so (NWC_RF_MAPPED) and stats count it.  Not a memory map of the
+ * container: a container file truncated under a mapping would kill nwcd with SIGBUS, while a
+ * short read is an error naming the file.  Transient copies are outside the budget but bounded
+ * by it: one that would take the bytes held by transient copies past the budget waits for
+ * others to be released (r->transient), unless none is held or it is at most TRANSIENT_SMALL
+ * (a bias, acquired while its weight's copy is held, so a request never waits for itself); so
+ * they add at most the budget, or one tensor, plus small ones.
  */
 #include "residency.h"
 
@@ -97,6 +103,7 @@
 #include <xxhash.h>
 
 #define MAX_MAPS 1024 /* mapping sockets the daemon holds, all clients together */
+#define TRANSIENT_SMALL (16u << 20) /* a transient copy this small never waits (head comment) */
 
 struct nwcd_entry {
   char *model, *tensor;
@@ -137,6 +144,7 @@ struct nwcd_res {
   int default_loc;
   uint64_t loads, load_bytes, load_us, direct_loads, buffered_loads, evictions;
   uint64_t mlock_ok, mlock_failed, mapped;
+  uint64_t transient; /* bytes of transient copies held by requests (see the head comment) */
   nwcd_mapref maps[MAX_MAPS];
   struct pollfd pfd[MAX_MAPS];
   size_t nmaps;
@@ -378,6 +386,16 @@ int nwcd_no_device(const nwcd_backend *b, int at) {
                    b->name, b->ndevices, b->ndevices == 1 ? "" : "s", b->ndevices - 1);
 }
 
+/* Frees a transient copy (ref->view owns it) and returns its bytes to the transient count. */
+static void transient_done(nwcd_res *r, nwcd_ref *ref) {
+  nwc_tensor_release(&ref->view);
+  pthread_mutex_lock(&r->lock);
+  r->transient -= ref->ti->length;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  ref->transient = false;
+}
+
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li) {
   memset(ref, 0, sizeof *ref);
@@ -401,10 +419,15 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     if (!make_room(r, at, need)) {
       if (flags & NWCD_ACQ_MAP_OK) {
         const nwc_tensor_info *ti = e->info; /* stays valid: see the store-lock invariant */
+        while (r->transient && e->len > TRANSIENT_SMALL && r->transient + e->len > r->budget)
+          pthread_cond_wait(&r->cond, &r->lock);
         r->mapped++;
+        r->transient += e->len;
         pthread_mutex_unlock(&r->lock);
-        rc = nwc_store_map_info(ti, &ref->map, &ref->view);
+        rc = nwc_store_read_info(ti, &ref->view);
         ref->ti = ti;
+        ref->transient = true;
+        if (rc < 0) transient_done(r, ref);
         return rc;
       }
       rc = no_room(r, model, tensor, at, need);
@@ -478,7 +501,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
 }
 
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref) {
-  if (ref->map) nwc_store_unmap(ref->map);
+  if (ref->transient) transient_done(r, ref);
   if (ref->e) {
     pthread_mutex_lock(&r->lock);
     ref->e->refs--;

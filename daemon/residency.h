@@ -19,8 +19,9 @@ typedef struct nwcd_entry nwcd_entry;
 
 /* A reference to a tensor usable for compute: view valid until nwcd_res_release. */
 typedef struct nwcd_ref {
-  nwcd_entry *e;          /* resident entry (refs held), or NULL when mapped */
-  nwc_store_map *map;     /* mapped container (non-resident compute), or NULL */
+  nwcd_entry *e;          /* resident entry (refs held), or NULL for a transient copy */
+  bool transient;         /* view owns a transient copy read from the container (non-resident
+                             compute: nwcd_res_release frees it), not a resident entry */
   nwc_tensor view;        /* shapes always; the arrays and scales only for host copies */
   const nwc_tensor_info *ti;
   const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */
@@ -29,7 +30,7 @@ typedef struct nwcd_ref {
 } nwcd_ref;
 
 enum {
-  NWCD_ACQ_MAP_OK = 1, /* may fall back to mapping the container when it cannot fit */
+  NWCD_ACQ_MAP_OK = 1, /* may fall back to a transient copy of the blob when it cannot fit */
   NWCD_ACQ_PIN = 2,    /* pin it (and keep no reference) */
   NWCD_ACQ_NOREF = 4,  /* load only (and keep no reference) */
 };

@@ -197,7 +197,9 @@ NWC_EXTERN int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t);
 /* A tensor mapped read-only from its container (checksums verified when mapped). */
 typedef struct nwc_store_map nwc_store_map;
 /* Maps ti's blob, verifies it, and points *view into the mapping (valid until
- * nwc_store_unmap(*out); do not nwc_tensor_release the view). */
+ * nwc_store_unmap(*out); do not nwc_tensor_release the view).  A container file truncated while
+ * mapped raises SIGBUS at the next touch of a page past its new end: only for programs that
+ * own the store's files (nwcd does not map them; it reads with nwc_store_read_info). */
 NWC_EXTERN int nwc_store_map_info(const nwc_tensor_info *ti, nwc_store_map **out,
                                   nwc_tensor *view);
 NWC_EXTERN void nwc_store_unmap(nwc_store_map *m);
