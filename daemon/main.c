@@ -53,7 +53,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: nwcd --store DIR [--socket PATH] [--backend auto|cpu|cuda] [--budget SIZE]\n"
           "            [--gpu-budget SIZE] [--threads N] [--max-conn-per-uid N] [--poll-us N]\n"
-          "            [--verbose] [--quiet]\n"
+          "            [--verbose] [--quiet] [--discard-unexplained]\n"
           "            [--config FILE] [--log-level error|warning|info|debug]\n"
           "Serves the nwc store in DIR on a Unix socket, in the foreground.\n"
           "  --store DIR       the store (created if missing); one daemon per store\n"
@@ -74,6 +74,9 @@ static void usage(FILE *f) {
           "  --log-level L     error, warning, info (default) or debug\n"
           "  --verbose         --log-level debug\n"
           "  --quiet           --log-level warning\n"
+          "  --discard-unexplained\n"
+          "                    delete container files the catalog does not explain (a lost or\n"
+          "                    emptied catalog: nwcd refuses such a store without this flag)\n"
           "SIGINT/SIGTERM: stop accepting, finish requests in flight, exit 0.\n",
           nwc_proto_default_socket(def, sizeof def));
 }
@@ -90,9 +93,10 @@ int main(int argc, char **argv) {
       {"verbose", no_argument, 0, 'v'},       {"quiet", no_argument, 0, 'q'},
       {"help", no_argument, 0, 'h'},          {"config", required_argument, 0, 'C'},
       {"log-level", required_argument, 0, 'L'}, {"gpu-budget", required_argument, 0, 'G'},
-      {"poll-us", required_argument, 0, 'P'},
+      {"poll-us", required_argument, 0, 'P'}, {"discard-unexplained", no_argument, 0, 'D'},
       {0, 0, 0, 0}};
   int o;
+  unsigned discard = 0;
   opterr = 0; /* a bad flag is one line of ours, not getopt's and the whole usage */
   while ((o = getopt_long(argc, argv, ":s:S:b:B:t:c:vqh", opts, NULL)) != -1) {
     if (nwcd_config_flag(&d.cfg, o, optarg) < 0) return 2; /* config.h: flags over the file */
@@ -118,6 +122,7 @@ int main(int argc, char **argv) {
         if (flag_count("--poll-us", "microseconds ", optarg, 0, 1000000, &d.cfg.poll_us) < 0)
           return 2;
         break;
+      case 'D': discard = NWC_STORE_DISCARD; break;
       case 'v': d.cfg.verbose = 1, nwcd_log_set_level(NWCD_LOG_DEBUG); break;
       case 'q': nwcd_log_set_level(NWCD_LOG_WARN); break;
       case 'h': usage(stdout); return 0;
@@ -157,14 +162,21 @@ int main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   d.start_ns = nwcd_now_ns();
-  rc = nwc_store_open(d.cfg.store_dir, NWC_STORE_CREATE, &d.store);
+  rc = nwc_store_open(d.cfg.store_dir, NWC_STORE_CREATE | discard, &d.store);
   if (rc < 0) {
     if (rc == -EBUSY)
       fprintf(stderr, "nwcd: store %s is in use by another daemon (its lock is held)\n",
               d.cfg.store_dir);
     else /* the detail names the path and what failed there */
       fprintf(stderr, "nwcd: store: %s\n", nwc_error_detail());
+    if (rc == -EUCLEAN)
+      fprintf(stderr, "nwcd: to delete the container files the catalog does not explain (their "
+                      "models are lost), start once with --discard-unexplained\n");
     return 1;
+  }
+  for (uint64_t i = 0; i < nwc_store_swept(d.store); i++) {
+    const char *f = nwc_store_swept_file(d.store, i);
+    nwcd_log(NWCD_LOG_WARN, "store: removed %s", f ? f : "a file (out of memory for its name)");
   }
   pthread_mutex_init(&d.store_lock, NULL);
   rc = nwcd_res_create(&d, d.cfg.budget, &d.res);

@@ -25,7 +25,7 @@ static void verify_cb(void *ctx, const nwc_verify_problem *p) {
   verify_ctx *v = ctx;
   if (v->n >= 32) return;
   char buf[NWC_PROTO_MAX_MSG];
-  snprintf(buf, sizeof buf, "%s/%s: %s (%s at %llu, %llu bytes)", p->model,
+  snprintf(buf, sizeof buf, "%s/%s: %s (%s at %llu, %llu bytes)", p->model ? p->model : "catalog",
            p->tensor ? p->tensor : "-", p->what, p->path, (unsigned long long)p->offset,
            (unsigned long long)p->length);
   v->lines[v->n] = strdup(buf);

@@ -170,6 +170,54 @@ int nwc__catalog_next_container(sqlite3 *db, uint64_t *cid) {
   return rc;
 }
 
+/* Runs one checking pragma: every row that is not "ok" (every row for foreign_key_check) goes to
+ * cb as text; a pragma that cannot run is itself a problem.  Returns the problems found. */
+static unsigned check_pragma(sqlite3 *db, const char *sql, nwc__catalog_problem_fn cb, void *ctx) {
+  sqlite3_stmt *st;
+  char msg[512];
+  unsigned n = 0;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+    snprintf(msg, sizeof msg, "%s: %s", sql, sqlite3_errmsg(db));
+    cb(ctx, msg);
+    return 1;
+  }
+  int r;
+  while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+    const char *a = (const char *)sqlite3_column_text(st, 0);
+    if (sqlite3_column_count(st) == 1) { /* integrity_check: "ok" or one problem a row */
+      if (a && !strcmp(a, "ok")) continue;
+      snprintf(msg, sizeof msg, "%s: %s", sql, a ? a : "(null)");
+    } else { /* foreign_key_check: table, rowid, parent, fkid */
+      snprintf(msg, sizeof msg, "%s: row %lld of %s names a missing row of %s", sql,
+               (long long)sqlite3_column_int64(st, 1), a ? a : "?",
+               (const char *)sqlite3_column_text(st, 2));
+    }
+    cb(ctx, msg), n++;
+  }
+  if (r != SQLITE_DONE) {
+    snprintf(msg, sizeof msg, "%s: %s", sql, sqlite3_errmsg(db));
+    cb(ctx, msg), n++;
+  }
+  sqlite3_finalize(st);
+  return n;
+}
+
+unsigned nwc__catalog_check(sqlite3 *db, nwc__catalog_problem_fn cb, void *ctx) {
+  unsigned n = check_pragma(db, "PRAGMA integrity_check", cb, ctx);
+  return n + check_pragma(db, "PRAGMA foreign_key_check", cb, ctx);
+}
+
+int nwc__catalog_peek_next(sqlite3 *db, uint64_t *next) {
+  sqlite3_stmt *st;
+  NWC_TRY(prepare(db, "SELECT value FROM meta WHERE key = 'next_container'", &st));
+  int r = sqlite3_step(st), rc = 0;
+  if (r == SQLITE_ROW) *next = (uint64_t)sqlite3_column_int64(st, 0);
+  else if (r == SQLITE_DONE) rc = nwc__fail(-EBADMSG, "catalog: no next_container in meta");
+  else rc = sql_fail(db, "meta");
+  sqlite3_finalize(st);
+  return rc;
+}
+
 int nwc__catalog_has_container(sqlite3 *db, uint64_t cid) {
   sqlite3_stmt *st;
   NWC_TRY(prepare(db, "SELECT 1 FROM containers WHERE id = ?", &st));

@@ -46,17 +46,24 @@ typedef struct nwc_store nwc_store;
 enum nwc_store_flags {
   NWC_STORE_CREATE = 1, /* create DIR and an empty catalog if missing */
   NWC_STORE_RDONLY = 2, /* shared lock, no cleanup, no writes (import/remove return -EROFS) */
+  NWC_STORE_DISCARD = 4, /* writer: delete container files the catalog does not explain */
 };
 
 /* Opens (or with NWC_STORE_CREATE creates) the store in dir, migrates its catalog forward, and
  * (writer mode) removes crash leftovers.  -EBUSY if another process holds the store's lock in a
  * conflicting mode, -ENOENT if missing and not CREATE, -EBADMSG for a catalog newer than this
- * build or not an nwc catalog.  Free with nwc_store_close. */
+ * build or not an nwc catalog, -EUCLEAN (writer mode) when containers/ holds container files
+ * that the catalog does not explain (ids at or past its next container id: a catalog that was
+ * lost, emptied or replaced by an older one), unless NWC_STORE_DISCARD, which deletes them.
+ * Free with nwc_store_close. */
 NWC_EXTERN int nwc_store_open(const char *dir, unsigned flags, nwc_store **out);
 /* Closes the catalog and releases the lock; NULL is a no-op. */
 NWC_EXTERN void nwc_store_close(nwc_store *s);
 /* Files the last open's cleanup removed (temporary and unreferenced containers). */
 NWC_EXTERN uint64_t nwc_store_swept(const nwc_store *s);
+/* The i-th of them, i < nwc_store_swept(s): "containers/NAME (why it was removed)", owned by
+ * the store; NULL past the end. */
+NWC_EXTERN const char *nwc_store_swept_file(const nwc_store *s, uint64_t i);
 /* The catalog's schema version (after migration: NWC_STORE_SCHEMA_VERSION). */
 NWC_EXTERN int nwc_store_schema_version(nwc_store *s);
 
@@ -216,9 +223,9 @@ NWC_EXTERN int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, 
 /* ---- verify ------------------------------------------------------------------------------- */
 
 typedef struct nwc_verify_problem {
-  const char *model;
+  const char *model;  /* NULL for a problem of the catalog itself (integrity_check) */
   const char *tensor; /* NULL for a problem of the container file itself (header, size) */
-  const char *path;   /* container file */
+  const char *path;   /* container file (catalog.sqlite for the catalog's own problems) */
   uint64_t offset;    /* file offset of the bad range */
   uint64_t length;    /* its length (a chunk, the header, ...) */
   int err;            /* negative errno */

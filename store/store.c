@@ -8,7 +8,11 @@
  * DIR/containers, every "<16 hex>.tmp" (an import that never finished) and every "<16 hex>.nwc"
  * no containers row names (an import that died between rename and commit, or a removal that died
  * between commit and unlink).  Other names are left alone: the store never deletes what it did
- * not write.
+ * not write.  A container file whose id is at or past the catalog's next container id was not
+ * written by an import of this catalog (the catalog was deleted, emptied or replaced by an older
+ * copy): the store is damaged, and a writer open refuses it (-EUCLEAN) before changing anything,
+ * unless NWC_STORE_DISCARD asks to delete such files.  Each removed file is recorded with its
+ * reason (nwc_store_swept_file) for the caller to log.
  */
 #include "store_internal.h"
 
@@ -70,8 +74,34 @@ int nwc__store_sync_dir(nwc_store *s) {
   return fsync(s->cdirfd) < 0 ? nwc__fail(-errno, "%s/containers: fsync", s->dir) : 0;
 }
 
-/* Deletes crash leftovers (see the top of the file). */
-static int sweep(nwc_store *s) {
+/* The container id of a name the store writes ("<16 hex>.nwc" or ".tmp"), with *tmp set; 0 for
+ * any other name (ids start at 1). */
+static uint64_t container_id(const char *n, int *tmp) {
+  if (strlen(n) != 20 || n[16] != '.' || !is_hex16(n)) return 0;
+  *tmp = !strcmp(n + 17, "tmp");
+  if (!*tmp && strcmp(n + 17, "nwc")) return 0;
+  uint64_t id = strtoull(n, NULL, 16);
+  return id ? id : UINT64_MAX; /* id 0 was never written: unexplained */
+}
+
+/* Removes containers/n, recording why. */
+static int sweep_one(nwc_store *s, const char *n, const char *why) {
+  if (unlinkat(s->cdirfd, n, 0) < 0 && errno != ENOENT)
+    return nwc__fail(-errno, "%s/containers/%s: cannot remove (%s): %s", s->dir, n, why,
+                     strerror(errno));
+  char **v = realloc(s->swept_files, (s->swept + 1) * sizeof *v), *line = NULL;
+  if (v) s->swept_files = v;
+  if (v && asprintf(&line, "containers/%s (%s)", n, why) < 0) line = NULL;
+  if (v) s->swept_files[s->swept] = line;
+  s->swept++;
+  return 0;
+}
+
+/* Walks containers/: with apply 0, counts in *unexplained the container files whose id is at or
+ * past next (no import of this catalog wrote them), naming the first in first[32]; with apply
+ * 1, deletes crash leftovers (see the top of the file) and, with NWC_STORE_DISCARD, the
+ * unexplained files too, each recorded with its reason. */
+static int sweep_walk(nwc_store *s, uint64_t next, int apply, size_t *unexplained, char *first) {
   int fd = dup(s->cdirfd);
   if (fd < 0) return -errno;
   DIR *d = fdopendir(fd);
@@ -80,27 +110,61 @@ static int sweep(nwc_store *s) {
     return -errno;
   }
   rewinddir(d);
-  int rc = 0;
+  int rc = 0, tmp = 0;
   struct dirent *e;
   while (rc == 0 && (e = readdir(d))) {
     const char *n = e->d_name;
-    if (strlen(n) != 20 || n[16] != '.' || !is_hex16(n)) continue;
-    int tmp = !strcmp(n + 17, "tmp"), nwc = !strcmp(n + 17, "nwc");
-    if (!tmp && !nwc) continue;
-    if (nwc) {
-      int live = nwc__catalog_has_container(s->db, strtoull(n, NULL, 16));
-      if (live != 0) {
-        rc = live < 0 ? live : 0;
-        continue;
-      }
+    uint64_t id = container_id(n, &tmp);
+    if (!id) continue;
+    if (id >= next) {
+      if (!apply && !(*unexplained)++) snprintf(first, 32, "%s", n);
+      if (apply && (s->flags & NWC_STORE_DISCARD))
+        rc = sweep_one(s, n, "not explained by the catalog: deleted as asked");
+      continue;
     }
-    if (unlinkat(s->cdirfd, n, 0) < 0 && errno != ENOENT)
-      rc = nwc__fail(-errno, "%s/containers/%s: cannot remove a leftover", s->dir, n);
-    else s->swept++;
+    if (!apply) continue;
+    if (tmp) {
+      rc = sweep_one(s, n, "an import that did not finish");
+      continue;
+    }
+    int live = nwc__catalog_has_container(s->db, id);
+    if (live)
+      rc = live < 0 ? live : 0;
+    else
+      rc = sweep_one(s, n, "no catalog row names it: an import that died before its commit, or "
+                           "a removal after its commit");
   }
   closedir(d);
+  return rc;
+}
+
+/* Refuses (-EUCLEAN) a store whose containers/ holds files the catalog does not explain (ids at
+ * or past next), unless NWC_STORE_DISCARD. */
+static int check_explained(nwc_store *s, uint64_t next, const char *catalog_state) {
+  size_t n = 0;
+  char first[32] = "";
+  NWC_TRY(sweep_walk(s, next, 0, &n, first));
+  if (!n || (s->flags & NWC_STORE_DISCARD)) return 0;
+  return nwc__fail(-EUCLEAN, "%s: the catalog %s, but containers/ holds %zu container file%s it "
+                   "does not explain (%s%s): the store is damaged, not empty; nothing was "
+                   "changed. Restore catalog.sqlite (with catalog.sqlite-wal) from a backup, or "
+                   "move containers/ aside; deleting those files needs an explicit request",
+                   s->dir, catalog_state, n, n == 1 ? "" : "s", first, n > 1 ? ", ..." : "");
+}
+
+/* Deletes crash leftovers (see the top of the file), after refusing unexplained files. */
+static int sweep(nwc_store *s) {
+  uint64_t next = 0;
+  NWC_TRY(nwc__catalog_peek_next(s->db, &next));
+  NWC_TRY(check_explained(s, next, next <= 1 ? "is empty" : "names fewer containers"));
+  size_t unused = 0;
+  int rc = sweep_walk(s, next, 1, &unused, NULL);
   if (rc == 0 && s->swept) rc = nwc__store_sync_dir(s);
   return rc;
+}
+
+const char *nwc_store_swept_file(const nwc_store *s, uint64_t i) {
+  return s && i < s->swept && s->swept_files ? s->swept_files[i] : NULL;
 }
 
 void nwc_store_close(nwc_store *s) {
@@ -108,6 +172,8 @@ void nwc_store_close(nwc_store *s) {
   if (s->db) sqlite3_close(s->db);
   if (s->cdirfd >= 0) close(s->cdirfd);
   if (s->lockfd >= 0) close(s->lockfd);
+  for (uint64_t i = 0; s->swept_files && i < s->swept; i++) free(s->swept_files[i]);
+  free(s->swept_files);
   pthread_mutex_destroy(&s->mu);
   free(s->dir);
   free(s);
@@ -127,7 +193,7 @@ static int open_failed(const char *path, const char *what) {
 }
 
 int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
-  NWC_RETURN_IF(!dir || !*dir || !out || (flags & ~3u), -EINVAL, "nwc_store_open: bad argument");
+  NWC_RETURN_IF(!dir || !*dir || !out || (flags & ~7u), -EINVAL, "nwc_store_open: bad argument");
   *out = NULL;
   int rdonly = (flags & NWC_STORE_RDONLY) != 0, create = !rdonly && (flags & NWC_STORE_CREATE);
   if (create && mkdir(dir, 0750) < 0 && errno != EEXIST)
@@ -167,6 +233,10 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   }
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/catalog.sqlite", s->dir);
+    if (!rdonly && stat(path, &st) < 0 && errno == ENOENT) /* create none beside containers */
+      rc = check_explained(s, 1, "catalog.sqlite is missing");
+  }
+  if (rc == 0) {
     rc = nwc__catalog_open(path, create, rdonly, &s->db);
     if (rc < 0 && rc != -ENOENT) rc = nwc__fail_prefix(rc, "%s", s->dir);
   }

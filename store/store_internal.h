@@ -25,6 +25,7 @@ struct nwc_store {
   sqlite3 *db;
   unsigned flags;
   uint64_t swept;
+  char **swept_files; /* "NAME (why)" for each file the last sweep removed (swept of them) */
   pthread_mutex_t mu; /* recursive; held around every use of db, never while encoding or reading
                          container files, so catalog calls run while an import encodes */
 };
@@ -75,6 +76,12 @@ int nwc__catalog_version(sqlite3 *db);
 int nwc__catalog_next_container(sqlite3 *db, uint64_t *cid);
 /* 1 if container cid is referenced by the catalog, 0 if not, negative on error. */
 int nwc__catalog_has_container(sqlite3 *db, uint64_t cid);
+/* SQLite's integrity_check and foreign_key_check of the catalog: each problem to cb as a line;
+ * returns how many. */
+typedef void (*nwc__catalog_problem_fn)(void *ctx, const char *what);
+unsigned nwc__catalog_check(sqlite3 *db, nwc__catalog_problem_fn cb, void *ctx);
+/* The id the next import's container will get (meta 'next_container'), without taking it. */
+int nwc__catalog_peek_next(sqlite3 *db, uint64_t *next);
 int nwc__catalog_model_id(sqlite3 *db, const char *model, int64_t *id);
 int nwc__catalog_set_verified(sqlite3 *db, int64_t model_id, int64_t when);
 /* Container ids of a model (malloc'ed array, caller frees). */

@@ -7,11 +7,14 @@
  * the file with no gap up to the size the catalog recorded.  So a flipped byte anywhere is found
  * and reported with the model, the tensor (none for the header) and the file range of the chunk
  * that holds it.  A chunk that fails is not decoded; one that passes is decoded in full with
- * nwc_dequant, which catches a catalog row that disagrees with its blob.
+ * nwc_dequant, which catches a catalog row that disagrees with its blob.  Before all of that the
+ * catalog itself is checked (SQLite's integrity_check and foreign_key_check): a damaged page
+ * may hide rows from the listing, so a clean run over the models it lists would prove nothing.
  */
 #include "store_internal.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,10 +215,27 @@ static int verify_model(nwc_store *s, vctx *v, const char *model) {
   return rc;
 }
 
+typedef struct catalog_ctx {
+  vctx *v;
+  char path[PATH_MAX];
+} catalog_ctx;
+
+static void catalog_problem(void *ctx, const char *what) {
+  catalog_ctx *c = ctx;
+  char msg[PATH_MAX + 600];
+  snprintf(msg, sizeof msg, "%s: %s", c->path, what);
+  problem(c->v, NULL, NULL, c->path, 0, 0, -EBADMSG, msg);
+}
+
 int nwc_store_verify(nwc_store *s, const char *model, nwc_verify_fn cb, void *ctx,
                      nwc_verify_stats *st) {
   NWC_RETURN_IF(!s, -EINVAL, "nwc_store_verify: no store");
   vctx v = {cb, ctx, {0}, 0, ""};
+  catalog_ctx cc = {&v, ""};
+  snprintf(cc.path, sizeof cc.path, "%s/catalog.sqlite", s->dir);
+  nwc__lock(s); /* the catalog itself first: its damage can hide rows from what follows */
+  nwc__catalog_check(s->db, catalog_problem, &cc);
+  nwc__unlock(s);
   int rc = 0;
   if (model) {
     rc = verify_model(s, &v, model);
@@ -227,7 +247,7 @@ int nwc_store_verify(nwc_store *s, const char *model, nwc_verify_fn cb, void *ct
     nwc_model_info_free(m, n);
   }
   if (st) *st = v.st;
-  if (rc < 0) return rc;
+  if (rc < 0 && !v.st.problems) return rc; /* a catalog found damaged reports that instead */
   if (v.st.problems)
     return nwc__fail(-EBADMSG, "%llu problem(s); first: %s", (unsigned long long)v.st.problems,
                      v.first_msg);

@@ -22,46 +22,8 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-/* Runs nwcctl with args (NULL-terminated); stdout into out and stderr into err (malloc'ed, each
- * may be NULL), returns the exit status. */
 static int run2(char **out, char **err, const char *const *args) {
-  int pfd[2], efd[2];
-  if (pipe(pfd) < 0) return -1;
-  if (pipe(efd) < 0) return close(pfd[0]), close(pfd[1]), -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    const char *argv[5000] = {NWCCTL_PATH};
-    int n = 1;
-    for (int i = 0; args[i] && n < 4999; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    dup2(pfd[1], 1);
-    dup2(efd[1], 2);
-    close(pfd[0]), close(efd[0]);
-    execv(NWCCTL_PATH, (char *const *)argv);
-    _exit(127);
-  }
-  close(pfd[1]), close(efd[1]);
-  char *bufs[2];
-  int fds[2] = {pfd[0], efd[0]};
-  for (int f = 0; f < 2; f++) { /* stderr is a few lines: it fits its pipe while stdout drains */
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    ssize_t k;
-    while ((k = read(fds[f], buf + len, cap - len - 1)) > 0) {
-      len += (size_t)k;
-      if (cap - len < 2) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    close(fds[f]);
-    bufs[f] = buf;
-  }
-  int st;
-  waitpid(pid, &st, 0);
-  if (out) *out = bufs[0];
-  else free(bufs[0]);
-  if (err) *err = bufs[1];
-  else free(bufs[1]);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return td_nwcctl(out, err, args);
 }
 
 static int run(char **out, const char *const *args) { return run2(out, NULL, args); }

@@ -155,8 +155,9 @@ static int acquire(nwcd_res *r, int i, unsigned flags, nwcd_ref *ref) {
           ti[i].name, (unsigned long long)s.resident_bytes, (unsigned long long)m_budget);
   }
   if (rc == 0 && !(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) {
-    CHECK(mapped ? ref->map && !ref->e : ref->e && !ref->map, "%s: mapped %d, ref e %p map %p",
-          ti[i].name, mapped, (void *)ref->e, (void *)ref->map);
+    CHECK(mapped ? ref->transient && !ref->e : ref->e && !ref->transient,
+          "%s: mapped %d, ref e %p transient %d", ti[i].name, mapped, (void *)ref->e,
+          ref->transient);
     CHECK(ref->view.rows == ti[i].rows && ref->view.cols == ti[i].cols, "%s: view %llux%llu",
           ti[i].name, (unsigned long long)ref->view.rows, (unsigned long long)ref->view.cols);
   }
@@ -207,7 +208,7 @@ static void fixed_cases(nwcd_res *r) {
   set_budget(r, len_of(big) - 1);
   CHECK(acquire(r, big, 0, &ref) == -ENOSPC, "a tensor over the budget");
   CHECK(acquire(r, big, NWCD_ACQ_PIN, &ref) == -ENOSPC, "a pin over the budget");
-  CHECK(acquire(r, big, NWCD_ACQ_MAP_OK, &ref) == 0 && ref.map, "mapped fallback");
+  CHECK(acquire(r, big, NWCD_ACQ_MAP_OK, &ref) == 0 && ref.transient, "transient fallback");
   release(r, big, &ref);
   check_state(r, "over the budget");
   set_budget(r, len_of(a) + len_of(c) + len_of(d));
