@@ -4,6 +4,7 @@
  *   [daemon]   store, socket, socket_mode (octal), backend, threads, log_level, admin_group
  *   [memory]   host_budget (e.g. 8G), gpu_budget (per GPU, for the CUDA backend)
  *   [limits]   max_conn_per_uid, max_inflight (per connection), max_outq (reply bytes queued),
+ *              max_outq_uid (reply bytes queued on all connections of one uid),
  *              poll_us (how long the loop polls for the next request; 0 never)
  *   [preload]  models = a, b c   (loaded and pinned at start, before READY=1)
  *
@@ -190,6 +191,8 @@ static int on_key(void *user, const char *section, const char *name, const char 
     if (!strcmp(name, "max_inflight"))
       return set_count(p, name, v, 4096, &s->max_inflight, NWCD_SET_INFLIGHT);
     if (!strcmp(name, "max_outq")) return set_size(p, name, v, &s->max_outq, NWCD_SET_OUTQ);
+    if (!strcmp(name, "max_outq_uid"))
+      return set_size(p, name, v, &s->max_outq_uid, NWCD_SET_OUTQ_UID);
     if (!strcmp(name, "poll_us")) {
       if (parse_uint(v, 10, 1000000, &s->poll_us) < 0)
         return bad(p, "poll_us: expected microseconds 0..1000000, got '%s'", v);
@@ -203,7 +206,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
   static const char *const keys[][2] = {
       {"daemon", "store, socket, socket_mode, backend, threads, log_level, admin_group"},
       {"memory", "host_budget, gpu_budget"},
-      {"limits", "max_conn_per_uid, max_inflight, max_outq, poll_us"},
+      {"limits", "max_conn_per_uid, max_inflight, max_outq, max_outq_uid, poll_us"},
       {"preload", "models"}};
   const char *known = "";
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
@@ -297,7 +300,9 @@ static void apply_runtime(nwcd_config *cfg, const nwcd_settings *s) {
   if (use & NWCD_SET_GPU) cfg->gpu_budget = s->gpu_budget;
   if (use & NWCD_SET_CONN) cfg->max_conn_per_uid = s->max_conn_per_uid;
   if (use & NWCD_SET_INFLIGHT) cfg->max_inflight = s->max_inflight;
-  if (use & NWCD_SET_OUTQ) cfg->max_outq = s->max_outq;
+  if (use & NWCD_SET_OUTQ) __atomic_store_n(&cfg->max_outq, s->max_outq, __ATOMIC_RELAXED);
+  if (use & NWCD_SET_OUTQ_UID)
+    __atomic_store_n(&cfg->max_outq_uid, s->max_outq_uid, __ATOMIC_RELAXED);
   if (use & NWCD_SET_POLL) __atomic_store_n(&cfg->poll_us, s->poll_us, __ATOMIC_RELAXED);
   if (use & NWCD_SET_LOGLEVEL) nwcd_log_set_level(s->log_level);
 }

@@ -26,6 +26,7 @@ typedef struct nwcd_config {
   unsigned max_conn_per_uid;
   unsigned max_inflight;   /* requests in flight per connection before reading pauses */
   uint64_t max_outq;       /* queued reply bytes per connection before reading pauses */
+  uint64_t max_outq_uid;   /* queued reply bytes of one uid's connections together, same */
   unsigned poll_us;        /* the loop polls this long after a request before it sleeps; 0 never */
   unsigned socket_mode;    /* 0660 */
   int verbose;
@@ -40,7 +41,7 @@ struct nwcd;
 typedef struct nwcd_settings {
   char *store, *socket, *backend, *admin_group;
   unsigned socket_mode, threads, max_conn_per_uid, max_inflight, poll_us;
-  uint64_t budget, gpu_budget, max_outq;
+  uint64_t budget, gpu_budget, max_outq, max_outq_uid;
   int log_level;        /* -1: not set */
   int admin_line;       /* the line of admin_group, for its error */
   char **preload;       /* model names, npreload of them */
@@ -53,7 +54,7 @@ enum {
   NWCD_SET_BACKEND = 1u << 3, NWCD_SET_BUDGET = 1u << 4, NWCD_SET_THREADS = 1u << 5,
   NWCD_SET_CONN = 1u << 6, NWCD_SET_INFLIGHT = 1u << 7, NWCD_SET_OUTQ = 1u << 8,
   NWCD_SET_LOGLEVEL = 1u << 9, NWCD_SET_ADMIN = 1u << 10, NWCD_SET_PRELOAD = 1u << 11,
-  NWCD_SET_GPU = 1u << 12, NWCD_SET_POLL = 1u << 13,
+  NWCD_SET_GPU = 1u << 12, NWCD_SET_POLL = 1u << 13, NWCD_SET_OUTQ_UID = 1u << 14,
 };
 
 /* Called by main.c for every option getopt returns, before its own switch: records which

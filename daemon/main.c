@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
   nwcd d;
   memset(&d, 0, sizeof d);
   d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,
-                        .max_outq = 64u << 20, .socket_mode = 0660, .poll_us = 300};
+                        .max_outq = 64u << 20, .max_outq_uid = 256u << 20, .socket_mode = 0660, .poll_us = 300};
   static const struct option opts[] = {
       {"store", required_argument, 0, 's'},   {"socket", required_argument, 0, 'S'},
       {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},

@@ -11,12 +11,14 @@
  */
 #include "ops.h"
 #include "ops_internal.h"
+#include "server.h"
 
 #include "nwc_error.h"
 
 #include <errno.h>
 
 void nwcd_ops_run(nwcd_job *j) {
+  if (nwcd_server_hold(j)) return; /* a client not reading its replies: not now */
   int rc;
   switch (j->req.op) {
     case NWC_OP_MODELS: rc = nwcd_op_models(j); break;

@@ -29,8 +29,19 @@
  * loop thread itself (run_inline): no hand-off at all, and no one waits behind it.
  *
  * Back-pressure: a connection stops being read while it has max_inflight requests in flight or
- * max_outq reply bytes queued (a client that stops reading its replies), and resumes as they
- * drain; everyone else is served meanwhile.  The loop sets paused before it holds frames back
+ * max_outq reply bytes queued (a client that stops reading its replies), or its uid's
+ * connections together max_outq_uid (uid_out), and resumes as they drain; everyone else is
+ * served meanwhile.  Reading less is not enough: requests already read (up to max_inflight, all
+ * in one pipelined write) would each queue a reply.  So a job does not start while its
+ * connection is over either bound: the worker that takes it holds it on the connection
+ * (nwcd_server_hold, in order: once one is held, later ones are held behind it) and the loop
+ * submits the held jobs again when the queue drains (release_held) or the connection closes.
+ * A connection's memory is thus at most max_outq plus one reply per worker thread that took a
+ * job of it before the queue filled, and a worker never waits for a slow reader.  The uid's
+ * bound holds back only its connections that have output queued themselves (conn_over), so a
+ * uid's connection that reads its replies is not slowed by its slow siblings: a uid's queued
+ * bytes stay under max_outq_uid plus one reply frame (at most NWC_PROTO_MAX_PAYLOAD) per
+ * connection and per worker.  The loop sets paused before it holds frames back
  * or stops polling for back-pressure and re-checks afterwards; a worker finishing a job drops
  * inflight before it reads paused, so one of the two always sees the other (no lost wake-up).
  * Framing errors (bad magic, oversized, unknown flags) get an error reply and a disconnect,
@@ -75,6 +86,12 @@ typedef struct outbuf {
 
 typedef struct nwcd_server nwcd_server;
 
+/* The unsent reply bytes of all connections of one uid, shared by them (refs: connections). */
+typedef struct uid_out {
+  atomic_size_t bytes;
+  atomic_uint refs;
+} uid_out;
+
 typedef struct nwcd_conn {
   uv_poll_t poll; /* freed only with the struct, after its close callback */
   nwcd_server *srv;
@@ -96,6 +113,8 @@ typedef struct nwcd_conn {
   pthread_mutex_t olock; /* the output: queue, odead, oerr, writes to fd */
   outbuf *oh, *ot;
   atomic_size_t obytes; /* queued, unsent reply bytes (written under olock) */
+  uid_out *uo;          /* the uid's total of obytes (set at accept, freed with the last ref) */
+  nwcd_job *held, *held_tail; /* jobs held back while the output is over a bound (olock) */
   bool odead;           /* the descriptor is closing: nothing more is written */
   bool oerr;            /* a write failed: the loop closes the connection */
   uint8_t *shm;
@@ -125,6 +144,8 @@ struct nwcd_server {
 };
 
 static void conn_close(nwcd_conn *c);
+static void wake_loop(nwcd_server *s);
+static void release_held(nwcd_conn *c);
 static void conn_update(nwcd_conn *c);
 static void conn_input(nwcd_conn *c);
 static void check_shutdown(nwcd_server *s);
@@ -143,7 +164,13 @@ static void conn_unref(nwcd_conn *c) {
   if (atomic_fetch_sub(&c->refs, 1) != 1) return;
   if (c->srv->d->backend->forget) c->srv->d->backend->forget(c); /* IPC handles, registrations */
   for (unsigned i = 0; i < c->nfdq; i++) close(c->fdq[i]);
-  for (outbuf *o = c->oh, *n; o; o = n) n = o->next, free(o->buf), free(o);
+  for (outbuf *o = c->oh, *n; o; o = n) {
+    n = o->next;
+    atomic_fetch_sub(&c->uo->bytes, o->len - o->off);
+    free(o->buf), free(o);
+  }
+  if (atomic_fetch_sub(&c->uo->refs, 1) == 1) free(c->uo);
+  else wake_loop(c->srv); /* the uid's other connections may be under the bound now */
   if (c->shm) munmap(c->shm, c->shm_size);
   free(c->rbuf);
   pthread_mutex_destroy(&c->olock);
@@ -175,6 +202,7 @@ static void conn_close(nwcd_conn *c) {
   pthread_mutex_lock(&c->olock);
   c->odead = true;
   pthread_mutex_unlock(&c->olock);
+  release_held(c); /* they run, and their replies are dropped */
   uv_poll_stop(&c->poll);
   uv_close((uv_handle_t *)&c->poll, on_conn_closed);
 }
@@ -197,6 +225,7 @@ static void flush_locked(nwcd_conn *c) {
     size_t off0 = o->off;
     c->oerr = !send_some(c->fd, o->buf, o->len, &o->off);
     atomic_fetch_sub(&c->obytes, o->off - off0);
+    atomic_fetch_sub(&c->uo->bytes, o->off - off0);
     if (o->off < o->len) break;
     c->oh = o->next;
     if (!c->oh) c->ot = NULL;
@@ -224,6 +253,7 @@ static bool conn_put(nwcd_conn *c, uint8_t *buf, size_t len) {
   else c->oh = o;
   c->ot = o;
   atomic_fetch_add(&c->obytes, len - off);
+  atomic_fetch_add(&c->uo->bytes, len - off);
   pthread_mutex_unlock(&c->olock);
   return wake;
 fail:
@@ -261,10 +291,48 @@ static void conn_error(nwcd_conn *c, const nwc_proto_hdr *h, int err, const char
   conn_send(c, w.buf, (size_t)n);
 }
 
+/* Whether c's queued output has reached its bound, or c has output queued while its uid's
+ * total has reached the uid's bound (any thread).  A connection whose client reads its replies
+ * as they come (nothing queued) is never held back by its uid's slow readers. */
+static bool conn_over(const nwcd_conn *c) {
+  const nwcd_config *cfg = &c->srv->d->cfg;
+  size_t q = atomic_load(&c->obytes);
+  return q >= __atomic_load_n(&cfg->max_outq, __ATOMIC_RELAXED) ||
+         (q && atomic_load(&c->uo->bytes) >= __atomic_load_n(&cfg->max_outq_uid, __ATOMIC_RELAXED));
+}
+
 static bool conn_can_read(const nwcd_conn *c) {
   const nwcd_config *cfg = &c->srv->d->cfg;
   return !c->closing && !c->close_after_flush && !atomic_load(&c->srv->stopping) &&
-         atomic_load(&c->inflight) < cfg->max_inflight && atomic_load(&c->obytes) < cfg->max_outq;
+         atomic_load(&c->inflight) < cfg->max_inflight && !conn_over(c);
+}
+
+bool nwcd_server_hold(nwcd_job *j) {
+  nwcd_conn *c = j->conn;
+  if (!c || j->batch) return false; /* a batch carries other connections' jobs */
+  pthread_mutex_lock(&c->olock);
+  bool hold = !c->odead && !c->oerr && (c->held || conn_over(c));
+  if (hold) {
+    j->next = NULL;
+    if (c->held_tail) c->held_tail->next = j;
+    else c->held = j;
+    c->held_tail = j;
+  }
+  pthread_mutex_unlock(&c->olock);
+  return hold;
+}
+
+/* Submits c's held jobs again, in order, once its output is under the bounds or it is closing
+ * (loop thread). */
+static void release_held(nwcd_conn *c) {
+  pthread_mutex_lock(&c->olock);
+  nwcd_job *j = NULL;
+  if (c->held && (c->odead || !conn_over(c))) j = c->held, c->held = c->held_tail = NULL;
+  pthread_mutex_unlock(&c->olock);
+  for (nwcd_job *n; j; j = n) {
+    n = j->next;
+    nwcd_pool_submit(c->srv->d->pool, j);
+  }
 }
 
 static void on_conn_poll(uv_poll_t *h, int status, int events);
@@ -556,6 +624,7 @@ static void conn_read(nwcd_conn *c) {
 /* Parses what back-pressure held back once it lets go; otherwise just re-polls. */
 static void conn_resume(nwcd_conn *c) {
   if (c->closing) return;
+  release_held(c);
   if (atomic_exchange(&c->paused, false)) conn_input(c); /* ends with conn_update */
   else conn_update(c);
 }
@@ -573,6 +642,9 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
   }
   if (events & UV_READABLE) conn_read(c);
   conn_resume(c);
+  if (events & UV_WRITABLE) /* the uid's total went down: its other connections may go on */
+    for (nwcd_conn *o = c->srv->conns; o; o = o->next)
+      if (o != c && o->uo == c->uo) conn_resume(o);
   check_shutdown(c->srv);
 }
 
@@ -621,6 +693,15 @@ static void on_listen(uv_poll_t *h, int status, int events) {
       continue;
     }
     c->srv = s, c->fd = fd, c->uid = cred.uid, c->gid = cred.gid, c->pid = cred.pid;
+    for (nwcd_conn *o = s->conns; o && !c->uo; o = o->next)
+      if (o->uid == cred.uid) c->uo = o->uo;
+    if (c->uo) atomic_fetch_add(&c->uo->refs, 1); /* o holds one while it is listed */
+    else if ((c->uo = calloc(1, sizeof *c->uo))) atomic_init(&c->uo->refs, 1);
+    if (!c->uo) {
+      free(c);
+      close(fd);
+      continue;
+    }
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->olock, NULL);
     uv_poll_init(&s->loop, &c->poll, fd);

@@ -21,6 +21,10 @@ int nwcd_server_run(struct nwcd *d);
  * job j's connection, or queues it behind unsent ones; final marks the job's last frame, after
  * which j is freed (do not touch it again). */
 void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
+/* Called by the worker about to run j: true when j's connection (or its uid) has more reply
+ * bytes queued than its bound, and j was held on the connection instead, to be submitted again
+ * when the queue drains (server.c, Back-pressure); the caller must then leave j alone. */
+bool nwcd_server_hold(nwcd_job *j);
 /* The server's counters (connections, requests) into s (any thread). */
 void nwcd_server_get_stats(struct nwcd *d, nwc_proto_stats *s);
 
