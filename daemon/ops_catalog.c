@@ -160,6 +160,8 @@ int nwcd_op_import(nwcd_job *j) {
   }
   if (rc < 0) {
     free(sk.v);
+    nwcd_log(NWCD_LOG_WARN, "import of %s failed: %s (%s)", r->model, nwc_error_detail(),
+             strerror(-rc)); /* nwc_strerror's -ENOSPC is the codec's "output buffer too small" */
     return rc;
   }
   nwc_proto_result res = {.tensors = m->tensors, .bytes = m->nwc_bytes, .raw_bytes = m->raw_bytes,

@@ -13,10 +13,14 @@
  */
 #include "store_internal.h"
 
+#include <fcntl.h>
 #include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const migrations[NWC_STORE_SCHEMA_VERSION] = {
     /* 0 -> 1: the first schema. */
@@ -60,16 +64,24 @@ static const char *const migrations[NWC_STORE_SCHEMA_VERSION] = {
     " WHERE tensors.name GLOB '*weight';",
 };
 
-/* db's last error as a negative errno (-EBUSY, -ENOSPC, -EBADMSG, -EROFS, -EEXIST, else -EIO),
- * the detail "catalog: WHAT: SQLite's message" (what NULL: "catalog: SQLite's message"). */
+/* db's last error as a negative errno (-EBUSY, -ENOSPC, -EBADMSG, -EROFS, -EEXIST; an I/O
+ * error or a file SQLite could not open is the system call's errno, -ENOSPC for a full disk
+ * where SQLite only says "disk I/O error"; else -EIO), the detail "catalog: WHAT: SQLite's
+ * message" (what NULL: "catalog: SQLite's message"), with the errno's text after an I/O error. */
 static int sql_fail(sqlite3 *db, const char *what) {
-  int code = sqlite3_errcode(db);
+  int code = sqlite3_errcode(db), sys = sqlite3_system_errno(db);
+  bool io = code == SQLITE_IOERR || code == SQLITE_CANTOPEN || code == SQLITE_FULL;
   int err = code == SQLITE_BUSY || code == SQLITE_LOCKED ? -EBUSY
             : code == SQLITE_FULL                         ? -ENOSPC
             : code == SQLITE_CORRUPT || code == SQLITE_NOTADB ? -EBADMSG
             : code == SQLITE_READONLY                         ? -EROFS
             : code == SQLITE_CONSTRAINT                       ? -EEXIST
                                                               : -EIO;
+  if (io && sys > 0) err = -sys;
+  const char *file = io ? sqlite3_db_filename(db, "main") : NULL;
+  if (io) /* which file, and the system's words: "disk I/O error" alone does not say */
+    return nwc__fail(err, "catalog %s: %s%s%s: %s", file ? file : "", what ? what : "",
+                     what ? ": " : "", sqlite3_errmsg(db), strerror(-err));
   return what ? nwc__fail(err, "catalog: %s: %s", what, sqlite3_errmsg(db))
               : nwc__fail(err, "catalog: %s", sqlite3_errmsg(db));
 }
@@ -129,6 +141,12 @@ int nwc__catalog_init_at(sqlite3 *db, int version) {
 
 int nwc__catalog_open(const char *path, int create, int rdonly, sqlite3 **out) {
   sqlite3 *db = NULL;
+  if (create && !rdonly) { /* SQLite would make it 0644: the catalog is as private as the store */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0)
+      return nwc__fail(-errno, "%s: cannot create: %s", path, strerror(errno));
+    close(fd);
+  }
   int fl = rdonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
   if (sqlite3_open_v2(path, &db, fl | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
     int rc = db ? sql_fail(db, path) : -ENOMEM;

@@ -78,7 +78,9 @@ static int run(imp *im) {
   nwc__container_name(im->cid, 1, tmp);
   nwc__container_name(im->cid, 0, fin);
   im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-  if (im->fd < 0) return nwc__fail(-errno, "%s/containers/%s: cannot create", im->s->dir, tmp);
+  if (im->fd < 0)
+    return nwc__fail(-errno, "%s/containers/%s: cannot create: %s", im->s->dir, tmp,
+                     strerror(errno));
   /* O_DIRECT for the large writes: blobs are 4096-aligned in the file and in memory (and their
    * pages disjoint, so buffered and direct writes never share one); a file system that refuses
    * it here (tmpfs) or at the first write gets buffered writes only. */
@@ -87,17 +89,17 @@ static int run(imp *im) {
   nwc__container_header(im->cid, hdr);
   rc = pwrite_full(im->fd, hdr, sizeof hdr, 0);
   im->file_end = NWC__CONTAINER_HEADER;
-  if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write", im->s->dir, tmp);
+  if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write: %s", im->s->dir, tmp, strerror(-rc));
   if (rc == 0) rc = nwc__imp_encode_all(im);
   if (rc == 0 && fsync(im->fd) < 0)
-    rc = nwc__fail(-errno, "%s/containers/%s: fsync", im->s->dir, tmp);
+    rc = nwc__fail(-errno, "%s/containers/%s: fsync: %s", im->s->dir, tmp, strerror(errno));
   close(im->fd);
   if (im->dfd >= 0) close(im->dfd);
   im->fd = im->dfd = -1;
   int renamed = 0;
   if (rc == 0) {
     if (renameat(im->s->cdirfd, tmp, im->s->cdirfd, fin) < 0)
-      rc = nwc__fail(-errno, "%s/containers/%s: rename", im->s->dir, tmp);
+      rc = nwc__fail(-errno, "%s/containers/%s: rename: %s", im->s->dir, tmp, strerror(errno));
     else renamed = 1;
   }
   if (rc == 0) rc = nwc__store_sync_dir(im->s);

@@ -82,7 +82,8 @@ void *nwc__imp_writer(void *arg) {
     pthread_mutex_unlock(&im->mu);
     int rc = skip ? 0 : write_at(im, iov, n, len, q[0].off);
     if (rc < 0)
-      rc = nwc__fail(rc, "%s/containers: writing tensor '%s'", im->s->dir, q[0].j->st->name);
+      rc = nwc__fail(rc, "%s/containers: writing tensor '%s': %s", im->s->dir, q[0].j->st->name,
+                     strerror(-rc));
     pthread_mutex_lock(&im->mu);
     nwc__imp_set_error(im, rc);
     for (int k = 0; k < n; k++) *q[k].busy = 0;

@@ -71,7 +71,9 @@ static int is_hex16(const char *s) {
 }
 
 int nwc__store_sync_dir(nwc_store *s) {
-  return fsync(s->cdirfd) < 0 ? nwc__fail(-errno, "%s/containers: fsync", s->dir) : 0;
+  return fsync(s->cdirfd) < 0 ? nwc__fail(-errno, "%s/containers: fsync: %s", s->dir,
+                                          strerror(errno))
+                              : 0;
 }
 
 /* The container id of a name the store writes ("<16 hex>.nwc" or ".tmp"), with *tmp set; 0 for

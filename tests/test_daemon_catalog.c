@@ -8,7 +8,8 @@
  *     damaged and how to recover; the container file is still there and no catalog is created
  *     (nwcd used to start empty and delete every container, logging nothing);
  *   - the same with --discard-unexplained: nwcd starts and logs each file it removed and why;
- *   - a crash leftover (.tmp) is removed at start, and logged with its reason.
+ *   - a crash leftover (.tmp) is removed at start, and logged with its reason;
+ *   - catalog.sqlite is created 0640, like the rest of the store (SQLite made it 0644).
  */
 #include "test_daemon_util.h"
 
@@ -60,6 +61,11 @@ static void import_sample(void) {
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
   CHECK(list_containers() == 1, "the import left no single container");
+  char db[400];
+  struct stat st;
+  snprintf(db, sizeof db, "%s/catalog.sqlite", td_store);
+  CHECK(stat(db, &st) == 0 && (st.st_mode & 0777) == 0640, "catalog.sqlite is mode %o, not 640",
+        (unsigned)(st.st_mode & 0777));
 }
 
 /* Flips one byte of a key in the first cell of an index page: the rows still read, SQLite's
