@@ -43,6 +43,32 @@ static int get_skipped(nwc_pr *r, nwc_client_skipped **out, size_t *n) {
   return 0;
 }
 
+static const char *file_kind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  return S_ISSOCK(m) ? "a socket" : "a special file";
+}
+
+/* Opens a source file for reading (what: "" or "shard "): a regular file only, checked before
+ * the open (a FIFO would block it forever) and again on the descriptor (the path may have been
+ * replaced between the two; O_NONBLOCK keeps that open from blocking).  The descriptor, or a
+ * negative errno with the client's detail set. */
+static int open_source(const char *path, const char *what) {
+  struct stat st;
+  if (stat(path, &st) < 0)
+    return nwc__client_fail(-errno, "cannot open %s%s: %s", what, path, strerror(errno));
+  int fd = S_ISREG(st.st_mode) ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -2;
+  if (fd == -1)
+    return nwc__client_fail(-errno, "cannot open %s%s: %s", what, path, strerror(errno));
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) close(fd), fd = -2;
+  if (fd == -2)
+    return nwc__client_fail(-EINVAL, "%s%s is not a regular file (%s); import reads files",
+                            what, path, file_kind(st.st_mode));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 /* import2 where the daemon has it (capability 256), else import, which is all or nothing. */
 static int do_import(nwc_client *c, const char *model, const char *path,
                      const nwc_client_import_opts *o, unsigned flags, nwc_client_result *res,
@@ -58,8 +84,8 @@ static int do_import(nwc_client *c, const char *model, const char *path,
   unsigned nfds = 0;
   char *names[NWC_PROTO_MAX_FILES];
   int rc = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return nwc__client_fail(-errno, "cannot open %s: %s", path, strerror(errno));
+  int fd = open_source(path, "");
+  if (fd < 0) return fd;
   fds[nfds++] = fd;
   if (!index) {
     const char *base = strrchr(path, '/');
@@ -85,9 +111,9 @@ static int do_import(nwc_client *c, const char *model, const char *path,
     for (size_t i = 0; rc == 0 && i < x->nshards; i++) {
       char p[PATH_MAX];
       snprintf(p, sizeof p, "%.*s/%s", dlen, slash ? path : ".", x->shards[i]);
-      int sfd = open(p, O_RDONLY | O_CLOEXEC);
+      int sfd = open_source(p, "shard ");
       if (sfd < 0) {
-        rc = nwc__client_fail(-errno, "cannot open shard %s: %s", p, strerror(errno));
+        rc = sfd;
         break;
       }
       fds[nfds++] = sfd;

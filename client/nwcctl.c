@@ -6,6 +6,7 @@
  * A tensor is named MODEL/TENSOR, split at the first '/' (tensor names may hold more).
  */
 #include "nwc_client.h"
+#include "nwc_escape.h"
 #include "size_text.h"
 
 #include <ctype.h>
@@ -25,7 +26,9 @@ static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default 
 static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
 static int die(int rc) {
-  fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_client_last_error());
+  char safe[4096]; /* names in it came from files: no raw control bytes */
+  fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc__escape(nwc_client_last_error(), safe,
+                                                        sizeof safe));
   return rc == -ENOENT ? 3 : 1;
 }
 
@@ -47,19 +50,34 @@ static int die_tensor(nwc_client *c, int rc, const char *model, const char *tens
     free(t);
     return die(rc);
   }
+  char safe[1024];
   fprintf(stderr, "%s: %s: no model '%s' in the store (a tensor is named MODEL/TENSOR; %s ls "
-          "lists the models)\n", prog, cmd, model, prog);
+          "lists the models)\n", prog, cmd, nwc__escape(model, safe, sizeof safe), prog);
   return 3;
 }
 
 /* "s" unless n is 1: "%llu tensor%s". */
 static const char *plural(uint64_t n) { return n == 1 ? "" : "s"; }
 
+static bool json_lost; /* a value could not be made JSON (a name that is not UTF-8) */
+
+/* json_array_append_new that remembers a value jansson refused (NULL), for json_out. */
+static void json_push(json_t *arr, json_t *v) {
+  if (!v || json_array_append_new(arr, v) < 0) json_lost = true;
+}
+
+/* Prints j; where a value was lost or j cannot be written, says so and exits 1 instead of
+ * printing a listing with holes (such as [] for a list whose one name was not UTF-8). */
 static void json_out(json_t *j) {
-  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  if (s) puts(s);
-  free(s);
+  char *s = j && !json_lost ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   json_decref(j);
+  if (!s) {
+    fprintf(stderr, "%s: %s: the reply holds text that is not valid UTF-8: no JSON written\n",
+            prog, cmd);
+    exit(1);
+  }
+  puts(s);
+  free(s);
 }
 
 static int split(const char *arg, char *model, size_t mcap, const char **tensor) {
@@ -265,7 +283,7 @@ static int cmd_ls(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) {
       char shape[200];
       if (json) {
-        json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b}", "name", t[i].name,
+        json_push(arr, json_pack("{s:s,s:o,s:s,s:s,s:i,s:I,s:I,s:b}", "name", t[i].name,
                                              "shape", shape_json(t[i].shape, t[i].ndim), "dtype", t[i].dtype, "elem", elem_name(t[i].elem),
                                              "layout", (int)((t[i].elem >> 4) & 15),
                                              "raw_bytes", (json_int_t)t[i].raw_bytes,
@@ -295,7 +313,7 @@ static int cmd_ls(int argc, char **argv) {
   if (!json) printf("%-*s %8s %10s %10s %6s %10s\n", mw, "MODEL", "TENSORS", "RAW", "NWC", "RATIO", "RESIDENT");
   for (size_t i = 0; i < n; i++) {
     if (json)
-      json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:f,s:I}", "name", m[i].name, "tensors",
+      json_push(arr, json_pack("{s:s,s:I,s:I,s:I,s:f,s:I}", "name", m[i].name, "tensors",
                                            (json_int_t)m[i].tensors, "raw_bytes", (json_int_t)m[i].raw_bytes,
                                            "nwc_bytes", (json_int_t)m[i].nwc_bytes, "ratio",
                                            ratio(m[i].nwc_bytes, m[i].raw_bytes), "resident_bytes",
@@ -327,7 +345,7 @@ static int cmd_ps(void) {
     if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
     else snprintf(where, sizeof where, "cuda:%d", p[i].device);
     if (json) {
-      json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
+      json_push(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
                                            "tensor", p[i].tensor, "where", where, "bytes", (json_int_t)p[i].bytes,
                                            "pinned", p[i].pinned, "locked", p[i].locked, "direct",
                                            p[i].direct, "refs", (int)p[i].refs, "maps", (int)p[i].maps,
@@ -446,7 +464,7 @@ static void print_skipped(const nwc_client_skipped *v, size_t n, uint64_t count)
 static json_t *skipped_json(const nwc_client_skipped *v, size_t n) {
   json_t *arr = json_array();
   for (size_t i = 0; i < n; i++)
-    json_array_append_new(arr, json_pack("{s:s,s:s,s:o}", "name", v[i].name, "dtype", v[i].dtype,
+    json_push(arr, json_pack("{s:s,s:s,s:o}", "name", v[i].name, "dtype", v[i].dtype,
                                          "shape", shape_json(v[i].shape, v[i].ndim)));
   return arr;
 }
@@ -552,7 +570,7 @@ static int cmd_devices(void) {
            "PINNED", "FREE", "TOTAL", "POOL");
   for (size_t i = 0; i < n; i++) {
     if (json) {
-      json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "place", p[i].name,
+      json_push(arr, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "place", p[i].name,
                                            "budget", (json_int_t)p[i].budget, "resident_bytes",
                                            (json_int_t)p[i].resident_bytes, "resident_tensors",
                                            (json_int_t)p[i].resident_tensors, "pinned_bytes",

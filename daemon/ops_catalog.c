@@ -18,6 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Every tensor name the store accepts fits a name field of the protocol whole. */
+_Static_assert(NWC_TENSOR_NAME_MAX == NWC_PROTO_NAME_MAX - 1, "store and protocol name limits");
+
 static int import_progress(void *ctx, uint64_t done, uint64_t total) {
   nwcd_send_progress(ctx, done, total, done == total);
   return 0;

@@ -6,6 +6,7 @@
  * before a byte is written.
  */
 #include "import_internal.h"
+#include "nwc_escape.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -58,8 +59,14 @@ static const char *unstorable_why(const nwc_st_tensor *st) {
  * (its size against the shape was checked by the parser). */
 static int check_tensor(const imp *im, const job *j) {
   const char *f = im->src[j->source].label, *nm = j->st->name;
+  char safe[200]; /* the name as a terminal may show it: escaped, and cut */
+  nwc__escape(nm, safe, sizeof safe);
+  size_t len = strlen(nm);
+  NWC_RETURN_IF(len > NWC_TENSOR_NAME_MAX, -ENAMETOOLONG, "%s: tensor name '%s...' is %zu bytes "
+                "long; nwc stores names of at most %d bytes (what its protocol carries)", f, safe,
+                len, NWC_TENSOR_NAME_MAX);
   NWC_RETURN_IF(!nwc_tensor_name_valid(nm), -EBADMSG,
-                "%s: tensor name '%s' is not UTF-8 without control characters", f, nm);
+                "%s: tensor name '%s' is not UTF-8 without control characters", f, safe);
   NWC_RETURN_IF(!j->st->dtype_size, -EBADMSG, "%s: tensor '%s': unknown dtype '%s'", f, nm,
                 j->st->dtype);
   return 0;

@@ -40,6 +40,7 @@ extern "C" {
 #define NWC_STORE_SCHEMA_VERSION 3     /* catalog schema this build writes */
 #define NWC_CONTAINER_VERSION 1        /* container file format this build writes */
 #define NWC_MODEL_NAME_MAX 128
+#define NWC_TENSOR_NAME_MAX 1023 /* bytes: the most the protocol carries (NWC_PROTO_NAME_MAX - 1) */
 
 typedef struct nwc_store nwc_store;
 
@@ -69,7 +70,8 @@ NWC_EXTERN int nwc_store_schema_version(nwc_store *s);
 
 /* 1 if name is a valid model name ([A-Za-z0-9][A-Za-z0-9._-]{0,127}), else 0. */
 NWC_EXTERN int nwc_model_name_valid(const char *name);
-/* 1 if name is a valid tensor name (non-empty valid UTF-8 without control characters), else 0. */
+/* 1 if name is a valid tensor name (non-empty valid UTF-8 without control characters, at most
+ * NWC_TENSOR_NAME_MAX bytes), else 0. */
 NWC_EXTERN int nwc_tensor_name_valid(const char *name);
 
 /* ---- import ------------------------------------------------------------------------------- */

@@ -39,7 +39,7 @@ int nwc_model_name_valid(const char *name) {
 }
 
 int nwc_tensor_name_valid(const char *name) {
-  if (!name || !*name) return 0;
+  if (!name || !*name || strnlen(name, NWC_TENSOR_NAME_MAX + 1) > NWC_TENSOR_NAME_MAX) return 0;
   const unsigned char *p = (const unsigned char *)name;
   while (*p) {
     unsigned c = *p, n, cp;
