@@ -1,7 +1,8 @@
 /*
  * main.c - nwcd: flags into an nwcd_config, then the startup order that makes failures clean:
- * backend (refuses what this build lacks), store (its lock makes a second daemon on the same
- * store fail with EBUSY before it touches any socket), residency, workers, and finally the
+ * backend (refuses what this build lacks), a probe of the socket path (a daemon already serving
+ * it, or a file in its place, is refused before the store is created), store (its lock makes a
+ * second daemon on the same store fail with EBUSY before it touches any socket), residency, workers, and finally the
  * socket and the loop (server.c).  SIGINT/SIGTERM stop accepting, finish what is in flight,
  * release everything and exit 0.  Runs in the foreground, logging to stderr.
  */
@@ -162,6 +163,13 @@ int main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   d.start_ns = nwcd_now_ns();
+  char def[256];
+  const char *sock = d.cfg.socket_path ? d.cfg.socket_path
+                                       : nwc_proto_default_socket(def, sizeof def);
+  if (!getenv("LISTEN_FDS") && nwcd_server_probe(sock) < 0) { /* before creating the store */
+    fprintf(stderr, "nwcd: %s\n", nwc_error_detail());
+    return 1;
+  }
   rc = nwc_store_open(d.cfg.store_dir, NWC_STORE_CREATE | discard, &d.store);
   if (rc < 0) {
     if (rc == -EBUSY)

@@ -77,6 +77,8 @@
 #define INLINE_MAX_DEVICE_BYTES (64u << 20)
 #define INLINE_QUIET_NS 2000000
 #define YIELD_RAN_NS 20000
+#define HELLO_TIMEOUT_NS 5000000000ull /* a connection must say hello within this */
+#define IDLE_EVICT_NS 2000000000ull    /* idle this long, a connection may give way (on_listen) */
 
 typedef struct outbuf {
   struct outbuf *next;
@@ -104,6 +106,7 @@ typedef struct nwcd_conn {
   atomic_bool paused; /* reading stopped for back-pressure: a finishing job wakes the loop */
   bool closing, hello, close_after_flush; /* loop thread only, like everything down to next */
   bool alone_cap; /* the client asked for NWC_PF_ALONE (NWC_CAP_ALONE in its hello) */
+  uint64_t born_ns, last_ns; /* accepted; its last request read (nwcd_now_ns) */
   int events;
   uint8_t *rbuf;
   size_t roff, rlen, rcap; /* unparsed bytes are rbuf[roff .. rlen) */
@@ -129,6 +132,7 @@ struct nwcd_server {
   uv_async_t async;
   uv_signal_t sigint, sigterm;
   uv_timer_t deadline;
+  uv_timer_t hello_timer; /* each second: closes connections that never said hello */
   uv_idle_t poll;       /* active while the loop polls for the next request (loop_poll) */
   uint64_t poll_until;  /* when it stops: poll_us after the last request */
   pthread_mutex_t lock; /* async_closed, so that no worker wakes a closed handle */
@@ -484,6 +488,7 @@ static void loop_poll(nwcd_server *s, bool quiet, uint64_t now) {
 static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payload) {
   nwcd *d = c->srv->d;
   atomic_fetch_add(&d->stats.requests, 1);
+  c->last_ns = nwcd_now_ns();
   nwcd_job *j = calloc(1, sizeof *j);
   uint8_t *copy = malloc(h->length ? h->length : 1);
   if (!j || !copy) {
@@ -654,6 +659,36 @@ static unsigned conns_of_uid(nwcd_server *s, uid_t uid) {
   return n;
 }
 
+/* When c's last request came, or it was accepted when it has sent none. */
+static uint64_t idle_since(const nwcd_conn *c) {
+  return c->last_ns > c->born_ns ? c->last_ns : c->born_ns;
+}
+
+/* The connection of uid that has been idle longest (nothing in flight, queued or held) if it
+ * has been idle IDLE_EVICT_NS at least, else NULL (loop thread). */
+static nwcd_conn *idlest_of_uid(nwcd_server *s, uid_t uid, uint64_t now) {
+  nwcd_conn *best = NULL;
+  for (nwcd_conn *c = s->conns; c; c = c->next) {
+    if (c->closing || c->uid != uid || atomic_load(&c->inflight) || atomic_load(&c->obytes))
+      continue;
+    if (now - idle_since(c) >= IDLE_EVICT_NS && (!best || idle_since(c) < idle_since(best)))
+      best = c;
+  }
+  return best;
+}
+
+/* Closes connections that have not said hello HELLO_TIMEOUT_NS after they were accepted. */
+static void on_hello_timer(uv_timer_t *t) {
+  nwcd_server *s = t->data;
+  uint64_t now = nwcd_now_ns();
+  for (nwcd_conn *c = s->conns; c; c = c->next)
+    if (!c->closing && !c->hello && now - c->born_ns >= HELLO_TIMEOUT_NS) {
+      nwcd_log(NWCD_LOG_WARN, "uid %u pid %d: no hello within %llu s; disconnecting",
+               (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_NS / 1000000000ull);
+      conn_close(c);
+    }
+}
+
 static void on_listen(uv_poll_t *h, int status, int events) {
   nwcd_server *s = h->data;
   (void)events;
@@ -670,6 +705,16 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
       close(fd);
       continue;
+    }
+    uint64_t now = nwcd_now_ns();
+    nwcd_conn *idle = conns_of_uid(s, cred.uid) >= s->d->cfg.max_conn_per_uid
+                          ? idlest_of_uid(s, cred.uid, now)
+                          : NULL;
+    if (idle) { /* the uid's limit is for its work, not for connections left open and idle */
+      nwcd_log(NWCD_LOG_INFO, "uid %u at its %u connections: closing the one of pid %d, idle "
+               "%.1f s, for pid %d", (unsigned)cred.uid, s->d->cfg.max_conn_per_uid,
+               (int)idle->pid, (double)(now - idle_since(idle)) / 1e9, (int)cred.pid);
+      conn_close(idle);
     }
     if (conns_of_uid(s, cred.uid) >= s->d->cfg.max_conn_per_uid) {
       nwc_pw w;
@@ -693,6 +738,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
       continue;
     }
     c->srv = s, c->fd = fd, c->uid = cred.uid, c->gid = cred.gid, c->pid = cred.pid;
+    c->born_ns = now;
     for (nwcd_conn *o = s->conns; o && !c->uo; o = o->next)
       if (o->uid == cred.uid) c->uo = o->uo;
     if (c->uo) atomic_fetch_add(&c->uo->refs, 1); /* o holds one while it is listed */
@@ -753,6 +799,7 @@ static void close_everything(nwcd_server *s) {
   uv_close((uv_handle_t *)&s->sigint, on_closed_quiet);
   uv_close((uv_handle_t *)&s->sigterm, on_closed_quiet);
   uv_close((uv_handle_t *)&s->deadline, on_closed_quiet);
+  uv_close((uv_handle_t *)&s->hello_timer, on_closed_quiet);
   uv_close((uv_handle_t *)&s->poll, on_closed_quiet);
 }
 
@@ -785,24 +832,34 @@ static void on_signal(uv_signal_t *h, int signum) {
   check_shutdown(s);
 }
 
-/* Binds the listening socket at path (probing an existing one first). */
-static int listen_at(nwcd_server *s, const char *path, unsigned mode) {
+int nwcd_server_probe(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   NWC_RETURN_IF(strlen(path) >= sizeof sa.sun_path, -ENAMETOOLONG, "socket path %s is too long",
                 path);
   strcpy(sa.sun_path, path);
+  struct stat st;
+  if (lstat(path, &st) < 0) return 0;
+  NWC_RETURN_IF(!S_ISSOCK(st.st_mode), -EEXIST, "%s exists and is not a socket; not removing it",
+                path);
+  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  NWC_RETURN_IF(probe < 0, -errno, "socket: %s", strerror(errno));
+  int rc = connect(probe, (struct sockaddr *)&sa, sizeof sa);
+  int err = errno;
+  close(probe);
+  NWC_RETURN_IF(rc == 0, -EADDRINUSE, "another daemon is serving %s", path);
+  NWC_RETURN_IF(err != ECONNREFUSED, -err, "probing %s: %s", path, strerror(err));
+  return 1;
+}
+
+/* Binds the listening socket at path (probing an existing one first). */
+static int listen_at(nwcd_server *s, const char *path, unsigned mode) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int rc = nwcd_server_probe(path);
+  if (rc < 0) return rc;
+  strcpy(sa.sun_path, path); /* the probe checked its length */
   snprintf(s->path, sizeof s->path, "%s", path);
   struct stat st;
-  if (lstat(path, &st) == 0) {
-    NWC_RETURN_IF(!S_ISSOCK(st.st_mode), -EEXIST, "%s exists and is not a socket; not removing it",
-                  path);
-    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    NWC_RETURN_IF(probe < 0, -errno, "socket: %s", strerror(errno));
-    int rc = connect(probe, (struct sockaddr *)&sa, sizeof sa);
-    int err = errno;
-    close(probe);
-    NWC_RETURN_IF(rc == 0, -EADDRINUSE, "another daemon is serving %s", path);
-    NWC_RETURN_IF(err != ECONNREFUSED, -err, "probing %s: %s", path, strerror(err));
+  if (rc == 1) {
     nwcd_log(NWCD_LOG_INFO, "removing stale socket %s", path);
     NWC_RETURN_IF(unlink(path) < 0 && errno != ENOENT, -errno, "unlink %s: %s", path,
                   strerror(errno));
@@ -810,7 +867,7 @@ static int listen_at(nwcd_server *s, const char *path, unsigned mode) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   NWC_RETURN_IF(fd < 0, -errno, "socket: %s", strerror(errno));
   mode_t old = umask(0177);
-  int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+  rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
   int err = errno;
   umask(old);
   if (rc < 0) {
@@ -883,6 +940,9 @@ int nwcd_server_run(nwcd *d) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_timer_init(&s->loop, &s->deadline);
   s->deadline.data = s;
+  uv_timer_init(&s->loop, &s->hello_timer);
+  s->hello_timer.data = s;
+  uv_timer_start(&s->hello_timer, on_hello_timer, 1000, 1000);
   uv_idle_init(&s->loop, &s->poll);
   s->poll.data = s;
   rc = nwcd_service_start(d, &s->loop); /* SIGHUP, watchdog; READY=1 after the preload */

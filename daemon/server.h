@@ -25,6 +25,10 @@ void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
  * bytes queued than its bound, and j was held on the connection instead, to be submitted again
  * when the queue drains (server.c, Back-pressure); the caller must then leave j alone. */
 bool nwcd_server_hold(nwcd_job *j);
+/* Whether nwcd could listen at path, changing nothing: 0 (nothing there), 1 (a stale socket
+ * that listening would replace), or -EEXIST (not a socket), -EADDRINUSE (a daemon answers),
+ * -ENAMETOOLONG, another negative errno, with the detail saying which. */
+int nwcd_server_probe(const char *path);
 /* The server's counters (connections, requests) into s (any thread). */
 void nwcd_server_get_stats(struct nwcd *d, nwc_proto_stats *s);
 

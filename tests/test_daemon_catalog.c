@@ -9,7 +9,8 @@
  *     (nwcd used to start empty and delete every container, logging nothing);
  *   - the same with --discard-unexplained: nwcd starts and logs each file it removed and why;
  *   - a crash leftover (.tmp) is removed at start, and logged with its reason;
- *   - catalog.sqlite is created 0640, like the rest of the store (SQLite made it 0644).
+ *   - catalog.sqlite is created 0640, like the rest of the store (SQLite made it 0644);
+ *   - a daemon refused for its socket creates no store directory (it used to).
  */
 #include "test_daemon_util.h"
 
@@ -183,6 +184,21 @@ static void test_leftover_logged(void) {
   CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
 }
 
+/* A daemon refused for its socket (a file in its place) exits 1 and creates no store. */
+static void test_socket_refused(void) {
+  printf("a daemon refused for its socket creates nothing\n");
+  char cmd[700], notsock[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", td_store);
+  CHECK(system(cmd) == 0, "cannot clean the store");
+  snprintf(notsock, sizeof notsock, "%s/plain-file", td_dir);
+  int fd = open(notsock, O_WRONLY | O_CREAT, 0600);
+  close(fd);
+  clear_log();
+  int st = td_daemon_refuses(notsock, NULL);
+  CHECK(st == 1 && log_has("is not a socket"), "nwcd on a file as its socket: exit %d", st);
+  CHECK(access(td_store, F_OK) != 0, "nwcd refused for its socket created %s", td_store);
+}
+
 int main(void) {
   test_seed("test_daemon_catalog");
   int rc = td_open_sample();
@@ -191,6 +207,7 @@ int main(void) {
   test_verify_catalog();
   test_lost_catalog();
   test_leftover_logged();
+  test_socket_refused();
   if (!test_failures) td_cleanup();
   return test_exit("test_daemon_catalog");
 }
