@@ -31,7 +31,8 @@ double nwc_bench_median(double *t, size_t n);
  * stops it (SIGTERM, waitpid).  bench_daemon.c. */
 pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
                            const char *backend, const char *log);
-/* Stops what nwc_bench_nwcd_start started (SIGTERM, waits for it); nothing for a pid <= 0. */
+/* Flushes stdout and stops what nwc_bench_nwcd_start started (SIGTERM, waits for it, SIGKILL
+ * after 30 s); nothing more for a pid <= 0. */
 void nwc_bench_nwcd_stop(pid_t pid);
 
 /* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */

@@ -172,7 +172,17 @@ pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock
 }
 
 void nwc_bench_nwcd_stop(pid_t pid) {
-  if (pid > 0) nwc_bench_nwcd_stop(pid);
+  fflush(NULL); /* what was printed reaches a pipe even if what follows hangs or is killed */
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 3000; i++) { /* nwcd ends its requests in flight: 30 s at most */
+    if (waitpid(pid, NULL, WNOHANG) == pid) return;
+    usleep(10000);
+  }
+  fprintf(stderr, "nwc-bench: nwcd (pid %d) did not stop within 30 s of SIGTERM; killed\n",
+          (int)pid);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
 }
 
 int nwc_bench_daemon(int argc, char **argv) {
