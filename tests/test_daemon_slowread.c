@@ -14,6 +14,13 @@
 
 #define CLIENTS 4
 #define PIPELINED 32
+/* Sanitizer runtimes keep shadow memory beside what nwcd allocates, and run several times
+ * slower: the bounds are scaled for them (the plain build is the one that measures). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SLACK 4
+#else
+#define SLACK 1
+#endif
 
 static long rss_kb(pid_t pid) {
   char path[64], line[256];
@@ -112,9 +119,9 @@ int main(void) {
   }
   printf("while %d clients stall with %d dequants each: VmRSS peak %ld kB (+%ld MB), slowest "
          "listing %.3f s\n", CLIENTS, PIPELINED, peak, (peak - base) / 1024, worst_ls);
-  CHECK(peak - base < 160 * 1024, "nwcd grew by %ld MB for clients that do not read",
+  CHECK(peak - base < SLACK * 160 * 1024, "nwcd grew by %ld MB for clients that do not read",
         (peak - base) / 1024);
-  CHECK(worst_ls < 1.0, "a listing took %.3f s while others stalled", worst_ls);
+  CHECK(worst_ls < SLACK * 1.0, "a listing took %.3f s while others stalled", worst_ls);
   CHECK(write(go[1], "gggg", CLIENTS) == CLIENTS, "cannot release the clients");
   for (int k = 0; k < CLIENTS; k++) {
     int st = td_wait_exit(kids[k], 6000);

@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* The path of the one container file of the store (static buffer), or NULL. */
 static const char *container_path(void) {
@@ -33,7 +34,7 @@ static const char *container_path(void) {
 typedef struct cutter {
   const char *path;
   off_t size;
-  volatile int stop;
+  atomic_int stop;
 } cutter;
 
 static void *cut(void *arg) {
