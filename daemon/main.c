@@ -2,8 +2,8 @@
  * main.c - nwcd: flags into an nwcd_config, then the startup order that makes failures clean:
  * backend (refuses what this build lacks), a probe of the socket path (a daemon already serving
  * it, or a file in its place, is refused before the store is created), store (its lock makes a
- * second daemon on the same store fail with EBUSY before it touches any socket), residency, workers, and finally the
- * socket and the loop (server.c).  SIGINT/SIGTERM stop accepting, finish what is in flight,
+ * second daemon on the same store fail with EBUSY before it touches any socket), residency,
+ * workers, and finally the socket and the loop (server.c).  SIGINT/SIGTERM stop accepting, finish what is in flight,
  * release everything and exit 0.  Runs in the foreground, logging to stderr.
  */
 #include "clock.h"
@@ -86,7 +86,8 @@ int main(int argc, char **argv) {
   nwcd d;
   memset(&d, 0, sizeof d);
   d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,
-                        .max_outq = 64u << 20, .max_outq_uid = 256u << 20, .socket_mode = 0660, .poll_us = 300};
+                        .max_outq = 64u << 20, .max_outq_uid = 256u << 20, .socket_mode = 0660,
+                        .poll_us = 300};
   static const struct option opts[] = {
       {"store", required_argument, 0, 's'},   {"socket", required_argument, 0, 'S'},
       {"backend", required_argument, 0, 'b'}, {"budget", required_argument, 0, 'B'},

@@ -336,7 +336,8 @@ static void matvec_pass(nwcd *d, nwcd_job *const *jobs, unsigned nj, const nwcd_
     nwc_pw w;
     nwc_pw_init(&w);
     nwc_proto_compute c = {.rows = b->req.ncols, .cols = M,
-                           .rflags = (ref->transient ? NWC_RF_MAPPED : 0) | (nj > 1 ? NWC_RF_BATCHED : 0)};
+                           .rflags = (ref->transient ? NWC_RF_MAPPED : 0) |
+                                     (nj > 1 ? NWC_RF_BATCHED : 0)};
     void *dst = NULL;
     uint64_t esz = b->req.out == NWC_OUT_BF16 ? 2 : 4;
     int prc = out_place(b, (uint64_t)b->req.ncols * M * esz, &w, &c, &dst);

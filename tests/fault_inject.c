@@ -102,7 +102,9 @@ PUBLIC ssize_t pwritev(int fd, const struct iovec *v, int n, off_t o) {
   if (fault(F_WRITE, fd, NULL)) return -1;
   return REAL("pwritev", ssize_t(*)(int, const struct iovec *, int, off_t))(fd, v, n, o);
 }
-PUBLIC ssize_t pwritev64(int fd, const struct iovec *v, int n, off_t o) { return pwritev(fd, v, n, o); }
+PUBLIC ssize_t pwritev64(int fd, const struct iovec *v, int n, off_t o) {
+  return pwritev(fd, v, n, o);
+}
 PUBLIC int fsync(int fd) {
   if (fault(F_FSYNC, fd, NULL)) return -1;
   return REAL("fsync", int (*)(int))(fd);

@@ -16,31 +16,11 @@
 
 #include "nwc_client.h"
 
-#include <dirent.h>
 #include <sqlite3.h>
 
 static char container[256]; /* the sample's container file name, after import_sample() */
 
-static size_t list_containers(void) {
-  char path[400];
-  snprintf(path, sizeof path, "%s/containers", td_store);
-  DIR *d = opendir(path);
-  size_t n = 0;
-  for (struct dirent *e; d && (e = readdir(d));)
-    if (e->d_name[0] != '.') n++, snprintf(container, sizeof container, "%s", e->d_name);
-  if (d) closedir(d);
-  return n;
-}
 
-static int log_has(const char *what) {
-  char path[400], line[2048];
-  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
-  FILE *f = fopen(path, "r");
-  int found = 0;
-  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, what) != NULL;
-  if (f) fclose(f);
-  return found;
-}
 
 static void clear_log(void) {
   char path[400];
@@ -61,7 +41,7 @@ static void import_sample(void) {
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
-  CHECK(list_containers() == 1, "the import left no single container");
+  CHECK(td_count_containers(container) == 1, "the import left no single container");
   char db[400];
   struct stat st;
   snprintf(db, sizeof db, "%s/catalog.sqlite", td_store);
@@ -124,10 +104,10 @@ static void check_refused(const char *what, int had_catalog) {
   clear_log();
   int st = td_daemon_refuses(td_sock, NULL);
   CHECK(st == 1, "%s: nwcd exit %d, want 1 (refused)", what, st);
-  CHECK(log_has("damaged, not empty") && log_has("--discard-unexplained") &&
-            log_has("Restore catalog.sqlite"),
+  CHECK(td_log_has("damaged, not empty") && td_log_has("--discard-unexplained") &&
+            td_log_has("Restore catalog.sqlite"),
         "%s: nwcd's message does not say what is wrong and how to recover", what);
-  CHECK(list_containers() == 1, "%s: the container file was deleted", what);
+  CHECK(td_count_containers(container) == 1, "%s: the container file was deleted", what);
   char db[400];
   snprintf(db, sizeof db, "%s/catalog.sqlite", td_store);
   CHECK(had_catalog || access(db, F_OK) != 0, "%s: nwcd created a catalog", what);
@@ -153,8 +133,8 @@ static void test_lost_catalog(void) {
   CHECK(d > 0, "nwcd --discard-unexplained did not start");
   char line[400];
   snprintf(line, sizeof line, "removed containers/%s (not explained by the catalog", container);
-  CHECK(log_has(line), "the log does not name the discarded file: want '%s'", line);
-  CHECK(list_containers() == 0, "a discarded container is still there");
+  CHECK(td_log_has(line), "the log does not name the discarded file: want '%s'", line);
+  CHECK(td_count_containers(container) == 0, "a discarded container is still there");
   if (d > 0) CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
 }
 
@@ -172,7 +152,7 @@ static void test_leftover_logged(void) {
   if (d <= 0) return td_show_log();
   snprintf(line, sizeof line, "removed containers/%.16s.tmp (an import that did not finish)",
            container);
-  CHECK(log_has(line), "the sweep's removal is not logged: want '%s'", line);
+  CHECK(td_log_has(line), "the sweep's removal is not logged: want '%s'", line);
   CHECK(access(path, F_OK) != 0, "the leftover is still there");
   nwc_client *c;
   nwc_client_result r = {0};
@@ -195,7 +175,7 @@ static void test_socket_refused(void) {
   close(fd);
   clear_log();
   int st = td_daemon_refuses(notsock, NULL);
-  CHECK(st == 1 && log_has("is not a socket"), "nwcd on a file as its socket: exit %d", st);
+  CHECK(st == 1 && td_log_has("is not a socket"), "nwcd on a file as its socket: exit %d", st);
   CHECK(access(td_store, F_OK) != 0, "nwcd refused for its socket created %s", td_store);
 }
 

@@ -12,29 +12,10 @@
 
 #include "nwc_client.h"
 
-#include <dirent.h>
 #include <sched.h>
 #include <sys/mount.h>
 
-static int log_has(const char *what) {
-  char path[400], line[2048];
-  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
-  FILE *f = fopen(path, "r");
-  int found = 0;
-  while (f && !found && fgets(line, sizeof line, f)) found = strcasestr(line, what) != NULL;
-  if (f) fclose(f);
-  return found;
-}
 
-static size_t count_containers(void) {
-  char path[400];
-  snprintf(path, sizeof path, "%s/containers", td_store);
-  DIR *d = opendir(path);
-  size_t n = 0;
-  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
-  if (d) closedir(d);
-  return n;
-}
 
 /* Fills the file system holding path with one file (grown from its end) until ENOSPC. */
 static void fill(const char *path) {
@@ -80,10 +61,10 @@ int main(void) {
   CHECK(st != 0 && strcasestr(err, "no space left on device") && strstr(err, td_store),
         "nwcctl's message does not name the full disk and where: '%s'", err);
   free(out), free(err);
-  CHECK(log_has("import of use2 failed") && log_has("no space left on device"),
+  CHECK(td_log_has("import of use2 failed") && td_log_has("no space left on device"),
         "nwcd logged nothing naming the full disk for the failed import");
-  CHECK(count_containers() == 1, "the failed import left %zu container files",
-        count_containers());
+  CHECK(td_count_containers(NULL) == 1, "the failed import left %zu container files",
+        td_count_containers(NULL));
   /* 1 MiB free: the catalog takes its id, the container file fills the disk. */
   struct stat fst;
   CHECK(stat(filler, &fst) == 0 && truncate(filler, fst.st_size - (1 << 20)) == 0, "truncate");
@@ -93,8 +74,8 @@ int main(void) {
   CHECK(st != 0 && strcasestr(err, "no space left on device") && strstr(err, "containers"),
         "nwcctl's message does not name the full disk and the containers: '%s'", err);
   free(out), free(err);
-  CHECK(count_containers() == 1, "the failed import left %zu container files",
-        count_containers());
+  CHECK(td_count_containers(NULL) == 1, "the failed import left %zu container files",
+        td_count_containers(NULL));
   fill(filler);
   CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
 
@@ -114,7 +95,7 @@ int main(void) {
     CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
   } else {
     printf("restart on a full disk: nwcd refused (exit %d)\n", WEXITSTATUS(status));
-    CHECK(log_has("no space left on device"), "nwcd refused a full disk without naming it");
+    CHECK(td_log_has("no space left on device"), "nwcd refused a full disk without naming it");
   }
 
   unlink(filler);

@@ -15,7 +15,6 @@
 
 #include "nwc_client.h"
 
-#include <dirent.h>
 
 typedef struct during {
   nwc_client *other;
@@ -51,15 +50,6 @@ static int on_progress(void *ctx, uint64_t done, uint64_t total) {
   return 0;
 }
 
-static size_t count_containers(void) {
-  char path[400];
-  snprintf(path, sizeof path, "%s/containers", td_store);
-  DIR *dir = opendir(path);
-  size_t n = 0;
-  for (struct dirent *e; dir && (e = readdir(dir));) n += e->d_name[0] != '.';
-  if (dir) closedir(dir);
-  return n;
-}
 
 static pid_t stopped_pid;
 static volatile sig_atomic_t resumed;
@@ -137,8 +127,8 @@ int main(void) {
   CHECK(n == 2 && m[0].tensors == td_nt && m[1].tensors == td_nt && !strcmp(m[1].name, "use2"),
         "after the imports: %zu models", n);
   if (n) free(m);
-  CHECK(count_containers() == 2, "%zu files in containers/, expected one per model",
-        count_containers());
+  CHECK(td_count_containers(NULL) == 2, "%zu files in containers/, expected one per model",
+        td_count_containers(NULL));
   nwc_client_result res;
   CHECK_RC(nwc_client_verify(a, "use2", NULL, NULL, &res));
   CHECK(res.problems == 0, "verify use2: %llu problems", (unsigned long long)res.problems);

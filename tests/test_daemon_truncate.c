@@ -11,24 +11,16 @@
 
 #include "nwc_client.h"
 
-#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 /* The path of the one container file of the store (static buffer), or NULL. */
 static const char *container_path(void) {
   static char path[700];
-  char dir[400];
-  snprintf(dir, sizeof dir, "%s/containers", td_store);
-  DIR *d = opendir(dir);
-  const char *found = NULL;
-  for (struct dirent *e; d && (e = readdir(d));)
-    if (strstr(e->d_name, ".nwc")) {
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      found = path;
-    }
-  if (d) closedir(d);
-  return found;
+  char name[256];
+  if (td_count_containers(name) != 1) return NULL;
+  snprintf(path, sizeof path, "%s/containers/%s", td_store, name);
+  return path;
 }
 
 typedef struct cutter {

@@ -13,6 +13,7 @@
 #include "nwc_proto.h"
 #include "safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -136,6 +137,32 @@ static void td_show_log(void) {
   char line[1200];
   while (fgets(line, sizeof line, f)) fprintf(stderr, "  | %s", line);
   fclose(f);
+}
+
+/* Whether a line of td_dir/nwcd.log holds what (case-insensitive). */
+__attribute__((unused)) static int td_log_has(const char *what) {
+  char path[400], line[2048];
+  snprintf(path, sizeof path, "%s/nwcd.log", td_dir);
+  FILE *f = fopen(path, "r");
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strcasestr(line, what) != NULL;
+  if (f) fclose(f);
+  return found;
+}
+
+/* The files in td_store/containers; the name of the last one seen into last (may be NULL). */
+__attribute__((unused)) static size_t td_count_containers(char last[256]) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/containers", td_store);
+  DIR *d = opendir(path);
+  size_t n = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.') {
+      n++;
+      if (last) snprintf(last, 256, "%s", e->d_name);
+    }
+  if (d) closedir(d);
+  return n;
 }
 
 /* ---- raw protocol ------------------------------------------------------------------------- */
