@@ -29,13 +29,15 @@
  * loop thread itself (run_inline): no hand-off at all, and no one waits behind it.
  *
  * Back-pressure: a connection stops being read while it has max_inflight requests in flight or
- * max_outq reply bytes queued (a client that stops reading its replies), or its uid's
- * connections together max_outq_uid (uid_out), and resumes as they drain; everyone else is
- * served meanwhile.  Reading less is not enough: requests already read (up to max_inflight, all
- * in one pipelined write) would each queue a reply.  So a job does not start while its
- * connection is over either bound: the worker that takes it holds it on the connection
- * (nwcd_server_hold, in order: once one is held, later ones are held behind it) and the loop
- * submits the held jobs again when the queue drains (release_held) or the connection closes.
+ * max_outq reply bytes queued (a client that stops reading its replies), and resumes as they
+ * drain; everyone else is served meanwhile.  Reading less is not enough: requests already read
+ * (up to max_inflight, all in one pipelined write) would each queue a reply.  So a job does not
+ * start while its connection is over max_outq, or has output queued while its uid's connections
+ * together are over max_outq_uid (uid_out; conn_over): the worker that takes it holds it on the
+ * connection (nwcd_server_hold, in order: once one is held, later ones are held behind it) and
+ * the loop submits the held jobs again when the queue drains (release_held) or the connection
+ * closes.  The uid's bound holds jobs only, never reading, so that a client blocked sending
+ * (docs/protocol.md: it keeps its unread replies under max_outq) always gets to read.
  * A connection's memory is thus at most max_outq plus one reply per worker thread that took a
  * job of it before the queue filled, and a worker never waits for a slow reader.  The uid's
  * bound holds back only its connections that have output queued themselves (conn_over), so a
@@ -305,10 +307,12 @@ static bool conn_over(const nwcd_conn *c) {
          (q && atomic_load(&c->uo->bytes) >= __atomic_load_n(&cfg->max_outq_uid, __ATOMIC_RELAXED));
 }
 
+/* Reading stops on the connection's own bounds only: a client blocked sending while its uid is
+ * over the uid's bound would never read the replies that let the uid go on (protocol.md). */
 static bool conn_can_read(const nwcd_conn *c) {
   const nwcd_config *cfg = &c->srv->d->cfg;
   return !c->closing && !c->close_after_flush && !atomic_load(&c->srv->stopping) &&
-         atomic_load(&c->inflight) < cfg->max_inflight && !conn_over(c);
+         atomic_load(&c->inflight) < cfg->max_inflight && atomic_load(&c->obytes) < cfg->max_outq;
 }
 
 bool nwcd_server_hold(nwcd_job *j) {

@@ -7,6 +7,7 @@
  *   - remove of a model (write: EIO, the catalog's; unlink: EIO, the container's),
  *   - compute over the budget (read: EIO on the container files, the transient copy's pread),
  *     with a listing after,
+ *   - the start on a disk that fails every write (ENOSPC): served, or refused naming the errno;
  *   - the startup sweep of a crash leftover (unlink: EIO);
  * nwcd never crashes and answers while the fault lasts; then, started again without faults,
  * its store verifies (catalog and every chunk), the model that was there before decodes bit for
@@ -145,6 +146,25 @@ static int faulty_run(const char *step, const char *spec, int with_m) {
   return reached;
 }
 
+/* nwcd started on a disk that fails every write: it serves, or refuses naming the errno. */
+static void startup_run(void) {
+  pid_t d = start_faulty("write:1:ENOSPC", NULL, 1, "");
+  if (d > 0) {
+    nwc_client *c = NULL;
+    CHECK(nwc_client_connect(td_sock, &c) == 0 && has_model(c, "base"),
+          "nwcd started on a full disk but does not list base");
+    nwc_client_free(c);
+    arm(0);
+    CHECK(td_stop_daemon(d) >= 0, "nwcd on a full disk crashed or hung");
+  } else {
+    CHECK(td_log_has("No space left on device"), "nwcd refused a full disk without naming it");
+    td_show_log();
+  }
+  arm(0);
+  printf("startup on a full disk: %s\n", d > 0 ? "served" : "refused, naming it");
+  check_after("startup write:1:ENOSPC", -1);
+}
+
 static void sweep_run(void) {
   char tmp[600];
   snprintf(tmp, sizeof tmp, "%s/containers/00000000000000ff.tmp", td_store);
@@ -204,6 +224,7 @@ int main(void) {
            cases[k].op, cases[k].err, runs + 1);
     if (test_failures) break;
   }
+  if (!test_failures) startup_run();
   if (!test_failures) sweep_run();
   if (test_failures) td_show_log();
   else td_cleanup();
