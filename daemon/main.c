@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,13 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* SIGHUP is blocked until its handler is in place (nwcd_service_start, on this thread; the
+   * threads started before keep it blocked): a reload asked for as soon as the socket answers
+   * would otherwise kill nwcd by the default action. */
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hup, NULL);
   nwcd d;
   memset(&d, 0, sizeof d);
   d.cfg = (nwcd_config){.backend = "auto", .max_conn_per_uid = 64, .max_inflight = 64,

@@ -32,6 +32,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,6 +227,10 @@ int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
   svc.d = d;
   uv_signal_init(loop, &svc.sighup);
   uv_signal_start(&svc.sighup, on_sighup, SIGHUP);
+  sigset_t hup; /* main() blocked it until now: one sent early is delivered here, not fatal */
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
     uv_timer_init(loop, &svc.watchdog);
