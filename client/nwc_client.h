@@ -211,7 +211,8 @@ NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
 #define NWC_CLIENT_INLINE 2u /* matvec: x and y in the frames, not the shared region (which a
                               * daemon with a GPU is otherwise sent them through); over 1 MiB
                               * they use the region anyway */
-#define NWC_CLIENT_MAPPED 1u /* *rflags: computed on the mmap'ed container, not resident */
+#define NWC_CLIENT_MAPPED 1u /* *rflags: computed on a transient copy of the container's blob,
+                                not resident (over the budget) */
 #define NWC_CLIENT_BATCHED 2u /* *rflags: shared a decoder pass with other requests */
 #define NWC_CLIENT_SHARED 4u  /* *rflags: x and y went straight between this connection's shared
                                * region and the GPU (no copy in the daemon) */

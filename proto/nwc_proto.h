@@ -88,7 +88,7 @@ enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies 
 #define NWC_PROTO_IPC_HANDLE 64 /* bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t */
 #define NWC_DEVICE_CPU (-1) /* host memory; 0.. are CUDA devices */
 /* Reply flags of compute replies. */
-#define NWC_RF_MAPPED 1u  /* computed on the mmap'ed container, not a resident copy */
+#define NWC_RF_MAPPED 1u  /* computed on a transient copy read from the container, not resident */
 #define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
 #define NWC_RF_SHARED 4u  /* x and y moved straight between the shared region and the GPU */
 
