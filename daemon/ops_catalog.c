@@ -26,9 +26,19 @@ static int import_progress(void *ctx, uint64_t done, uint64_t total) {
   return 0;
 }
 
+/* A name into a field of cap bytes, cut (a name stored before the store's limit) only between
+ * UTF-8 characters, so that a listing stays valid UTF-8. */
+static void copy_name(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap)
+    for (n = cap - 1; n && ((unsigned char)src[n] & 0xc0) == 0x80;) n--;
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
+
 static void fill_tensor(nwcd *d, const nwc_tensor_info *ti, nwc_proto_tensor *t) {
   memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "%s", ti->name);
+  copy_name(t->name, sizeof t->name, ti->name);
   t->ndim = (uint8_t)(ti->ndim > 8 ? 8 : ti->ndim);
   memcpy(t->shape, ti->shape, sizeof t->shape);
   snprintf(t->dtype, sizeof t->dtype, "%s", ti->dtype);
