@@ -50,8 +50,9 @@
  *     (and the crew helpers it waits for before it does: crew.c, parts of the blob it offered
  *     them); others wait on r->cond;
  *   - entries are freed only by nwcd_res_forget_model (a model being removed) with no entry of
- *     the model in use, mapped or loading; it and the catalog lookup of a new entry both run
- *     under the daemon's store lock, so an entry never outlives the catalog row it describes.
+ *     the model in use, mapped, loading or read into a transient copy (readers); it and the
+ *     catalog lookup of a new entry both run under the daemon's store lock, so an entry never
+ *     outlives the catalog row it describes.
  * Places: an entry lives in host memory (loc NWCD_LOC_CPU: the blob buffer, under the host
  * budget) or on a device (loc = n: the backend's device copy of the blob, under device n's own
  * budget, streamed there by the loader through a bounded pinned ring, so no host copy of the
@@ -121,6 +122,7 @@ struct nwcd_entry {
   nwc_tensor view;
   unsigned refs;
   unsigned maps;      /* client mappings (entries of r->maps) */
+  unsigned readers;   /* requests holding, reading or waiting for a transient copy of it */
   int fd;             /* RESIDENT: the sealed memfd (the backend's) once shared, or -1 */
   uint64_t last_used; /* nwcd_now_ns(), 0 never */
 };
@@ -391,6 +393,7 @@ static void transient_done(nwcd_res *r, nwcd_ref *ref) {
   nwc_tensor_release(&ref->view);
   pthread_mutex_lock(&r->lock);
   r->transient -= ref->ti->length;
+  ref->te->readers--;
   pthread_cond_broadcast(&r->cond);
   pthread_mutex_unlock(&r->lock);
   ref->transient = false;
@@ -418,14 +421,15 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     uint64_t need = at < 0 ? e->len : e->len + DEV_SLACK;
     if (!make_room(r, at, need)) {
       if (flags & NWCD_ACQ_MAP_OK) {
-        const nwc_tensor_info *ti = e->info; /* stays valid: see the store-lock invariant */
+        const nwc_tensor_info *ti = e->info; /* e->readers keeps it (nwcd_res_forget_model) */
+        e->readers++;
         while (r->transient && e->len > TRANSIENT_SMALL && r->transient + e->len > r->budget)
           pthread_cond_wait(&r->cond, &r->lock);
         r->mapped++;
         r->transient += e->len;
         pthread_mutex_unlock(&r->lock);
         rc = nwc_store_read_info(ti, &ref->view);
-        ref->ti = ti;
+        ref->ti = ti, ref->te = e;
         ref->transient = true;
         if (rc < 0) transient_done(r, ref);
         return rc;
@@ -596,7 +600,7 @@ int nwcd_res_forget_model(nwcd_res *r, const char *model) {
   for (size_t i = 0; i < r->n; i++) {
     nwcd_entry *e = r->e[i];
     if (strcmp(e->model, model)) continue;
-    if (e->refs || e->maps || e->state == NWC_RES_LOADING) {
+    if (e->refs || e->maps || e->readers || e->state == NWC_RES_LOADING) {
       char pids[128];
       int rc = e->maps ? nwc__fail(-EBUSY, "%s/%s is mapped by %u client(s) (%s); model not removed",
                                    model, e->tensor, e->maps, map_pids(r, e, pids, sizeof pids))

@@ -22,6 +22,7 @@ typedef struct nwcd_ref {
   nwcd_entry *e;          /* resident entry (refs held), or NULL for a transient copy */
   bool transient;         /* view owns a transient copy read from the container (non-resident
                              compute: nwcd_res_release frees it), not a resident entry */
+  nwcd_entry *te;         /* the entry of that copy (its readers count holds it) */
   nwc_tensor view;        /* shapes always; the arrays and scales only for host copies */
   const nwc_tensor_info *ti;
   const void *dcopy;      /* the device copy (backend's) when it lives on a device, else NULL */

@@ -5,7 +5,8 @@
  * shorter during dequants, every request is either right (bit for bit: the part it needs was
  * still there) or an error naming the container, never a signal: nwcd used to compute on a
  * memory map of the file and died of SIGBUS.  The same under the normal budget (loads through
- * the loader), and with the file gone.  After each, nwcd answers a listing and stops cleanly.
+ * the loader), with the file gone, and with the model removed while dequants over the budget
+ * read its blobs.  After each, nwcd answers a listing and stops cleanly.
  */
 #include "test_daemon_util.h"
 
@@ -79,6 +80,46 @@ static void dequant_while_cut(nwc_client *c, int rounds) {
   printf("  %d exact, %d errors while the container shrank\n", ok, failed);
 }
 
+typedef struct remover {
+  atomic_int done, removed;
+} remover;
+
+/* Removes model "use" (a second connection) as soon as nwcd lets it, while dequants run. */
+static void *remove_soon(void *arg) {
+  remover *m = arg;
+  nwc_client *c;
+  if (nwc_client_connect(td_sock, &c) < 0) return NULL;
+  while (!atomic_load(&m->done) && !atomic_load(&m->removed)) {
+    int rc = nwc_client_remove(c, "use");
+    if (rc == 0) atomic_store(&m->removed, 1);
+    else usleep(1000);
+  }
+  nwc_client_free(c);
+  return NULL;
+}
+
+/* The model removed while dequants over the budget run on transient copies of its blobs: each
+ * is exact or an error; the removal waits for none of them to end badly. */
+static void dequant_while_removed(nwc_client *c) {
+  remover m = {0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, remove_soon, &m);
+  int ok = 0, failed = 0;
+  for (int i = 0; i < 40 && !atomic_load(&m.removed); i++) {
+    const td_tensor *t = &td_t[test_below(td_nt)];
+    size_t bytes = t->rows * t->cols * 2;
+    uint16_t *b = malloc(bytes);
+    int rc = nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, b, bytes, NULL, NULL, NULL);
+    if (rc == 0) CHECK(!memcmp(b, t->w, bytes), "dequant of %s returned wrong values", t->name);
+    ok += rc == 0, failed += rc != 0;
+    free(b);
+  }
+  atomic_store(&m.done, 1);
+  pthread_join(th, NULL);
+  printf("  %d exact, %d errors while the model was removed (%s)\n", ok, failed,
+         atomic_load(&m.removed) ? "removed" : "not removed");
+}
+
 static void one_run(const char *const *extra, int vanish) {
   pid_t d = td_start_daemon(extra);
   CHECK(d > 0, "nwcd did not start");
@@ -86,7 +127,9 @@ static void one_run(const char *const *extra, int vanish) {
   nwc_client *c;
   CHECK_RC(nwc_client_connect(td_sock, &c));
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
-  if (vanish) {
+  if (vanish == 2) {
+    dequant_while_removed(c);
+  } else if (vanish) {
     const char *path = container_path();
     CHECK(path && unlink(path) == 0, "cannot unlink the container");
     const td_tensor *t = &td_t[0];
@@ -124,6 +167,8 @@ int main(void) {
   one_run(NULL, 0);
   printf("the container deleted\n");
   one_run(tiny, 1);
+  printf("the model removed during dequants over the budget\n");
+  one_run(tiny, 2);
   td_cleanup();
   return test_exit("test_daemon_truncate");
 }
