@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -193,8 +194,13 @@ static int npy_write(const char *path, const char *descr, const uint64_t *shape,
  * that says what is wrong with it, *status the exit status for it (3: no such file, else 1). */
 static float *npy_read_f32(const char *path, uint64_t *n, uint64_t *K, unsigned *ndim,
                            int *status) {
-  FILE *f = fopen(path, "rb");
+  struct stat st; /* a FIFO would block the open (and the reads) for ever */
   *status = 1;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    fprintf(stderr, "%s: %s: %s is not a regular file\n", prog, cmd, path);
+    return NULL;
+  }
+  FILE *f = fopen(path, "rb");
   if (!f) {
     if (errno == ENOENT) *status = 3;
     fprintf(stderr, "%s: %s: cannot open %s: %s\n", prog, cmd, path, strerror(errno));

@@ -8,7 +8,7 @@
  *   - a name holding an escape sequence is refused and nwcctl's message shows it as \x1b, with
  *     no raw control byte reaching the terminal;
  *   - `nwcctl import M FIFO` fails at once saying it is not a regular file (it blocked forever
- *     in open, holding a daemon connection).
+ *     in open, holding a daemon connection), and so does a FIFO as matvec's X.npy.
  */
 #include "test_daemon_util.h"
 #include "test_store_util.h"
@@ -87,6 +87,14 @@ static void test_fifo(void) {
   alarm(0);
   CHECK(st != 0 && strstr(err, "not a regular file") && strstr(err, "FIFO"),
         "import of a FIFO: exit %d: %s", st, err);
+  free(out), free(err);
+  char y[400];
+  snprintf(y, sizeof y, "%s/y.npy", td_dir);
+  alarm(30);
+  st = td_nwcctl(&out, &err, (const char *[]){"matvec", "long/x", fifo, "-o", y, NULL});
+  alarm(0);
+  CHECK(st == 1 && strstr(err, "not a regular file"), "matvec with x a FIFO: exit %d: %s", st,
+        err);
   free(out), free(err);
 }
 
