@@ -41,6 +41,7 @@ int nwc_bench_import(int argc, char **argv); /* bench_import.c */
 int nwc_bench_daemon(int argc, char **argv); /* bench_daemon.c */
 int nwc_bench_load(int argc, char **argv);   /* bench_load.c */
 int nwc_bench_map(int argc, char **argv);    /* bench_map.c */
+int nwc_bench_soak(int argc, char **argv);   /* bench_soak.c */
 int nwc_bench_gpu_daemon(int argc, char **argv); /* bench_gpu_daemon.c (CUDA builds) */
 /* bench_gpu_load.c (CUDA builds): the warm GPU load of model's blobs in store_dir (no daemon may
  * hold the store) taken apart: stages alone, then the loader in the configurations specs names

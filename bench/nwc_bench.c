@@ -57,6 +57,8 @@ static void usage(FILE *f) {
         "        nwcd round trips against in-process calls, throughput, load\n"
         "  load STORE_DIR|FILE.safetensors [--copies N] [--repeat R] [--depth D] [--mode M]\n"
         "        nwcd's loader against cat, read(2) and O_DIRECT of the same files, cold and warm\n"
+        "  soak FILE.safetensors [--clients N] [--seconds T] [--budget SIZE]\n"
+        "        N clients of mixed requests for T s: nwcd's RSS, descriptors, ls latency\n"
         "  map FILE.safetensors [...]\n"
         "        calls on a mapped tensor against the socket, memory of N mapping processes\n"
         "  gpu-daemon [--tensors T] [--rows M] [--cols K] [--embed E] [--rounds R] [--iters N]\n"
@@ -78,6 +80,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "import")) return nwc_bench_import(argc - 1, argv + 1);
   if (!strcmp(argv[1], "load")) return nwc_bench_load(argc - 1, argv + 1);
   if (!strcmp(argv[1], "map")) return nwc_bench_map(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "soak")) return nwc_bench_soak(argc - 1, argv + 1);
 #ifdef NWC_BENCH_CUDA
   if (!strcmp(argv[1], "gpu-daemon")) return nwc_bench_gpu_daemon(argc - 1, argv + 1);
 #endif
