@@ -14,6 +14,7 @@
 #include "bench.h"
 
 #include "nwc_client.h"
+#include "nwc_proc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -35,17 +36,6 @@ typedef struct soak {
   double lat[65536];
   size_t nlat;
 } soak;
-
-static long proc_rss_kb(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  long kb = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-  if (f) fclose(f);
-  return kb;
-}
 
 static long proc_fds(pid_t pid) {
   char path[64];
@@ -199,7 +189,7 @@ int nwc_bench_soak(int argc, char **argv) {
   double worst99 = 0, t0 = nwc_bench_now();
   for (int sec = 1; nwc_bench_now() - t0 < seconds; sec++) {
     usleep(1000000);
-    rss = proc_rss_kb(pid), fds = proc_fds(pid);
+    rss = nwc__proc_status_kb(pid, "VmRSS"), fds = proc_fds(pid);
     double p50 = take_quantile(&s, 0.5, 0), p99 = take_quantile(&s, 0.99, 1);
     if (sec >= seconds / 4 && rss0 < 0) rss0 = rss, fd0 = fds; /* after warm-up */
     if (rss0 >= 0 && p99 > worst99) worst99 = p99;

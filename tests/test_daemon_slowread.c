@@ -11,6 +11,7 @@
 #include "test_daemon_util.h"
 
 #include "nwc_client.h"
+#include "nwc_proc.h"
 
 #define CLIENTS 4
 #define PIPELINED 32
@@ -21,17 +22,6 @@
 #else
 #define SLACK 1
 #endif
-
-static long rss_kb(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  long kb = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-  if (f) fclose(f);
-  return kb;
-}
 
 /* A stalled client: pipelines the dequants, waits for a byte on go, then reads every reply and
  * exits 0 when each came back whole, once. */
@@ -88,7 +78,7 @@ int main(void) {
   size_t bytes = big->rows * big->cols * 4;
   float *y = malloc(bytes);
   CHECK_RC(nwc_client_dequant(c, "use", big->name, 0, y, bytes, NULL, NULL, NULL));
-  long base = rss_kb(d);
+  long base = nwc__proc_status_kb(d, "VmRSS");
   printf("%s: %llu x %llu, %zu bytes a reply; nwcd VmRSS %ld kB before\n", big->name,
          (unsigned long long)big->rows, (unsigned long long)big->cols, bytes, base);
 
@@ -103,7 +93,7 @@ int main(void) {
   double worst_ls = 0;
   for (int i = 0; i < 30; i++) { /* 3 s of stalled clients */
     usleep(100000);
-    long r = rss_kb(d);
+    long r = nwc__proc_status_kb(d, "VmRSS");
     if (r > peak) peak = r;
     if (i % 5 == 4) {
       struct timespec t0, t1;
