@@ -41,11 +41,16 @@ namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps; /* 2 CTAs per SM, <= 128 registers */
 constexpr unsigned kL2CtasPerSm = 2;
-constexpr unsigned kRing = 6; /* entries per warp, each two slots */
+#ifndef NWC_L2_SLOTS
+#define NWC_L2_SLOTS 2 /* slots a ring entry: 2 or 4 (a divisor of a block's 16) */
+#endif
+constexpr unsigned kSlots = NWC_L2_SLOTS;
+constexpr unsigned kRing = 12 / kSlots; /* entries per warp: 12 slots */
 /* A ring entry: the nibbles (256 bytes a slot), low bytes (512 a slot), the block's hdr (32) and
  * the pair of bases words holding bases[b] (16), and the entry's mbarrier (8). */
-constexpr unsigned kNibOff = 0, kLowOff = 512, kHdrOff = 1536, kBaseOff = 1568, kBarOff = 1584;
-constexpr unsigned kEntry = 1600;
+constexpr unsigned kNibOff = 0, kLowOff = 256 * kSlots, kHdrOff = 768 * kSlots;
+constexpr unsigned kBaseOff = kHdrOff + 32, kBarOff = kBaseOff + 16, kEntry = kBarOff + 16;
+static_assert(16 % kSlots == 0 && kEntry % 16 == 0, "entries hold whole parts of a block");
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
 
 /* How the row groups are cut into units of work: F parts of `per` column blocks each. */
@@ -166,7 +171,7 @@ struct Cursor {
 };
 
 /*
- * Streams a warp's units through its ring of kRing shared-memory entries, two slots an entry: lane
+ * Streams a warp's units through its ring of kRing shared-memory entries, kSlots slots each: lane
  * 0 fills entries kRing - 1 ahead of the decoder with the bulk copy engine (a block's first entry
  * also brings the block's hdr and bases[b]); all lanes wait on an entry's mbarrier, decode its
  * slots and call the sink: slot(cursor, s, A fragments) for every slot, exception(cursor, row in
@@ -190,7 +195,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
   c = ld;
   /* Fills entry k with the loader's next one or two slots and advances it. */
   auto issue = [&](uint32_t k) {
-    const uint32_t n = ld.s_end - ld.s >= 2 ? 2u : 1u, dst = ring + k * kEntry, bar = dst + kBarOff;
+    const uint32_t n = min(ld.s_end - ld.s, kSlots), dst = ring + k * kEntry, bar = dst + kBarOff;
     const bool starts = ld.s % 16 == 0;
     if (lane == 0) {
       mbar_expect(bar, 768 * n + (starts ? 48 : 0));
@@ -219,7 +224,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     }
     phase ^= 1u << kc;
     const uint8_t *e = ring_mem + kc * kEntry;
-    const uint32_t n = c.s_end - c.s >= 2 ? 2u : 1u;
+    const uint32_t n = min(c.s_end - c.s, kSlots);
     if (c.s % 16 == 0) { /* a block starts: its exception entries */
       const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16;
       ex_n = e[kHdrOff + lane];
@@ -227,14 +232,16 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
       ex_p = g.data + base + 3 * lane_prefix(ex_n);
       if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
     }
-    uint32_t A[8], B[8];
-    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + kNibOff + 8 * lane),
-                     *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
-    if (n == 2)
-      decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + kNibOff + 256 + 8 * lane),
-                       *reinterpret_cast<const uint4 *>(e + kLowOff + 512 + 16 * lane), g.lut[0], g.lut[1], B);
-    sink.slot(c, c.s, A);
-    if (n == 2) sink.slot(c, c.s + 1, B);
+    uint32_t A[kSlots][8];
+#pragma unroll
+    for (uint32_t i = 0; i < kSlots; i++)
+      if (i < n)
+        decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + kNibOff + 256 * i + 8 * lane),
+                         *reinterpret_cast<const uint4 *>(e + kLowOff + 512 * i + 16 * lane), g.lut[0],
+                         g.lut[1], A[i]);
+#pragma unroll
+    for (uint32_t i = 0; i < kSlots; i++)
+      if (i < n) sink.slot(c, c.s + i, A[i]);
     __syncwarp(); /* every lane has read entry kl (the previous one) before it is filled again */
     if (lv) {
       if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
