@@ -48,7 +48,7 @@ def floats_in(x: Any) -> Tuple[Any, int]:
     if is_torch(x):
         x = x.detach().to(dtype=sys.modules["torch"].float32).contiguous()
         return x, x.data_ptr()
-    x = np().ascontiguousarray(x, dtype=np().float32)
+    x = np().array(x, dtype=np().float32, copy=False, order="C")  # keeps a 0-d x 0-d
     return x, x.ctypes.data
 
 
