@@ -18,4 +18,4 @@ if missing:
     sys.exit(77)
 import pytest  # noqa: E402
 
-sys.exit(0 if pytest.main(["-q", "-p", "no:cacheprovider", "-rs", sys.argv[1]]) == 0 else 1)
+sys.exit(0 if pytest.main(["-q", "-s", "-p", "no:cacheprovider", "-rs", sys.argv[1]]) == 0 else 1)
