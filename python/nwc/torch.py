@@ -61,10 +61,14 @@ class NwcLinear(nn.Module):
         self._b = bias.encode() if bias is not None else None
         self._matvec = _lib.lib().nwc_client_matvec
         self._dense: Optional[torch.Tensor] = None
-        self._bias: Optional[torch.Tensor] = None  # BF16 (dense path), float32 for a map
+        self._bias: Optional[torch.Tensor] = None  # BF16, for the dense path
+        self._map_matvec = _lib.lib().nwc_client_map_matvec
         self.mapping = client.map(model, weight) if mapped else None
+        self._map_bias: Optional[torch.Tensor] = None  # float32, for the map's matvec
+        self._bias_ptr: Optional[int] = None
         if mapped and bias is not None:
-            self._bias = client.dequant(model, bias, as_torch=True).reshape(-1)
+            self._map_bias = client.dequant(model, bias, as_torch=True).reshape(-1)
+            self._bias_ptr = self._map_bias.data_ptr()
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -72,9 +76,7 @@ class NwcLinear(nn.Module):
 
     def release_dense(self) -> None:
         """Drops the cached dense weight (made again by the next call of more rows)."""
-        self._dense = None
-        if self.mapping is None:
-            self._bias = None
+        self._dense = self._bias = None
 
     def dense_weight(self) -> torch.Tensor:
         """The weight, [out, in] BF16, dequantized once and cached."""
@@ -84,28 +86,31 @@ class NwcLinear(nn.Module):
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        K, M = self.in_features, self.out_features
-        if x.shape[-1:] != (K,):
+        # Every line here is paid per call (bench/python_linear.py): cheap tests first, the
+        # output tensor made once, in the shape asked for.
+        K = self.in_features
+        if x.dim() == 0 or x.shape[-1] != K:
             raise NwcError(errno.EINVAL, f"NwcLinear {self.model}/{self.weight_name}: input of "
                            f"shape {tuple(x.shape)}, its last dimension must be {K}")
         n = x.numel() // K
         if n > self.dense_rows or n == 0:
             return self._forward_dense(x)
-        _cpu(x, "NwcLinear")
-        xs = x if x.dtype is torch.float32 and x.is_contiguous() else \
-            x.detach().to(torch.float32).contiguous()
-        bf16 = x.dtype is torch.bfloat16
-        y = torch.empty(x.shape[:-1] + (M,), dtype=torch.bfloat16 if bf16 else torch.float32)
+        if not x.is_cpu:
+            _cpu(x, "NwcLinear")
+        dt, M = x.dtype, self.out_features
+        f32, bf16 = dt is torch.float32, dt is torch.bfloat16
+        xs = x if f32 and x.is_contiguous() else x.detach().to(torch.float32).contiguous()
+        y = torch.empty((n, M) if x.dim() == 2 else x.shape[:-1] + (M,),
+                        dtype=torch.bfloat16 if bf16 else torch.float32)
         if self.mapping is None:
             rc = self._matvec(self.client.handle, self._m, self._w, self._b, 1.0, xs.data_ptr(),
                               K, n, bf16, y.data_ptr(), n * M * (2 if bf16 else 4), None)
         else:
-            rc = _lib.lib().nwc_client_map_matvec(
-                self.mapping._ptr(), None if self._bias is None else self._bias.data_ptr(), 1.0,
-                xs.data_ptr(), n, bf16, y.data_ptr(), n * M * (2 if bf16 else 4))
+            rc = self._map_matvec(self.mapping._ptr(), self._bias_ptr, 1.0, xs.data_ptr(), n,
+                                  bf16, y.data_ptr(), n * M * (2 if bf16 else 4))
         if rc < 0:
             _lib.check(rc)
-        return y if bf16 or x.dtype is torch.float32 else y.to(x.dtype)
+        return y if f32 or bf16 else y.to(dt)
 
     def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         w = self.dense_weight()
