@@ -85,10 +85,13 @@ if [ -x /usr/bin/python3 ] && [ -n "$init" ]; then
   site=$(dirname "$(dirname "$init")")
   want=$(cd "$prefix" && pwd)
   want=${want#"$tmp/root"}  # the prefix the package will live under, without DESTDIR
-  grep -q "LIBDIR = \"$want/" "$site/nwc/_paths.py" || die "nwc/_paths.py: $(cat "$site/nwc/_paths.py")"
+  grep -q "LIBDIR = \"$want/" "$site/nwc/_paths.py" ||
+    die "nwc/_paths.py: $(cat "$site/nwc/_paths.py")"
+  list="import nwc; c = nwc.connect('$tmp/nwcd.sock')
+print(*[f'{m.name} {m.tensors}' for m in c.models()])"
   out=$(env LD_PRELOAD="${NWC_PY_PRELOAD:-}" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$site" \
-    PYTHONDONTWRITEBYTECODE=1 NWC_CLIENT_LIBRARY="$libdir/libnwc-client.so.0" /usr/bin/python3 -c \
-    "import nwc; print(*[f'{m.name} {m.tensors}' for m in nwc.connect('$tmp/nwcd.sock').models()])" 2>&1)
+    PYTHONDONTWRITEBYTECODE=1 NWC_CLIENT_LIBRARY="$libdir/libnwc-client.so.0" \
+    /usr/bin/python3 -c "$list" 2>&1)
   [ "$out" = "m 3" ] || die "the installed nwc package: $out"
 elif [ -x /usr/bin/python3 ]; then
   die "the nwc package was not installed"

@@ -475,7 +475,7 @@ class Client:
                                           _enc(bias), scale, xptr, K, n, flags, ptr, cap, None))
         return out.reshape(lead + (t.rows,))
 
-    # ---- mappings ---------------------------------------------------------------------------------
+    # ---- mappings -------------------------------------------------------------------------------
 
     def map(self, model: str, tensor: str, device: Device = None) -> Mapping:
         """Maps a resident tensor (loading it if needed) read-only into this process: the
