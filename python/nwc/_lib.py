@@ -215,6 +215,21 @@ def check(rc: int) -> int:
     return rc
 
 
+class Elem:
+    """The properties of an ``elem`` (NWC_ELEM(type, layout)) shared by Tensor and Mapping."""
+    elem: int
+
+    @property
+    def type(self) -> str:
+        """The stored element type: "bf16" or "fp8"."""
+        return "fp8" if self.elem & 0xF == 1 else "bf16"
+
+    @property
+    def layout(self) -> int:
+        """The NWC layout (0, 1, 2)."""
+        return (self.elem >> 4) & 0xF
+
+
 def text(b: bytes) -> str:
     """A fixed char array of a struct as text."""
     return b.decode("utf-8", "replace")

@@ -55,7 +55,7 @@ _STATES = {0: "absent", 1: "loading", 2: "resident"}
 
 
 @dataclass
-class Tensor:
+class Tensor(_lib.Elem):
     """A tensor of a model (``nwcctl ls MODEL``): its source shape and dtype, how it is stored
     (``type`` "bf16" or "fp8", ``layout`` 0..2; ``rows`` x ``cols`` as stored, a 1-D tensor 1 x
     N), its sizes, and its residency (``state`` "absent", "loading" or "resident")."""
@@ -71,16 +71,6 @@ class Tensor:
     pinned: bool
     refs: int
     last_used_ms: int
-
-    @property
-    def type(self) -> str:
-        """The stored element type: "bf16" or "fp8"."""
-        return "fp8" if self.elem & 0xF == 1 else "bf16"
-
-    @property
-    def layout(self) -> int:
-        """The NWC layout (0, 1, 2)."""
-        return (self.elem >> 4) & 0xF
 
 
 @dataclass

@@ -39,7 +39,7 @@ class _Handle:
             self.ptr = 0
 
 
-class Mapping:
+class Mapping(_lib.Elem):
     """A host mapping of model/tensor (``Client.map``).  Its calls may run from many threads
     at once, and it stays valid after the Client that made it is closed."""
 
@@ -59,16 +59,6 @@ class Mapping:
     def __repr__(self) -> str:
         return (f"<nwc.Mapping {self.model}/{self.tensor} {self.rows}x{self.cols} "
                 f"{self.type} layout {self.layout}{' closed' if self._h is None else ''}>")
-
-    @property
-    def type(self) -> str:
-        """"bf16" or "fp8"."""
-        return "fp8" if self.elem & 0xF == 1 else "bf16"
-
-    @property
-    def layout(self) -> int:
-        """The NWC layout (0, 1, 2)."""
-        return (self.elem >> 4) & 0xF
 
     @property
     def shape(self) -> tuple:
