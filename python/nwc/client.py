@@ -116,7 +116,8 @@ class Place:
 
 @dataclass
 class Result:
-    """What an import, load, evict, pin, unpin or verify did (the fields that apply are set):
+    """What an import, load, evict, pin, unpin or verify did (the fields that apply are set,
+    as nwc_client_result says: verify counts the models it checked in ``skipped``):
     ``skipped_tensors`` (import) lists the tensors left out as (name, shape, dtype);
     ``problem_lines`` (verify) the problems found."""
     tensors: int = 0
