@@ -184,7 +184,8 @@ class _Progress:
                 self.bar = tqdm(desc=desc, unit="B", unit_scale=True, leave=False)
             except ImportError:
                 pass
-        self.fn = _lib.PROGRESS_FN(self._call) if (self.user or self.bar) else _lib.PROGRESS_FN()
+        live = self.user is not None or self.bar is not None  # bool(tqdm()) raises
+        self.fn = _lib.PROGRESS_FN(self._call) if live else _lib.PROGRESS_FN()
 
     def _call(self, _ctx: Any, done: int, total: int) -> int:
         try:

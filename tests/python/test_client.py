@@ -332,3 +332,14 @@ def test_default_socket_and_library(daemon, monkeypatch):
     r = subprocess.run([sys.executable, "-c", "import nwc; print(nwc.connect().backend)"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "cpu", r.stderr
+
+
+def test_progress_bar_with_tqdm(client, sample, capsys):
+    """progress=True: a tqdm bar on stderr where tqdm is installed (python3-tqdm, optional)."""
+    pytest.importorskip("tqdm")
+    path, _ = sample
+    client.import_("bar", path)
+    client.load("bar")
+    err = capsys.readouterr().err
+    assert "import bar" in err and "load bar" in err, err
+    client.remove("bar")
