@@ -343,3 +343,31 @@ def test_progress_bar_with_tqdm(client, sample, capsys):
     err = capsys.readouterr().err
     assert "import bar" in err and "load bar" in err, err
     client.remove("bar")
+
+
+def test_threads_share_a_client_and_a_mapping(client, daemon, sample, rng):
+    """Calls on one Client take turns (the library's mutex, the GIL released); a Mapping's calls
+    run at once; a Client per thread works too.  Every result against fp64."""
+    import threading
+    _, t = sample
+    xs = [rng.standard_normal((3, K)).astype(np.float32) for _ in range(4)]
+    errors = []
+    mp = client.map("m", "w")
+
+    def work(i, own):
+        try:
+            c = nwc.connect(daemon.sock) if own else client
+            for _ in range(20):
+                for y in (c.matvec("m", "w", xs[i]), mp.matvec(xs[i])):
+                    check_close(y, fp64_matvec(t["w"], xs[i]), t["w"], xs[i])
+            if own:
+                c.close()
+        except BaseException as e:  # noqa: B902 - reported by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i, i % 2 == 1)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    mp.close()
+    assert not errors, errors
