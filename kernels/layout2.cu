@@ -24,7 +24,7 @@
  * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x NC
  * floats of partial sums, x's fragments.
  *
- * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
+ * Dequant streams the same way, a unit per block (16 slots), and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
  * storing that row only.
  *
@@ -47,7 +47,7 @@ constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32
 constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
 
-/* How the row groups are cut into units of work: F parts of `per` column blocks each. */
+/* How the row groups are cut into units of work: F parts of `per` slots each. */
 struct L2Work {
   uint32_t units, F, per;
 };
@@ -124,10 +124,10 @@ __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32
 }
 
 /* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
- * row k = u / F), slot s of the row group (its column block s / 16), the unit's end, and the
- * slot's nibbles and low bytes in global memory. */
+ * row k = u / F), slot s of the row group (its column block s / 16), the unit's first slot and
+ * its end, and the slot's nibbles and low bytes in global memory. */
 struct Cursor {
-  uint32_t u, grp, part, s, s_end;
+  uint32_t u, grp, part, s, s0, s_end;
   const uint8_t *nib, *low;
   __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
     for (;; unit += gridDim.x * (blockDim.x >> 5)) {
@@ -145,8 +145,7 @@ struct Cursor {
       }
     }
     u = unit;
-    const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
-    s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
+    s = s0 = part * w.per, s_end = min(s + w.per, g.S);
     const uint64_t gs = (uint64_t)grp * g.S + s;
     nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
     low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
@@ -176,7 +175,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     cp_async16(dst + kLowOff + 16 * lane, ld.low);
     if (lane < 16) {
       cp_async16(dst + 16 * lane, ld.nib);
-    } else if (ld.s % 16 == 0) {
+    } else if (ld.s % 16 == 0 || ld.s == ld.s0) { /* a block starts, or the unit in one */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
       else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
@@ -199,7 +198,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     cp_wait<kRing - 2>();
     __syncwarp();
     const uint8_t *e = ring_mem + kc * kEntry;
-    if (c.s % 16 == 0) { /* a block starts: its exception entries */
+    if (c.s % 16 == 0 || c.s == c.s0) { /* a block (or the unit) starts: its exception entries */
       ex_n = e[kHdrOff + lane];
       const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       ex_p = g.data + base + 3 * lane_prefix(ex_n);
@@ -214,12 +213,13 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     kl = kl + 1 == kRing ? 0 : kl + 1;
     kc = kc + 1 == kRing ? 0 : kc + 1;
     const uint32_t next = c.s + 1;
-    if (next % 16 == 0 || next == c.s_end) { /* the block ends: apply its entries */
-      const uint32_t cb = c.s / 16;
+    if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
+      const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       for (uint32_t k = 0; k < ex_n; k++) {
         if (k) ex_idx = __ldg(ex_p + 3 * k), ex_w = __ldg(ex_p + 3 * k + 1) | (uint32_t)__ldg(ex_p + 3 * k + 2) << 8;
-        const uint32_t j = ex_idx & 15u;
-        sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * (ex_idx >> 4) + frag_col(q, j), ex_w);
+        const uint32_t j = ex_idx & 15u, sc = ex_idx >> 4;
+        if (sc >= lo && sc < hi) /* the unit's part of the block */
+          sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j), ex_w);
       }
     }
     if (next == c.s_end) {
@@ -380,23 +380,23 @@ int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
   return 0;
 }
 
-/* The matvec's units: row groups cut into F parts (F = 1: whole, no partial sums).  Warps take
- * units in turn, so the time is about ceil(units / warps) units: with at least as many row
- * groups as resident warps F is 1, else the smallest F whose units keep the warps busiest
- * (within 3 % of the best; 19456 x 2560 at F = 3 gave 1.15 units a warp, so two rounds). */
+/* The matvec's units: row groups cut into F parts of `per` slots (F = 1: whole, no partial
+ * sums; a part is whole blocks, or half a block: 8 slots).  Warps take units in turn, so the time
+ * is about ceil(units / warps) units: with at least as many row groups as resident warps F is 1,
+ * else the largest parts whose units keep the warps busiest (within 3 % of the best; 19456 x
+ * 2560 in three parts gave 1.15 units a warp, so two rounds). */
 int l2_work(const L2Geom &g, L2Work *w) {
   int sms = sm_count();
   if (sms < 0) return sms;
   const double warps = (double)sms * kL2CtasPerSm * kL2Warps;
   if (g.RB >= warps) {
-    w->per = g.CB, w->F = 1, w->units = g.RB;
+    w->per = g.S, w->F = 1, w->units = g.RB;
     return 0;
   }
   double best = 0;
   for (uint32_t pass = 0; pass < 2; pass++)
-    for (uint32_t f = 1; f <= g.CB; f++) {
-      const uint32_t per = (g.CB + f - 1) / f, F = (g.CB + per - 1) / per;
-      if (F != f) continue;
+    for (uint32_t f = 1; f <= 2 * g.CB; f++) {
+      const uint32_t per = f == 2 * g.CB ? 8 : 16 * ((g.CB + f - 1) / f), F = (g.S + per - 1) / per;
       const double units = (double)g.RB * F, busy = units / (ceil(units / warps) * warps);
       if (pass == 0 && busy > best) best = busy;
       if (pass == 1 && busy >= 0.97 * best) {
@@ -517,7 +517,7 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   if (rows && n == 0) return 0;
   const uint64_t units = (rows ? n : g.RB) * g.CB; /* a unit per block (and requested row) */
   if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  L2Work w{(uint32_t)units, g.CB, 1};
+  L2Work w{(uint32_t)units, g.CB, 16};
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
   unsigned ctas;
   if ((rc = l2_ctas(w.units, kL2CtasPerSm, &ctas)) < 0) return rc;
