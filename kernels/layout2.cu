@@ -41,7 +41,11 @@ namespace nwc_k {
 namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
-constexpr unsigned kL2CtasPerSm = 3; /* <= 80 registers */
+#ifndef NWC_L2_PAIRS
+#define NWC_L2_PAIRS 0 /* 1: two slots an iteration, four accumulator chains, 2 CTAs per SM */
+#endif
+constexpr unsigned kPair = NWC_L2_PAIRS ? 2 : 1;
+constexpr unsigned kL2CtasPerSm = NWC_L2_PAIRS ? 2 : 3; /* <= 128 or 80 registers */
 constexpr unsigned kRing = 8;      /* slots staged per warp */
 constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
 constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
@@ -183,19 +187,22 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     ld.nib += 256, ld.low += 512;
     if (++ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
   };
+  constexpr uint32_t kAhead = kRing - kPair; /* slots in flight */
 #pragma unroll
-  for (uint32_t k = 0; k + 1 < kRing; k++) {
+  for (uint32_t k = 0; k < kAhead; k++) {
     if (lv) issue(k);
     cp_commit();
   }
   /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  uint32_t kc = 0, kl = kRing - 1;
+  uint32_t kc = 0, kl = kAhead;
   uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
   const uint8_t *ex_p = nullptr;
   while (cv) {
-    cp_wait<kRing - 2>();
+    const uint32_t n = min(c.s_end - c.s, kPair); /* slots this iteration (units start even) */
+    if (n == 2) cp_wait<kAhead - 2>();
+    else cp_wait<kAhead - 1>();
     __syncwarp();
     const uint8_t *e = ring_mem + kc * kEntry;
     if (c.s % 16 == 0 || c.s == c.s0) { /* a block (or the unit) starts: its exception entries */
@@ -204,15 +211,26 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
       ex_p = g.data + base + 3 * lane_prefix(ex_n);
       if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
     }
-    uint32_t A[8];
-    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
-                     *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
-    sink.slot(c, A);
-    if (lv) issue(kl);
-    cp_commit();
-    kl = kl + 1 == kRing ? 0 : kl + 1;
-    kc = kc + 1 == kRing ? 0 : kc + 1;
-    const uint32_t next = c.s + 1;
+    uint32_t A[kPair][8];
+#pragma unroll
+    for (uint32_t i = 0; i < kPair; i++) {
+      const uint8_t *ei = ring_mem + (kc + i < kRing ? kc + i : kc + i - kRing) * kEntry;
+      if (i < n)
+        decode_bf16_slot(*reinterpret_cast<const uint2 *>(ei + 8 * lane),
+                         *reinterpret_cast<const uint4 *>(ei + kLowOff + 16 * lane), g.lut[0], g.lut[1], A[i]);
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kPair; i++)
+      if (i < n) sink.slot(c, c.s + i, A[i], i);
+#pragma unroll
+    for (uint32_t i = 0; i < kPair; i++)
+      if (i < n) {
+        if (lv) issue(kl);
+        cp_commit();
+        kl = kl + 1 == kRing ? 0 : kl + 1;
+      }
+    kc = kc + n >= kRing ? kc + n - kRing : kc + n;
+    const uint32_t next = c.s + n;
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       for (uint32_t k = 0; k < ex_n; k++) {
@@ -236,28 +254,31 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
 template <int NC>
 struct MatvecSink {
   const L2Matvec &a;
-  float c0[4], c1[4];   /* two accumulator chains: mma steps h = 0 and h = 1 */
+  float acc[kPair][2][4]; /* accumulator chains: per slot of an iteration, mma step h = 0 and 1 */
   float s0[NC], s8[NC]; /* exception sums of rows r and r + 8, per column */
 
   __device__ __forceinline__ explicit MatvecSink(const L2Matvec &args) : a(args) { clear(); }
   __device__ __forceinline__ void clear() {
 #pragma unroll
-    for (int i = 0; i < 4; i++) c0[i] = c1[i] = 0.f;
+    for (uint32_t k = 0; k < kPair; k++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[k][0][i] = acc[k][1][i] = 0.f;
 #pragma unroll
     for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
   }
 
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
+  /* Slot s's products into chain k (the slot's place in its iteration). */
+  __device__ __forceinline__ void slot(const Cursor &, uint32_t s, const uint32_t A[8], uint32_t k) {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
     uint4 p[3] = {}; /* B registers b0, b1 of step 0, b0, b1 of step 1: hi, mid, lo parts */
     if (r < a.ncols) {
-      const uint4 *xs = a.xs + 3 * ((c.s * a.ncols + r) * 4 + q);
+      const uint4 *xs = a.xs + 3 * ((s * a.ncols + r) * 4 + q);
       p[0] = xs[0], p[1] = xs[1], p[2] = xs[2];
     }
 #pragma unroll
     for (int i = 0; i < 3; i++) {
-      mma_bf16(c0, A, p[i].x, p[i].y);
-      mma_bf16(c1, A + 4, p[i].z, p[i].w);
+      mma_bf16(acc[k][0], A, p[i].x, p[i].y);
+      mma_bf16(acc[k][1], A + 4, p[i].z, p[i].w);
     }
   }
 
@@ -282,7 +303,11 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
   float c[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) c[i] = c0[i] + c1[i];
+  for (int i = 0; i < 4; i++) {
+    c[i] = acc[0][0][i] + acc[0][1][i];
+#pragma unroll
+    for (uint32_t k = 1; k < kPair; k++) c[i] += acc[k][0][i] + acc[k][1][i];
+  }
 #pragma unroll
   for (int n = 0; n < NC; n++) {
     float t0 = s0[n] + __shfl_xor_sync(0xffffffffu, s0[n], 1);
@@ -351,8 +376,8 @@ struct RowsSink {
     const uint32_t k = c.u / F;
     return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * c.s + 8 * q;
+  __device__ __forceinline__ void slot(const Cursor &c, uint32_t s, const uint32_t A[8], uint32_t) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * s + 8 * q;
     if (col >= K16) return;
     uint16_t *d0 = dst(c, r), *d8 = dst(c, r + 8);
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
