@@ -155,7 +155,7 @@ static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const
     CU(cudaMemsetAsync(dy, 0xff, n * M * 4, st));
     CHECK_RC(nwc_cuda_matvec(m, t, dx, n, K16, NULL, dy, dyh, M, st));
     CHECK_RC(nwc_cuda_matvec(m, t, dx, n, K16, db, dyb, NULL, M, st));
-    CHECK_RC(nwc_cuda_linear(m, t, dx, NULL, dyl, st));
+    if (n == 1) CHECK_RC(nwc_cuda_linear(m, t, dx, NULL, dyl, st)); /* the same one column */
     CU(cudaMemcpyAsync(y, dy, n * M * 4, cudaMemcpyDeviceToHost, st));
     CU(cudaMemcpyAsync(yb, dyb, n * M * 4, cudaMemcpyDeviceToHost, st));
     CU(cudaMemcpyAsync(yh, dyh, n * M * 2, cudaMemcpyDeviceToHost, st));
@@ -172,7 +172,7 @@ static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const
         bb += fabsf(got - want) > 1e-6f * (fabsf(want) + fabsf(b[i]) + 1e-3f);
       }
     }
-    for (uint64_t i = 0; i < M; i++) lb += yl[i] != nwc_f32_to_bf16(y[i]);
+    for (uint64_t i = 0; n == 1 && i < M; i++) lb += yl[i] != nwc_f32_to_bf16(y[i]);
     CHECK(hb == 0 && bb == 0 && lb == 0, "matvec %s, %u columns: %zu BF16 not the rounding of "
           "fp32, %zu with bias not y + bias, %zu of linear not the rounding", t->name, n, hb, bb,
           lb);
@@ -286,7 +286,12 @@ static int role_graph(const char *sock) {
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaGraph_t g = NULL;
   cudaGraphExec_t ge = NULL;
-  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (size_t i = 0; i < nl; i++) /* once eagerly: modules loaded, attributes set */
+    CHECK_RC(nwc_cuda_matvec(m, L[i].t, L[i].x, 1, L[i].t->k16, NULL, L[i].y, NULL,
+                             L[i].t->rows, st));
+  CU(cudaStreamSynchronize(st));
+  /* relaxed: the kernels' entry points may set function attributes while this thread captures */
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
   for (size_t i = 0; i < nl; i++)
     CHECK_RC(nwc_cuda_matvec(m, L[i].t, L[i].x, 1, L[i].t->k16, NULL, L[i].y, NULL,
                              L[i].t->rows, st));
@@ -414,6 +419,7 @@ static int role_forge(const char *sock) {
   nwc_client_gpu_map_free(g);
   int rc = nwc_client_evict(c, "use", a->name, NULL);
   CHECK(rc == 0, "evict of %s after its unmap: %s", a->name, nwc_client_last_error());
+  CHECK_RC(nwc_client_evict(c, "use", b->name, NULL)); /* so that b gets a new allocation */
   CHECK_RC(nwc_client_load_on(c, "use", b->name, 0, NULL, NULL, NULL));
   e = try_import(pool, good, &p);
   CHECK(e != cudaSuccess, "the export data of %s imported after it was evicted (%s loaded in "
