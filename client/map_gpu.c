@@ -40,6 +40,7 @@ static int gmap_parse(const uint8_t *payload, size_t len, const char *tensor, in
   m->t = calloc(h.n, sizeof *m->t);
   if (!m->t) return nwc__client_fail(-ENOMEM, "out of memory");
   m->n = h.n, m->pool_id = h.pool_id, m->device = h.device;
+  memcpy(m->uuid, h.uuid, 16);
   nwc_proto_gmap g;
   for (uint32_t i = 0; i < h.n; i++) {
     if (nwc_proto_get_gmap(&r, &g) < 0)

@@ -320,6 +320,7 @@ typedef struct nwc_client_gpu_tensor {
 typedef struct nwc_client_gpu_map {
   int device;             /* the CUDA device (ordinal as nwcd numbers them) */
   uint64_t pool_id;       /* names the daemon's pool for its life: import it once per process */
+  uint8_t uuid[16];       /* the device's UUID (cudaDeviceProp.uuid), whatever its ordinal here */
   int pool_fd;            /* the pool's shareable handle (closed by nwc_client_gpu_map_free;
                            * set it to -1 to keep it) */
   int ref;                /* the reference: closing it releases the map (gpu_map_free does) */

@@ -174,16 +174,36 @@ const nwc_cuda_tensor *nwc_cuda_find(const nwc_cuda_map *m, const char *name) {
 int nwc_cuda_read_only(const nwc_cuda_map *m) { return m ? m->read_only : 0; }
 uint64_t nwc_cuda_scratch_bytes(const nwc_cuda_map *m) { return m ? m->scratch_bytes : 0; }
 
-/* The pool must reach the current device: its own device has access; ask for read-only there
- * and read back what holds.  -ENODEV when the current device has no access (another GPU). */
+/* -ENODEV unless the current device is the daemon's cuda:N (by UUID: ordinals differ between
+ * processes with different CUDA_VISIBLE_DEVICES). */
+static int same_device(const nwc_cuda_map *m) {
+  struct cudaDeviceProp prop;
+  cudaError_t e = cudaGetDeviceProperties(&prop, m->cuda_device);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDeviceProperties");
+  if (memcmp(&prop.uuid, m->g->uuid, 16))
+    return fail(-ENODEV, "nwcd's cuda:%d is not this context's device (CUDA device %d here): "
+                "make that GPU current first", m->device, m->cuda_device);
+  return 0;
+}
+
+/* The pool must reach the current device, its own: access is asked for there if it has none,
+ * then read-only access (the kernels only read), and what holds is read back. */
 static int pool_access(nwc_cuda_map *m) {
   struct cudaMemLocation loc = {.type = cudaMemLocationTypeDevice, .id = m->cuda_device};
   enum cudaMemAccessFlags fl = cudaMemAccessFlagsProtNone;
   cudaError_t e = cudaMemPoolGetAccess(&fl, m->pool->pool, &loc);
   if (e != cudaSuccess) return fail_cuda(e, "cudaMemPoolGetAccess of nwcd's pool");
-  if (fl == cudaMemAccessFlagsProtNone)
-    return fail(-ENODEV, "nwcd's cuda:%d is not this context's device (CUDA device %d): make the "
-                "device of the map current first", m->device, m->cuda_device);
+  if (fl == cudaMemAccessFlagsProtNone) {
+    struct cudaMemAccessDesc d = {.location = loc, .flags = cudaMemAccessFlagsProtRead};
+    if (cudaMemPoolSetAccess(m->pool->pool, &d, 1) != cudaSuccess) {
+      cudaGetLastError();
+      d.flags = cudaMemAccessFlagsProtReadWrite;
+      if ((e = cudaMemPoolSetAccess(m->pool->pool, &d, 1)) != cudaSuccess)
+        return fail_cuda(e, "cudaMemPoolSetAccess of nwcd's pool for this device");
+    }
+    if ((e = cudaMemPoolGetAccess(&fl, m->pool->pool, &loc)) != cudaSuccess)
+      return fail_cuda(e, "cudaMemPoolGetAccess of nwcd's pool");
+  }
   if (fl == cudaMemAccessFlagsProtReadWrite) {
     struct cudaMemAccessDesc d = {.location = loc, .flags = cudaMemAccessFlagsProtRead};
     if (cudaMemPoolSetAccess(m->pool->pool, &d, 1) != cudaSuccess) cudaGetLastError();
@@ -243,7 +263,8 @@ static int map(nwc_client *c, const char *model, const char *tensor, int device,
   if (rc == 0) {
     m->n = m->g->n;
     pthread_mutex_lock(&lock);
-    rc = pool_get(m->g->pool_id, m->g->pool_fd, &m->pool);
+    rc = same_device(m);
+    if (rc == 0) rc = pool_get(m->g->pool_id, m->g->pool_fd, &m->pool);
     if (rc == 0) rc = pool_access(m);
     if (rc == 0) rc = import_all(m);
     pthread_mutex_unlock(&lock);

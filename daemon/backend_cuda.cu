@@ -173,6 +173,7 @@ pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
 cudaMemPool_t copy_pools[NWCD_MAX_DEVICES];
 int pool_fds[NWCD_MAX_DEVICES];
 uint64_t pool_ids[NWCD_MAX_DEVICES];
+uint8_t pool_uuids[NWCD_MAX_DEVICES][16]; /* each device's UUID, read with its export */
 char pool_why[NWCD_MAX_DEVICES][160];
 
 /* The POSIX-fd handle type if dev's pools can have it (cudaDevAttrMemoryPoolSupportedHandleTypes),
@@ -206,6 +207,15 @@ void pool_export(int dev, cudaMemPool_t p, cudaMemAllocationHandleType type) {
              cudaGetErrorString(e));
     return;
   }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(pool_why[dev], sizeof pool_why[dev], "the driver cannot say cuda:%d's UUID", dev);
+    close(fd);
+    return;
+  }
+  static_assert(sizeof prop.uuid == 16, "a 16-byte device UUID");
+  memcpy(pool_uuids[dev], &prop.uuid, 16);
   uint64_t id = 0;
   if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)time(NULL) ^ getpid();
   pool_fds[dev] = fd, pool_ids[dev] = id ? id : 1;
@@ -703,13 +713,14 @@ extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
   return static_cast<const Copy *>(dcopy)->bytes;
 }
 
-extern "C" int nwcd_cuda_share_pool(int dev, int *fd, uint64_t *pool_id) {
+extern "C" int nwcd_cuda_share_pool(int dev, int *fd, uint64_t *pool_id, uint8_t uuid[16]) {
   if (dev < 0 || dev >= NWCD_MAX_DEVICES) return nwc__fail(-ENODEV, "no device cuda:%d", dev);
   CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
   cudaMemPool_t p;
   NWC_TRY(copy_pool(dev, &p));
   pthread_mutex_lock(&copy_pools_lock);
   *fd = pool_fds[dev], *pool_id = pool_ids[dev];
+  memcpy(uuid, pool_uuids[dev], 16);
   pthread_mutex_unlock(&copy_pools_lock);
   NWC_RETURN_IF(*fd < 0, -ENOTSUP, "cuda:%d's copies cannot be mapped: %s", dev, pool_why[dev]);
   return 0;

@@ -819,7 +819,8 @@ int nwcd_res_map_gpu(nwcd_res *r, const char *model, const char *const *names, s
   NWC_RETURN_IF(n == 0, -ENOENT, "model '%s' has no tensors to map", model);
   int pool_fd = -1;
   uint64_t pool_id = 0;
-  NWC_TRY(b->dev_share_pool(dev, &pool_fd, &pool_id));
+  uint8_t uuid[16];
+  NWC_TRY(b->dev_share_pool(dev, &pool_fd, &pool_id, uuid));
   nwcd_ref *refs = calloc(n, sizeof *refs);
   nwcd_entry **es = n > 1 ? calloc(n, sizeof *es) : NULL;
   if (!refs || (n > 1 && !es)) {
@@ -861,7 +862,8 @@ int nwcd_res_map_gpu(nwcd_res *r, const char *model, const char *const *names, s
   free(es);
   for (size_t i = 0; i < n; i++) nwcd_res_release(r, &refs[i]);
   free(refs);
-  *head = (nwc_proto_gmap_head){pool_id, dev, (uint32_t)n};
+  *head = (nwc_proto_gmap_head){pool_id, dev, {0}, (uint32_t)n};
+  memcpy(head->uuid, uuid, 16);
   if (rc == 0)
     nwcd_log(NWCD_LOG_INFO, "pid %d mapped %s%s%s on cuda:%d (%zu tensor(s))", (int)pid, model,
              n == 1 ? "/" : "", n == 1 ? names[0] : "", dev, n);

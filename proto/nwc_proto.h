@@ -328,6 +328,7 @@ int nwc_proto_map_recv(int sock, uint64_t token, int *memfd);
 typedef struct nwc_proto_gmap_head {
   uint64_t pool_id; /* names the daemon's pool for its life: a client imports it once */
   int32_t device;
+  uint8_t uuid[16]; /* the device's (cudaDeviceProp.uuid): ordinals differ between processes */
   uint32_t n;
 } nwc_proto_gmap_head;
 typedef struct nwc_proto_gmap {

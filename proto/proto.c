@@ -603,10 +603,14 @@ int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m) {
 }
 
 void nwc_proto_put_gmap_head(nwc_pw *w, const nwc_proto_gmap_head *h) {
-  nwc_pw_u64(w, h->pool_id), nwc_pw_u32(w, (uint32_t)h->device), nwc_pw_u32(w, h->n);
+  nwc_pw_u64(w, h->pool_id), nwc_pw_u32(w, (uint32_t)h->device);
+  nwc_pw_bytes(w, h->uuid, 16), nwc_pw_u32(w, h->n);
 }
 int nwc_proto_get_gmap_head(nwc_pr *r, nwc_proto_gmap_head *h) {
-  h->pool_id = nwc_pr_u64(r), h->device = (int32_t)nwc_pr_u32(r), h->n = nwc_pr_u32(r);
+  h->pool_id = nwc_pr_u64(r), h->device = (int32_t)nwc_pr_u32(r);
+  const void *uuid = nwc_pr_bytes(r, 16);
+  if (uuid) memcpy(h->uuid, uuid, 16);
+  h->n = nwc_pr_u32(r);
   NWC_RETURN_IF(r->err, -EBADMSG, "map_gpu reply is truncated");
   NWC_RETURN_IF(h->device < 0, -EBADMSG, "map_gpu reply names device %d", (int)h->device);
   NWC_RETURN_IF(h->n > NWC_PROTO_GMAP_MAX, -EBADMSG, "map_gpu reply of %u tensors (at most %u)",

@@ -99,7 +99,8 @@ static void check_reply(const char *name, nwc_pw *w, uint16_t op, uint16_t flags
  * scales), decoded back; a record whose offset lies past its allocation, a head naming a
  * negative device or too many tensors, and a truncated record are refused. */
 static void check_gmap(void) {
-  nwc_proto_gmap_head hd = {0x0123456789abcdefull, 1, 2}, hd2;
+  nwc_proto_gmap_head hd = {0x0123456789abcdefull, 1, {0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc,
+                            0xfe, 1, 2, 3, 4, 5, 6, 7, 8}, 2}, hd2;
   nwc_proto_gmap g[2] = {
       {"enc/layer_0/W", 0, 512, 1536, 192, {0x7c, 0x7b, 0x7d, 0x7a, 0x7e, 0x79, 0x78, 0x7f, 0x77,
        0x76, 0x75, 0x80, 0x74, 0x73, 0x72, 0x71}, {0}, 1097728, 0, 16384 + 128, 16384 + 1728,
@@ -142,7 +143,7 @@ static void check_gmap(void) {
     nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, n);
     CHECK(nwc_proto_get_gmap(&pr, &g2) < 0, "gmap record truncated to %zu bytes accepted", n);
   }
-  nwc_proto_gmap_head bad[] = {{1, -1, 1}, {1, 0, NWC_PROTO_GMAP_MAX + 1}};
+  nwc_proto_gmap_head bad[] = {{1, -1, {0}, 1}, {1, 0, {0}, NWC_PROTO_GMAP_MAX + 1}};
   for (int k = 0; k < 2; k++) {
     nwc_pw_free(&w);
     nwc_pw_init(&w);
