@@ -20,7 +20,9 @@
  *                       synchronization (wall_us), and per call of 100 captured in one graph
  *                       (graph_us; medians); and nwc_client_matvec through the socket (wall,
  *                       median): the issue's targets are mapped - bare <= 2 us single, equal in
- *                       a graph.
+ *                       a graph.  Every call reads the same tensor (a 4096 x 4096 one fits the
+ *                       H200's L2): this compares launch paths, not the kernel's bandwidth
+ *                       (nwc_gpu_bench measures that, rotating over copies).
  *   gpu_map_token_step  every linear of the stack (BF16 out, one column) in one graph: on the
  *                       mapped copies, on this process's own uploads (nwc_k_tensor_upload of the
  *                       same encoded matrices, one per layer), and cuBLAS BF16 GEMV
@@ -81,21 +83,11 @@ static double now_s(void) {
 }
 static double now_us(void) { return now_s() * 1e6; }
 
-/* Normal BF16 weights (sigma 0.02) from a xorshift generator. */
+/* n normal BF16 weights (nwc_bench_normal_bf16), malloc'ed. */
 static uint16_t *synth(uint64_t n, uint64_t seed) {
   uint16_t *w = malloc(n * 2);
   if (!w) DIE("no memory for %llu weights", (unsigned long long)n);
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (uint64_t i = 0; i < n; i += 2) {
-    double u[2];
-    for (int k = 0; k < 2; k++) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      u[k] = ((double)(s >> 11) + 0.5) * 0x1p-53;
-    }
-    double r = 0.02 * sqrt(-2 * log(u[0]));
-    w[i] = nwc_f32_to_bf16((float)(r * cos(6.283185307179586 * u[1])));
-    if (i + 1 < n) w[i + 1] = nwc_f32_to_bf16((float)(r * sin(6.283185307179586 * u[1])));
-  }
+  nwc_bench_normal_bf16(w, n, seed);
   return w;
 }
 
@@ -167,9 +159,41 @@ static void call(const side *s) {
                             stream));
 }
 
+/* Per call of fn: the median microseconds of 20 replays of one graph of calls calls, over
+ * calls. */
+static double time_graph(void (*fn)(void *), void *ctx, int calls) {
+  fn(ctx); /* warm-up, eagerly */
+  CU(cudaStreamSynchronize(stream));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < calls; i++) fn(ctx);
+  CU(cudaStreamEndCapture(stream, &g));
+  CU(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  CU(cudaGraphLaunch(ge, stream));
+  double t[20];
+  for (int r = 0; r < 20; r++) {
+    CU(cudaEventRecord(a, stream));
+    CU(cudaGraphLaunch(ge, stream));
+    CU(cudaEventRecord(b, stream));
+    CU(cudaEventSynchronize(b));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, a, b));
+    t[r] = ms * 1e3 / calls;
+  }
+  cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  return median(t, 20);
+}
+
+static void call_v(void *s) { call(s); }
+
 /* event_us, wall_us, graph_us of s (medians). */
 static void time_side(const side *s, double out[3]) {
-  double *ev = malloc(iters * sizeof *ev), *wl = malloc(iters * sizeof *wl), g[20];
+  double *ev = malloc(iters * sizeof *ev), *wl = malloc(iters * sizeof *wl);
   cudaEvent_t a, b;
   CU(cudaEventCreate(&a));
   CU(cudaEventCreate(&b));
@@ -190,24 +214,8 @@ static void time_side(const side *s, double out[3]) {
     CU(cudaStreamSynchronize(stream));
     wl[i] = now_us() - t0;
   }
-  cudaGraph_t gr;
-  cudaGraphExec_t ge;
-  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < 100; i++) call(s);
-  CU(cudaStreamEndCapture(stream, &gr));
-  CU(cudaGraphInstantiate(&ge, gr, 0));
-  CU(cudaGraphLaunch(ge, stream));
-  for (int r = 0; r < 20; r++) {
-    CU(cudaEventRecord(a, stream));
-    CU(cudaGraphLaunch(ge, stream));
-    CU(cudaEventRecord(b, stream));
-    CU(cudaEventSynchronize(b));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, a, b));
-    g[r] = ms * 1e3 / 100;
-  }
-  out[0] = median(ev, iters), out[1] = median(wl, iters), out[2] = median(g, 20);
-  cudaGraphExecDestroy(ge), cudaGraphDestroy(gr);
+  out[0] = median(ev, iters), out[1] = median(wl, iters);
+  out[2] = time_graph(call_v, (void *)s, 100);
   cudaEventDestroy(a), cudaEventDestroy(b);
   free(ev), free(wl);
 }
@@ -265,35 +273,6 @@ typedef struct stepbufs {
   uint16_t *y[MATS];    /* rows BF16 */
   void *scratch;
 } stepbufs;
-
-/* Median microseconds of 20 replays of the graph fn enqueues. */
-static double time_graph(void (*fn)(void *), void *ctx) {
-  fn(ctx); /* warm-up, eagerly */
-  CU(cudaStreamSynchronize(stream));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  fn(ctx);
-  CU(cudaStreamEndCapture(stream, &g));
-  CU(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  CU(cudaGraphLaunch(ge, stream));
-  double t[20];
-  for (int r = 0; r < 20; r++) {
-    CU(cudaEventRecord(a, stream));
-    CU(cudaGraphLaunch(ge, stream));
-    CU(cudaEventRecord(b, stream));
-    CU(cudaEventSynchronize(b));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, a, b));
-    t[r] = ms * 1e3;
-  }
-  cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return median(t, 20);
-}
 
 typedef struct step_ctx {
   const nwc_cuda_map *m;
@@ -370,7 +349,8 @@ static void bench_step(const nwc_cuda_map *m, uint16_t *const w[MATS]) {
   step_ctx s = {m, L, n, &b, NULL};
   if (cublasCreate(&s.blas) != CUBLAS_STATUS_SUCCESS) DIE("cublasCreate");
   cublasSetStream(s.blas, stream);
-  double tm = time_graph(run_mapped, &s), to = time_graph(run_own, &s), tb = time_graph(run_blas, &s);
+  double tm = time_graph(run_mapped, &s, 1), to = time_graph(run_own, &s, 1);
+  double tb = time_graph(run_blas, &s, 1);
   printf("{\"bench\":\"gpu_map_token_step\",\"model\":\"qwen3-4b-shaped\",\"layers\":%u,"
          "\"layout\":%u,\"linears\":%zu,\"weights\":%.0f,\"mapped_bytes\":%.0f,"
          "\"mapped_graph_us\":%.1f,\"own_graph_us\":%.1f,\"cublas_graph_us\":%.1f,"

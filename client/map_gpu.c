@@ -71,26 +71,24 @@ int nwc_client_map_gpu(nwc_client *c, const char *model, const char *tensor, int
     return nwc__client_fail(-EOPNOTSUPP,
                             "%s does not share device copies (protocol capability 1024: map_gpu, "
                             "a daemon with --backend cuda)", c->hello.daemon);
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-    return nwc__client_fail(-errno, "socketpair: %s", strerror(errno));
   nwc_proto_req req = {.op = NWC_OP_MAP_GPU, .device = device};
   snprintf(req.model, sizeof req.model, "%s", model);
   snprintf(req.tensor, sizeof req.tensor, "%s", tensor);
   uint8_t *payload = NULL;
   size_t len = 0;
-  int rc = nwc__client_call(c, &req, &sv[1], 1, &payload, &len);
-  close(sv[1]); /* the daemon holds its own copy now */
+  int sock = -1;
+  NWC_TRY(nwc__client_map_call(c, &req, &sock, &payload, &len));
+  int rc = 0;
   nwc_client_gpu_map *m = calloc(1, sizeof *m);
-  if (!m && rc == 0) rc = nwc__client_fail(-ENOMEM, "out of memory");
-  if (m) m->pool_fd = -1, m->ref = sv[0];
+  if (!m) rc = nwc__client_fail(-ENOMEM, "out of memory");
+  if (m) m->pool_fd = -1, m->ref = sock;
   if (rc == 0) rc = gmap_parse(payload, len, tensor, device, m);
   free(payload);
-  if (rc == 0 && (rc = nwc_proto_map_recv(sv[0], req.id, &m->pool_fd)) < 0)
+  if (rc == 0 && (rc = nwc_proto_map_recv(sock, req.id, &m->pool_fd)) < 0)
     rc = nwc__client_fail(rc, "%s", nwc_error_detail());
   if (rc < 0) {
     if (m) nwc_client_gpu_map_free(m);
-    else close(sv[0]);
+    else close(sock);
     return rc;
   }
   *out = m;
