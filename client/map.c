@@ -99,21 +99,17 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
   if (!c || !model || !tensor || strlen(model) >= NWC_PROTO_NAME_MAX ||
       strlen(tensor) >= NWC_PROTO_NAME_MAX)
     return nwc__client_fail(-EINVAL, "bad arguments");
-  nwc_proto_req req = {.op = NWC_OP_MAP};
-  snprintf(req.model, sizeof req.model, "%s", model);
-  snprintf(req.tensor, sizeof req.tensor, "%s", tensor);
+  nwc_proto_req req = {0};
+  nwc__client_names(&req, NWC_OP_MAP, model, tensor);
   uint8_t *payload = NULL;
   size_t len = 0;
-  int sock = -1;
+  int sock = -1, rc = 0;
   NWC_TRY(nwc__client_map_call(c, &req, &sock, &payload, &len));
-  int rc = 0;
   nwc_proto_map p = {0};
-  if (rc == 0) {
-    nwc_pr r;
-    nwc_pr_init(&r, payload, len);
-    if (nwc_proto_get_map(&r, &p) < 0 || nwc_pr_end(&r, "map") < 0)
-      rc = nwc__client_fail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
-  }
+  nwc_pr r;
+  nwc_pr_init(&r, payload, len);
+  if (nwc_proto_get_map(&r, &p) < 0 || nwc_pr_end(&r, "map") < 0)
+    rc = nwc__client_fail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
   free(payload);
   nwc_client_mapping *m = NULL;
   int fd = -1;

@@ -71,14 +71,12 @@ int nwc_client_map_gpu(nwc_client *c, const char *model, const char *tensor, int
     return nwc__client_fail(-EOPNOTSUPP,
                             "%s does not share device copies (protocol capability 1024: map_gpu, "
                             "a daemon with --backend cuda)", c->hello.daemon);
-  nwc_proto_req req = {.op = NWC_OP_MAP_GPU, .device = device};
-  snprintf(req.model, sizeof req.model, "%s", model);
-  snprintf(req.tensor, sizeof req.tensor, "%s", tensor);
+  nwc_proto_req req = {.device = device};
+  nwc__client_names(&req, NWC_OP_MAP_GPU, model, tensor);
   uint8_t *payload = NULL;
   size_t len = 0;
-  int sock = -1;
+  int sock = -1, rc = 0;
   NWC_TRY(nwc__client_map_call(c, &req, &sock, &payload, &len));
-  int rc = 0;
   nwc_client_gpu_map *m = calloc(1, sizeof *m);
   if (!m) rc = nwc__client_fail(-ENOMEM, "out of memory");
   if (m) m->pool_fd = -1, m->ref = sock;
