@@ -21,6 +21,11 @@
  *     synchronization, so the pool holds the live copies and the unused rest of partly used
  *     chunks, no more (as cudaMalloc holds the rest of the pages it sub-allocates small
  *     allocations from).  Running out is -ENOMEM (residency.c evicts and retries once).
+ *   - GPU maps (docs/gpu-maps.md): where the device allows it the pool is made with POSIX file
+ *     descriptor handles and exported once (nwcd_cuda_share_pool: the descriptor goes to every
+ *     client that maps a copy of that device); each copy is named by its
+ *     cudaMemPoolExportPointer data, taken once its blob has arrived (nwcd_cuda_export).  A pool
+ *     that cannot be shared is made plain: copies load, maps are refused with the reason.
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
@@ -233,7 +238,17 @@ int copy_pool(int dev, cudaMemPool_t *out) {
     props.location.id = dev;
     cudaMemPool_t p = nullptr;
     uint64_t keep = 0;
-    rc = fail_cuda(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
+    cudaError_t e = cudaMemPoolCreate(&p, &props);
+    if (e != cudaSuccess && props.handleTypes != cudaMemHandleTypeNone) {
+      /* copies must not fail to load because they cannot be shared: a plain pool then */
+      cudaGetLastError();
+      snprintf(pool_why[dev], sizeof pool_why[dev], "cudaMemPoolCreate of a shareable pool: %s",
+               cudaGetErrorString(e));
+      props.handleTypes = cudaMemHandleTypeNone;
+      p = nullptr;
+      e = cudaMemPoolCreate(&p, &props);
+    }
+    rc = fail_cuda(e, "cudaMemPoolCreate");
     if (rc == 0)
       rc = fail_cuda(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep),
                      "the release threshold of a memory pool");
