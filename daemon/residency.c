@@ -111,6 +111,7 @@ struct nwcd_entry {
   uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
   size_t len;
   bool locked, direct, pinned;
+  bool exit_mapped;   /* a device copy still mapped by a client as the daemon exits: not freed */
   nwc_tensor view;
   unsigned refs;
   unsigned maps;      /* client mappings (entries of r->maps) */
@@ -241,7 +242,8 @@ static void loc_name(int loc, char out[16]) {
 
 static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   if (e->state != NWC_RES_RESIDENT) return;
-  if (e->dcopy) r->d->backend->dev_free(e->dcopy);
+  if (e->exit_mapped) { /* left to the process's end: an importer must free first */
+  } else if (e->dcopy) r->d->backend->dev_free(e->dcopy);
   else r->d->backend->host_free(e->buf, e->len, e->locked);
   e->buf = e->dcopy = NULL, e->fd = -1;
   *used_at(r, e->loc) -= held(e);
@@ -259,8 +261,15 @@ static void entry_free(nwcd_res *r, nwcd_entry *e) {
 
 void nwcd_res_free(nwcd_res *r) {
   if (!r) return;
-  for (size_t i = 0; i < r->nmaps; i++) mapref_drop(&r->maps[i]);
-  r->nmaps = 0; /* the clients' mappings stay valid: the pages live while they map them */
+  reap_maps(r);
+  for (size_t i = 0; i < r->nmaps; i++) {
+    nwcd_entry *const *es = ref_entries(&r->maps[i]);
+    for (unsigned k = 0; k < r->maps[i].n; k++) es[k]->exit_mapped = es[k]->loc >= 0;
+    mapref_drop(&r->maps[i]);
+  }
+  r->nmaps = 0; /* host maps stay valid: the pages live while they map them; device copies
+                 * still mapped are not freed here (cudaMemPoolImportPointer: the exporter frees
+                 * last), the driver reclaims them with this process */
   for (size_t i = 0; i < r->n; i++) entry_free(r, r->e[i]);
   if (r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   free(r->e);
