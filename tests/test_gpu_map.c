@@ -8,7 +8,9 @@
  *      against the original weights: dequant and a gather of rows (first, last, random) bit for
  *      bit, matvecs of 1..8 columns (fp32 and BF16 in one call: BF16 the rounding of fp32)
  *      within 1e-5 of fp64, with a bias (y + bias), and linear (BF16) equal to the matvec's
- *      rounding; each prints whether its access is read-only.
+ *      rounding; each prints whether its access is read-only.  Then the sample imported as fp8
+ *      ("use8": matrices quantized with per-row scales): every tensor's mapped dequant equals
+ *      the daemon's (socket) bit for bit and its mapped matvec the daemon's within 1e-5.
  *   2. Device memory is used once: N = 4 processes ("hold") create their contexts, then the
  *      parent reads cudaMemGetInfo, they map the model, the parent reads it again: what the
  *      maps took is less than the model's device bytes per process (no process made a copy),
@@ -182,6 +184,36 @@ static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const
   free(x), free(y), free(yb), free(b), free(yh), free(yl);
 }
 
+/* fp8 (or any) tensor t of model against the daemon's own socket calls: dequant bit for bit,
+ * a one-column matvec within 1e-5 (the same kernels on the same copy). */
+static void check_vs_daemon(nwc_client *c, const char *model, const nwc_cuda_map *m,
+                            const nwc_cuda_tensor *t, cudaStream_t st) {
+  const uint64_t M = t->rows, K = t->cols, K16 = t->k16;
+  uint16_t *d = dev_alloc(M * K16 * 2), *h = malloc(M * K16 * 2), *ref = malloc(M * K * 2);
+  CHECK_RC(nwc_cuda_dequant(m, t, d, st));
+  CU(cudaMemcpyAsync(h, d, M * K16 * 2, cudaMemcpyDeviceToHost, st));
+  CU(cudaStreamSynchronize(st));
+  CHECK_RC(nwc_client_dequant(c, model, t->name, NWC_CLIENT_BF16, ref, M * K * 2, NULL, NULL,
+                              NULL));
+  size_t bad = 0;
+  for (uint64_t r = 0; r < M; r++) bad += memcmp(h + r * K16, ref + r * K, K * 2) != 0;
+  CHECK(bad == 0, "%s/%s: %zu mapped dequant rows differ from the daemon's", model, t->name, bad);
+  float *x = calloc(K16, 4), *y = malloc(M * 4), *yd = malloc(M * 4), *dx = dev_alloc(K16 * 4);
+  float *dy = dev_alloc(M * 4);
+  for (uint64_t k = 0; k < K; k++) x[k] = (float)(2 * test_uniform() - 1);
+  CU(cudaMemcpyAsync(dx, x, K16 * 4, cudaMemcpyHostToDevice, st));
+  CHECK_RC(nwc_cuda_matvec(m, t, dx, 1, K16, NULL, dy, NULL, M, st));
+  CU(cudaMemcpyAsync(y, dy, M * 4, cudaMemcpyDeviceToHost, st));
+  CU(cudaStreamSynchronize(st));
+  CHECK_RC(nwc_client_matvec(c, model, t->name, NULL, 1.0f, x, K, 1, 0, yd, M * 4, NULL));
+  double num = 0, den = 0;
+  for (uint64_t i = 0; i < M; i++) num += (y[i] - yd[i]) * (y[i] - yd[i]), den += yd[i] * yd[i];
+  CHECK(den > 0 && sqrt(num / den) <= 1e-5, "%s/%s: mapped matvec against the daemon's: %.3g",
+        model, t->name, sqrt(num / (den > 0 ? den : 1)));
+  cudaFree(d), cudaFree(dx), cudaFree(dy);
+  free(h), free(ref), free(x), free(y), free(yd);
+}
+
 static nwc_client *connect_or_die(const char *sock) {
   nwc_client *c = NULL;
   if (nwc_client_connect(sock, &c) < 0) {
@@ -218,6 +250,19 @@ static int role_check(const char *sock) {
            (unsigned long long)nwc_cuda_scratch_bytes(m));
     nwc_cuda_unmap(m);
   }
+  nwc_cuda_map *m8 = NULL;
+  int rc = nwc_cuda_map_model(c, "use8", 0, &m8);
+  CHECK(rc == 0, "map of use8: %d %s", rc, nwc_cuda_last_error());
+  size_t fp8 = 0;
+  for (size_t i = 0; m8 && i < nwc_cuda_count(m8); i++) {
+    const nwc_cuda_tensor *t = nwc_cuda_at(m8, i);
+    fp8 += NWC_ELEM_TYPE(t->elem) == NWC_ELEM_FP8;
+    check_vs_daemon(c, "use8", m8, t, st);
+  }
+  CHECK(!m8 || fp8 > 0, "use8 has no fp8 tensor");
+  printf("pid %d: use8: %zu tensors (%zu fp8) equal to the daemon's\n", (int)getpid(),
+         nwc_cuda_count(m8), fp8);
+  nwc_cuda_unmap(m8);
   cudaStreamDestroy(st);
   nwc_client_free(c);
   return test_failures ? 1 : 0;
@@ -605,6 +650,9 @@ int main(int argc, char **argv) {
   nwc_client_import_opts l2 = {.layout = 2};
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
   CHECK_RC(nwc_client_import(c, "use2", getenv("NWC_SAMPLE"), &l2, NULL));
+  nwc_client_import_opts q8 = {.elem = 1};
+  CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &q8, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use8", NULL, 0, NULL, NULL, NULL));
   CHECK_RC(nwc_client_load_on(c, "use", NULL, 0, NULL, NULL, NULL));
   CHECK_RC(nwc_client_load_on(c, "use2", NULL, 0, NULL, NULL, NULL));
   CU(cudaSetDevice(0));
