@@ -187,12 +187,18 @@ static int same_device(const nwc_cuda_map *m) {
 }
 
 /* The pool must reach the current device, its own: access is asked for there if it has none,
- * then read-only access (the kernels only read), and what holds is read back. */
+ * then read-only access (the kernels only read), and what holds is read back.  A driver that
+ * cannot say (cudaMemPoolGetAccess fails) is taken to give its own device read-write access,
+ * the documented default. */
 static int pool_access(nwc_cuda_map *m) {
   struct cudaMemLocation loc = {.type = cudaMemLocationTypeDevice, .id = m->cuda_device};
   enum cudaMemAccessFlags fl = cudaMemAccessFlagsProtNone;
   cudaError_t e = cudaMemPoolGetAccess(&fl, m->pool->pool, &loc);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaMemPoolGetAccess of nwcd's pool");
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    m->read_only = 0;
+    return 0;
+  }
   if (fl == cudaMemAccessFlagsProtNone) {
     struct cudaMemAccessDesc d = {.location = loc, .flags = cudaMemAccessFlagsProtRead};
     if (cudaMemPoolSetAccess(m->pool->pool, &d, 1) != cudaSuccess) {
