@@ -29,6 +29,10 @@
  *      of a tensor unmapped, evicted and replaced by another of its size is refused; a memfd
  *      is not a pool; libnwc-cuda refuses a tensor of another map, a NULL one, 0 and 9 columns;
  *      a map onto a device that is not current (a second GPU, where there is one) is -ENODEV.
+ *   6. What read-only means ("write"): a process maps a tensor and writes 64 bytes into its
+ *      raw plane.  Either the driver refuses (the map said read-only) or the write lands in
+ *      nwcd's copy: then the daemon's own dequant shows it (docs/gpu-maps.md says so), and an
+ *      evict and reload restores the weights bit for bit.  Printed as JSON either way.
  */
 #include "test_daemon_util.h"
 
@@ -516,6 +520,29 @@ static int role_forge(const char *sock) {
   return test_failures ? 1 : 0;
 }
 
+/* Role "write NAME": maps use/NAME and writes into its raw plane; says 'w' (written) or 'r'
+ * (refused by the driver: the context is then unusable, so it exits without unmapping). */
+static int role_write(const char *sock, const char *name) {
+  nwc_client *c = connect_or_die(sock);
+  CU(cudaSetDevice(0));
+  nwc_cuda_map *m = NULL;
+  if (nwc_cuda_map_tensor(c, "use", name, 0, &m) < 0) {
+    fprintf(stderr, "write: map of %s: %s\n", name, nwc_cuda_last_error());
+    return 1;
+  }
+  const nwc_k_tensor *k = nwc_cuda_at(m, 0)->k;
+  /* the raw plane (the bytes stored as they are): values change, the decoder's path does not */
+  cudaError_t e = cudaMemset((void *)k->raw, 0x55, 64);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  printf("write into a mapped copy (access %s): %s\n",
+         nwc_cuda_read_only(m) ? "read-only" : "read-write", cudaGetErrorString(e));
+  say(4, e == cudaSuccess ? 'w' : 'r');
+  if (e != cudaSuccess) return 0;
+  nwc_cuda_unmap(m);
+  nwc_client_free(c);
+  return 0;
+}
+
 /* ---- the parent ----------------------------------------------------------------------------- */
 
 static uint64_t gpu_free(void) {
@@ -609,6 +636,34 @@ static void step_evict(nwc_client *c) {
   CHECK_RC(nwc_client_load_on(c, "use", NULL, 0, NULL, NULL, NULL));
 }
 
+/* Dequant of use/t by the daemon: the number of values that differ from the original weights. */
+static size_t daemon_diff(nwc_client *c, const td_tensor *t) {
+  size_t n = t->rows * t->cols, bad = 0;
+  uint16_t *h = malloc(n * 2);
+  CHECK_RC(nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, h, n * 2, NULL, NULL, NULL));
+  for (size_t i = 0; i < n; i++) bad += h[i] != td_w(t, i);
+  free(h);
+  return bad;
+}
+
+static void step_write(nwc_client *c) {
+  const td_tensor *t = NULL;
+  for (size_t i = 0; i < td_nt && !t; i++)
+    if (td_t[i].rows > 1) t = &td_t[i];
+  if (!t) return;
+  kid k = spawn("write", t->name);
+  char got = hear(k.from);
+  CHECK(reap(&k) == 0 && (got == 'w' || got == 'r'), "the write process failed");
+  size_t after = daemon_diff(c, t);
+  printf("{\"test\":\"gpu_map_write\",\"write\":\"%s\",\"daemon_values_changed\":%zu}\n",
+         got == 'w' ? "accepted" : "refused", after);
+  CHECK(got == 'w' || after == 0, "a refused write changed %zu values", after);
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL));
+  size_t restored = daemon_diff(c, t);
+  CHECK(restored == 0, "evict and reload left %zu values changed", restored);
+}
+
 static void step_graph(void) {
   kid g = spawn("graph", NULL);
   CHECK(hear(g.from) == 'r', "graph did not capture");
@@ -631,6 +686,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "graph")) return role_graph(argv[2]);
     if (!strcmp(argv[1], "churn")) return role_churn(argv[2]);
     if (!strcmp(argv[1], "forge")) return role_forge(argv[2]);
+    if (!strcmp(argv[1], "write")) return role_write(argv[2], argv[3]);
     return 2;
   }
   test_seed("test_gpu_map");
@@ -665,6 +721,7 @@ int main(int argc, char **argv) {
   if (!test_failures) step_graph();
   kid f = spawn("forge", NULL);
   CHECK(reap(&f) == 0, "the forge process failed");
+  step_write(c);
   unsigned maps = 1;
   model_device_bytes(c, "use2", &maps);
   CHECK(maps == 0, "%u maps of use2 left after every process ended", maps);
