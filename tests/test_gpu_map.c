@@ -715,7 +715,8 @@ int main(int argc, char **argv) {
   CU(cudaFree(0));
   /* 1. two checking processes at once */
   kid k1 = spawn("check", NULL), k2 = spawn("check", NULL);
-  CHECK(reap(&k1) == 0 && reap(&k2) == 0, "a checking process failed");
+  int r1 = reap(&k1), r2 = reap(&k2);
+  CHECK(r1 == 0 && r2 == 0, "a checking process failed (%d, %d)", r1, r2);
   if (!test_failures) step_memory(c);
   if (!test_failures) step_evict(c);
   if (!test_failures) step_graph();
