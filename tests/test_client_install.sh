@@ -4,7 +4,7 @@
 # nwc-client.pc twice, with the shared and with the static libnwc-client, and both talk to the
 # installed nwcd: one imports a random BF16 safetensors file (fresh each run, seed printed), both
 # dequantize its tensors, and the bytes must equal the file's own; the installed nwcctl lists
-# them with no LD_LIBRARY_PATH.
+# them with no LD_LIBRARY_PATH, and the installed Python package (nwc) lists them too.
 set -u
 b=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -78,6 +78,24 @@ done
 ctl=$(find "$tmp/root" -path '*bin/nwcctl' | head -1)
 env -u LD_LIBRARY_PATH "$ctl" --socket "$tmp/nwcd.sock" ls m >"$tmp/ls.out" 2>&1 && grep -q ' w/b$' "$tmp/ls.out" ||
   die "the installed nwcctl does not run: $(cat "$tmp/ls.out")"
+# The Python package, installed into the target Python's site-packages under the prefix, with
+# a _paths.py naming the installed libdir; from DESTDIR it needs NWC_CLIENT_LIBRARY to find it.
+init=$(find "$tmp/root" -path '*-packages/nwc/__init__.py' | head -1)
+if [ -x /usr/bin/python3 ] && [ -n "$init" ]; then
+  site=$(dirname "$(dirname "$init")")
+  want=$(cd "$prefix" && pwd)
+  want=${want#"$tmp/root"}  # the prefix the package will live under, without DESTDIR
+  grep -q "LIBDIR = \"$want/" "$site/nwc/_paths.py" ||
+    die "nwc/_paths.py: $(cat "$site/nwc/_paths.py")"
+  list="import nwc; c = nwc.connect('$tmp/nwcd.sock')
+print(*[f'{m.name} {m.tensors}' for m in c.models()])"
+  out=$(env LD_PRELOAD="${NWC_PY_PRELOAD:-}" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$site" \
+    PYTHONDONTWRITEBYTECODE=1 NWC_CLIENT_LIBRARY="$libdir/libnwc-client.so.0" \
+    /usr/bin/python3 -c "$list" 2>&1)
+  [ "$out" = "m 3" ] || die "the installed nwc package: $out"
+elif [ -x /usr/bin/python3 ]; then
+  die "the nwc package was not installed"
+fi
 kill -TERM "$pid"; wait "$pid"; st=$?; pid=
 [ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
 # CUDA builds: libnwc-cuda is installed beside it (nwc_cuda.h, nwc-cuda.pc requiring nwc-client),
