@@ -98,4 +98,31 @@ elif [ -x /usr/bin/python3 ]; then
 fi
 kill -TERM "$pid"; wait "$pid"; st=$?; pid=
 [ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
-echo "test_client_install: ok (shared and static libnwc-client, prefix $prefix)"
+# CUDA builds: libnwc-cuda is installed beside it (nwc_cuda.h, nwc-cuda.pc requiring nwc-client),
+# exports only nwc_cuda_*, and a program built outside the tree links against it; libnwc-client
+# itself needs no CUDA library.
+readelf -d "$libdir/libnwc-client.so" | grep NEEDED | grep -qi cuda && die "libnwc-client.so needs a CUDA library"
+gpu=""
+if [ -f "$libdir/pkgconfig/nwc-cuda.pc" ]; then
+  cat >"$tmp/gpu_consumer.c" <<'C'
+#include <nwc_cuda.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+  nwc_client *c;
+  if (argc < 2 || nwc_client_connect(argv[1], &c) < 0) return 1;
+  nwc_cuda_map *m;
+  int rc = nwc_cuda_map_model(c, "m", 0, &m);
+  printf("%d %s\n", rc, rc < 0 ? nwc_cuda_last_error() : "");
+  if (rc == 0) nwc_cuda_unmap(m);
+  nwc_client_free(c);
+  return 0;
+}
+C
+  # shellcheck disable=SC2046
+  $cc -std=c11 -Wall -Werror ${NWC_CONSUMER_FLAGS:-} $(pkg-config --cflags nwc-cuda) "$tmp/gpu_consumer.c" \
+    -o "$tmp/gpu-consumer" $(pkg-config --libs nwc-cuda) || die "building against libnwc-cuda failed"
+  bad=$(nm -D --defined-only "$libdir/libnwc-cuda.so" | awk '$2 == "T" && $3 !~ /^nwc_cuda_/ {print $3}')
+  [ -z "$bad" ] || die "libnwc-cuda.so exports $bad"
+  gpu=", libnwc-cuda built against"
+fi
+echo "test_client_install: ok (shared and static libnwc-client$gpu, prefix $prefix)"
