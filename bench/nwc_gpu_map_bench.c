@@ -49,17 +49,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DIE(...)                                                                                 \
-  do {                                                                                           \
-    fprintf(stderr, "nwc_gpu_map_bench: " __VA_ARGS__);                                          \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
-  } while (0)
-#define CU(expr)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) DIE("%s: %s (line %d)", #expr, cudaGetErrorString(e_), __LINE__);     \
-  } while (0)
+#define BENCH_NAME "nwc_gpu_map_bench"
+#include "gpu_die.h"
+
 #define NW(expr)                                                                                 \
   do {                                                                                           \
     int r_ = (expr);                                                                             \
