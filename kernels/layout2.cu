@@ -24,7 +24,7 @@
  * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x NC
  * floats of partial sums, x's fragments.
  *
- * Dequant streams the same way, a unit per block (16 slots), and stores each slot's rows with 16-byte
+ * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
  * storing that row only.
  *
@@ -41,17 +41,13 @@ namespace nwc_k {
 namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
-#ifndef NWC_L2_PAIRS
-#define NWC_L2_PAIRS 0 /* 1: two slots an iteration, four accumulator chains, 2 CTAs per SM */
-#endif
-constexpr unsigned kPair = NWC_L2_PAIRS ? 2 : 1;
-constexpr unsigned kL2CtasPerSm = NWC_L2_PAIRS ? 2 : 3; /* <= 128 or 80 registers */
+constexpr unsigned kL2CtasPerSm = 3; /* <= 80 registers */
 constexpr unsigned kRing = 8;      /* slots staged per warp */
 constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
 constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
 
-/* How the row groups are cut into units of work: F parts of `per` slots each. */
+/* How the row groups are cut into units of work: F parts of `per` column blocks each. */
 struct L2Work {
   uint32_t units, F, per;
 };
@@ -128,10 +124,10 @@ __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32
 }
 
 /* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
- * row k = u / F), slot s of the row group (its column block s / 16), the unit's first slot and
- * its end, and the slot's nibbles and low bytes in global memory. */
+ * row k = u / F), slot s of the row group (its column block s / 16), the unit's end, and the
+ * slot's nibbles and low bytes in global memory. */
 struct Cursor {
-  uint32_t u, grp, part, s, s0, s_end;
+  uint32_t u, grp, part, s, s_end;
   const uint8_t *nib, *low;
   __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
     for (;; unit += gridDim.x * (blockDim.x >> 5)) {
@@ -149,7 +145,8 @@ struct Cursor {
       }
     }
     u = unit;
-    s = s0 = part * w.per, s_end = min(s + w.per, g.S);
+    const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
+    s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
     const uint64_t gs = (uint64_t)grp * g.S + s;
     nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
     low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
@@ -179,7 +176,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     cp_async16(dst + kLowOff + 16 * lane, ld.low);
     if (lane < 16) {
       cp_async16(dst + 16 * lane, ld.nib);
-    } else if (ld.s % 16 == 0 || ld.s == ld.s0) { /* a block starts, or the unit in one */
+    } else if (ld.s % 16 == 0) {
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
       else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
@@ -187,57 +184,42 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     ld.nib += 256, ld.low += 512;
     if (++ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
   };
-  constexpr uint32_t kAhead = kRing - kPair; /* slots in flight */
 #pragma unroll
-  for (uint32_t k = 0; k < kAhead; k++) {
+  for (uint32_t k = 0; k + 1 < kRing; k++) {
     if (lv) issue(k);
     cp_commit();
   }
   /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  uint32_t kc = 0, kl = kAhead;
+  uint32_t kc = 0, kl = kRing - 1;
   uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
   const uint8_t *ex_p = nullptr;
   while (cv) {
-    const uint32_t n = min(c.s_end - c.s, kPair); /* slots this iteration (units start even) */
-    if (n == 2) cp_wait<kAhead - 2>();
-    else cp_wait<kAhead - 1>();
+    cp_wait<kRing - 2>();
     __syncwarp();
     const uint8_t *e = ring_mem + kc * kEntry;
-    if (c.s % 16 == 0 || c.s == c.s0) { /* a block (or the unit) starts: its exception entries */
+    if (c.s % 16 == 0) { /* a block starts: its exception entries */
       ex_n = e[kHdrOff + lane];
       const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       ex_p = g.data + base + 3 * lane_prefix(ex_n);
       if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
     }
-    uint32_t A[kPair][8];
-#pragma unroll
-    for (uint32_t i = 0; i < kPair; i++) {
-      const uint8_t *ei = ring_mem + (kc + i < kRing ? kc + i : kc + i - kRing) * kEntry;
-      if (i < n)
-        decode_bf16_slot(*reinterpret_cast<const uint2 *>(ei + 8 * lane),
-                         *reinterpret_cast<const uint4 *>(ei + kLowOff + 16 * lane), g.lut[0], g.lut[1], A[i]);
-    }
-#pragma unroll
-    for (uint32_t i = 0; i < kPair; i++)
-      if (i < n) sink.slot(c, c.s + i, A[i], i);
-#pragma unroll
-    for (uint32_t i = 0; i < kPair; i++)
-      if (i < n) {
-        if (lv) issue(kl);
-        cp_commit();
-        kl = kl + 1 == kRing ? 0 : kl + 1;
-      }
-    kc = kc + n >= kRing ? kc + n - kRing : kc + n;
-    const uint32_t next = c.s + n;
-    if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
-      const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
+    uint32_t A[8];
+    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
+                     *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
+    sink.slot(c, A);
+    if (lv) issue(kl);
+    cp_commit();
+    kl = kl + 1 == kRing ? 0 : kl + 1;
+    kc = kc + 1 == kRing ? 0 : kc + 1;
+    const uint32_t next = c.s + 1;
+    if (next % 16 == 0 || next == c.s_end) { /* the block ends: apply its entries */
+      const uint32_t cb = c.s / 16;
       for (uint32_t k = 0; k < ex_n; k++) {
         if (k) ex_idx = __ldg(ex_p + 3 * k), ex_w = __ldg(ex_p + 3 * k + 1) | (uint32_t)__ldg(ex_p + 3 * k + 2) << 8;
-        const uint32_t j = ex_idx & 15u, sc = ex_idx >> 4;
-        if (sc >= lo && sc < hi) /* the unit's part of the block */
-          sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j), ex_w);
+        const uint32_t j = ex_idx & 15u;
+        sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * (ex_idx >> 4) + frag_col(q, j), ex_w);
       }
     }
     if (next == c.s_end) {
@@ -254,31 +236,28 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
 template <int NC>
 struct MatvecSink {
   const L2Matvec &a;
-  float acc[kPair][2][4]; /* accumulator chains: per slot of an iteration, mma step h = 0 and 1 */
+  float c0[4], c1[4];   /* two accumulator chains: mma steps h = 0 and h = 1 */
   float s0[NC], s8[NC]; /* exception sums of rows r and r + 8, per column */
 
   __device__ __forceinline__ explicit MatvecSink(const L2Matvec &args) : a(args) { clear(); }
   __device__ __forceinline__ void clear() {
 #pragma unroll
-    for (uint32_t k = 0; k < kPair; k++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[k][0][i] = acc[k][1][i] = 0.f;
+    for (int i = 0; i < 4; i++) c0[i] = c1[i] = 0.f;
 #pragma unroll
     for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
   }
 
-  /* Slot s's products into chain k (the slot's place in its iteration). */
-  __device__ __forceinline__ void slot(const Cursor &, uint32_t s, const uint32_t A[8], uint32_t k) {
+  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
     uint4 p[3] = {}; /* B registers b0, b1 of step 0, b0, b1 of step 1: hi, mid, lo parts */
     if (r < a.ncols) {
-      const uint4 *xs = a.xs + 3 * ((s * a.ncols + r) * 4 + q);
+      const uint4 *xs = a.xs + 3 * ((c.s * a.ncols + r) * 4 + q);
       p[0] = xs[0], p[1] = xs[1], p[2] = xs[2];
     }
 #pragma unroll
     for (int i = 0; i < 3; i++) {
-      mma_bf16(acc[k][0], A, p[i].x, p[i].y);
-      mma_bf16(acc[k][1], A + 4, p[i].z, p[i].w);
+      mma_bf16(c0, A, p[i].x, p[i].y);
+      mma_bf16(c1, A + 4, p[i].z, p[i].w);
     }
   }
 
@@ -303,11 +282,7 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
   float c[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    c[i] = acc[0][0][i] + acc[0][1][i];
-#pragma unroll
-    for (uint32_t k = 1; k < kPair; k++) c[i] += acc[k][0][i] + acc[k][1][i];
-  }
+  for (int i = 0; i < 4; i++) c[i] = c0[i] + c1[i];
 #pragma unroll
   for (int n = 0; n < NC; n++) {
     float t0 = s0[n] + __shfl_xor_sync(0xffffffffu, s0[n], 1);
@@ -376,8 +351,8 @@ struct RowsSink {
     const uint32_t k = c.u / F;
     return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
-  __device__ __forceinline__ void slot(const Cursor &c, uint32_t s, const uint32_t A[8], uint32_t) const {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * s + 8 * q;
+  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * c.s + 8 * q;
     if (col >= K16) return;
     uint16_t *d0 = dst(c, r), *d8 = dst(c, r + 8);
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
@@ -405,23 +380,23 @@ int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
   return 0;
 }
 
-/* The matvec's units: row groups cut into F parts of `per` slots (F = 1: whole, no partial
- * sums; a part is whole blocks, or half a block: 8 slots).  Warps take units in turn, so the time
- * is about ceil(units / warps) units: with at least as many row groups as resident warps F is 1,
- * else the largest parts whose units keep the warps busiest (within 3 % of the best; 19456 x
- * 2560 in three parts gave 1.15 units a warp, so two rounds). */
+/* The matvec's units: row groups cut into F parts (F = 1: whole, no partial sums).  Warps take
+ * units in turn, so the time is about ceil(units / warps) units: with at least as many row
+ * groups as resident warps F is 1, else the smallest F whose units keep the warps busiest
+ * (within 3 % of the best; 19456 x 2560 at F = 3 gave 1.15 units a warp, so two rounds). */
 int l2_work(const L2Geom &g, L2Work *w) {
   int sms = sm_count();
   if (sms < 0) return sms;
   const double warps = (double)sms * kL2CtasPerSm * kL2Warps;
   if (g.RB >= warps) {
-    w->per = g.S, w->F = 1, w->units = g.RB;
+    w->per = g.CB, w->F = 1, w->units = g.RB;
     return 0;
   }
   double best = 0;
   for (uint32_t pass = 0; pass < 2; pass++)
-    for (uint32_t f = 1; f <= 2 * g.CB; f++) {
-      const uint32_t per = f == 2 * g.CB ? 8 : 16 * ((g.CB + f - 1) / f), F = (g.S + per - 1) / per;
+    for (uint32_t f = 1; f <= g.CB; f++) {
+      const uint32_t per = (g.CB + f - 1) / f, F = (g.CB + per - 1) / per;
+      if (F != f) continue;
       const double units = (double)g.RB * F, busy = units / (ceil(units / warps) * warps);
       if (pass == 0 && busy > best) best = busy;
       if (pass == 1 && busy >= 0.97 * best) {
@@ -542,7 +517,7 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   if (rows && n == 0) return 0;
   const uint64_t units = (rows ? n : g.RB) * g.CB; /* a unit per block (and requested row) */
   if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  L2Work w{(uint32_t)units, g.CB, 16};
+  L2Work w{(uint32_t)units, g.CB, 1};
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
   unsigned ctas;
   if ((rc = l2_ctas(w.units, kL2CtasPerSm, &ctas)) < 0) return rc;
