@@ -28,9 +28,12 @@ double nwc_bench_median(double *t, size_t n);
  * --backend backend (NULL: nwcd's default) and log, a log flag (--verbose) whose output goes to
  * this process's stderr (NULL: --quiet, stderr discarded), and waits (up to 10 s: a CUDA
  * backend's start) until sock accepts connections: its pid (-1 if fork failed).  The caller
- * stops it (SIGTERM, waitpid).  bench_daemon.c. */
+ * stops it (nwc_bench_nwcd_stop).  bench_nwcd.c. */
 pid_t nwc_bench_nwcd_start(const char *nwcd, const char *store, const char *sock,
                            const char *backend, const char *log);
+/* n normal BF16 weights (sigma 0.02) into w from a xorshift generator seeded with seed (the
+ * same seed, the same weights).  bench_weights.c. */
+void nwc_bench_normal_bf16(uint16_t *w, uint64_t n, uint64_t seed);
 /* Flushes stdout and stops what nwc_bench_nwcd_start started (SIGTERM, waits for it, SIGKILL
  * after 30 s); nothing more for a pid <= 0. */
 void nwc_bench_nwcd_stop(pid_t pid);

@@ -77,21 +77,6 @@ static double pctl(double *t, size_t n, double p) {
   return t[(size_t)((double)(n - 1) * p)];
 }
 
-/* Normal BF16 weights (sigma 0.02) from a xorshift generator. */
-static void synth(uint16_t *w, uint64_t n, uint64_t seed) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (uint64_t i = 0; i < n; i += 2) {
-    double u[2];
-    for (int k = 0; k < 2; k++) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      u[k] = ((double)(s >> 11) + 0.5) * 0x1p-53;
-    }
-    double r = 0.02 * sqrt(-2 * log(u[0]));
-    w[i] = nwc_f32_to_bf16((float)(r * cos(6.283185307179586 * u[1])));
-    if (i + 1 < n) w[i + 1] = nwc_f32_to_bf16((float)(r * sin(6.283185307179586 * u[1])));
-  }
-}
-
 /* The safetensors file: T tensors "w.i" of M x K, matrices[i % 4]. */
 /* T matrices of M x K, then with E > 0 an "embed" of E x K (rows of the four matrices again). */
 static int write_model(unsigned T, uint64_t E, uint16_t *const mats[4]) {
@@ -283,7 +268,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   snprintf(store, sizeof store, "%s/store", dir);
   snprintf(file, sizeof file, "%s/model.safetensors", dir);
   uint16_t *mats[4];
-  for (int i = 0; i < 4; i++) mats[i] = malloc(M * K * 2), synth(mats[i], M * K, (uint64_t)i + 1);
+  for (int i = 0; i < 4; i++) mats[i] = malloc(M * K * 2), nwc_bench_normal_bf16(mats[i], M * K, (uint64_t)i + 1);
   int rc = write_model(T, E, mats);
   pid_t pid = nwc_bench_nwcd_start(nwcd_path, store, sock, "cuda", log_level);
   nwc_client *c = NULL;

@@ -34,22 +34,9 @@
 #include <string.h>
 #include <time.h>
 
-#define DIE(...)                                                                                 \
-  do {                                                                                           \
-    fprintf(stderr, "nwc_gpu_bench: " __VA_ARGS__);                                              \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
-  } while (0)
-#define CU(expr)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) DIE("%s: %s (line %d)", #expr, cudaGetErrorString(e_), __LINE__);     \
-  } while (0)
-#define CB(expr)                                                                                 \
-  do {                                                                                           \
-    cublasStatus_t s_ = (expr);                                                                  \
-    if (s_ != CUBLAS_STATUS_SUCCESS) DIE("%s: cublas status %d (line %d)", #expr, (int)s_, __LINE__); \
-  } while (0)
+#define BENCH_NAME "nwc_gpu_bench"
+#include "gpu_die.h"
+
 #define NW(expr)                                                                                 \
   do {                                                                                           \
     int r_ = (expr);                                                                             \

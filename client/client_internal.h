@@ -141,6 +141,11 @@ int nwc__client_check_matvec(const char *model, const char *tensor, const float 
  * the caller frees it; *len bytes).  Returns 0 or the negative errno with the message set. */
 int nwc__client_call(nwc_client *c, nwc_proto_req *req, const int *fds, unsigned nfds,
                      uint8_t **payload, size_t *len);
+/* A map or map_gpu request: makes a socketpair, sends req with one end (nwc__client_call) and
+ * gives the other, the mapping's reference, in *keep (the caller closes it); on failure nothing
+ * is kept (*keep -1) and the negative errno is returned with the message set. */
+int nwc__client_map_call(nwc_client *c, nwc_proto_req *req, int *keep, uint8_t **payload,
+                         size_t *len);
 
 
 #endif

@@ -17,6 +17,7 @@
 #include "client_internal.h"
 
 #include "nwc.h"
+#include "nwc_error.h"
 #include "nwc_store.h"
 
 #include <errno.h>
@@ -75,33 +76,44 @@ static int map_view(nwc_client_mapping *m, const char *model, const char *tensor
   return rc < 0 ? nwc__client_fail(rc, "%s", nwc_error_detail()) : 0;
 }
 
+int nwc__client_map_call(nwc_client *c, nwc_proto_req *req, int *keep, uint8_t **payload,
+                         size_t *len) {
+  int sv[2];
+  *keep = -1, *payload = NULL, *len = 0;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return nwc__client_fail(-errno, "socketpair: %s", strerror(errno));
+  int rc = nwc__client_call(c, req, &sv[1], 1, payload, len);
+  close(sv[1]); /* the daemon holds its own copy now */
+  if (rc < 0) {
+    close(sv[0]);
+    free(*payload), *payload = NULL;
+    return rc;
+  }
+  *keep = sv[0];
+  return 0;
+}
+
 int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
                    nwc_client_mapping **out) {
   *out = NULL;
   if (!c || !model || !tensor || strlen(model) >= NWC_PROTO_NAME_MAX ||
       strlen(tensor) >= NWC_PROTO_NAME_MAX)
     return nwc__client_fail(-EINVAL, "bad arguments");
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-    return nwc__client_fail(-errno, "socketpair: %s", strerror(errno));
-  nwc_proto_req req = {.op = NWC_OP_MAP};
-  snprintf(req.model, sizeof req.model, "%s", model);
-  snprintf(req.tensor, sizeof req.tensor, "%s", tensor);
+  nwc_proto_req req = {0};
+  nwc__client_names(&req, NWC_OP_MAP, model, tensor);
   uint8_t *payload = NULL;
   size_t len = 0;
-  int rc = nwc__client_call(c, &req, &sv[1], 1, &payload, &len);
-  close(sv[1]); /* the daemon holds its own copy now */
+  int sock = -1, rc = 0;
+  NWC_TRY(nwc__client_map_call(c, &req, &sock, &payload, &len));
   nwc_proto_map p = {0};
-  if (rc == 0) {
-    nwc_pr r;
-    nwc_pr_init(&r, payload, len);
-    if (nwc_proto_get_map(&r, &p) < 0 || nwc_pr_end(&r, "map") < 0)
-      rc = nwc__client_fail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
-  }
+  nwc_pr r;
+  nwc_pr_init(&r, payload, len);
+  if (nwc_proto_get_map(&r, &p) < 0 || nwc_pr_end(&r, "map") < 0)
+    rc = nwc__client_fail(-EBADMSG, "malformed map reply from nwcd: %s", nwc_error_detail());
   free(payload);
   nwc_client_mapping *m = NULL;
   int fd = -1;
-  if (rc == 0 && (rc = nwc_proto_map_recv(sv[0], req.id, &fd)) < 0)
+  if (rc == 0 && (rc = nwc_proto_map_recv(sock, req.id, &fd)) < 0)
     rc = nwc__client_fail(rc, "%s", nwc_error_detail());
   if (rc == 0 && !(m = calloc(1, sizeof *m))) rc = nwc__client_fail(-ENOMEM, "out of memory");
   if (rc == 0) {
@@ -113,10 +125,10 @@ int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
     if (m && m->base != MAP_FAILED) munmap(m->base, p.size);
     free(m);
     if (fd >= 0) close(fd);
-    close(sv[0]);
+    close(sock);
     return rc;
   }
-  m->sock = sv[0];
+  m->sock = sock;
   m->info = (nwc_client_map_info){p.rows, p.cols, p.elem, m->base, p.size, fd, p.maps, p.locked};
   *out = m;
   return 0;

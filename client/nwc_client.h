@@ -289,6 +289,52 @@ NWC_CLIENT_API int nwc_client_map_matvec(const nwc_client_mapping *m, const floa
                                          const float *x, unsigned ncols, unsigned flags, void *y,
                                          size_t cap);
 
+/* ---- GPU maps: device copies shared with this process (the protocol side) ------------------
+ *
+ * nwcd with the cuda backend keeps one copy of each resident tensor per GPU.  nwc_client_map_gpu
+ * asks it to share the copies of a tensor (or, tensor NULL or "", of every tensor of a model) on
+ * cuda:device (loading them there first if needed): the reply is what a CUDA process needs to
+ * import them into its own context (docs/gpu-maps.md): the descriptor of the daemon's memory
+ * pool of that device (pool_fd, for cudaMemPoolImportFromShareableHandle with POSIX file
+ * descriptors) and, per tensor, the export data of its allocation (cudaMemPoolImportPointer) and
+ * where the kernel tensor's arrays lie in it.  This library does no CUDA: libnwc-cuda
+ * (nwc_cuda.h) does the import and runs the kernels; use that unless you write your own.
+ * While the map exists the daemon will not evict its tensors (evict names the pids) nor remove
+ * their model; nwc_client_gpu_map_free, or the end of this process, releases them.  Free the
+ * imported pointers in every process first (a tensor evicted after the release may be reused).
+ * -EOPNOTSUPP from a daemon without map_gpu (hello capability 1024), -ENOTSUP from a device whose
+ * pools cannot be shared, -ENODEV for a device the daemon lacks, -EEXIST for a tensor resident
+ * elsewhere (in host memory, on another GPU), -ENOSPC when the tensors do not fit the device's
+ * budget together. */
+typedef struct nwc_client_gpu_tensor {
+  char name[1024];
+  unsigned elem;                /* NWC_ELEM(type, layout) */
+  uint64_t rows, cols, nblocks; /* as stored (1-D: 1 x N) */
+  uint8_t psym[16];
+  uint8_t export_data[64];      /* cudaMemPoolPtrExportData of the allocation */
+  uint64_t bytes;               /* of the allocation */
+  /* offsets in the allocation: the lookup table, then the blob's arrays (off_scale 0: none) */
+  uint64_t off_tab, off_bases, off_hdr, off_data, off_raw, off_scale;
+  unsigned maps;                /* mappings of the tensor in the daemon, this one included */
+} nwc_client_gpu_tensor;
+
+typedef struct nwc_client_gpu_map {
+  int device;             /* the CUDA device (ordinal as nwcd numbers them) */
+  uint64_t pool_id;       /* names the daemon's pool for its life: import it once per process */
+  uint8_t uuid[16];       /* the device's UUID (cudaDeviceProp.uuid), whatever its ordinal here */
+  int pool_fd;            /* the pool's shareable handle (closed by nwc_client_gpu_map_free;
+                           * set it to -1 to keep it) */
+  int ref;                /* the reference: closing it releases the map (gpu_map_free does) */
+  size_t n;
+  nwc_client_gpu_tensor *t; /* n records, in the model's order (owned by the map) */
+} nwc_client_gpu_map;
+
+/* Free with nwc_client_gpu_map_free. */
+NWC_CLIENT_API int nwc_client_map_gpu(nwc_client *c, const char *model, const char *tensor,
+                                      int device, nwc_client_gpu_map **out);
+/* Closes pool_fd (unless -1) and ref, which releases the daemon's references; NULL: no-op. */
+NWC_CLIENT_API void nwc_client_gpu_map_free(nwc_client_gpu_map *m);
+
 /* ---- pipelining ------------------------------------------------------------------------------
  * Many requests in flight on one connection: a submit sends the request and returns at once with
  * a ticket; nwc_client_wait() collects one ticket's outcome, nwc_client_wait_any() the oldest of

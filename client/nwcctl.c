@@ -334,6 +334,23 @@ static int cmd_ls(int argc, char **argv) {
   return 0;
 }
 
+/* ps's last lines: the client mappings per place ("maps on cuda:0: 24 of 12 tensors"), places
+ * in ps's order of first appearance; nothing when no tensor is mapped. */
+static void print_maps_per_place(const nwc_client_resident *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    bool first = p[i].maps > 0;
+    for (size_t k = 0; first && k < i; k++) first = !(p[k].maps > 0 && p[k].device == p[i].device);
+    if (!first) continue;
+    unsigned long maps = 0, tensors = 0;
+    for (size_t k = i; k < n; k++)
+      if (p[k].device == p[i].device && p[k].maps) maps += p[k].maps, tensors++;
+    char where[16];
+    if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
+    else snprintf(where, sizeof where, "cuda:%d", p[i].device);
+    printf("maps on %s: %lu of %lu tensor%s\n", where, maps, tensors, tensors == 1 ? "" : "s");
+  }
+}
+
 static int cmd_ps(void) {
   nwc_client *c = connected();
   if (!c) return 1;
@@ -368,6 +385,7 @@ static int cmd_ps(void) {
              p[i].pinned ? "yes" : "no", p[i].locked ? "yes" : "no", p[i].refs, p[i].maps, ago, p[i].tensor);
     }
   }
+  if (!json) print_maps_per_place(p, n);
   free(p);
   if (json) json_out(arr);
   return 0;
@@ -737,7 +755,7 @@ static const struct command {
     {"ls", 0, 1, "ls [MODEL] [--json]: the models of the store (name, tensors, raw and nwc bytes, ratio,\n"
                  "  resident bytes), or the tensors of MODEL (name, shape, dtype, elem, layout, sizes, residency)"},
     {"ps", 0, 0, "ps [--json]: the resident tensors: where (cpu, cuda:0, ...), bytes, pinned, mlock'ed,\n"
-                 "  references, client mappings, last use"},
+                 "  references, client mappings, last use; then the mappings per place (maps on cuda:0: N of T tensors)"},
     {"devices", 0, 0, "devices [--json]: memory per place, host (cpu) first, then each GPU (cuda:N): budget,\n"
                       "  bytes and tensors resident (used), pinned bytes, free and total memory, and on a GPU\n"
                       "  what the daemon's pool of device copies holds beyond them (pool)"},

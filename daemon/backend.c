@@ -41,6 +41,8 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.dev_matvec_ipc = nwcd_cuda_matvec_ipc;
   cuda_backend.dev_dequant_ipc = nwcd_cuda_dequant_ipc;
   cuda_backend.forget = nwcd_cuda_forget;
+  cuda_backend.dev_share_pool = nwcd_cuda_share_pool;
+  cuda_backend.dev_export = nwcd_cuda_export;
   *out = &cuda_backend;
   return 0;
 }

@@ -91,6 +91,14 @@ typedef struct nwcd_backend {
                         int bf16, const uint8_t *ev);
   int (*dev_dequant_ipc)(const void *owner, const void *dcopy, const nwcd_ipc_buf *out, int bf16,
                          const uint8_t *ev);
+  /* GPU maps (docs/gpu-maps.md; NULL where copies cannot be shared): dev_share_pool gives the
+   * descriptor of dev's copy pool exported for other processes (owned by the backend: the caller
+   * sends it and keeps no copy), an id naming that pool for the daemon's life and the device's
+   * UUID; dev_export
+   * waits for dcopy's blob to arrive and gives the 64 bytes that import it from that pool, its
+   * allocation's size and the blob's offset in it (the lookup table is at 0). */
+  int (*dev_share_pool)(int dev, int *fd, uint64_t *pool_id, uint8_t uuid[16]);
+  int (*dev_export)(const void *dcopy, uint8_t data[64], uint64_t *bytes, uint64_t *blob_off);
   /* Drops what the backend keeps for owner, a connection that has ended with none of its
    * requests running (IPC handles, the registered shared region); NULL where it keeps none. */
   void (*forget)(const void *owner);

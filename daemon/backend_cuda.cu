@@ -21,6 +21,11 @@
  *     synchronization, so the pool holds the live copies and the unused rest of partly used
  *     chunks, no more (as cudaMalloc holds the rest of the pages it sub-allocates small
  *     allocations from).  Running out is -ENOMEM (residency.c evicts and retries once).
+ *   - GPU maps (docs/gpu-maps.md): where the device allows it the pool is made with POSIX file
+ *     descriptor handles and exported once (nwcd_cuda_share_pool: the descriptor goes to every
+ *     client that maps a copy of that device); each copy is named by its
+ *     cudaMemPoolExportPointer data, taken once its blob has arrived (nwcd_cuda_export).  A pool
+ *     that cannot be shared is made plain: copies load, maps are refused with the reason.
  *   - A request leases a context of its device from that device's pool (one short mutex hold):
  *     one non-blocking stream, one completion event and grow-only buffers (device: x, y,
  *     scratch, output, row indices, bias; pinned host, mapped: in, out).  It enqueues copy-in,
@@ -65,6 +70,9 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 namespace {
 
@@ -161,9 +169,62 @@ struct Pool {
 };
 Pool pools[NWCD_MAX_DEVICES];
 
-/* Each device's memory pool for copies, made at its first copy, release threshold 0 (above). */
+/* Each device's memory pool for copies, made at its first copy, release threshold 0 (above).
+ * Where the device supports it the pool is made shareable (POSIX file descriptors) and exported
+ * once: pool_fds[dev] is that descriptor (-1: not shareable, pool_why says why), sent to clients
+ * that map the device's copies (docs/gpu-maps.md); pool_ids[dev] names the pool for the
+ * daemon's life, so that a client imports it once. */
 pthread_mutex_t copy_pools_lock = PTHREAD_MUTEX_INITIALIZER;
 cudaMemPool_t copy_pools[NWCD_MAX_DEVICES];
+int pool_fds[NWCD_MAX_DEVICES];
+uint64_t pool_ids[NWCD_MAX_DEVICES];
+uint8_t pool_uuids[NWCD_MAX_DEVICES][16]; /* each device's UUID, read with its export */
+char pool_why[NWCD_MAX_DEVICES][160];
+
+/* The POSIX-fd handle type if dev's pools can have it (cudaDevAttrMemoryPoolSupportedHandleTypes),
+ * else none, with the reason in pool_why[dev]. */
+cudaMemAllocationHandleType pool_handle_type(int dev) {
+  int types = 0;
+  if (cudaDeviceGetAttribute(&types, cudaDevAttrMemoryPoolSupportedHandleTypes, dev) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    snprintf(pool_why[dev], sizeof pool_why[dev], "the driver cannot say which pool handles "
+             "cuda:%d supports", dev);
+    return cudaMemHandleTypeNone;
+  }
+  if (!(types & cudaMemHandleTypePosixFileDescriptor)) {
+    snprintf(pool_why[dev], sizeof pool_why[dev], "cuda:%d's memory pools cannot be shared "
+             "through file descriptors", dev);
+    return cudaMemHandleTypeNone;
+  }
+  return cudaMemHandleTypePosixFileDescriptor;
+}
+
+/* Exports a new pool of dev as a descriptor into pool_fds[dev] (or says why not). */
+void pool_export(int dev, cudaMemPool_t p, cudaMemAllocationHandleType type) {
+  pool_fds[dev] = -1;
+  if (type != cudaMemHandleTypePosixFileDescriptor) return;
+  int fd = -1;
+  cudaError_t e = cudaMemPoolExportToShareableHandle(&fd, p, type, 0);
+  if (e != cudaSuccess || fd < 0) {
+    cudaGetLastError();
+    snprintf(pool_why[dev], sizeof pool_why[dev], "cudaMemPoolExportToShareableHandle: %s",
+             cudaGetErrorString(e));
+    return;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(pool_why[dev], sizeof pool_why[dev], "the driver cannot say cuda:%d's UUID", dev);
+    close(fd);
+    return;
+  }
+  static_assert(sizeof prop.uuid == 16, "a 16-byte device UUID");
+  memcpy(pool_uuids[dev], &prop.uuid, 16);
+  uint64_t id = 0;
+  if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)time(NULL) ^ getpid();
+  pool_fds[dev] = fd, pool_ids[dev] = id ? id : 1;
+}
 
 int copy_pool(int dev, cudaMemPool_t *out) {
   pthread_mutex_lock(&copy_pools_lock);
@@ -172,15 +233,26 @@ int copy_pool(int dev, cudaMemPool_t *out) {
     cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
     props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = pool_handle_type(dev);
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = dev;
     cudaMemPool_t p = nullptr;
     uint64_t keep = 0;
-    rc = fail_cuda(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
+    cudaError_t e = cudaMemPoolCreate(&p, &props);
+    if (e != cudaSuccess && props.handleTypes != cudaMemHandleTypeNone) {
+      /* copies must not fail to load because they cannot be shared: a plain pool then */
+      cudaGetLastError();
+      snprintf(pool_why[dev], sizeof pool_why[dev], "cudaMemPoolCreate of a shareable pool: %s",
+               cudaGetErrorString(e));
+      props.handleTypes = cudaMemHandleTypeNone;
+      p = nullptr;
+      e = cudaMemPoolCreate(&p, &props);
+    }
+    rc = fail_cuda(e, "cudaMemPoolCreate");
     if (rc == 0)
       rc = fail_cuda(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep),
                      "the release threshold of a memory pool");
-    if (rc == 0) copy_pools[dev] = p;
+    if (rc == 0) copy_pools[dev] = p, pool_export(dev, p, props.handleTypes);
     else if (p) cudaMemPoolDestroy(p);
   }
   *out = copy_pools[dev];
@@ -654,6 +726,33 @@ extern "C" int nwcd_cuda_blob_queued(void *dcopy, void *stream) {
 
 extern "C" uint64_t nwcd_cuda_copy_size(const void *dcopy) {
   return static_cast<const Copy *>(dcopy)->bytes;
+}
+
+extern "C" int nwcd_cuda_share_pool(int dev, int *fd, uint64_t *pool_id, uint8_t uuid[16]) {
+  if (dev < 0 || dev >= NWCD_MAX_DEVICES) return nwc__fail(-ENODEV, "no device cuda:%d", dev);
+  CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
+  cudaMemPool_t p;
+  NWC_TRY(copy_pool(dev, &p));
+  pthread_mutex_lock(&copy_pools_lock);
+  *fd = pool_fds[dev], *pool_id = pool_ids[dev];
+  memcpy(uuid, pool_uuids[dev], 16);
+  pthread_mutex_unlock(&copy_pools_lock);
+  NWC_RETURN_IF(*fd < 0, -ENOTSUP, "cuda:%d's copies cannot be mapped: %s", dev, pool_why[dev]);
+  return 0;
+}
+
+extern "C" int nwcd_cuda_export(const void *dcopy, uint8_t data[64], uint64_t *bytes,
+                                uint64_t *blob_off) {
+  const Copy *cp = static_cast<const Copy *>(dcopy);
+  CU_TRY(cudaSetDevice(cp->dev), "cudaSetDevice");
+  /* a client must not touch the copy before its copies are done (cudaMemPoolImportPointer) */
+  if (cp->arrival) CU_TRY(cudaEventSynchronize(cp->arrival), "the copies of a blob");
+  static_assert(sizeof(cudaMemPoolPtrExportData) == 64, "export data of 64 bytes");
+  cudaMemPoolPtrExportData ed;
+  CU_TRY(cudaMemPoolExportPointer(&ed, cp->k.owned), "cudaMemPoolExportPointer");
+  memcpy(data, &ed, 64);
+  *bytes = cp->bytes, *blob_off = kTabSpace;
+  return 0;
 }
 
 extern "C" void nwcd_cuda_free(void *dcopy) {

@@ -57,6 +57,13 @@ int nwcd_cuda_scales(const void *dcopy, float *out);
 /* Device bytes a copy holds. */
 uint64_t nwcd_cuda_copy_size(const void *dcopy);
 void nwcd_cuda_free(void *dcopy);
+/* GPU maps (docs/gpu-maps.md): the descriptor of dev's copy pool, exported once (shareable
+ * through POSIX file descriptors; the backend keeps it: send it, do not close it) and the
+ * pool's id, and the device's UUID (cudaDeviceProp.uuid); -ENOTSUP with the reason where the device's pools cannot be shared. */
+int nwcd_cuda_share_pool(int dev, int *fd, uint64_t *pool_id, uint8_t uuid[16]);
+/* Waits for the copy's blob to arrive, then its cudaMemPoolPtrExportData (64 bytes) into data,
+ * its allocation's size and the blob's offset in it (the lookup table is at 0). */
+int nwcd_cuda_export(const void *dcopy, uint8_t data[64], uint64_t *bytes, uint64_t *blob_off);
 /* BF16 rows of the whole tensor into host out, row stride K16. */
 int nwcd_cuda_dequant(const void *dcopy, uint16_t *out);
 /* Rows rows[0..n) (each < M: the caller checked) into host out, row stride K16. */

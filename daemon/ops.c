@@ -42,6 +42,7 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_PS: rc = nwcd_op_ps(j); break;
     case NWC_OP_DEVICES: rc = nwcd_op_devices(j); break;
     case NWC_OP_MAP: rc = nwcd_op_map(j); break;
+    case NWC_OP_MAP_GPU: rc = nwcd_op_map_gpu(j); break;
     default: rc = nwc__fail(-EOPNOTSUPP, "opcode %u is not served here", j->req.op); break;
   }
   if (rc < 0) nwcd_reply_error(j, rc);

@@ -61,5 +61,6 @@ int nwcd_op_stats(nwcd_job *j);
 int nwcd_op_ps(nwcd_job *j);
 int nwcd_op_devices(nwcd_job *j);
 int nwcd_op_map(nwcd_job *j);
+int nwcd_op_map_gpu(nwcd_job *j);
 
 #endif

@@ -128,3 +128,42 @@ int nwcd_op_map(nwcd_job *j) {
   nwcd_reply(j, &w);
   return 0;
 }
+
+/* map_gpu: the device's pool descriptor goes over the socket the request passed (residency.c),
+ * the tensors' records in the reply; tensor "" maps every tensor of the model. */
+int nwcd_op_map_gpu(nwcd_job *j) {
+  nwc_tensor_info *ti = NULL;
+  size_t n = 1;
+  const char *one = j->req.tensor;
+  if (!*one) {
+    NWC_TRY(nwcd_model_tensors(j->d, j->req.model, &ti, &n));
+    if (n > NWC_PROTO_GMAP_MAX) {
+      nwc_tensor_info_free(ti, n);
+      return nwc__fail(-E2BIG, "model '%s' has %zu tensors; map_gpu maps at most %u at once",
+                       j->req.model, n, NWC_PROTO_GMAP_MAX);
+    }
+  }
+  const char **names = calloc(n ? n : 1, sizeof *names);
+  nwc_proto_gmap *g = calloc(n ? n : 1, sizeof *g);
+  int rc = names && g ? 0 : nwc__fail(-ENOMEM, "no memory for a map of %zu tensors", n);
+  for (size_t i = 0; rc == 0 && i < n; i++) names[i] = ti ? ti[i].name : one;
+  nwc_proto_gmap_head head;
+  if (rc == 0)
+    rc = nwcd_res_map_gpu(j->d->res, j->req.model, names, n, j->req.device, j->fds[0], j->req.id,
+                          &head, g);
+  if (rc == 0) {
+    nwc_pw w;
+    nwc_pw_init(&w);
+    nwc_proto_put_gmap_head(&w, &head);
+    for (size_t i = 0; i < n; i++) nwc_proto_put_gmap(&w, &g[i]);
+    if (w.len - NWC_PROTO_HEADER <= NWC_PROTO_MAX_PAYLOAD) {
+      nwcd_reply(j, &w);
+    } else { /* the reference stays until the client closes its end, which it will: no reply */
+      nwc_pw_free(&w);
+      rc = nwc__fail(-E2BIG, "the records of %zu tensors do not fit one reply; map fewer", n);
+    }
+  }
+  free(names), free(g);
+  if (ti) nwc_tensor_info_free(ti, n);
+  return rc;
+}

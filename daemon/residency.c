@@ -119,6 +119,7 @@ struct nwcd_entry {
   uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
   size_t len;
   bool locked, direct, pinned;
+  bool exit_mapped;   /* a device copy still mapped by a client as the daemon exits: not freed */
   nwc_tensor view;
   unsigned refs;
   unsigned maps;      /* client mappings (entries of r->maps) */
@@ -127,12 +128,34 @@ struct nwcd_entry {
   uint64_t last_used; /* nwcd_now_ns(), 0 never */
 };
 
-/* One client mapping: the daemon's end of the socket the client passed with map. */
+/* One client mapping: the daemon's end of the socket the client passed with map or map_gpu,
+ * and the entries it holds: one (map, or map_gpu of a tensor: in one), or a model's (map_gpu
+ * of a model: the malloc'ed list e).  Each entry it holds counts it once in its maps. */
 typedef struct nwcd_mapref {
-  nwcd_entry *e;
+  nwcd_entry *one;
+  nwcd_entry **e; /* n > 1: n entries (owned) */
+  unsigned n;
   int sock;
   pid_t pid; /* the client that made the socket (SO_PEERCRED), for messages and ps */
 } nwcd_mapref;
+
+static nwcd_entry *const *ref_entries(const nwcd_mapref *m) { return m->n > 1 ? m->e : &m->one; }
+
+/* Drops m's references and closes its socket (r->lock held). */
+static void mapref_drop(nwcd_mapref *m) {
+  nwcd_entry *const *es = ref_entries(m);
+  for (unsigned i = 0; i < m->n; i++) es[i]->maps--;
+  close(m->sock);
+  if (m->n > 1) free(m->e);
+  m->e = NULL, m->n = 0;
+}
+
+static bool mapref_holds(const nwcd_mapref *m, const nwcd_entry *e) {
+  nwcd_entry *const *es = ref_entries(m);
+  for (unsigned i = 0; i < m->n; i++)
+    if (es[i] == e) return true;
+  return false;
+}
 
 struct nwcd_res {
   nwcd *d;
@@ -199,9 +222,9 @@ static void reap_maps(nwcd_res *r) {
       r->maps[k++] = *m;
       continue;
     }
-    nwcd_log(NWCD_LOG_DEBUG, "pid %d unmapped %s/%s", (int)m->pid, m->e->model, m->e->tensor);
-    close(m->sock);
-    m->e->maps--;
+    nwcd_log(NWCD_LOG_DEBUG, "pid %d unmapped %s/%s%s", (int)m->pid, ref_entries(m)[0]->model,
+             ref_entries(m)[0]->tensor, m->n > 1 ? " and the rest of its model" : "");
+    mapref_drop(m);
   }
   r->nmaps = k;
 }
@@ -210,7 +233,7 @@ static void reap_maps(nwcd_res *r) {
 static const char *map_pids(nwcd_res *r, const nwcd_entry *e, char *buf, size_t n) {
   size_t off = snprintf(buf, n, "pid");
   for (size_t i = 0; i < r->nmaps && off < n; i++)
-    if (r->maps[i].e == e)
+    if (mapref_holds(&r->maps[i], e))
       off += snprintf(buf + off, n - off, "%s %d", off > 3 ? "," : "", (int)r->maps[i].pid);
   return buf;
 }
@@ -229,7 +252,8 @@ static void loc_name(int loc, char out[16]) {
 
 static void entry_unload(nwcd_res *r, nwcd_entry *e) {
   if (e->state != NWC_RES_RESIDENT) return;
-  if (e->dcopy) r->d->backend->dev_free(e->dcopy);
+  if (e->exit_mapped) { /* left to the process's end: an importer must free first */
+  } else if (e->dcopy) r->d->backend->dev_free(e->dcopy);
   else r->d->backend->host_free(e->buf, e->len, e->locked);
   e->buf = e->dcopy = NULL, e->fd = -1;
   *used_at(r, e->loc) -= held(e);
@@ -247,8 +271,15 @@ static void entry_free(nwcd_res *r, nwcd_entry *e) {
 
 void nwcd_res_free(nwcd_res *r) {
   if (!r) return;
-  for (size_t i = 0; i < r->nmaps; i++) close(r->maps[i].sock), r->maps[i].e->maps--;
-  r->nmaps = 0; /* the clients' mappings stay valid: the pages live while they map them */
+  reap_maps(r);
+  for (size_t i = 0; i < r->nmaps; i++) {
+    nwcd_entry *const *es = ref_entries(&r->maps[i]);
+    for (unsigned k = 0; k < r->maps[i].n; k++) es[k]->exit_mapped = es[k]->loc >= 0;
+    mapref_drop(&r->maps[i]);
+  }
+  r->nmaps = 0; /* host maps stay valid: the pages live while they map them; device copies
+                 * still mapped are not freed here (cudaMemPoolImportPointer: the exporter frees
+                 * last), the driver reclaims them with this process */
   for (size_t i = 0; i < r->n; i++) entry_free(r, r->e[i]);
   if (r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   free(r->e);
@@ -755,7 +786,7 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
     if (r->nmaps == MAX_MAPS) {
       rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit)", MAX_MAPS);
     } else {
-      r->maps[r->nmaps++] = (nwcd_mapref){e, keep, pid};
+      r->maps[r->nmaps++] = (nwcd_mapref){e, NULL, 1, keep, pid};
       e->maps++;
       const nwc_tensor_info *ti = e->info;
       *out = (nwc_proto_map){
@@ -776,5 +807,101 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   if (rc == 0)
     nwcd_log(NWCD_LOG_INFO, "pid %d mapped %s/%s (%u mapping(s))", (int)pid, model, tensor,
              out->maps);
+  return rc;
+}
+
+/* The record of ref's device copy for map_gpu, its arrays as offsets into the allocation. */
+static int gmap_record(const nwcd_backend *b, const nwcd_ref *ref, const char *name,
+                       nwc_proto_gmap *g) {
+  uint64_t blob = 0;
+  memset(g, 0, sizeof *g);
+  NWC_TRY(b->dev_export(ref->dcopy, g->export_data, &g->bytes, &blob));
+  const nwc_tensor_info *ti = ref->ti;
+  snprintf(g->name, sizeof g->name, "%s", name);
+  g->elem = ti->elem, g->rows = ti->rows, g->cols = ti->cols, g->nblocks = ti->nblocks;
+  memcpy(g->psym, ti->psym, 16);
+  g->off_tab = 0, g->off_bases = blob + ti->off_bases, g->off_hdr = blob + ti->off_hdr;
+  g->off_data = blob + ti->off_data, g->off_raw = blob + ti->off_raw;
+  g->off_scale = ti->off_scale ? blob + ti->off_scale : 0;
+  return 0;
+}
+
+/* Acquires names[0..n) of model on dev into refs (all or none: on failure the ones acquired are
+ * released) and fills their records. */
+static int gmap_acquire(nwcd_res *r, const char *model, const char *const *names, size_t n,
+                        int dev, nwcd_ref *refs, nwc_proto_gmap *out) {
+  size_t got = 0;
+  int rc = 0;
+  while (rc == 0 && got < n) {
+    rc = nwcd_res_acquire(r, model, names[got], NWCD_ACQ_AT(dev), &refs[got], NULL);
+    if (rc < 0) break;
+    got++;
+    rc = gmap_record(r->d->backend, &refs[got - 1], names[got - 1], &out[got - 1]);
+  }
+  if (rc < 0)
+    for (size_t i = 0; i < got; i++) nwcd_res_release(r, &refs[i]);
+  return rc;
+}
+
+int nwcd_res_map_gpu(nwcd_res *r, const char *model, const char *const *names, size_t n, int dev,
+                     int sock, uint64_t token, nwc_proto_gmap_head *head, nwc_proto_gmap *out) {
+  const nwcd_backend *b = r->d->backend;
+  pid_t pid = 0;
+  NWC_TRY(check_map_socket(sock, &pid));
+  NWC_RETURN_IF(!b->dev_share_pool || !b->ndevices, -ENOTSUP,
+                "the %s backend has no device copies to map (map_gpu needs --backend cuda)",
+                b->name);
+  if (dev >= b->ndevices) return nwcd_no_device(b, dev);
+  NWC_RETURN_IF(n == 0, -ENOENT, "model '%s' has no tensors to map", model);
+  int pool_fd = -1;
+  uint64_t pool_id = 0;
+  uint8_t uuid[16];
+  NWC_TRY(b->dev_share_pool(dev, &pool_fd, &pool_id, uuid));
+  nwcd_ref *refs = calloc(n, sizeof *refs);
+  nwcd_entry **es = n > 1 ? calloc(n, sizeof *es) : NULL;
+  if (!refs || (n > 1 && !es)) {
+    free(refs), free(es);
+    return nwc__fail(-ENOMEM, "no memory for a map of %zu tensors", n);
+  }
+  int rc = gmap_acquire(r, model, names, n, dev, refs, out);
+  if (rc < 0) {
+    free(refs), free(es);
+    return rc;
+  }
+  int keep = -1;
+  pthread_mutex_lock(&r->lock);
+  reap_maps(r);
+  if (r->nmaps == MAX_MAPS)
+    rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit); unmap some first",
+                   MAX_MAPS);
+  else if ((keep = fcntl(sock, F_DUPFD_CLOEXEC, 3)) < 0)
+    rc = nwc__fail(-errno, "dup of the map socket: %s", strerror(errno));
+  pthread_mutex_unlock(&r->lock);
+  if (rc == 0) rc = nwc_proto_map_send(sock, pool_fd, token);
+  if (rc == 0) {
+    pthread_mutex_lock(&r->lock);
+    if (r->nmaps == MAX_MAPS) {
+      rc = nwc__fail(-EMFILE, "%d mappings are open (the daemon's limit)", MAX_MAPS);
+    } else {
+      nwcd_mapref *m = &r->maps[r->nmaps++];
+      *m = (nwcd_mapref){refs[0].e, es, (unsigned)n, keep, pid};
+      for (size_t i = 0; i < n; i++) {
+        if (es) es[i] = refs[i].e;
+        refs[i].e->maps++;
+      }
+      for (size_t i = 0; i < n; i++) out[i].maps = refs[i].e->maps;
+      keep = -1, es = NULL;
+    }
+    pthread_mutex_unlock(&r->lock);
+  }
+  if (keep >= 0) close(keep);
+  free(es);
+  for (size_t i = 0; i < n; i++) nwcd_res_release(r, &refs[i]);
+  free(refs);
+  *head = (nwc_proto_gmap_head){pool_id, dev, {0}, (uint32_t)n};
+  memcpy(head->uuid, uuid, 16);
+  if (rc == 0)
+    nwcd_log(NWCD_LOG_INFO, "pid %d mapped %s%s%s on cuda:%d (%zu tensor(s))", (int)pid, model,
+             n == 1 ? "/" : "", n == 1 ? names[0] : "", dev, n);
   return rc;
 }

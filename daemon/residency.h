@@ -83,5 +83,13 @@ int nwcd_res_places(nwcd_res *r, nwc_proto_place *out);
  * (a duplicate is kept).  Fills *out with the decoder parameters for the reply. */
 int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
                  nwc_proto_map *out);
+/* Shares device copies with a client (map_gpu, docs/gpu-maps.md): names[0..n) of model made
+ * resident on device dev if needed (-ENOSPC when they cannot all fit, -EEXIST for one resident
+ * elsewhere), the device's copy pool descriptor sent with the token over sock (as map), and one
+ * mapping reference holding all n until the client's end of sock is closed.  *head and out[n]
+ * get the reply.  -ENOTSUP from a backend without devices or a device whose pool cannot be
+ * shared, -ENODEV for a device it lacks.  sock stays the caller's (the daemon keeps a dup). */
+int nwcd_res_map_gpu(nwcd_res *r, const char *model, const char *const *names, size_t n, int dev,
+                     int sock, uint64_t token, nwc_proto_gmap_head *head, nwc_proto_gmap *out);
 
 #endif

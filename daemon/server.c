@@ -402,7 +402,8 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
                                NWC_CAP_ALONE | NWC_CAP_IMPORT2 | NWC_CAP_DEVICES |
                                (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0) |
                                (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0) |
-                               (c->srv->d->backend->dev_matvec_shared ? NWC_CAP_SHM_DEVICE : 0),
+                               (c->srv->d->backend->dev_matvec_shared ? NWC_CAP_SHM_DEVICE : 0) |
+                               (c->srv->d->backend->dev_share_pool ? NWC_CAP_MAP_GPU : 0),
                            NWC_PROTO_MAX_PAYLOAD, NWCD_VERSION, ""};
   snprintf(hello.backend, sizeof hello.backend, "%s", c->srv->d->backend->name);
   nwc_pw w;
@@ -508,7 +509,9 @@ static void conn_frame(nwcd_conn *c, const nwc_proto_hdr *h, const uint8_t *payl
   if (rc == 0) rc = nwcd_policy_check(c->fd, c->uid, c->gid, c->pid, &j->req); /* policy.c */
   unsigned nfds = 0;
   if (rc == 0 && (h->flags & NWC_PF_FDS))
-    nfds = h->op == NWC_OP_SHM || h->op == NWC_OP_MAP ? 1 : j->req.has_index + j->req.nfiles;
+    nfds = h->op == NWC_OP_SHM || h->op == NWC_OP_MAP || h->op == NWC_OP_MAP_GPU
+               ? 1
+               : j->req.has_index + j->req.nfiles;
   if (rc == 0 && nfds) {
     rc = take_fds(c, nfds, j->fds);
     if (rc == 0) j->nfds = nfds;

@@ -202,6 +202,18 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
 } /* namespace */
 } /* namespace nwc_k */
 
+extern "C" int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols) {
+  if (!t || ncols < 1 || ncols > 8) return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 2) {
+    nwc_k::L2Geom g;
+    int rc = nwc_k::l2_geom_of(t, &g);
+    return rc < 0 ? rc : nwc_k::l2_scratch_bytes(g, ncols);
+  }
+  uint64_t lay[4];
+  int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
+  return rc < 0 ? rc : (int64_t)(lay[NWC_LAYOUT_SCRATCH] * sizeof(float));
+}
+
 extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
                                  const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
                                  void *scratch, cudaStream_t stream) {

@@ -7,7 +7,6 @@
  * it is a setup call, not one for a graph.
  */
 #include "host.cuh"
-#include "layout2.cuh"
 
 #include <string.h>
 
@@ -81,18 +80,6 @@ extern "C" int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStr
   memcpy(d->psym, t->psym, sizeof d->psym);
   d->owned = mem;
   return 0;
-}
-
-extern "C" int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols) {
-  if (!t || ncols < 1 || ncols > 8) return -EINVAL;
-  if (NWC_ELEM_LAYOUT(t->elem) == 2) {
-    nwc_k::L2Geom g;
-    int rc = nwc_k::l2_geom_of(t, &g);
-    return rc < 0 ? rc : nwc_k::l2_scratch_bytes(g, ncols);
-  }
-  uint64_t lay[4];
-  int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
-  return rc < 0 ? rc : (int64_t)(lay[NWC_LAYOUT_SCRATCH] * sizeof(float));
 }
 
 extern "C" void nwc_k_tensor_free(nwc_k_tensor *d) {

@@ -48,6 +48,7 @@
 #define NWC_CAP_IMPORT2 256u    /* import2: skips the tensors nwc does not store and names them
                                  * (or, strict, fails on the first) */
 #define NWC_CAP_DEVICES 512u    /* devices: budget and use of each place (host, each GPU) */
+#define NWC_CAP_MAP_GPU 1024u   /* map_gpu: device copies shared with clients (docs/gpu-maps.md) */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -73,6 +74,7 @@ enum nwc_op {
   NWC_OP_LOAD_ON = 21,
   NWC_OP_IMPORT2 = 22,
   NWC_OP_DEVICES = 23,
+  NWC_OP_MAP_GPU = 24,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -174,7 +176,8 @@ typedef struct nwc_proto_req {
   uint32_t ncols;           /* matvec */
   const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
   uint64_t x_bytes;
-  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device) */
+  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device);
+   * map_gpu: the CUDA device (>= 0) */
   uint8_t pin;
   int32_t device;
   /* matvec_ipc (x: in_off, x_bytes; y: out_off, out_cap), dequant_ipc (y: out_off, out_cap):
@@ -314,6 +317,35 @@ int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m);
  * came. */
 int nwc_proto_map_send(int sock, int memfd, uint64_t token);
 int nwc_proto_map_recv(int sock, uint64_t token, int *memfd);
+
+/* map_gpu: device copies shared with a client (docs/gpu-maps.md).  The daemon's memory pool of
+ * the device travels over the passed socket as the map socket's one message (nwc_proto_map_send
+ * with the pool's descriptor); the reply holds the head, then n tensors.  Offsets are from the
+ * start of the tensor's allocation (as cudaMemPoolImportPointer returns it): the lookup table at
+ * off_tab, the blob's arrays after it; off_scale 0: no per-row scale. */
+#define NWC_PROTO_GMAP_EXPORT 64 /* bytes of a cudaMemPoolPtrExportData */
+#define NWC_PROTO_GMAP_MAX 65536 /* tensors of one map_gpu reply */
+typedef struct nwc_proto_gmap_head {
+  uint64_t pool_id; /* names the daemon's pool for its life: a client imports it once */
+  int32_t device;
+  uint8_t uuid[16]; /* the device's (cudaDeviceProp.uuid): ordinals differ between processes */
+  uint32_t n;
+} nwc_proto_gmap_head;
+typedef struct nwc_proto_gmap {
+  char name[NWC_PROTO_NAME_MAX];
+  uint32_t elem;
+  uint64_t rows, cols, nblocks;
+  uint8_t psym[16];
+  uint8_t export_data[NWC_PROTO_GMAP_EXPORT];
+  uint64_t bytes; /* of the allocation */
+  uint64_t off_tab, off_bases, off_hdr, off_data, off_raw, off_scale;
+  uint32_t maps; /* mappings of the tensor now, this one included */
+} nwc_proto_gmap;
+void nwc_proto_put_gmap_head(nwc_pw *w, const nwc_proto_gmap_head *h);
+int nwc_proto_get_gmap_head(nwc_pr *r, nwc_proto_gmap_head *h);
+void nwc_proto_put_gmap(nwc_pw *w, const nwc_proto_gmap *g);
+/* Checks every offset against bytes (-EBADMSG). */
+int nwc_proto_get_gmap(nwc_pr *r, nwc_proto_gmap *g);
 
 typedef struct nwc_proto_stats {
   uint64_t uptime_ms, connections, conn_total, requests, errors;

@@ -26,14 +26,17 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
     [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2", [NWC_OP_DEVICES] = "devices",
+    [NWC_OP_MAP_GPU] = "map_gpu",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
 
 /* 1 for the requests that pass file descriptors with their frame (NWC_PF_FDS): shm (the region's
- * memfd), import and import2 (the files), map (the mapping's socket); 0 for every other. */
+ * memfd), import and import2 (the files), map and map_gpu (the mapping's socket); 0 for every
+ * other. */
 static int op_carries_fds(unsigned op) {
-  return op == NWC_OP_SHM || op == NWC_OP_IMPORT || op == NWC_OP_IMPORT2 || op == NWC_OP_MAP;
+  return op == NWC_OP_SHM || op == NWC_OP_IMPORT || op == NWC_OP_IMPORT2 || op == NWC_OP_MAP ||
+         op == NWC_OP_MAP_GPU;
 }
 
 static void put_le(uint8_t *p, uint64_t v, unsigned n) {
@@ -232,6 +235,9 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
     case NWC_OP_MAP:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       break;
+    case NWC_OP_MAP_GPU:
+      nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor), nwc_pw_u32(w, (uint32_t)r->device);
+      break;
     case NWC_OP_IMPORT:
     case NWC_OP_IMPORT2:
       nwc_pw_str(w, r->model);
@@ -333,6 +339,14 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
       NWC_RETURN_IF(p.err, -EBADMSG, "load_on payload is truncated");
       NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_on pin flag %u is not 0 or 1", r->pin);
       NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "load_on device %d (-1 host, 0.. CUDA)",
+                    (int)r->device);
+      break;
+    case NWC_OP_MAP_GPU:
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      r->device = (int32_t)nwc_pr_u32(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "map_gpu payload is truncated");
+      NWC_RETURN_IF(r->device < 0, -EBADMSG, "map_gpu device %d (0.. a CUDA device)",
                     (int)r->device);
       break;
     case NWC_OP_IMPORT:
@@ -586,6 +600,51 @@ int nwc_proto_get_map(nwc_pr *r, nwc_proto_map *m) {
   NWC_RETURN_IF(!r->err && m->length > m->size, -EBADMSG, "map: blob of %llu bytes in a memfd of %llu",
                 (unsigned long long)m->length, (unsigned long long)m->size);
   return r->err;
+}
+
+void nwc_proto_put_gmap_head(nwc_pw *w, const nwc_proto_gmap_head *h) {
+  nwc_pw_u64(w, h->pool_id), nwc_pw_u32(w, (uint32_t)h->device);
+  nwc_pw_bytes(w, h->uuid, 16), nwc_pw_u32(w, h->n);
+}
+int nwc_proto_get_gmap_head(nwc_pr *r, nwc_proto_gmap_head *h) {
+  h->pool_id = nwc_pr_u64(r), h->device = (int32_t)nwc_pr_u32(r);
+  const void *uuid = nwc_pr_bytes(r, 16);
+  if (uuid) memcpy(h->uuid, uuid, 16);
+  h->n = nwc_pr_u32(r);
+  NWC_RETURN_IF(r->err, -EBADMSG, "map_gpu reply is truncated");
+  NWC_RETURN_IF(h->device < 0, -EBADMSG, "map_gpu reply names device %d", (int)h->device);
+  NWC_RETURN_IF(h->n > NWC_PROTO_GMAP_MAX, -EBADMSG, "map_gpu reply of %u tensors (at most %u)",
+                h->n, NWC_PROTO_GMAP_MAX);
+  return 0;
+}
+
+void nwc_proto_put_gmap(nwc_pw *w, const nwc_proto_gmap *g) {
+  nwc_pw_str(w, g->name), nwc_pw_u32(w, g->elem);
+  nwc_pw_u64(w, g->rows), nwc_pw_u64(w, g->cols), nwc_pw_u64(w, g->nblocks);
+  nwc_pw_bytes(w, g->psym, 16), nwc_pw_bytes(w, g->export_data, NWC_PROTO_GMAP_EXPORT);
+  nwc_pw_u64(w, g->bytes), nwc_pw_u64(w, g->off_tab), nwc_pw_u64(w, g->off_bases);
+  nwc_pw_u64(w, g->off_hdr), nwc_pw_u64(w, g->off_data), nwc_pw_u64(w, g->off_raw);
+  nwc_pw_u64(w, g->off_scale), nwc_pw_u32(w, g->maps);
+}
+int nwc_proto_get_gmap(nwc_pr *r, nwc_proto_gmap *g) {
+  NWC_TRY(nwc_pr_str(r, g->name, sizeof g->name));
+  g->elem = nwc_pr_u32(r);
+  g->rows = nwc_pr_u64(r), g->cols = nwc_pr_u64(r), g->nblocks = nwc_pr_u64(r);
+  const void *psym = nwc_pr_bytes(r, 16);
+  if (psym) memcpy(g->psym, psym, 16);
+  const void *ex = nwc_pr_bytes(r, NWC_PROTO_GMAP_EXPORT);
+  if (ex) memcpy(g->export_data, ex, NWC_PROTO_GMAP_EXPORT);
+  g->bytes = nwc_pr_u64(r), g->off_tab = nwc_pr_u64(r), g->off_bases = nwc_pr_u64(r);
+  g->off_hdr = nwc_pr_u64(r), g->off_data = nwc_pr_u64(r), g->off_raw = nwc_pr_u64(r);
+  g->off_scale = nwc_pr_u64(r), g->maps = nwc_pr_u32(r);
+  NWC_RETURN_IF(r->err, -EBADMSG, "map_gpu tensor record is truncated");
+  const uint64_t offs[] = {g->off_tab, g->off_bases, g->off_hdr, g->off_data, g->off_raw,
+                           g->off_scale};
+  for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++)
+    NWC_RETURN_IF(offs[i] >= g->bytes, -EBADMSG,
+                  "map_gpu: %s has an offset of %llu in an allocation of %llu bytes", g->name,
+                  (unsigned long long)offs[i], (unsigned long long)g->bytes);
+  return 0;
 }
 
 /* The message of the map socket: tok (the token, little-endian) with room for one descriptor. */

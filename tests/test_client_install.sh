@@ -4,7 +4,7 @@
 # nwc-client.pc twice, with the shared and with the static libnwc-client, and both talk to the
 # installed nwcd: one imports a random BF16 safetensors file (fresh each run, seed printed), both
 # dequantize its tensors, and the bytes must equal the file's own; the installed nwcctl lists
-# them with no LD_LIBRARY_PATH.
+# them with no LD_LIBRARY_PATH, and the installed Python package (nwc) lists them too.
 set -u
 b=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -78,6 +78,51 @@ done
 ctl=$(find "$tmp/root" -path '*bin/nwcctl' | head -1)
 env -u LD_LIBRARY_PATH "$ctl" --socket "$tmp/nwcd.sock" ls m >"$tmp/ls.out" 2>&1 && grep -q ' w/b$' "$tmp/ls.out" ||
   die "the installed nwcctl does not run: $(cat "$tmp/ls.out")"
+# The Python package, installed into the target Python's site-packages under the prefix, with
+# a _paths.py naming the installed libdir; from DESTDIR it needs NWC_CLIENT_LIBRARY to find it.
+init=$(find "$tmp/root" -path '*-packages/nwc/__init__.py' | head -1)
+if [ -x /usr/bin/python3 ] && [ -n "$init" ]; then
+  site=$(dirname "$(dirname "$init")")
+  want=$(cd "$prefix" && pwd)
+  want=${want#"$tmp/root"}  # the prefix the package will live under, without DESTDIR
+  grep -q "LIBDIR = \"$want/" "$site/nwc/_paths.py" ||
+    die "nwc/_paths.py: $(cat "$site/nwc/_paths.py")"
+  list="import nwc; c = nwc.connect('$tmp/nwcd.sock')
+print(*[f'{m.name} {m.tensors}' for m in c.models()])"
+  out=$(env LD_PRELOAD="${NWC_PY_PRELOAD:-}" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$site" \
+    PYTHONDONTWRITEBYTECODE=1 NWC_CLIENT_LIBRARY="$libdir/libnwc-client.so.0" \
+    /usr/bin/python3 -c "$list" 2>&1)
+  [ "$out" = "m 3" ] || die "the installed nwc package: $out"
+elif [ -x /usr/bin/python3 ]; then
+  die "the nwc package was not installed"
+fi
 kill -TERM "$pid"; wait "$pid"; st=$?; pid=
 [ $st -eq 0 ] || die "nwcd exited with $st after SIGTERM"
-echo "test_client_install: ok (shared and static libnwc-client, prefix $prefix)"
+# CUDA builds: libnwc-cuda is installed beside it (nwc_cuda.h, nwc-cuda.pc requiring nwc-client),
+# exports only nwc_cuda_*, and a program built outside the tree links against it; libnwc-client
+# itself needs no CUDA library.
+readelf -d "$libdir/libnwc-client.so" | grep NEEDED | grep -qi cuda && die "libnwc-client.so needs a CUDA library"
+gpu=""
+if [ -f "$libdir/pkgconfig/nwc-cuda.pc" ]; then
+  cat >"$tmp/gpu_consumer.c" <<'C'
+#include <nwc_cuda.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+  nwc_client *c;
+  if (argc < 2 || nwc_client_connect(argv[1], &c) < 0) return 1;
+  nwc_cuda_map *m;
+  int rc = nwc_cuda_map_model(c, "m", 0, &m);
+  printf("%d %s\n", rc, rc < 0 ? nwc_cuda_last_error() : "");
+  if (rc == 0) nwc_cuda_unmap(m);
+  nwc_client_free(c);
+  return 0;
+}
+C
+  # shellcheck disable=SC2046
+  $cc -std=c11 -Wall -Werror ${NWC_CONSUMER_FLAGS:-} $(pkg-config --cflags nwc-cuda) "$tmp/gpu_consumer.c" \
+    -o "$tmp/gpu-consumer" $(pkg-config --libs nwc-cuda) || die "building against libnwc-cuda failed"
+  bad=$(nm -D --defined-only "$libdir/libnwc-cuda.so" | awk '$2 == "T" && $3 !~ /^nwc_cuda_/ {print $3}')
+  [ -z "$bad" ] || die "libnwc-cuda.so exports $bad"
+  gpu=", libnwc-cuda built against"
+fi
+echo "test_client_install: ok (shared and static libnwc-client$gpu, prefix $prefix)"

@@ -173,6 +173,29 @@ static void check_devices(void) {
 
 /* Checkpoints with tensors nwc does not store (and an fp8 one, whose dtype is the longest that
  * ls MODEL shows). */
+/* ps's mappings per place: t mapped twice and another tensor once by this process (host maps:
+ * the cpu backend), then none once they are unmapped. */
+static void check_ps_maps(const td_tensor *t) {
+  const td_tensor *o = &td_t[0] == t ? &td_t[1] : &td_t[0];
+  nwc_client *c = NULL;
+  nwc_client_mapping *m[3] = {NULL, NULL, NULL};
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  if (!c) return;
+  CHECK_RC(nwc_client_map(c, "use", t->name, &m[0]));
+  CHECK_RC(nwc_client_map(c, "use", t->name, &m[1]));
+  CHECK_RC(nwc_client_map(c, "use", o->name, &m[2]));
+  char *out = NULL;
+  CHECK(run(&out, (const char *[]){"ps", NULL}) == 0 && out && strstr(out, "\nmaps on cpu: 3 of 2 tensors\n"),
+        "ps with 3 mappings of 2 tensors: %s", out ? out : "");
+  free(out);
+  for (int i = 0; i < 3; i++) nwc_client_unmap(m[i]);
+  out = NULL;
+  CHECK(run(&out, (const char *[]){"ps", NULL}) == 0 && out && !strstr(out, "maps on "),
+        "ps after unmapping: %s", out ? out : "");
+  free(out);
+  nwc_client_free(c);
+}
+
 static void check_import_skips(void) {
   static float w[4 * 8];
   static int64_t ids[8];
@@ -346,8 +369,10 @@ int main(void) {
   CHECK(json_array_size(j) == td_nt, "ps after load: %zu", json_array_size(j));
   CHECK(run(&out, (const char *[]){"ps", NULL}) == 0, "ps");
   check_name_column("ps", out, "TENSOR", j, "tensor");
+  CHECK(!strstr(out, "maps on "), "ps without mappings lists maps per place: %s", out);
   free(out);
   json_decref(j);
+  check_ps_maps(t);
   CHECK(run(&out, (const char *[]){"pin", name, NULL}) == 0 && strstr(out, ": 1 tensor, "), "pin of one tensor: %s", out);
   free(out);
   check_devices();

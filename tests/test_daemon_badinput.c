@@ -8,7 +8,10 @@
  * impossible shapes (matvec x of the wrong length, zero columns, gather row out of range);
  * the shared region (not sealed, descriptor missing, offsets past its end); map (no descriptor,
  * a pipe, a datagram or unconnected socket, no descriptor flag, inexact payload, a missing
- * tensor: nothing is sent over the socket, and a good raw map brings the memfd); an import frame
+ * tensor: nothing is sent over the socket, and a good raw map brings the memfd); map_gpu on the
+ * cpu backend (no descriptor, a pipe, inexact payload, device -1, a missing model: refused, and
+ * a well-formed one -ENOTSUP with nothing on the socket; the hello offers no capability 1024 and
+ * nwc_client_map_gpu refuses before sending, -EOPNOTSUPP); an import frame
  * whose descriptors never came; a client that vanishes with requests in flight; a client that
  * stops reading its replies; pipelined requests answered by id; a second uid that the socket's
  * group does not admit (root only; skipped otherwise).
@@ -143,6 +146,42 @@ static void shm_cases(void) {
   free(p);
   close(fd), close(mfd);
   still_serving("shm cases");
+}
+
+/* map_gpu on the cpu backend: malformed requests refused as map's are, a good one -ENOTSUP
+ * (no device copies) with nothing sent over its socket; the library does not even ask. */
+static void map_gpu_cases(void) {
+  uint8_t buf[4096];
+  nwc_proto_req r = {.op = NWC_OP_MAP_GPU, .id = 31, .device = 0};
+  strcpy(r.model, "use"), strcpy(r.tensor, W->name);
+  size_t n = encode(&r, buf, sizeof buf);
+  expect_error("map_gpu without its descriptor", true, buf, n, -EBADMSG, false);
+  int sv[2], pp[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 && pipe(pp) == 0,
+        "socketpair, pipe");
+  expect_error_fds("map_gpu with a pipe", true, buf, n, &pp[1], 1, -EINVAL, false);
+  expect_error_fds("map_gpu on the cpu backend", true, buf, n, &sv[1], 1, -ENOTSUP, false);
+  set_hdr(buf, NWC_PROTO_MAGIC, (uint32_t)(n - 1 - NWC_PROTO_HEADER), NWC_OP_MAP_GPU,
+          NWC_PF_FDS, 31);
+  expect_error_fds("map_gpu payload one byte short", true, buf, n - 1, &sv[1], 1, -EBADMSG,
+                   false);
+  r.device = -1;
+  n = encode(&r, buf, sizeof buf);
+  expect_error_fds("map_gpu on device -1", true, buf, n, &sv[1], 1, -EBADMSG, false);
+  r.device = 0, r.tensor[0] = 0, strcpy(r.model, "no-such-model");
+  n = encode(&r, buf, sizeof buf);
+  expect_error_fds("map_gpu of a missing model", true, buf, n, &sv[1], 1, -ENOENT, false);
+  char c;
+  CHECK(recv(sv[0], &c, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN, "bytes on a refused map_gpu's "
+        "socket");
+  CHECK(!(td_daemon_caps(td_sock) & NWC_CAP_MAP_GPU), "the cpu backend offers map_gpu");
+  nwc_client_gpu_map *g = (nwc_client_gpu_map *)&c;
+  CHECK(nwc_client_map_gpu(good, "use", W->name, 0, &g) == -EOPNOTSUPP && g == NULL,
+        "nwc_client_map_gpu without the capability: %s", nwc_client_last_error());
+  printf("%-34s -> %s\n", "nwc_client_map_gpu on cpu", nwc_client_last_error());
+  nwc_client_gpu_map_free(NULL);
+  close(sv[0]), close(sv[1]), close(pp[0]), close(pp[1]);
+  still_serving("map_gpu cases");
 }
 
 /* map: the descriptor must be a connected Unix stream socket, the payload exact. */
@@ -282,6 +321,7 @@ int main(void) {
 
   shm_cases();
   map_cases();
+  map_gpu_cases();
 
   /* A truncated frame, then the client vanishes. */
   int fd = td_raw_hello(td_sock);

@@ -95,6 +95,76 @@ static void check_reply(const char *name, nwc_pw *w, uint16_t op, uint16_t flags
   CHECK(h.op == op && h.flags == flags && h.status == status && h.id == id, "%s: header fields", name);
 }
 
+/* map_gpu's reply: the head and two tensor records (a layout-0 matrix, a layout-2 one with row
+ * scales), decoded back; a record whose offset lies past its allocation, a head naming a
+ * negative device or too many tensors, and a truncated record are refused. */
+static void check_gmap(void) {
+  nwc_proto_gmap_head hd = {0x0123456789abcdefull, 1, {0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc,
+                            0xfe, 1, 2, 3, 4, 5, 6, 7, 8}, 2}, hd2;
+  nwc_proto_gmap g[2] = {
+      {"enc/layer_0/W", 0, 512, 1536, 192, {0x7c, 0x7b, 0x7d, 0x7a, 0x7e, 0x79, 0x78, 0x7f, 0x77,
+       0x76, 0x75, 0x80, 0x74, 0x73, 0x72, 0x71}, {0}, 1097728, 0, 16384 + 128, 16384 + 1728,
+       16384 + 7872, 16384 + 1056448, 0, 2},
+      {"enc/layer_1/W", 0x21, 1536, 512, 96, {0}, {0}, 1000000, 0, 16384, 16512, 20000, 900000,
+       990000, 1}};
+  for (int i = 0; i < 64; i++) g[0].export_data[i] = (uint8_t)(i * 7 + 1), g[1].export_data[i] = (uint8_t)(255 - i);
+  nwc_pw w;
+  nwc_pw_init(&w);
+  nwc_proto_put_gmap_head(&w, &hd);
+  for (int i = 0; i < 2; i++) nwc_proto_put_gmap(&w, &g[i]);
+  check_reply("rep_map_gpu", &w, NWC_OP_MAP_GPU, 0, 0, 16);
+  nwc_pr pr;
+  nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+  nwc_proto_gmap g2;
+  CHECK(nwc_proto_get_gmap_head(&pr, &hd2) == 0 && !memcmp(&hd, &hd2, sizeof hd), "gmap head");
+  for (int i = 0; i < 2; i++) {
+    memset(&g2, 0, sizeof g2);
+    CHECK(nwc_proto_get_gmap(&pr, &g2) == 0 && !memcmp(&g[i], &g2, sizeof g2), "gmap %d", i);
+  }
+  CHECK(nwc_pr_end(&pr, "map_gpu") == 0, "map_gpu reply end");
+  /* every offset beyond the allocation, one at a time */
+  uint64_t *offs[] = {&g[1].off_tab, &g[1].off_bases, &g[1].off_hdr, &g[1].off_data,
+                      &g[1].off_raw, &g[1].off_scale};
+  for (int k = 0; k < 6; k++) {
+    uint64_t keep = *offs[k];
+    *offs[k] = g[1].bytes;
+    nwc_pw_free(&w);
+    nwc_pw_init(&w);
+    nwc_proto_put_gmap(&w, &g[1]);
+    nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+    CHECK(nwc_proto_get_gmap(&pr, &g2) == -EBADMSG, "gmap offset %d past its allocation", k);
+    *offs[k] = keep;
+  }
+  /* every truncation of a record */
+  nwc_pw_free(&w);
+  nwc_pw_init(&w);
+  nwc_proto_put_gmap(&w, &g[0]);
+  for (size_t n = 0; n < w.len - NWC_PROTO_HEADER; n++) {
+    nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, n);
+    CHECK(nwc_proto_get_gmap(&pr, &g2) < 0, "gmap record truncated to %zu bytes accepted", n);
+  }
+  nwc_proto_gmap_head bad[] = {{1, -1, {0}, 1}, {1, 0, {0}, NWC_PROTO_GMAP_MAX + 1}};
+  for (int k = 0; k < 2; k++) {
+    nwc_pw_free(&w);
+    nwc_pw_init(&w);
+    nwc_proto_put_gmap_head(&w, &bad[k]);
+    nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
+    CHECK(nwc_proto_get_gmap_head(&pr, &hd2) == -EBADMSG, "bad gmap head %d accepted", k);
+  }
+  nwc_pw_free(&w);
+  /* a map_gpu request naming no device (-1, the host's number elsewhere) */
+  nwc_proto_req r = {.op = NWC_OP_MAP_GPU, .id = 18, .device = -1}, r2;
+  strcpy(r.model, "use-lite");
+  nwc_pw_init(&w);
+  int64_t n = nwc_proto_req_encode(&r, &w);
+  nwc_proto_hdr h;
+  CHECK(n > 0 && nwc_proto_hdr_decode(w.buf, &h) == 0 &&
+            nwc_proto_req_decode(&h, w.buf + NWC_PROTO_HEADER, &r2) == -EBADMSG,
+        "map_gpu on device -1 accepted");
+  nwc_proto_req_clear(&r2);
+  nwc_pw_free(&w);
+}
+
 int main(void) {
   test_seed("test_daemon_proto");
   const char *src = getenv("NWC_SOURCE_DIR");
@@ -142,6 +212,10 @@ int main(void) {
 
   r.op = NWC_OP_MAP, r.id = 15; /* its descriptor is the mapping's socket */
   check_request("req_map", &r);
+  r.op = NWC_OP_MAP_GPU, r.id = 16, r.device = 1; /* the same, on cuda:1 */
+  check_request("req_map_gpu", &r);
+  r.tensor[0] = 0, r.id = 17, r.device = 0; /* the whole model */
+  check_request("req_map_gpu_model", &r);
 
   memset(&r, 0, sizeof r);
   char *files[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
@@ -293,6 +367,8 @@ int main(void) {
   nwc_pr_init(&pr, w.buf + NWC_PROTO_HEADER, w.len - NWC_PROTO_HEADER);
   CHECK(nwc_proto_get_map(&pr, &mp2) == -EBADMSG, "map reply with length > size accepted");
   nwc_pw_free(&w);
+
+  check_gmap();
 
   nwc_pw_init(&w);
   nwc_proto_ps ps = {"use-lite", "W", 1081344, 1, 1, 1, 0, 250, 2, 0};

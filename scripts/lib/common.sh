@@ -1,5 +1,7 @@
 # common.sh - sourced by scripts/test and scripts/demo: install what the build needs on Debian 12
 # (only what is missing, so a prepared machine needs no network), then configure and build.
+# python3-numpy, -torch, -pytest and -tqdm are for the Python package's tests (tests/python), run by
+# Debian's /usr/bin/python3.
 
 nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
@@ -7,7 +9,8 @@ nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # scdoc and man-db for the man pages), and tools (command:package) that may also come from
 # elsewhere (a machine with its own Node.js has npm without Debian's package).
 nwc_packages=(build-essential cmake pkg-config clang strace systemd scdoc man-db
-  libjansson-dev libxxhash-dev libsqlite3-dev libuv1-dev liburing-dev libsystemd-dev libinih-dev)
+  libjansson-dev libxxhash-dev libsqlite3-dev libuv1-dev liburing-dev libsystemd-dev libinih-dev
+  python3-numpy python3-torch python3-pytest python3-tqdm)
 nwc_tools=(python3:python3 npm:npm)
 
 nwc_install_deps() {

@@ -46,6 +46,12 @@ static void replies(const uint8_t *p, size_t n) {
   nwc_pr_init(&r, p, n), nwc_proto_get_stats(&r, &s);
   nwc_proto_map mp;
   nwc_pr_init(&r, p, n), nwc_proto_get_map(&r, &mp), nwc_pr_end(&r, "x");
+  nwc_proto_gmap_head gh; /* map_gpu: the head, then its records */
+  nwc_proto_gmap gm;
+  nwc_pr_init(&r, p, n);
+  if (nwc_proto_get_gmap_head(&r, &gh) == 0)
+    for (uint32_t i = 0; i < gh.n; i++)
+      if (nwc_proto_get_gmap(&r, &gm) < 0) break;
   uint64_t a, b;
   nwc_pr_init(&r, p, n), nwc_proto_get_progress(&r, &a, &b);
   char msg[NWC_PROTO_MAX_MSG];

@@ -1,0 +1,235 @@
+"""nwc.torch - PyTorch modules on weights that nwcd keeps compressed.
+
+NwcLinear is a drop-in for nn.Linear (inference only: no gradients flow to the weights): an input
+of 1..dense_rows rows (8 by default) is one matvec of the daemon (or of a host map, mapped=True),
+which decodes the weights inside the product; more rows dequantize the weight once into a cached
+BF16 tensor (release_dense() drops it) and use torch's matmul.  NwcEmbedding is nn.Embedding's
+lookup through the daemon's gather.  patch() swaps a model's nn.Linear and nn.Embedding modules
+for these, matching parameter names to the tensor names of the imported model (as in its
+safetensors), and frees their parameters.
+
+GPU inputs need the GPU half (nwc._cuda, after libnwc-cuda): today they raise NwcError(ENOTSUP).
+"""
+from __future__ import annotations
+
+import errno
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import _lib
+from .client import Client
+from .errors import NwcError
+
+__all__ = ["NwcEmbedding", "NwcLinear", "patch"]
+
+
+def _cpu(x: torch.Tensor, what: str) -> None:
+    if x.device.type != "cpu":
+        raise NwcError(errno.ENOTSUP, f"{what}: input on {x.device}; GPU inputs need the GPU "
+                       "client library (nwc._cuda), not built yet")
+
+
+class NwcLinear(nn.Module):
+    """y = x W^T + b with W (and b) stored in nwcd: a drop-in for nn.Linear(in_features,
+    out_features) in inference.  weight and bias name tensors of model ([out, in] and [out]).
+
+    Rows of input (the product of x's leading dimensions) up to dense_rows: one matvec call
+    (float32 accumulation, output in x's dtype); more: F.linear on the weight dequantized once
+    into a cached BF16 tensor (converted to x's dtype per call when x is not BF16).  mapped=True
+    computes the matvecs in this process on a host map of the tensors instead of in the
+    daemon (no round trip; the daemon keeps them resident while mapped)."""
+
+    def __init__(self, client: Client, model: str, weight: str, bias: Optional[str] = None,
+                 dense_rows: int = 8, mapped: bool = False) -> None:
+        super().__init__()
+        info = client.info(model, weight)
+        if len(info.shape) != 2:
+            raise NwcError(errno.EINVAL, f"{model}/{weight} has shape {info.shape}: NwcLinear "
+                           "needs a matrix")
+        self.client, self.model, self.weight_name, self.bias_name = client, model, weight, bias
+        self.out_features, self.in_features = info.rows, info.cols
+        self.dense_rows = dense_rows
+        if bias is not None:
+            b = client.info(model, bias)
+            if b.rows * b.cols != self.out_features:
+                raise NwcError(errno.EINVAL, f"{model}/{bias} has shape {b.shape}: the bias of "
+                               f"{model}/{weight} needs {self.out_features} values")
+        self._m, self._w = model.encode(), weight.encode()
+        self._b = bias.encode() if bias is not None else None
+        self._matvec = _lib.lib().nwc_client_matvec
+        self._dense: Optional[torch.Tensor] = None
+        self._bias: Optional[torch.Tensor] = None  # BF16, for the dense path
+        self._map_matvec = _lib.lib().nwc_client_map_matvec
+        self.mapping = client.map(model, weight) if mapped else None
+        self._map_bias: Optional[torch.Tensor] = None  # float32, for the map's matvec
+        self._bias_ptr: Optional[int] = None
+        if mapped and bias is not None:
+            self._map_bias = client.dequant(model, bias, as_torch=True).reshape(-1)
+            self._bias_ptr = self._map_bias.data_ptr()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias_name is not None}, nwc={self.model}/{self.weight_name}")
+
+    def release_dense(self) -> None:
+        """Drops the cached dense weight (made again by the next call of more rows)."""
+        self._dense = self._bias = None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight, [out, in] BF16, dequantized once and cached."""
+        if self._dense is None:
+            self._dense = self.client.dequant(self.model, self.weight_name, "bfloat16",
+                                              as_torch=True)
+        return self._dense
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Every line here is paid per call (bench/python_linear.py): cheap tests first, the
+        # output tensor made once, in the shape asked for.
+        K = self.in_features
+        if x.dim() == 0 or x.shape[-1] != K:
+            raise NwcError(errno.EINVAL, f"NwcLinear {self.model}/{self.weight_name}: input of "
+                           f"shape {tuple(x.shape)}, its last dimension must be {K}")
+        n = x.numel() // K
+        if n > self.dense_rows or n == 0:
+            return self._forward_dense(x)
+        if not x.is_cpu:
+            _cpu(x, "NwcLinear")
+        dt, M = x.dtype, self.out_features
+        f32, bf16 = dt is torch.float32, dt is torch.bfloat16
+        xs = x if f32 and x.is_contiguous() else x.detach().to(torch.float32).contiguous()
+        y = torch.empty((n, M) if x.dim() == 2 else x.shape[:-1] + (M,),
+                        dtype=torch.bfloat16 if bf16 else torch.float32)
+        if self.mapping is None:
+            rc = self._matvec(self.client.handle, self._m, self._w, self._b, 1.0, xs.data_ptr(),
+                              K, n, bf16, y.data_ptr(), n * M * (2 if bf16 else 4), None)
+        else:
+            rc = self._map_matvec(self.mapping._ptr(), self._bias_ptr, 1.0, xs.data_ptr(), n,
+                                  bf16, y.data_ptr(), n * M * (2 if bf16 else 4))
+        if rc < 0:
+            _lib.check(rc)
+        return y if f32 or bf16 else y.to(dt)
+
+    def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.dense_weight()
+        b = None
+        if self.bias_name is not None:
+            if self._bias is None:
+                self._bias = self.client.dequant(self.model, self.bias_name, "bfloat16",
+                                                 as_torch=True).reshape(-1)
+            b = self._bias.to(x.dtype)
+        return nn.functional.linear(x, w if x.dtype is torch.bfloat16 else w.to(x.dtype), b)
+
+
+class NwcEmbedding(nn.Module):
+    """nn.Embedding's lookup on a [num_embeddings, embedding_dim] tensor stored in nwcd: each
+    call is one gather of the rows asked for (bit for bit the stored BF16 values).  dtype is
+    the output's (bfloat16 by default, as stored).  An index out of range raises NwcError
+    EINVAL naming it."""
+
+    def __init__(self, client: Client, model: str, weight: str,
+                 dtype: torch.dtype = torch.bfloat16, padding_idx: Optional[int] = None) -> None:
+        super().__init__()
+        info = client.info(model, weight)
+        if len(info.shape) != 2:
+            raise NwcError(errno.EINVAL, f"{model}/{weight} has shape {info.shape}: "
+                           "NwcEmbedding needs a matrix")
+        self.client, self.model, self.weight_name = client, model, weight
+        self.num_embeddings, self.embedding_dim = info.rows, info.cols
+        self.dtype, self.padding_idx = dtype, padding_idx
+        self._m, self._w = model.encode(), weight.encode()
+        self._gather = _lib.lib().nwc_client_gather
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, "
+                f"nwc={self.model}/{self.weight_name}")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        _cpu(ids, "NwcEmbedding")
+        idx = ids.detach().to(torch.int64).contiguous()
+        n, D = idx.numel(), self.embedding_dim
+        bf16 = self.dtype is torch.bfloat16
+        out = torch.empty((n, D), dtype=torch.bfloat16 if bf16 else torch.float32)
+        if n:
+            rc = self._gather(self.client.handle, self._m, self._w, idx.data_ptr(), n, bf16,
+                              out.data_ptr(), n * D * (2 if bf16 else 4), None, None)
+            if rc < 0:
+                _lib.check(rc)
+        out = out.reshape(tuple(ids.shape) + (D,))
+        return out if out.dtype is self.dtype else out.to(self.dtype)
+
+
+def _param_names(model: nn.Module) -> Dict[int, List[str]]:
+    """Every name of every parameter (a tied weight has several), in the modules' order."""
+    names: Dict[int, List[str]] = defaultdict(list)
+    for mname, mod in model.named_modules():
+        for pname, p in mod._parameters.items():
+            if p is not None:
+                names[id(p)].append(f"{mname}.{pname}" if mname else pname)
+    return names
+
+
+def patch(model: nn.Module, client: Client, model_name: str, prefix: str = "",
+          dense_rows: int = 8, mapped: bool = False) -> Dict[str, str]:
+    """Swaps every nn.Linear and nn.Embedding of model for an NwcLinear / NwcEmbedding on the
+    tensors of model_name in nwcd, and frees their parameters.  A parameter matches the stored
+    tensor of its name (prefix + its name in model.state_dict(), as in the model's safetensors);
+    a tied parameter (one object under several names, as a tied lm_head) matches any of its
+    names, which is how transformers saves it once.
+
+    All or nothing: NwcError(ENOENT) naming every parameter with no tensor of its name, or
+    NwcError(EINVAL) naming every one whose stored shape differs, before anything is swapped.
+    Returns {module name: stored weight tensor name} of the modules swapped."""
+    stored = {t.name: t for t in client.tensors(model_name)}
+    aliases = _param_names(model)
+    plan: List[Tuple[nn.Module, str, str, nn.Module, str, Optional[str]]] = []
+    missing: List[str] = []
+    wrong: List[str] = []
+
+    def find(p: nn.Parameter, own: str) -> Optional[str]:
+        for n in aliases.get(id(p), [own]):
+            if prefix + n in stored:
+                t = stored[prefix + n]
+                if tuple(t.shape) != tuple(p.shape):
+                    wrong.append(f"{n} ({tuple(p.shape)} in the model, {tuple(t.shape)} in "
+                                 f"{model_name}/{prefix + n})")
+                return prefix + n
+        missing.append(own)
+        return None
+
+    for pname, parent in model.named_modules():
+        for attr, child in parent._modules.items():
+            if not isinstance(child, (nn.Linear, nn.Embedding)):
+                continue
+            full = f"{pname}.{attr}" if pname else attr
+            w = find(child.weight, full + ".weight")
+            b = None
+            if isinstance(child, nn.Linear) and child.bias is not None:
+                b = find(child.bias, full + ".bias")
+            plan.append((parent, attr, full, child, w or "", b))
+    if missing:
+        raise NwcError(errno.ENOENT, f"model {model_name!r} has no tensor for "
+                       f"{len(missing)} parameter(s): " + ", ".join(prefix + m for m in missing))
+    if wrong:
+        raise NwcError(errno.EINVAL, f"model {model_name!r}: shapes differ for "
+                       f"{len(wrong)} parameter(s): " + ", ".join(wrong))
+    made: Dict[int, nn.Module] = {}
+    done: Dict[str, str] = {}
+    for parent, attr, full, child, w, b in plan:
+        new = made.get(id(child))
+        if new is None:
+            if isinstance(child, nn.Linear):
+                new = NwcLinear(client, model_name, w, b, dense_rows=dense_rows, mapped=mapped)
+            else:
+                new = NwcEmbedding(client, model_name, w, dtype=child.weight.dtype,
+                                   padding_idx=child.padding_idx)
+            made[id(child)] = new
+        setattr(parent, attr, new)
+        done[full] = w
+    for parent, attr, full, child, w, b in plan:  # free the parameters (tied ones too)
+        for p in ("weight", "bias"):
+            if child._parameters.get(p) is not None:
+                child._parameters[p] = None
+    return done
