@@ -46,6 +46,7 @@
 #define NWC_DECODE_CUH
 
 #include "nwc.h"
+#include "warp.cuh"
 
 #include <stdint.h>
 
@@ -183,17 +184,6 @@ __device__ __forceinline__ uint32_t bf16_pair(int k, uint32_t e, const uint32_t 
   uint32_t b = 4 + ((2 * k) & 3);
   uint32_t sel = 2u << 12 | (b + 1) << 8 | 1u << 4 | b;
   return __byte_perm(e, m[(2 * k) >> 2], sel);
-}
-
-__device__ __forceinline__ uint32_t warp_exclusive_sum(uint32_t v) {
-  unsigned lane = threadIdx.x & 31u;
-  uint32_t s = v;
-#pragma unroll
-  for (unsigned d = 1; d < 32; d <<= 1) {
-    uint32_t o = __shfl_up_sync(0xffffffffu, s, d);
-    if (lane >= d) s += o;
-  }
-  return s - v;
 }
 
 template <int TYPE, class Sink>

@@ -202,7 +202,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     if (c.s % 16 == 0) { /* a block starts: its exception entries */
       ex_n = e[kHdrOff + lane];
       const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
-      ex_p = g.data + base + 3 * lane_prefix(ex_n);
+      ex_p = g.data + base + 3 * warp_exclusive_sum(ex_n);
       if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
     }
     uint32_t A[8];
@@ -370,23 +370,18 @@ __global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_rows_kernel(L2Geo
   l2_stream(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
 }
 
-/* CTAs for a grid-striding kernel of kL2Threads: enough warps for the units, at most `per_sm`
- * CTAs per SM. */
-int l2_ctas(uint64_t units, unsigned per_sm, unsigned *ctas) {
-  int sms = sm_count();
-  if (sms < 0) return sms;
-  const uint64_t need = (units + kL2Warps - 1) / kL2Warps, most = (uint64_t)sms * per_sm;
-  *ctas = (unsigned)(need < most ? need : most);
-  return 0;
+/* CTAs for a grid-striding kernel of kL2Threads on sms SMs: enough warps for the units, at most
+ * kL2CtasPerSm CTAs per SM. */
+unsigned l2_ctas(uint64_t units, int sms) {
+  const uint64_t need = (units + kL2Warps - 1) / kL2Warps, most = (uint64_t)sms * kL2CtasPerSm;
+  return (unsigned)(need < most ? need : most);
 }
 
 /* The matvec's units: row groups cut into F parts (F = 1: whole, no partial sums).  Warps take
  * units in turn, so the time is about ceil(units / warps) units: with at least as many row
  * groups as resident warps F is 1, else the smallest F whose units keep the warps busiest
  * (within 3 % of the best; 19456 x 2560 at F = 3 gave 1.15 units a warp, so two rounds). */
-int l2_work(const L2Geom &g, L2Work *w) {
-  int sms = sm_count();
-  if (sms < 0) return sms;
+int l2_work(const L2Geom &g, int sms, L2Work *w) {
   const double warps = (double)sms * kL2CtasPerSm * kL2Warps;
   if (g.RB >= warps) {
     w->per = g.CB, w->F = 1, w->units = g.RB;
@@ -438,8 +433,6 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   g->CB = (uint32_t)CB;
   g->S = (uint32_t)S;
   g->RB = (uint32_t)RB;
-  g->nsc_last = (uint32_t)((nl + 1) / 2);
-  g->nblocks = (uint32_t)t->nblocks;
   return 0;
 }
 
@@ -458,16 +451,16 @@ static unsigned round_cols(unsigned ncols) { return ncols <= 1 ? 1 : ncols <= 2 
 
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
   L2Work w;
-  int rc = l2_work(g, &w);
+  int rc = sm_count();
+  if (rc >= 0) rc = l2_work(g, rc, &w);
   if (rc < 0) return rc;
   return (int64_t)L2Scratch(g, w, round_cols(ncols)).total;
 }
 
 template <int NC>
-static int launch_l2_matvec(const L2Geom &g, const L2Work &w, const L2Matvec &a, cudaStream_t stream) {
-  unsigned ctas;
-  int rc = l2_ctas(w.units, kL2CtasPerSm, &ctas);
-  if (rc < 0) return rc;
+static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, const L2Matvec &a,
+                            cudaStream_t stream) {
+  int rc;
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;
@@ -495,7 +488,10 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
       (uintptr_t)scratch % 16)
     return -EINVAL;
   L2Work w;
-  if ((rc = l2_work(g, &w)) < 0) return rc;
+  const int sms = sm_count();
+  if (sms < 0) return sms;
+  if ((rc = l2_work(g, sms, &w)) < 0) return rc;
+  const unsigned ctas = l2_ctas(w.units, sms);
   L2Matvec a;
   a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
   a.y = y, a.y_bf16 = y_bf16;
@@ -503,10 +499,10 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   a.count = static_cast<uint32_t *>(scratch);
   a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + sc.part);
   a.xs = reinterpret_cast<const uint4 *>(static_cast<uint8_t *>(scratch) + sc.xs);
-  if (ncols == 1) return launch_l2_matvec<1>(g, w, a, stream);
-  if (ncols == 2) return launch_l2_matvec<2>(g, w, a, stream);
-  if (ncols <= 4) return launch_l2_matvec<4>(g, w, a, stream);
-  return launch_l2_matvec<8>(g, w, a, stream);
+  if (ncols == 1) return launch_l2_matvec<1>(g, w, ctas, a, stream);
+  if (ncols == 2) return launch_l2_matvec<2>(g, w, ctas, a, stream);
+  if (ncols <= 4) return launch_l2_matvec<4>(g, w, ctas, a, stream);
+  return launch_l2_matvec<8>(g, w, ctas, a, stream);
 }
 
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
@@ -519,8 +515,9 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
   L2Work w{(uint32_t)units, g.CB, 1};
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
-  unsigned ctas;
-  if ((rc = l2_ctas(w.units, kL2CtasPerSm, &ctas)) < 0) return rc;
+  const int sms = sm_count();
+  if (sms < 0) return sms;
+  const unsigned ctas = l2_ctas(w.units, sms);
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;

@@ -24,6 +24,7 @@
 #define NWC_LAYOUT2_CUH
 
 #include "nwc_kernels.h"
+#include "warp.cuh"
 
 #include <stdint.h>
 
@@ -37,7 +38,7 @@ struct L2Geom {
   const uint8_t *nib; /* the nibble plane: 256 bytes per (row group, slot) */
   const uint8_t *low; /* the low plane right behind it */
   uint32_t lut[4];    /* psym as words: lut[0..1] high bytes of ranks 0..7, lut[2..3] fp8 bit 7 */
-  uint32_t M, K, K16, CB, S, RB, nsc_last, nblocks;
+  uint32_t M, K, K16, CB, S, RB;
 };
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -70,29 +71,6 @@ __device__ __forceinline__ uint32_t frag_row(uint32_t r, uint32_t j) { return r 
 __device__ __forceinline__ uint32_t frag_col(uint32_t q, uint32_t j) {
   return 8 * q + 4 * (j >> 3) + 2 * ((j >> 2) & 1) + (j & 1);
 }
-
-/* Exclusive prefix sum of v over the warp's lanes. */
-__device__ __forceinline__ uint32_t lane_prefix(uint32_t v) {
-  const uint32_t lane = threadIdx.x & 31u;
-  uint32_t s = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    uint32_t t = __shfl_up_sync(0xffffffffu, s, d);
-    if (lane >= (uint32_t)d) s += t;
-  }
-  return s - v;
-}
-
-/* A lane's exception entries of block b: count and the first entry's byte offset in data. */
-struct Exceptions {
-  const uint8_t *p;
-  uint32_t n;
-  __device__ __forceinline__ void open(const L2Geom &g, uint32_t b, unsigned esize) {
-    const uint32_t lane = threadIdx.x & 31u;
-    n = g.hdr[(uint64_t)b * 32 + lane];
-    p = g.data + g.bases[b] + esize * lane_prefix(n);
-  }
-};
 
 /* bf16 bits (low half of a word) to fp32. */
 __device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
