@@ -613,6 +613,33 @@ static void fp8_model_with_bias(nwc_client *c) {
   td_remove_q8(c, &q);
 }
 
+/* Loads model/t onto cuda:0 alone (ps says so), then its dequant and a gather of 1 - 16 random
+ * rows (may be more than M) must equal want (M x K BF16) bit for bit. */
+static void gpu_rows_check(nwc_client *c, const char *model, const td_tensor *t, const uint16_t *want) {
+  const uint64_t M = t->rows, K = t->cols, n = M * K;
+  uint64_t idx[16], ng = 1 + test_below(16), rows = 0, cols = 0;
+  uint16_t *got = malloc((n > ng * K ? n : ng * K) * 2); /* a dequant, or ng rows */
+  CHECK_RC(nwc_client_load_on(c, model, t->name, 0, NULL, NULL, NULL));
+  CHECK(ps_device(c, model, t->name) == 0, "%s/%s is not on cuda:0 (ps: %d)", model, t->name,
+        ps_device(c, model, t->name));
+  memset(got, 0xff, n * 2);
+  int rc = nwc_client_dequant(c, model, t->name, NWC_CLIENT_BF16, got, n * 2, &rows, &cols, NULL);
+  size_t bad = 0;
+  for (uint64_t k = 0; rc == 0 && k < n; k++) bad += got[k] != want[k];
+  CHECK(rc == 0 && rows == M && cols == K && bad == 0,
+        "%s dequant %s [%llux%llu]: %d %s, %zu of %llu values differ", model, t->name,
+        (unsigned long long)M, (unsigned long long)K, rc, rc ? nwc_client_last_error() : "", bad,
+        (unsigned long long)n);
+  for (size_t k = 0; k < ng; k++) idx[k] = test_below(M);
+  memset(got, 0xff, ng * K * 2);
+  rc = nwc_client_gather(c, model, t->name, idx, ng, NWC_CLIENT_BF16, got, ng * K * 2, &cols, NULL);
+  CHECK(rc == 0 && cols == K, "%s gather %s: %d %s", model, t->name, rc, nwc_client_last_error());
+  for (size_t k = 0; rc == 0 && k < ng; k++)
+    CHECK(!memcmp(got + k * K, want + idx[k] * K, K * 2), "%s gather %s: row %llu differs", model,
+          t->name, (unsigned long long)idx[k]);
+  free(got);
+}
+
 /* 4. fp8 through the GPU path, matrix by matrix (the budget holds one at a time). */
 static void fp8_steps(nwc_client *c) {
   nwc_client_import_opts f8 = {.elem = NWC_ELEM_FP8};
@@ -633,40 +660,20 @@ static void fp8_steps(nwc_client *c) {
     CHECK(NWC_ELEM_TYPE(ts[j].elem) == (quantized ? NWC_ELEM_FP8 : NWC_ELEM_BF16),
           "use8/%s (%u dimensions): elem %u", t->name, ts[j].ndim, ts[j].elem);
     if (!quantized) continue;
-    uint64_t idx[16], ng = 1 + test_below(16); /* rows to gather: may be more than M */
     uint16_t *w = malloc(n * 2), *want = malloc(n * 2);
-    uint16_t *got = malloc((n > ng * K ? n : ng * K) * 2); /* a dequant, or ng rows */
     uint8_t *q = malloc(n);
     float *scale = malloc(M * sizeof *scale);
     memcpy(w, t->w, n * 2); /* the sample's view is unaligned */
     CHECK_RC(nwc_quantize_fp8(w, M, K, q, scale));
     for (uint64_t k = 0; k < n; k++) want[k] = nwc_fp8_to_bf16(q[k]);
-    CHECK_RC(nwc_client_load_on(c, "use8", t->name, 0, NULL, NULL, NULL));
-    CHECK(ps_device(c, "use8", t->name) == 0, "use8/%s is not on cuda:0 (ps: %d)", t->name,
-          ps_device(c, "use8", t->name));
-    memset(got, 0xff, n * 2);
-    uint64_t rows = 0, cols = 0;
-    int rc = nwc_client_dequant(c, "use8", t->name, NWC_CLIENT_BF16, got, n * 2, &rows, &cols, NULL);
-    size_t bad = 0;
-    for (uint64_t k = 0; rc == 0 && k < n; k++) bad += got[k] != want[k];
-    CHECK(rc == 0 && rows == M && cols == K && bad == 0,
-          "fp8 dequant %s [%llux%llu]: %d %s, %zu of %llu values differ from the quantizer's", t->name,
-          (unsigned long long)M, (unsigned long long)K, rc, rc ? nwc_client_last_error() : "", bad,
-          (unsigned long long)n);
-    for (size_t k = 0; k < ng; k++) idx[k] = test_below(M);
-    memset(got, 0xff, ng * K * 2);
-    rc = nwc_client_gather(c, "use8", t->name, idx, ng, NWC_CLIENT_BF16, got, ng * K * 2, &cols, NULL);
-    CHECK(rc == 0 && cols == K, "fp8 gather %s: %d %s", t->name, rc, nwc_client_last_error());
-    for (size_t k = 0; rc == 0 && k < ng; k++)
-      CHECK(!memcmp(got + k * K, want + idx[k] * K, K * 2), "fp8 gather %s: row %llu differs",
-            t->name, (unsigned long long)idx[k]);
+    gpu_rows_check(c, "use8", t, want);
     if (M >= 2) {
       td_tensor t8 = {t->name, M, K, want, scale};
       shared_tensor(c, "use8", &t8, NULL);
     }
     CHECK_RC(nwc_client_evict(c, "use8", t->name, NULL));
     mats++, weights += n;
-    free(w), free(want), free(got), free(q), free(scale);
+    free(w), free(want), free(q), free(scale);
   }
   printf("fp8 on cuda:0: %u matrices, %llu weights: dequant and gather bit for bit, matvec ok\n",
          mats, (unsigned long long)weights);
@@ -687,27 +694,13 @@ static void layout2_steps(nwc_client *c) {
     const td_tensor *t = &td_t[i];
     const uint64_t M = t->rows, K = t->cols, n = M * K;
     if (M < 2) continue;
-    uint64_t idx[16], ng = 1 + test_below(16), rows = 0, cols = 0;
-    uint16_t *want = malloc(n * 2), *got = malloc((n > ng * K ? n : ng * K) * 2);
+    uint16_t *want = malloc(n * 2);
     memcpy(want, t->w, n * 2); /* the sample's view is unaligned */
-    CHECK_RC(nwc_client_load_on(c, "use2", t->name, 0, NULL, NULL, NULL));
-    CHECK(ps_device(c, "use2", t->name) == 0, "use2/%s is not on cuda:0", t->name);
-    memset(got, 0xff, n * 2);
-    int rc = nwc_client_dequant(c, "use2", t->name, NWC_CLIENT_BF16, got, n * 2, &rows, &cols, NULL);
-    CHECK(rc == 0 && rows == M && cols == K && !memcmp(got, want, n * 2),
-          "layout 2 dequant %s [%llux%llu]: %d %s, or values differ", t->name,
-          (unsigned long long)M, (unsigned long long)K, rc, rc ? nwc_client_last_error() : "");
-    for (size_t k = 0; k < ng; k++) idx[k] = test_below(M);
-    memset(got, 0xff, ng * K * 2);
-    rc = nwc_client_gather(c, "use2", t->name, idx, ng, NWC_CLIENT_BF16, got, ng * K * 2, &cols, NULL);
-    CHECK(rc == 0 && cols == K, "layout 2 gather %s: %d %s", t->name, rc, nwc_client_last_error());
-    for (size_t k = 0; rc == 0 && k < ng; k++)
-      CHECK(!memcmp(got + k * K, want + idx[k] * K, K * 2), "layout 2 gather %s: row %llu differs",
-            t->name, (unsigned long long)idx[k]);
+    gpu_rows_check(c, "use2", t, want);
     shared_tensor(c, "use2", t, NULL);
     CHECK_RC(nwc_client_evict(c, "use2", t->name, NULL));
     mats++;
-    free(want), free(got);
+    free(want);
   }
   printf("layout 2 on cuda:0: %u matrices: dequant and gather bit for bit, matvec ok\n", mats);
   CHECK(mats > 0, "no matrix in use2");
