@@ -31,6 +31,7 @@
  * Variants: l2_matvec_kernel<NC> for NC = 1, 2, 4, 8 columns (ncols rounded up),
  * l2_rows_kernel (dequant and gather) (BF16).
  */
+#include "bf16.cuh"
 #include "host.cuh"
 #include "layout2.cuh"
 
@@ -275,6 +276,13 @@ struct MatvecSink {
   }
 
   __device__ __forceinline__ void unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur);
+
+  /* Row R of column n from its sum: scaled, biased, fp32 and/or BF16 (the kernels' one rounding). */
+  __device__ __forceinline__ void put(uint32_t R, uint32_t n, float sum) const {
+    const float v = sum * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
+    if (a.y) a.y[n * a.ldy + R] = v;
+    if (a.y_bf16) a.y_bf16[n * a.ldy + R] = bf16_rne(v);
+  }
 };
 
 template <int NC>
@@ -298,10 +306,7 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       const uint32_t n = 2 * q + (i & 1), R = R0 + 8 * (i >> 1);
-      if (n >= a.ncols || R >= g.M) continue;
-      const float v = c[i] * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
-      if (a.y) a.y[n * a.ldy + R] = v;
-      if (a.y_bf16) a.y_bf16[n * a.ldy + R] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+      if (n < a.ncols && R < g.M) put(R, n, c[i]);
     }
     return;
   }
@@ -323,10 +328,7 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float s = 0.f;
     for (uint32_t k = 0; k < w.F; k++) s += __ldcg(base + ((uint64_t)k * 16 + row) * NC + n);
-    if (R >= g.M) continue;
-    const float v = s * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
-    if (a.y) a.y[n * a.ldy + R] = v;
-    if (a.y_bf16) a.y_bf16[n * a.ldy + R] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (R < g.M) put(R, n, s);
   }
 }
 
