@@ -76,6 +76,15 @@ static inline float normal(void) {
   return ntab[i] + f * (ntab[i + 1] - ntab[i]);
 }
 
+/* ncols columns of K16 floats: K normal values each, zeros after. */
+static float *make_x(uint64_t K, uint64_t K16) {
+  float *x = calloc(K16 * ncols, 4);
+  if (!x) DIE("out of memory");
+  for (unsigned i = 0; i < ncols; i++)
+    for (uint64_t c = 0; c < K; c++) x[i * K16 + c] = normal();
+  return x;
+}
+
 static uint16_t *make_weights(uint64_t M, uint64_t K) {
   uint16_t *w = malloc(M * K * 2);
   if (!w) DIE("out of memory");
@@ -264,6 +273,17 @@ static void blas_side_init(blas_side *b, const uint16_t *w, uint64_t M, uint64_t
   free(xb);
 }
 
+/* Exactly n copies of b's weights (more made from the first, extra ones freed). */
+static void blas_side_copies(blas_side *b, int n) {
+  const size_t bytes = (size_t)b->M * b->K * 2;
+  for (int c = b->copies; c < n; c++) {
+    CU(cudaMalloc((void **)&b->w[c], bytes));
+    CU(cudaMemcpy(b->w[c], b->w[0], bytes, cudaMemcpyDeviceToDevice));
+  }
+  for (int c = n; c < b->copies; c++) CU(cudaFree(b->w[c]));
+  b->copies = n;
+}
+
 static void blas_side_free(blas_side *b) {
   for (int i = 0; i < b->copies; i++) cudaFree(b->w[i]);
   cudaFree(b->x), cudaFree(b->y);
@@ -318,9 +338,7 @@ static void bench_shape(uint64_t M, uint64_t K) {
   uint64_t lay[4];
   NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
   uint64_t K16 = lay[NWC_LAYOUT_K16];
-  float *x = calloc(K16 * ncols, 4);
-  for (unsigned i = 0; i < ncols; i++)
-    for (uint64_t c = 0; c < K; c++) x[i * K16 + c] = normal();
+  float *x = make_x(K, K16);
   nwc_tensor t;
   NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, layout), NULL, &t));
   fprintf(stderr, "%llux%llu: made and encoded in %.1f s\n", (unsigned long long)M,
@@ -465,26 +483,20 @@ static void bench_token_step(void) {
   double nbytes = 0, weights = 0;
   for (int i = 0; i < STEP_MATS; i++) {
     const uint64_t M = step_shapes[i][0], K = step_shapes[i][1];
-    const int copies = i < STEP_MATS - 1 ? STEP_LAYERS : 1, per_step = copies;
+    const int copies = i < STEP_MATS - 1 ? STEP_LAYERS : 1; /* each read once a step */
     uint16_t *w = make_weights(M, K);
     uint64_t lay[4];
     NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
     const uint64_t K16 = lay[NWC_LAYOUT_K16];
-    float *x = calloc(K16 * ncols, 4);
-    for (unsigned j = 0; j < ncols; j++)
-      for (uint64_t c = 0; c < K; c++) x[j * K16 + c] = normal();
+    float *x = make_x(K, K16);
     nwc_tensor t;
     NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, layout), NULL, &t));
     nwc_side_init(&m.ns[i], &t, copies < 2 ? 2 : copies);
     nwc_side_set_x(&m.ns[i], x, K16);
-    nbytes += m.ns[i].bytes * per_step;
-    weights += (double)M * K * per_step;
+    nbytes += m.ns[i].bytes * copies;
+    weights += (double)M * K * copies;
     blas_side_init(&m.bs[i], w, M, K, x, K16);
-    for (int c = m.bs[i].copies; c < copies; c++) {
-      CU(cudaMalloc((void **)&m.bs[i].w[c], M * K * 2));
-      CU(cudaMemcpy(m.bs[i].w[c], m.bs[i].w[0], M * K * 2, cudaMemcpyDeviceToDevice));
-    }
-    if (m.bs[i].copies < copies) m.bs[i].copies = copies;
+    blas_side_copies(&m.bs[i], copies);
     nwc_tensor_release(&t);
     free(x), free(w);
   }
@@ -524,9 +536,7 @@ static void bench_sample(const char *path) {
     uint64_t M = st->shape[0], K = st->shape[1], lay[4];
     const uint16_t *w = nwc_st_data(f, st);
     NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
-    float *x = calloc(lay[NWC_LAYOUT_K16] * ncols, 4);
-    for (unsigned j = 0; j < ncols; j++)
-      for (uint64_t c = 0; c < K; c++) x[j * lay[NWC_LAYOUT_K16] + c] = normal();
+    float *x = make_x(K, lay[NWC_LAYOUT_K16]);
     nwc_tensor t;
     NW(nwc_tensor_encode(w, M, K, NWC_ELEM(NWC_ELEM_BF16, layout), NULL, &t));
     nwc_side_init(&m.ns[m.n], &t, copies);
@@ -534,12 +544,7 @@ static void bench_sample(const char *path) {
     nbytes += m.ns[m.n].bytes;
     weights += (double)M * K;
     blas_side_init(&m.bs[m.n], w, M, K, x, lay[NWC_LAYOUT_K16]);
-    /* the same number of copies on both sides */
-    for (int c = m.bs[m.n].copies; c < copies; c++) {
-      CU(cudaMalloc((void **)&m.bs[m.n].w[c], M * K * 2));
-      CU(cudaMemcpy(m.bs[m.n].w[c], m.bs[m.n].w[0], M * K * 2, cudaMemcpyDeviceToDevice));
-    }
-    m.bs[m.n].copies = copies;
+    blas_side_copies(&m.bs[m.n], copies); /* the same number of copies on both sides */
     nwc_tensor_release(&t);
     free(x);
     m.n++;
