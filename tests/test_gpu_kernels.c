@@ -327,6 +327,21 @@ static void check_api(void) {
   CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(wrong block count)");
   CHECK(nwc_k_ref_fp8((uint8_t *)p, 4, 13, p, NULL, NULL, (uint16_t *)p, stream) == -EINVAL,
         "ref_fp8(K not a multiple of 16)");
+  CHECK(nwc_k_scratch_bytes(NULL, 1) == -EINVAL, "scratch_bytes(NULL tensor)");
+  CHECK(nwc_k_scratch_bytes(&d, 0) == -EINVAL && nwc_k_scratch_bytes(&d, 9) == -EINVAL,
+        "scratch_bytes(0 or 9 columns)");
+  CHECK(nwc_k_matvec_cols(&d, p, 9, 16, NULL, p, NULL, 16, p, stream) == -EINVAL,
+        "matvec_cols(9 columns)");
+  /* layout 2: fp8 has no GPU kernel; a 16-byte aligned stand-in so that only the type is wrong */
+  static uint4 aligned[4];
+  d.tab = (const uint32_t *)aligned, d.bases = (const uint64_t *)aligned;
+  d.hdr = d.data = d.raw = (const uint8_t *)aligned, d.rows = d.cols = 16, d.nblocks = 1;
+  d.elem = NWC_ELEM(NWC_ELEM_FP8, 2);
+  CHECK(nwc_k_dequant(&d, (uint16_t *)aligned, stream) == -ENOTSUP, "dequant(fp8 layout 2)");
+  d.elem = NWC_ELEM(NWC_ELEM_BF16, 2);
+  CHECK(nwc_k_matvec_cols(&d, (const float *)aligned, 0, 16, NULL, (float *)aligned, NULL, 16, aligned,
+                          stream) == -EINVAL,
+        "matvec_cols(layout 2, 0 columns)");
 }
 
 static void check_sample(void) {
