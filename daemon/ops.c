@@ -17,8 +17,25 @@
 
 #include <errno.h>
 
+/* Requests whose only effect is their reply (or, for the shared-memory ones, the client's own
+ * memory): a client that has gone would never see their work, so it is skipped.  A client that
+ * vanishes with dozens of large requests read and held (server.c, Back-pressure) thus costs the
+ * others nothing.  Requests that change the store or residency run regardless. */
+static bool answer_only(uint16_t op) {
+  switch (op) {
+    case NWC_OP_MODELS: case NWC_OP_TENSORS: case NWC_OP_INFO: case NWC_OP_DEQUANT:
+    case NWC_OP_GATHER: case NWC_OP_MATVEC: case NWC_OP_MATVEC_IPC: case NWC_OP_DEQUANT_IPC:
+    case NWC_OP_STATS: case NWC_OP_PS: case NWC_OP_DEVICES: return true;
+    default: return false;
+  }
+}
+
 void nwcd_ops_run(nwcd_job *j) {
   if (nwcd_server_hold(j)) return; /* a client not reading its replies: not now */
+  if (answer_only(j->req.op) && nwcd_server_client_gone(j)) {
+    nwcd_server_send(j, NULL, 0, true); /* ends the job, answering no one */
+    return;
+  }
   int rc;
   switch (j->req.op) {
     case NWC_OP_MODELS: rc = nwcd_op_models(j); break;

@@ -330,6 +330,15 @@ bool nwcd_server_hold(nwcd_job *j) {
   return hold;
 }
 
+bool nwcd_server_client_gone(nwcd_job *j) {
+  nwcd_conn *c = j->conn;
+  if (!c || j->batch) return false;
+  pthread_mutex_lock(&c->olock);
+  bool gone = c->odead || c->oerr;
+  pthread_mutex_unlock(&c->olock);
+  return gone;
+}
+
 /* Submits c's held jobs again, in order, once its output is under the bounds or it is closing
  * (loop thread). */
 static void release_held(nwcd_conn *c) {

@@ -25,6 +25,9 @@ void nwcd_server_send(nwcd_job *j, uint8_t *buf, size_t len, bool final);
  * bytes queued than its bound, and j was held on the connection instead, to be submitted again
  * when the queue drains (server.c, Back-pressure); the caller must then leave j alone. */
 bool nwcd_server_hold(nwcd_job *j);
+/* Called by the worker about to run j: true when j's client is gone (its connection closed or
+ * a write to it failed), so that no reply of j can reach anyone. */
+bool nwcd_server_client_gone(nwcd_job *j);
 /* Whether nwcd could listen at path, changing nothing: 0 (nothing there), 1 (a stale socket
  * that listening would replace), or -EEXIST (not a socket), -EADDRINUSE (a daemon answers),
  * -ENAMETOOLONG, another negative errno, with the detail saying which. */

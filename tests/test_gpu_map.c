@@ -24,11 +24,12 @@
  *      graph and replays it 200 times with fresh x while another process ("churn") maps and
  *      unmaps the model and single tensors as fast as it can: every replay equals the eager
  *      launches bit for bit and the first within 1e-5 of fp64.
- *   5. Forged and stale handles ("forge"): the pool imports; a tensor's export data imports; the
- *      same data with a byte changed (first, last, random) is refused by CUDA; the export data
- *      of a tensor unmapped, evicted and replaced by another of its size is refused; a memfd
- *      is not a pool; libnwc-cuda refuses a tensor of another map, a NULL one, 0 and 9 columns;
- *      a map onto a device that is not current (a second GPU, where there is one) is -ENODEV.
+ *   5. Forged and stale handles ("forge"): the pool imports; a tensor's export data imports;
+ *      export data of zeros is refused; a memfd is not a pool; libnwc-cuda refuses a tensor of
+ *      another map, a NULL one, 0 and 9 columns; a map onto a device that is not current (a
+ *      second GPU, where there is one) is -ENODEV.  What the driver does with export data that
+ *      has a byte changed, and with that of a tensor evicted and replaced by another of its size,
+ *      is printed as JSON, not asserted: CUDA promises nothing there (docs/gpu-maps.md).
  *   6. What read-only means ("write"): a process maps a tensor and writes 64 bytes into its
  *      raw plane.  Either the driver refuses (the map said read-only) or the write lands in
  *      nwcd's copy: then the daemon's own dequant shows it (docs/gpu-maps.md says so), and an
@@ -118,8 +119,8 @@ static void *dev_alloc(size_t n) {
 /* dequant and gather of t (sample weights s) bit for bit. */
 static void check_dequant_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t,
                                  const td_tensor *s, cudaStream_t st) {
-  const uint64_t M = t->rows, K = t->cols, K16 = t->k16;
-  uint16_t *d = dev_alloc(M * K16 * 2), *h = malloc(M * K16 * 2);
+  const uint64_t M = t->rows, K = t->cols, K16 = t->k16, R = M > 6 ? M : 6; /* 6 rows gathered */
+  uint16_t *d = dev_alloc(R * K16 * 2), *h = malloc(R * K16 * 2);
   CU(cudaMemsetAsync(d, 0xff, M * K16 * 2, st));
   CHECK_RC(nwc_cuda_dequant(m, t, d, st));
   CU(cudaMemcpyAsync(h, d, M * K16 * 2, cudaMemcpyDeviceToHost, st));
@@ -446,21 +447,25 @@ static int role_forge(const char *sock) {
   if (e != cudaSuccess) return 1;
   uint8_t good[64], bad[64];
   memcpy(good, g->t[0].export_data, 64);
-  void *p = NULL;
-  e = try_import(pool, good, &p);
-  CHECK(e == cudaSuccess, "import of %s: %s", a->name, cudaGetErrorString(e));
-  /* forged: one byte changed, at the start, the end and three random places */
+  /* Forged: one byte changed, at the start, the end and three random places.  The driver
+   * documents no check of export data, and it does not check every byte (on the H200 a changed
+   * last byte imports the same allocation): measured and printed, not asserted; the capability
+   * is the pool (docs/gpu-maps.md). */
   size_t at[5] = {0, 63, test_below(64), test_below(64), test_below(64)};
+  int refused = 0;
   for (int i = 0; i < 5; i++) {
     memcpy(bad, good, 64);
     bad[at[i]] ^= (uint8_t)(1 + test_below(255));
     e = try_import(pool, bad, NULL);
-    CHECK(e != cudaSuccess, "export data with byte %zu changed imported", at[i]);
+    refused += e != cudaSuccess;
     printf("forged export data (byte %zu changed): %s\n", at[i], cudaGetErrorString(e));
   }
   memset(bad, 0, 64);
   e = try_import(pool, bad, NULL);
   CHECK(e != cudaSuccess, "export data of zeros imported");
+  void *p = NULL;
+  e = try_import(pool, good, &p);
+  CHECK(e == cudaSuccess, "import of %s: %s", a->name, cudaGetErrorString(e));
   /* stale: unmap (free here first, then the reference), evict, load b in its place */
   if (p) CU(cudaFree(p));
   CU(cudaDeviceSynchronize());
@@ -472,10 +477,9 @@ static int role_forge(const char *sock) {
   CHECK_RC(nwc_client_evict(c, "use", b->name, NULL)); /* so that b gets a new allocation */
   CHECK_RC(nwc_client_load_on(c, "use", b->name, 0, NULL, NULL, NULL));
   e = try_import(pool, good, &p);
-  CHECK(e != cudaSuccess, "the export data of %s imported after it was evicted (%s loaded in "
-        "its place)", a->name, b->name);
-  printf("stale export data: %s\n", cudaGetErrorString(e));
   if (e == cudaSuccess) cudaFree(p);
+  printf("{\"test\":\"gpu_map_forge\",\"forged_refused\":%d,\"forged_tried\":5,"
+         "\"stale_imported\":%s}\n", refused, e == cudaSuccess ? "true" : "false");
   CHECK_RC(nwc_client_load_on(c, "use", a->name, 0, NULL, NULL, NULL));
   /* a memfd is not a pool */
   int mfd = memfd_create("not-a-pool", MFD_CLOEXEC);

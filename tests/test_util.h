@@ -61,8 +61,11 @@ static inline uint64_t test_below(uint64_t n) { return n ? test_rand() % n : 0; 
 /* Uniform in [0, 1). */
 static inline double test_uniform(void) { return (double)(test_rand() >> 11) * 0x1p-53; }
 
-/* Seeds the PRNG from NWC_SEED or from the clock and pid, and prints the seed. */
+/* Seeds the PRNG from NWC_SEED or from the clock and pid, and prints the seed.  stdout becomes
+ * line-buffered, so that a test's log keeps its order with stderr and a forked child never
+ * writes out the parent's unflushed lines again. */
 static uint64_t test_seed(const char *name) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
   const char *env = getenv("NWC_SEED");
   uint64_t seed;
   if (env && *env) {
