@@ -4,31 +4,34 @@
  * which dispatch on the tensor's layout (l2_* below).
  *
  * Matvec design.  The work is cut into units: a row group (16 rows) whole, or F parts of it, each
- * a run of column blocks, F chosen so that the units keep the resident warps evenly busy
- * (l2_work).  A warp streams its units' slots (32 columns each) through a ring of shared-memory
- * entries filled by cp.async kRing - 1 slots ahead (l2_stream), so that many bytes are in flight
- * without registers.  (The bulk copy engine, one lane filling two- or four-slot entries behind an
- * mbarrier, ran the largest shape at half this speed: docs/results.md.)  Per slot a lane decodes its A fragments from the entry (layout2.cuh), loads its 8
- * activations' fragments (lanes r < ncols), x in three BF16 parts, x = hi + mid + lo to 24
- * significant bits (the products exact, fp32 accumulation: the result is within fp32 rounding of
- * the fp64 reference), made once per call by l2_xfrag_kernel; six mma.m16n8k16 per slot, in two
- * accumulator chains, multiply 16 rows by 8 columns.  After a block's last slot each lane adds
- * its exception entries (the weights the planes decode to +0) times fp32 x on the CUDA cores, in
- * entry order; at the unit's end a shuffle sums them over the four lanes of a row into the
- * fragment.
+ * a run of `per` slots (whole column blocks, or half a block where row groups are few), F chosen
+ * so that the units keep the resident warps evenly busy (l2_work).  A warp streams its units'
+ * slots (32 columns each) through a ring of shared-memory entries filled by cp.async kRing - 1
+ * slots ahead (l2_stream), so that many bytes are in flight without registers.  (The bulk copy
+ * engine, one lane filling two- or four-slot entries behind an mbarrier, ran the largest shape at
+ * half this speed: docs/results.md.)  Per slot a lane decodes its A fragments from the entry
+ * (layout2.cuh) and multiplies them by B fragments that hold x in three BF16 parts, x = hi + mid +
+ * lo to 24 significant bits (the products exact, fp32 accumulation: the result is within fp32
+ * rounding of the fp64 reference).  The parts are B's columns: column 3c + p of the n = 8 T
+ * columns of T tiles is part p of x's column c, so one column takes one tile and 8 take three, and
+ * a slot costs 2 T mma.m16n8k16 in two accumulator chains per tile.  l2_xfrag_kernel makes the
+ * fragments once per call, one coalesced 16-byte load per lane, tile and slot.  After a block's
+ * last slot in the unit each lane adds its exception entries of the unit's slots (the weights the
+ * planes decode to +0) times fp32 x on the CUDA cores, in entry order; at the unit's end the
+ * warp sums each column's three parts and its exceptions through a 2 KB table in shared memory.
  *
  * A unit that is a whole row group writes its rows.  Parts of a row group are summed without
  * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
  * its row group's counter; the part that completes the count adds the row group's partial sums
  * in part order (so the result does not depend on scheduling), applies scale and bias and writes
- * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x NC
+ * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x 8
  * floats of partial sums, x's fragments.
  *
  * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
  * storing that row only.
  *
- * Variants: l2_matvec_kernel<NC> for NC = 1, 2, 4, 8 columns (ncols rounded up),
+ * Variants: l2_matvec_kernel<T> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns),
  * l2_rows_kernel (dequant and gather) (BF16).
  */
 #include "bf16.cuh"
@@ -43,12 +46,17 @@ namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
 constexpr unsigned kL2CtasPerSm = 3; /* <= 80 registers */
+/* CTAs per SM of the matvec with T tiles: three tiles' accumulators need more than 80 registers. */
+__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 3 ? 2 : kL2CtasPerSm; }
 constexpr unsigned kRing = 8;      /* slots staged per warp */
 constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
 constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
+constexpr unsigned kRedCols = 32; /* the unit-end table: 16 rows of 24 part sums + 8 exception sums */
+constexpr unsigned kL2MatvecSmem = kL2Smem + kL2Warps * 16 * kRedCols * 4;
+constexpr unsigned kParts = 3;     /* x = hi + mid + lo */
 
-/* How the row groups are cut into units of work: F parts of `per` column blocks each. */
+/* How the row groups are cut into units of work: F parts of `per` slots each (a multiple of 8). */
 struct L2Work {
   uint32_t units, F, per;
 };
@@ -61,8 +69,8 @@ struct L2Matvec {
   float *y;
   uint16_t *y_bf16;
   uint32_t *count;  /* RB counters (F > 1) */
-  float *part;      /* units x 16 x NC partial sums (F > 1) */
-  const uint4 *xs;  /* x's B fragments, three parts (l2_xfrag_kernel) */
+  float *part;      /* units x 16 x 8 partial sums (F > 1) */
+  const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
 
 __device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
@@ -95,40 +103,59 @@ __device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {
   }
 }
 
-/* x's B fragments, once per call: for slot s, column n, lane q the three parts of
- * x[n][32 s + 8q .. 32 s + 8q + 7] (zero from K on) as three uint4 (hi, mid, lo), each b0, b1 of
- * mma step 0 then of step 1, at xs + 3 ((s ncols + n) 4 + q); and the row groups' counters set to
+/* x's B fragments, once per call: for slot s, tile t, lane (n, q) of the mma, column 8 t + n of B
+ * is part p = (8 t + n) % 3 of x's column c = (8 t + n) / 3 (zero for c >= ncols), and the lane
+ * holds that part of x[c][32 s + 8 q .. 32 s + 8 q + 7] (zero from K on) as one uint4: b0, b1 of
+ * mma step 0, then of step 1, at xs[(s T + t) 32 + lane]; and the row groups' counters set to
  * zero.  The matvec is launched as its programmatic dependent: it fills its rings while this
  * runs and waits for this grid (griddepcontrol) before it reads xs or the counters. */
-__global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint4 *xs,
-                                uint32_t *count, uint32_t RB) {
+__global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint32_t T,
+                                uint4 *xs, uint32_t *count, uint32_t RB) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < RB) count[i] = 0;
-  if (i < S * ncols * 4) {
-    const uint32_t q = i & 3u, sn = i >> 2, s = sn / ncols, n = sn - s * ncols, col = 32 * s + 8 * q;
-    const float *xp = x + n * ldx + col;
-    float v[8];
-    if (col + 8 <= K) {
-      const float4 a = __ldg(reinterpret_cast<const float4 *>(xp)), b = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
+  if (i < S * T * 32) {
+    const uint32_t lane = i & 31u, q = lane & 3u, st = i >> 5, s = st / T, t = st - s * T;
+    const uint32_t N = 8 * t + (lane >> 2), c = N / kParts, part = N - c * kParts, col = 32 * s + 8 * q;
+    float v[8] = {};
+    if (c < ncols) {
+      const float *xp = x + c * ldx + col;
+      if (col + 8 <= K) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(xp)), b = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+      } else {
 #pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
+        for (int k = 0; k < 8; k++) v[k] = col + k < K ? __ldg(xp + k) : 0.f;
+      }
     }
-    uint32_t p[4][3];
+    uint32_t p[4][kParts];
 #pragma unroll
     for (int k = 0; k < 4; k++) split3(v[2 * k], v[2 * k + 1], p[k]);
+    uint32_t o[4];
 #pragma unroll
-    for (int part = 0; part < 3; part++) xs[3 * i + part] = make_uint4(p[0][part], p[1][part], p[2][part], p[3][part]);
+    for (int k = 0; k < 4; k++) o[k] = part == 0 ? p[k][0] : part == 1 ? p[k][1] : p[k][2];
+    xs[i] = make_uint4(o[0], o[1], o[2], o[3]);
   }
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+constexpr uint32_t kEntryBytes = 3; /* a BF16 exception entry: index, weight (docs/format-layouts.md §4.4) */
+
+/* The window's words: lane L holds byte 32 k + L of the window in byte k of v; returns word L of
+ * the window (its bytes 4 L .. 4 L + 3), four shuffles. */
+__device__ __forceinline__ uint32_t gather_window(uint32_t v) {
+  const uint32_t lane = threadIdx.x & 31u, k = lane >> 3, src = (4 * lane) & 31u;
+  uint32_t w = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < 4; i++) /* byte i of the word is window byte 4 lane + i = 32 k + src + i */
+    w |= ((__shfl_sync(0xffffffffu, v, src + i) >> (8 * k)) & 0xffu) << (8 * i);
+  return w;
+}
+
 /* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
- * row k = u / F), slot s of the row group (its column block s / 16), the unit's end, and the
- * slot's nibbles and low bytes in global memory. */
+ * row k = u / F), slot s of the row group (its column block s / 16), the unit's first slot and
+ * its end, and the slot's nibbles and low bytes in global memory. */
 struct Cursor {
-  uint32_t u, grp, part, s, s_end;
+  uint32_t u, grp, part, s, s0, s_end;
   const uint8_t *nib, *low;
   __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
     for (;; unit += gridDim.x * (blockDim.x >> 5)) {
@@ -146,8 +173,7 @@ struct Cursor {
       }
     }
     u = unit;
-    const uint32_t cb0 = part * w.per, cb1 = min(cb0 + w.per, g.CB);
-    s = 16 * cb0, s_end = cb1 == g.CB ? g.S : 16 * cb1;
+    s = s0 = part * w.per, s_end = min(s + w.per, g.S);
     const uint64_t gs = (uint64_t)grp * g.S + s;
     nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
     low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
@@ -160,8 +186,10 @@ struct Cursor {
  * kRing - 1 slots ahead of the decoder; a block's first slot also brings the block's hdr and
  * bases[b]) and calls the sink: slot(cursor, A fragments) for every slot, exception(cursor, row
  * in group, column, weight) for every entry of a block after its last slot, unit_end(cursor)
- * after a unit.  A lane prefetches its first entry of a block when the block starts (most lanes
- * have none or one: real weights have about 0.2 % exceptions).
+ * after a unit.  When a block starts, the warp loads the first 128 bytes of the block's exception
+ * entries, a byte per lane and stride (real weights have about 0.2 % exceptions: 16 entries a
+ * block, 48 bytes), so that the entries come out of registers by shuffles when the block ends,
+ * long after the loads returned; a lane's entries past that window are read from global memory.
  */
 template <class Sink>
 __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows,
@@ -177,7 +205,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     cp_async16(dst + kLowOff + 16 * lane, ld.low);
     if (lane < 16) {
       cp_async16(dst + 16 * lane, ld.nib);
-    } else if (ld.s % 16 == 0) {
+    } else if (ld.s % 16 == 0 || ld.s == ld.s0) { /* a block starts, or the unit in one */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
       else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
@@ -194,17 +222,22 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
   uint32_t kc = 0, kl = kRing - 1;
-  uint32_t ex_n = 0, ex_idx = 0, ex_w = 0;
-  const uint8_t *ex_p = nullptr;
+  uint32_t ex_n = 0, ex_pre = 0, ex_win = 0; /* entries of the lane, of the lanes before; window */
+  const uint8_t *ex_p = nullptr;              /* the block's entries */
   while (cv) {
     cp_wait<kRing - 2>();
     __syncwarp();
     const uint8_t *e = ring_mem + kc * kEntry;
-    if (c.s % 16 == 0) { /* a block starts: its exception entries */
+    if (c.s % 16 == 0 || c.s == c.s0) { /* a block (or the unit) starts: its exception entries */
       ex_n = e[kHdrOff + lane];
-      const uint64_t base = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
-      ex_p = g.data + base + 3 * warp_exclusive_sum(ex_n);
-      if (ex_n) ex_idx = __ldg(ex_p), ex_w = __ldg(ex_p + 1) | (uint32_t)__ldg(ex_p + 2) << 8;
+      ex_pre = warp_exclusive_sum(ex_n);
+      ex_p = g.data + *reinterpret_cast<const uint64_t *>(e + kBaseOff);
+      const uint32_t bytes = kEntryBytes * __shfl_sync(0xffffffffu, ex_pre + ex_n, 31);
+      ex_win = 0;
+#pragma unroll
+      for (uint32_t k = 0; k < 4; k++) /* window byte 32 k + lane: word lane has bytes 4 lane .. + 3 */
+        if (32 * k + lane < bytes) ex_win |= (uint32_t)__ldg(ex_p + 32 * k + lane) << (8 * k);
+      ex_win = gather_window(ex_win);
     }
     uint32_t A[8];
     decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
@@ -215,12 +248,20 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     kl = kl + 1 == kRing ? 0 : kl + 1;
     kc = kc + 1 == kRing ? 0 : kc + 1;
     const uint32_t next = c.s + 1;
-    if (next % 16 == 0 || next == c.s_end) { /* the block ends: apply its entries */
-      const uint32_t cb = c.s / 16;
-      for (uint32_t k = 0; k < ex_n; k++) {
-        if (k) ex_idx = __ldg(ex_p + 3 * k), ex_w = __ldg(ex_p + 3 * k + 1) | (uint32_t)__ldg(ex_p + 3 * k + 2) << 8;
-        const uint32_t j = ex_idx & 15u;
-        sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * (ex_idx >> 4) + frag_col(q, j), ex_w);
+    if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
+      const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
+      const uint32_t most = __reduce_max_sync(0xffffffffu, ex_n);
+      for (uint32_t k = 0; k < most; k++) {
+        const uint32_t at = kEntryBytes * (ex_pre + k); /* byte of the entry in the block's list */
+        const uint32_t w0 = __shfl_sync(0xffffffffu, ex_win, (at >> 2) & 31u);
+        const uint32_t w1 = __shfl_sync(0xffffffffu, ex_win, ((at >> 2) + 1) & 31u);
+        if (k >= ex_n) continue;
+        uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
+        if (at + kEntryBytes > 128) /* past the window */
+          ent = __ldg(ex_p + at) | (uint32_t)__ldg(ex_p + at + 1) << 8 | (uint32_t)__ldg(ex_p + at + 2) << 16;
+        const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
+        if (sc >= lo && sc < hi) /* the unit's part of the block */
+          sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j), (ent >> 8) & 0xffffu);
       }
     }
     if (next == c.s_end) {
@@ -233,33 +274,47 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
   cp_wait<0>();
 }
 
-/* The matvec's sink: mma per slot, exceptions times x on the CUDA cores, the unit's sums out. */
-template <int NC>
+/* The matvec's sink for T tiles of B (up to NC = 8 T / 3 columns): mma per slot, exceptions times
+ * x on the CUDA cores, the unit's sums out.  red: the warp's unit-end table in shared memory. */
+template <int T>
 struct MatvecSink {
+  static constexpr int NC = 8 * T / kParts;
   const L2Matvec &a;
-  float c0[4], c1[4];   /* two accumulator chains: mma steps h = 0 and h = 1 */
+  float *red;
+  float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
+  uint4 bn[T];        /* the B fragments of slot bn_s, loaded a slot ahead */
+  uint32_t bn_s = ~0u;
   float s0[NC], s8[NC]; /* exception sums of rows r and r + 8, per column */
 
-  __device__ __forceinline__ explicit MatvecSink(const L2Matvec &args) : a(args) { clear(); }
+  __device__ __forceinline__ MatvecSink(const L2Matvec &args, float *table) : a(args), red(table) { clear(); }
   __device__ __forceinline__ void clear() {
 #pragma unroll
-    for (int i = 0; i < 4; i++) c0[i] = c1[i] = 0.f;
+    for (int t = 0; t < T; t++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
 #pragma unroll
     for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
   }
 
+  /* The slot's B fragments come from the load the slot before made (a unit's first slot loads
+   * its own); this one loads the next slot's, so that an L2 round trip overlaps a slot's work. */
   __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-    uint4 p[3] = {}; /* B registers b0, b1 of step 0, b0, b1 of step 1: hi, mid, lo parts */
-    if (r < a.ncols) {
-      const uint4 *xs = a.xs + 3 * ((c.s * a.ncols + r) * 4 + q);
-      p[0] = xs[0], p[1] = xs[1], p[2] = xs[2];
-    }
+    const uint4 *xs = a.xs + (threadIdx.x & 31u);
+    if (bn_s != c.s) load_b(xs, c.s);
+    uint4 b[T];
 #pragma unroll
-    for (int i = 0; i < 3; i++) {
-      mma_bf16(c0, A, p[i].x, p[i].y);
-      mma_bf16(c1, A + 4, p[i].z, p[i].w);
+    for (int t = 0; t < T; t++) b[t] = bn[t];
+    if (c.s + 1 < c.s_end) load_b(xs, c.s + 1);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      mma_bf16(acc[t][0], A, b[t].x, b[t].y);
+      mma_bf16(acc[t][1], A + 4, b[t].z, b[t].w);
     }
+  }
+  __device__ __forceinline__ void load_b(const uint4 *xs, uint32_t s) {
+#pragma unroll
+    for (int t = 0; t < T; t++) bn[t] = __ldg(xs + ((uint64_t)s * T + t) * 32);
+    bn_s = s;
   }
 
   __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) {
@@ -285,37 +340,39 @@ struct MatvecSink {
   }
 };
 
-template <int NC>
-__device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur) {
+/* The unit's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) and each column's
+ * exception sum at (row, 24 + n); then lanes add a column's three parts and its exceptions, in
+ * that order, and write the rows (a whole row group) or the unit's partial sums. */
+template <int T>
+__device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  float c[4];
+  __syncwarp();
 #pragma unroll
-  for (int i = 0; i < 4; i++) c[i] = c0[i] + c1[i];
+  for (int t = 0; t < T; t++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[(r + 8 * (i >> 1)) * kRedCols + 8 * t + 2 * q + (i & 1)] = acc[t][0][i] + acc[t][1][i];
 #pragma unroll
   for (int n = 0; n < NC; n++) {
     float t0 = s0[n] + __shfl_xor_sync(0xffffffffu, s0[n], 1);
     float t8 = s8[n] + __shfl_xor_sync(0xffffffffu, s8[n], 1);
     t0 += __shfl_xor_sync(0xffffffffu, t0, 2);
     t8 += __shfl_xor_sync(0xffffffffu, t8, 2);
-    if ((uint32_t)n == 2 * q) c[0] += t0, c[2] += t8;
-    if ((uint32_t)n == 2 * q + 1) c[1] += t0, c[3] += t8;
+    if (q == 0) red[r * kRedCols + 24 + n] = t0, red[(r + 8) * kRedCols + 24 + n] = t8;
   }
   clear();
-  const uint32_t R0 = 16 * cur.grp + r;
-  if (w.F == 1) { /* the unit is the whole row group: out directly */
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t n = 2 * q + (i & 1), R = R0 + 8 * (i >> 1);
-      if (n < a.ncols && R < g.M) put(R, n, c[i]);
+  __syncwarp();
+  float *p = a.part + (uint64_t)cur.u * 16 * 8;
+  for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
+    const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
+    const float *v = red + row * kRedCols;
+    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + v[24 + n];
+    if (w.F == 1) { /* the unit is the whole row group: out directly */
+      if (R < g.M) put(R, n, sum);
+    } else {
+      p[row * 8 + n] = sum;
     }
-    return;
   }
-  float *p = a.part + (uint64_t)cur.u * 16 * NC;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const uint32_t n = 2 * q + (i & 1);
-    if (n < a.ncols) p[(r + 8 * (i >> 1)) * NC + n] = c[i];
-  }
+  if (w.F == 1) return;
   __threadfence();
   __syncwarp();
   uint32_t done = 0;
@@ -323,20 +380,22 @@ __device__ __forceinline__ void MatvecSink<NC>::unit_end(const L2Geom &g, const 
   done = __shfl_sync(0xffffffffu, done, 0);
   if (done != w.F) return;
   __threadfence();
-  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * NC;
+  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * 8;
   for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
-    float s = 0.f;
-    for (uint32_t k = 0; k < w.F; k++) s += __ldcg(base + ((uint64_t)k * 16 + row) * NC + n);
-    if (R < g.M) put(R, n, s);
+    float sum = 0.f;
+    for (uint32_t k = 0; k < w.F; k++) sum += __ldcg(base + ((uint64_t)k * 16 + row) * 8 + n);
+    if (R < g.M) put(R, n, sum);
   }
 }
 
-template <int NC>
-__global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
+template <int T>
+__global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
   extern __shared__ uint4 smem[];
-  MatvecSink<NC> sink(a);
-  l2_stream(g, w, nullptr, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
+  const uint32_t warp = threadIdx.x >> 5;
+  uint8_t *base = reinterpret_cast<uint8_t *>(smem);
+  MatvecSink<T> sink(a, reinterpret_cast<float *>(base + kL2Smem) + warp * 16 * kRedCols);
+  l2_stream(g, w, nullptr, base + warp * kRing * kEntry, sink);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
@@ -373,27 +432,27 @@ __global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_rows_kernel(L2Geo
 }
 
 /* CTAs for a grid-striding kernel of kL2Threads on sms SMs: enough warps for the units, at most
- * kL2CtasPerSm CTAs per SM. */
-unsigned l2_ctas(uint64_t units, int sms) {
-  const uint64_t need = (units + kL2Warps - 1) / kL2Warps, most = (uint64_t)sms * kL2CtasPerSm;
+ * per_sm CTAs per SM (all resident at once: units are handed out by striding). */
+unsigned l2_ctas(uint64_t units, int sms, unsigned per_sm) {
+  const uint64_t need = (units + kL2Warps - 1) / kL2Warps, most = (uint64_t)sms * per_sm;
   return (unsigned)(need < most ? need : most);
 }
 
-/* The matvec's units: row groups cut into F parts (F = 1: whole, no partial sums).  Warps take
- * units in turn, so the time is about ceil(units / warps) units: with at least as many row
- * groups as resident warps F is 1, else the smallest F whose units keep the warps busiest
- * (within 3 % of the best; 19456 x 2560 at F = 3 gave 1.15 units a warp, so two rounds). */
-int l2_work(const L2Geom &g, int sms, L2Work *w) {
-  const double warps = (double)sms * kL2CtasPerSm * kL2Warps;
+/* The matvec's units: row groups cut into F parts of `per` slots (F = 1: whole, no partial
+ * sums; a part is whole blocks, or half a block: 8 slots).  Warps take units in turn, so the time
+ * is about ceil(units / warps) units: with at least as many row groups as resident warps F is 1,
+ * else the largest parts whose units keep the warps busiest (within 3 % of the best; 19456 x
+ * 2560 in three parts gave 1.15 units a warp, so two rounds). */
+int l2_work(const L2Geom &g, int sms, unsigned per_sm, L2Work *w) {
+  const double warps = (double)sms * per_sm * kL2Warps;
   if (g.RB >= warps) {
-    w->per = g.CB, w->F = 1, w->units = g.RB;
+    w->per = g.S, w->F = 1, w->units = g.RB;
     return 0;
   }
   double best = 0;
   for (uint32_t pass = 0; pass < 2; pass++)
-    for (uint32_t f = 1; f <= g.CB; f++) {
-      const uint32_t per = (g.CB + f - 1) / f, F = (g.CB + per - 1) / per;
-      if (F != f) continue;
+    for (uint32_t f = 1; f <= 2 * g.CB; f++) {
+      const uint32_t per = f == 2 * g.CB ? 8 : 16 * ((g.CB + f - 1) / f), F = (g.S + per - 1) / per;
       const double units = (double)g.RB * F, busy = units / (ceil(units / warps) * warps);
       if (pass == 0 && busy > best) best = busy;
       if (pass == 1 && busy >= 0.97 * best) {
@@ -438,45 +497,47 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x NC floats), x's
- * B fragments (S x NC x 4 lanes x 48 bytes). */
+/* B's tiles for ncols columns of x: 3 ncols columns of B, 8 a tile. */
+static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
+
+/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x 8 floats), x's
+ * B fragments (S x T tiles x 32 lanes x 16 bytes). */
 struct L2Scratch {
   uint64_t part, xs, total;
-  L2Scratch(const L2Geom &g, const L2Work &w, unsigned nc) {
+  L2Scratch(const L2Geom &g, const L2Work &w, unsigned T) {
     part = ((uint64_t)g.RB * 4 + 15) / 16 * 16;
-    xs = part + (uint64_t)w.units * 16 * nc * 4;
-    total = xs + (uint64_t)g.S * nc * 4 * 48;
+    xs = part + (uint64_t)w.units * 16 * 8 * 4;
+    total = xs + (uint64_t)g.S * T * 32 * 16;
   }
 };
 
-static unsigned round_cols(unsigned ncols) { return ncols <= 1 ? 1 : ncols <= 2 ? 2 : ncols <= 4 ? 4 : 8; }
-
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
   L2Work w;
+  const unsigned T = tiles_of(ncols);
   int rc = sm_count();
-  if (rc >= 0) rc = l2_work(g, rc, &w);
+  if (rc >= 0) rc = l2_work(g, rc, matvec_ctas_per_sm(T), &w);
   if (rc < 0) return rc;
-  return (int64_t)L2Scratch(g, w, round_cols(ncols)).total;
+  return (int64_t)L2Scratch(g, w, T).total;
 }
 
-template <int NC>
+template <int T>
 static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, const L2Matvec &a,
                             cudaStream_t stream) {
   int rc;
-  if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kL2Smem))) < 0)
+  if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kL2MatvecSmem))) < 0)
     return rc;
-  const uint32_t threads = max(g.S * a.ncols * 4, g.RB);
-  l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols,
+  const uint32_t threads = max(g.S * T * 32, g.RB);
+  l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T,
                                                               const_cast<uint4 *>(a.xs), a.count, g.RB);
   if ((rc = launch_status()) < 0) return rc;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2Smem, cfg.stream = stream;
+  cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2MatvecSmem, cfg.stream = stream;
   cfg.attrs = pdl, cfg.numAttrs = 1;
-  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<NC>, g, w, a))) < 0) return rc;
+  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<T>, g, w, a))) < 0) return rc;
   return launch_status();
 }
 
@@ -490,21 +551,21 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
       (uintptr_t)scratch % 16)
     return -EINVAL;
   L2Work w;
+  const unsigned T = tiles_of(ncols);
   const int sms = sm_count();
   if (sms < 0) return sms;
-  if ((rc = l2_work(g, sms, &w)) < 0) return rc;
-  const unsigned ctas = l2_ctas(w.units, sms);
+  if ((rc = l2_work(g, sms, matvec_ctas_per_sm(T), &w)) < 0) return rc;
+  const unsigned ctas = l2_ctas(w.units, sms, matvec_ctas_per_sm(T));
   L2Matvec a;
   a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
   a.y = y, a.y_bf16 = y_bf16;
-  const L2Scratch sc(g, w, round_cols(ncols));
+  const L2Scratch sc(g, w, T);
   a.count = static_cast<uint32_t *>(scratch);
   a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + sc.part);
   a.xs = reinterpret_cast<const uint4 *>(static_cast<uint8_t *>(scratch) + sc.xs);
-  if (ncols == 1) return launch_l2_matvec<1>(g, w, ctas, a, stream);
-  if (ncols == 2) return launch_l2_matvec<2>(g, w, ctas, a, stream);
-  if (ncols <= 4) return launch_l2_matvec<4>(g, w, ctas, a, stream);
-  return launch_l2_matvec<8>(g, w, ctas, a, stream);
+  if (T == 1) return launch_l2_matvec<1>(g, w, ctas, a, stream);
+  if (T == 2) return launch_l2_matvec<2>(g, w, ctas, a, stream);
+  return launch_l2_matvec<3>(g, w, ctas, a, stream);
 }
 
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
@@ -515,11 +576,11 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   if (rows && n == 0) return 0;
   const uint64_t units = (rows ? n : g.RB) * g.CB; /* a unit per block (and requested row) */
   if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  L2Work w{(uint32_t)units, g.CB, 1};
+  L2Work w{(uint32_t)units, g.CB, 16};
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
   const int sms = sm_count();
   if (sms < 0) return sms;
-  const unsigned ctas = l2_ctas(w.units, sms);
+  const unsigned ctas = l2_ctas(w.units, sms, kL2CtasPerSm);
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kL2Smem))) < 0)
     return rc;
