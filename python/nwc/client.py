@@ -469,13 +469,20 @@ class Client:
 
     # ---- mappings -------------------------------------------------------------------------------
 
-    def map(self, model: str, tensor: str, device: Device = None) -> Mapping:
-        """Maps a resident tensor (loading it if needed) read-only into this process: the
-        daemon's own copy, decoded here with no round trip (nwc.Mapping).  device None or
-        "cpu": host memory.  A GPU device needs the GPU client library: NwcError(ENOTSUP)."""
+    def map(self, model: str, tensor: Optional[str] = None, device: Device = None,
+            torch_device: Any = None) -> Any:
+        """Maps a resident tensor (loading it if needed) into this process.  device None or
+        "cpu": a host map (nwc.Mapping) of tensor, read-only, the daemon's own copy decoded
+        here with no round trip.  device "cuda:N" (or N): a GPU map (nwc.GpuMap) of nwcd's
+        copies on its cuda:N, of tensor or, when tensor is None, of every tensor of model,
+        imported into torch's context of torch_device (default cuda:N), computed on in torch's
+        current stream; NwcError(ENOTSUP) without libnwc-cuda or a CUDA torch."""
         if device is not None and device_index(device) != _lib.CPU:
             from . import _cuda
-            return _cuda.map(self, model, tensor, device_index(device))
+            return _cuda.map(self, model, tensor, device_index(device), torch_device)
+        if tensor is None:
+            raise NwcError(errno.EINVAL, f"a host map of {model} needs a tensor name (whole "
+                           "models are mapped on a GPU only)")
         h = c_void_p()
         check(lib().nwc_client_map(self.handle, model.encode(), tensor.encode(), byref(h)))
         return Mapping(h.value, model, tensor)
