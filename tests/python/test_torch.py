@@ -38,7 +38,8 @@ class Block(nn.Module):
         h = self.ln1(x)
         q, k, v = (m(h).view(B, T, H, D // H).transpose(1, 2) for m in (self.q, self.k, self.v))
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(mask, float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
         x = x + self.o(y)
         return x + self.down(F.gelu(self.up(self.ln2(x))))
@@ -54,7 +55,7 @@ class Tiny(nn.Module):
         self.lm_head.weight = self.tok.weight  # tied: saved once, as tok.weight
 
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for b in self.blocks:
             x = b(x)
         return self.lm_head(self.ln_f(x))
