@@ -172,6 +172,16 @@ class GpuMap:
         return (f"<nwc.GpuMap {self.model}: {len(self.tensors)} tensor(s) on {self.device}"
                 f"{' read-only' if self.read_only else ''}{state}>")
 
+    @property
+    def staging_bytes(self) -> int:
+        """Device bytes of the staging buffer for x (8 columns of the widest tensor)."""
+        return self._stage.numel() * self._stage.element_size()
+
+    @property
+    def dense_bytes(self) -> int:
+        """Device bytes of the dense() buffer (0 until the first dense() call)."""
+        return 0 if self._dense is None else self._dense.numel() * self._dense.element_size()
+
     # ---- lifetime and lookup ------------------------------------------------------------------
 
     def close(self) -> None:
