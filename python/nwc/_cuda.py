@@ -144,7 +144,7 @@ class GpuTensor(_lib.Elem):
 Tensorish = Union[str, GpuTensor]
 
 
-class GpuMap:
+class GpuMap(_lib.Closable):
     """nwcd's device copies of a model's tensors (or one) in this process (``Client.map(...,
     device=N)``): lookup by name (``m["w"]``, ``"w" in m``, ``m.tensors``), compute on torch
     CUDA tensors of ``device`` in torch's current stream, ``close()`` (also ``with`` and garbage
@@ -190,18 +190,6 @@ class GpuMap:
         ptr, self._ptr = self._ptr, None
         if ptr is not None:
             self._lib.nwc_cuda_unmap(ptr)
-
-    def __enter__(self) -> "GpuMap":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __getitem__(self, name: str) -> GpuTensor:
         return self.tensor(name)

@@ -208,7 +208,7 @@ class _Progress:
             raise self.exc
 
 
-class Client:
+class Client(_lib.Closable):
     """A connection to nwcd (``nwc.connect()``).  Use it as a context manager, or close() it.
 
     Tensors are named by model and tensor name as in the model's safetensors.  Compute calls
@@ -230,18 +230,6 @@ class Client:
         h, self._h = self._h, None
         if h is not None:
             lib().nwc_client_free(h)
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"backend {self.backend}"

@@ -37,7 +37,7 @@ if not SAMPLE or not os.access(SAMPLE, os.R_OK):
                 allow_module_level=True)
 
 from nwc.torch import NwcEmbedding, NwcLinear, patch  # noqa: E402
-from test_torch import Tiny, save  # noqa: E402
+from test_torch import make_tiny  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 PM, PK = 96, 700  # the padded model's matrix: K not a multiple of 16
@@ -257,16 +257,7 @@ def test_modules_in_cuda_graphs(client, maps, rng):
 
 
 def test_patched_transformer_on_cuda(client, gpu_daemon, rng):
-    torch.manual_seed(int(rng.integers(1 << 31)))
-    tiny = Tiny()
-    with torch.no_grad():
-        for p in tiny.parameters():
-            if p.dim() == 1:
-                p.normal_(0.0, 0.05).add_(1.0 if p.abs().mean() > 0.5 else 0.0)
-    tiny = tiny.to(torch.bfloat16).eval()
-    client.import_("tiny", save(tiny, os.path.join(gpu_daemon.dir, "tiny.safetensors")),
-                   progress=False)
-    tiny = tiny.to(DEV)
+    tiny = make_tiny(client, gpu_daemon.dir, rng).to(DEV)
     model = copy.deepcopy(tiny)
     done = patch(model, client, "tiny")
     assert len(done) == 2 + 2 * 6 + 1 and model.blocks[0].q.gpu_map is model.tok.gpu_map

@@ -72,8 +72,8 @@ def save(model, path, drop=()):
     return write_safetensors(path, sd)
 
 
-@pytest.fixture(scope="module")
-def tiny(client, daemon, rng):
+def make_tiny(client, folder, rng):
+    """A Tiny of random BF16 weights (norms near 1), saved into folder and imported as "tiny"."""
     torch.manual_seed(int(rng.integers(1 << 31)))
     model = Tiny()
     with torch.no_grad():
@@ -81,9 +81,14 @@ def tiny(client, daemon, rng):
             if p.dim() == 1:
                 p.normal_(0.0, 0.05).add_(1.0 if p.abs().mean() > 0.5 else 0.0)
     model = model.to(torch.bfloat16).eval()
-    client.import_("tiny", save(model, os.path.join(daemon.dir, "tiny.safetensors")),
+    client.import_("tiny", save(model, os.path.join(folder, "tiny.safetensors")),
                    progress=False)
     return model
+
+
+@pytest.fixture(scope="module")
+def tiny(client, daemon, rng):
+    return make_tiny(client, daemon.dir, rng)
 
 
 def logits(model, ids):
