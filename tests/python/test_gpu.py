@@ -24,7 +24,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import Daemon, bf16_bits, read_safetensors, write_safetensors
+from conftest import Daemon, bf16_bits, bf16_float, read_safetensors, write_safetensors
 
 import nwc
 from nwc import _cuda
@@ -120,8 +120,7 @@ def test_matvec_and_linear(maps, rng):
             t = m[name]
             if t.rows == 1:
                 continue
-            w64 = torch.from_numpy(bits.astype(np.uint32) << 16).view(torch.float32).double()
-            w64 = w64.to(DEV)
+            w64 = torch.from_numpy(bf16_float(bits)).to(DEV).double()
             bias = torch.from_numpy(rng.standard_normal(t.rows).astype(np.float32)).to(DEV)
             for n in range(1, 9):
                 x = torch.from_numpy(rng.standard_normal((n, t.cols)).astype(np.float32)).to(DEV)
