@@ -23,14 +23,12 @@ Run with Debian's python3 (numpy, torch).
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import struct
-import subprocess
 import sys
-import tempfile
 import time
+
+from nwcd_process import nwcd
 
 
 def main():
@@ -48,22 +46,7 @@ def main():
     from nwc.torch import NwcLinear
     torch.set_num_threads(1)
 
-    d = tempfile.mkdtemp(prefix="nwc-pybench-")
-    sock = os.path.join(d, "nwcd.sock")
-    log = open(os.path.join(d, "nwcd.log"), "w")
-    proc = subprocess.Popen([os.path.join(build, "daemon", "nwcd"), "--store", d + "/store",
-                             "--socket", sock, "--backend", "cpu", "--threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ,
-                                                                            NWCD_CONFIG=""))
-    try:
-        for _ in range(500):
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-                s.close()
-                break
-            except OSError:
-                time.sleep(0.01)
+    with nwcd(build, "cpu") as (sock, d):
         c = nwc.connect(sock)
         rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
         for M, K in ((16, 64), (64, 512), (512, 1024)):
@@ -111,10 +94,6 @@ def main():
                         "overhead_us": us(df), "module_overhead_us": us(dm)}), flush=True)
                 del lin
         c.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        subprocess.run(["rm", "-rf", d], check=False)
 
 
 def lib_call(_lib, c, lin, name, x, y, n, K, M, mapped):

@@ -36,10 +36,10 @@ def want_bf16(dtype: Any) -> bool:
 
 
 def cpu_only(x: Any, what: str) -> None:
-    """NwcError(ENOTSUP) for a torch tensor on a GPU: GPU maps are nwc._cuda's (not built)."""
+    """NwcError(ENOTSUP) for a torch tensor not in host memory: GPU tensors go to a GPU map."""
     if is_torch(x) and x.device.type != "cpu":
         raise NwcError(errno.ENOTSUP, f"{what} is on {x.device}: the CPU calls take host "
-                       "memory; GPU tensors need the GPU client library (nwc._cuda)")
+                       "memory; for GPU tensors use a GPU map (Client.map(model, device=...))")
 
 
 def floats_in(x: Any) -> Tuple[Any, int]:

@@ -22,7 +22,7 @@ import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int64, c_size_t,
                     c_uint, c_uint64, c_void_p)
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
 SONAME = "libnwc-client.so.0"
 
@@ -213,6 +213,29 @@ def check(rc: int) -> int:
         from .errors import NwcError
         raise NwcError(-rc, last_error() or os.strerror(-rc))
     return rc
+
+
+_C = TypeVar("_C", bound="Closable")
+
+
+class Closable:
+    """close() on leaving a ``with`` block and on garbage collection (quietly: at interpreter
+    shutdown the library may be gone), for the handles that own a C object."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class Elem:

@@ -208,7 +208,7 @@ class _Progress:
             raise self.exc
 
 
-class Client:
+class Client(_lib.Closable):
     """A connection to nwcd (``nwc.connect()``).  Use it as a context manager, or close() it.
 
     Tensors are named by model and tensor name as in the model's safetensors.  Compute calls
@@ -230,18 +230,6 @@ class Client:
         h, self._h = self._h, None
         if h is not None:
             lib().nwc_client_free(h)
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"backend {self.backend}"
@@ -469,13 +457,20 @@ class Client:
 
     # ---- mappings -------------------------------------------------------------------------------
 
-    def map(self, model: str, tensor: str, device: Device = None) -> Mapping:
-        """Maps a resident tensor (loading it if needed) read-only into this process: the
-        daemon's own copy, decoded here with no round trip (nwc.Mapping).  device None or
-        "cpu": host memory.  A GPU device needs the GPU client library: NwcError(ENOTSUP)."""
+    def map(self, model: str, tensor: Optional[str] = None, device: Device = None,
+            torch_device: Any = None) -> Any:
+        """Maps a resident tensor (loading it if needed) into this process.  device None or
+        "cpu": a host map (nwc.Mapping) of tensor, read-only, the daemon's own copy decoded
+        here with no round trip.  device "cuda:N" (or N): a GPU map (nwc.GpuMap) of nwcd's
+        copies on its cuda:N, of tensor or, when tensor is None, of every tensor of model,
+        imported into torch's context of torch_device (default cuda:N), computed on in torch's
+        current stream; NwcError(ENOTSUP) without libnwc-cuda or a CUDA torch."""
         if device is not None and device_index(device) != _lib.CPU:
             from . import _cuda
-            return _cuda.map(self, model, tensor, device_index(device))
+            return _cuda.map(self, model, tensor, device_index(device), torch_device)
+        if tensor is None:
+            raise NwcError(errno.EINVAL, f"a host map of {model} needs a tensor name (whole "
+                           "models are mapped on a GPU only)")
         h = c_void_p()
         check(lib().nwc_client_map(self.handle, model.encode(), tensor.encode(), byref(h)))
         return Mapping(h.value, model, tensor)

@@ -8,7 +8,12 @@ lookup through the daemon's gather.  patch() swaps a model's nn.Linear and nn.Em
 for these, matching parameter names to the tensor names of the imported model (as in its
 safetensors), and frees their parameters.
 
-GPU inputs need the GPU half (nwc._cuda, after libnwc-cuda): today they raise NwcError(ENOTSUP).
+CUDA inputs run on a GPU map (nwc.GpuMap: nwcd's device copies in this process, libnwc-cuda's
+kernels in torch's current stream): 1..8 rows are one fused decode-matvec, more rows dequantize
+into the map's one reusable BF16 buffer and use torch's matmul, and embeddings are one gather.
+A module maps its own tensors on its first CUDA call (which must be eager, not captured) unless
+it was given a map; patch() of a model on a CUDA device maps the whole model once and shares it.
+Captured in a torch CUDA graph, the CUDA paths replay as they ran (nothing is read back).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import torch
 from torch import nn
 
 from . import _lib
+from ._cuda import MAX_COLS, GpuMap, GpuTensor
 from .client import Client
 from .errors import NwcError
 
@@ -28,11 +34,34 @@ __all__ = ["NwcEmbedding", "NwcLinear", "patch"]
 
 def _cpu(x: torch.Tensor, what: str) -> None:
     if x.device.type != "cpu":
-        raise NwcError(errno.ENOTSUP, f"{what}: input on {x.device}; GPU inputs need the GPU "
-                       "client library (nwc._cuda), not built yet")
+        raise NwcError(errno.ENOTSUP, f"{what}: input on {x.device}; nwc computes on the CPU "
+                       "or on a CUDA GPU")
 
 
-class NwcLinear(nn.Module):
+class _OnGpu:
+    """What NwcLinear and NwcEmbedding share on CUDA inputs: the GPU map holding their weight
+    (given, or made on the first CUDA call on that device)."""
+    client: Client
+    model: str
+    weight_name: str
+    gpu_map: Optional[GpuMap]
+
+    def _attach(self, g: GpuMap) -> None:
+        self._gt: GpuTensor = g.tensor(self.weight_name)
+        self.gpu_map = g
+
+    def _gpu_weight(self, device: torch.device) -> GpuTensor:
+        """The weight in the GPU map on device; NwcError(EINVAL) when mapped on another."""
+        if self.gpu_map is None:
+            self._attach(self.client.map(self.model, self.weight_name, device=device.index,
+                                         torch_device=device))
+        if self.gpu_map.device != device:
+            raise NwcError(errno.EINVAL, f"{self.model}/{self.weight_name} is mapped on "
+                           f"{self.gpu_map.device}, the input is on {device}")
+        return self._gt
+
+
+class NwcLinear(_OnGpu, nn.Module):
     """y = x W^T + b with W (and b) stored in nwcd: a drop-in for nn.Linear(in_features,
     out_features) in inference.  weight and bias name tensors of model ([out, in] and [out]).
 
@@ -40,10 +69,17 @@ class NwcLinear(nn.Module):
     (float32 accumulation, output in x's dtype); more: F.linear on the weight dequantized once
     into a cached BF16 tensor (converted to x's dtype per call when x is not BF16).  mapped=True
     computes the matvecs in this process on a host map of the tensors instead of in the
-    daemon (no round trip; the daemon keeps them resident while mapped)."""
+    daemon (no round trip; the daemon keeps them resident while mapped).
+
+    CUDA inputs use gpu_map (a GpuMap holding the weight; None: the weight is mapped on the
+    first CUDA call): up to min(dense_rows, 8) rows a fused matvec on the device copy (float32
+    accumulation, BF16 output for BF16 x, float32 otherwise), more rows F.linear on the weight
+    dequantized into the map's reusable BF16 buffer (fp8 weights: matvecs of 8 rows, which
+    apply the row scales)."""
 
     def __init__(self, client: Client, model: str, weight: str, bias: Optional[str] = None,
-                 dense_rows: int = 8, mapped: bool = False) -> None:
+                 dense_rows: int = 8, mapped: bool = False,
+                 gpu_map: Optional[GpuMap] = None) -> None:
         super().__init__()
         info = client.info(model, weight)
         if len(info.shape) != 2:
@@ -69,6 +105,16 @@ class NwcLinear(nn.Module):
         if mapped and bias is not None:
             self._map_bias = client.dequant(model, bias, as_torch=True).reshape(-1)
             self._bias_ptr = self._map_bias.data_ptr()
+        self.gpu_map = None
+        self._gpu_bias: Optional[torch.Tensor] = None  # float32 on the map's device
+        if gpu_map is not None:
+            self._attach(gpu_map)
+
+    def _attach(self, g: GpuMap) -> None:
+        super()._attach(g)
+        if self.bias_name is not None:
+            self._gpu_bias = self.client.dequant(self.model, self.bias_name,
+                                                 as_torch=True).reshape(-1).to(g.device)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -92,11 +138,13 @@ class NwcLinear(nn.Module):
         if x.dim() == 0 or x.shape[-1] != K:
             raise NwcError(errno.EINVAL, f"NwcLinear {self.model}/{self.weight_name}: input of "
                            f"shape {tuple(x.shape)}, its last dimension must be {K}")
+        if x.is_cuda:
+            return self._forward_gpu(x)
+        if not x.is_cpu:
+            _cpu(x, "NwcLinear")
         n = x.numel() // K
         if n > self.dense_rows or n == 0:
             return self._forward_dense(x)
-        if not x.is_cpu:
-            _cpu(x, "NwcLinear")
         dt, M = x.dtype, self.out_features
         f32, bf16 = dt is torch.float32, dt is torch.bfloat16
         xs = x if f32 and x.is_contiguous() else x.detach().to(torch.float32).contiguous()
@@ -112,6 +160,24 @@ class NwcLinear(nn.Module):
             _lib.check(rc)
         return y if f32 or bf16 else y.to(dt)
 
+    def _forward_gpu(self, x: torch.Tensor) -> torch.Tensor:
+        t = self._gpu_weight(x.device)
+        g, b = self.gpu_map, self._gpu_bias
+        K, M, dt = self.in_features, self.out_features, x.dtype
+        n = x.numel() // K
+        if n > min(self.dense_rows, MAX_COLS) and t.type != "fp8":
+            w = g.dense(t)
+            return nn.functional.linear(x, w if dt is torch.bfloat16 else w.to(dt),
+                                        None if b is None else b.to(dt))
+        xs = x.reshape(n, K)
+        bf16 = dt is torch.bfloat16
+        y = torch.empty((n, M), dtype=torch.bfloat16 if bf16 else torch.float32,
+                        device=x.device)
+        for i in range(0, n, MAX_COLS):
+            g.matvec(t, xs[i:i + MAX_COLS], b, out=y[i:i + MAX_COLS])
+        y = y.view(x.shape[:-1] + (M,))
+        return y if bf16 or dt is torch.float32 else y.to(dt)
+
     def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         w = self.dense_weight()
         b = None
@@ -123,14 +189,16 @@ class NwcLinear(nn.Module):
         return nn.functional.linear(x, w if x.dtype is torch.bfloat16 else w.to(x.dtype), b)
 
 
-class NwcEmbedding(nn.Module):
+class NwcEmbedding(_OnGpu, nn.Module):
     """nn.Embedding's lookup on a [num_embeddings, embedding_dim] tensor stored in nwcd: each
     call is one gather of the rows asked for (bit for bit the stored BF16 values).  dtype is
     the output's (bfloat16 by default, as stored).  An index out of range raises NwcError
-    EINVAL naming it."""
+    EINVAL naming it.  CUDA ids gather on gpu_map (made on the first CUDA call when None) in
+    torch's stream; there an index out of range is not read back: its row comes out zero."""
 
     def __init__(self, client: Client, model: str, weight: str,
-                 dtype: torch.dtype = torch.bfloat16, padding_idx: Optional[int] = None) -> None:
+                 dtype: torch.dtype = torch.bfloat16, padding_idx: Optional[int] = None,
+                 gpu_map: Optional[GpuMap] = None) -> None:
         super().__init__()
         info = client.info(model, weight)
         if len(info.shape) != 2:
@@ -141,12 +209,19 @@ class NwcEmbedding(nn.Module):
         self.dtype, self.padding_idx = dtype, padding_idx
         self._m, self._w = model.encode(), weight.encode()
         self._gather = _lib.lib().nwc_client_gather
+        self.gpu_map = None
+        if gpu_map is not None:
+            self._attach(gpu_map)
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, "
                 f"nwc={self.model}/{self.weight_name}")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.is_cuda:
+            t = self._gpu_weight(ids.device)
+            out = self.gpu_map.gather(t, ids)
+            return out if out.dtype is self.dtype else out.to(self.dtype)
         _cpu(ids, "NwcEmbedding")
         idx = ids.detach().to(torch.int64).contiguous()
         n, D = idx.numel(), self.embedding_dim
@@ -181,6 +256,8 @@ def patch(model: nn.Module, client: Client, model_name: str, prefix: str = "",
 
     All or nothing: NwcError(ENOENT) naming every parameter with no tensor of its name, or
     NwcError(EINVAL) naming every one whose stored shape differs, before anything is swapped.
+    A model on a CUDA device (its first swapped module's weight there) is mapped there whole,
+    once: one GpuMap shared by the new modules (nwcd's device numbering taken to be torch's).
     Returns {module name: stored weight tensor name} of the modules swapped."""
     stored = {t.name: t for t in client.tensors(model_name)}
     aliases = _param_names(model)
@@ -215,16 +292,20 @@ def patch(model: nn.Module, client: Client, model_name: str, prefix: str = "",
     if wrong:
         raise NwcError(errno.EINVAL, f"model {model_name!r}: shapes differ for "
                        f"{len(wrong)} parameter(s): " + ", ".join(wrong))
+    dev = plan[0][3].weight.device if plan else None
+    gpu_map = (client.map(model_name, device=dev.index, torch_device=dev)
+               if dev is not None and dev.type == "cuda" else None)
     made: Dict[int, nn.Module] = {}
     done: Dict[str, str] = {}
     for parent, attr, full, child, w, b in plan:
         new = made.get(id(child))
         if new is None:
             if isinstance(child, nn.Linear):
-                new = NwcLinear(client, model_name, w, b, dense_rows=dense_rows, mapped=mapped)
+                new = NwcLinear(client, model_name, w, b, dense_rows=dense_rows, mapped=mapped,
+                                gpu_map=gpu_map)
             else:
                 new = NwcEmbedding(client, model_name, w, dtype=child.weight.dtype,
-                                   padding_idx=child.padding_idx)
+                                   padding_idx=child.padding_idx, gpu_map=gpu_map)
             made[id(child)] = new
         setattr(parent, attr, new)
         done[full] = w

@@ -1,9 +1,11 @@
 /*
  * abi_dump.c - prints, as one JSON object, the size of every public struct of nwc_client.h and
  * the offset and size of each of its fields: tests/python/test_abi.py checks the ctypes mirrors
- * of python/nwc/_lib.py against what the C compiler lays out.
+ * of python/nwc/_lib.py (and nwc_cuda.h's nwc_cuda_tensor against python/nwc/_cuda.py's) against
+ * what the C compiler lays out.
  */
 #include "nwc_client.h"
+#include "nwc_cuda.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -56,6 +58,10 @@ int main(void) {
   F(nwc_client_map_info, rows), F(nwc_client_map_info, cols), F(nwc_client_map_info, elem);
   F(nwc_client_map_info, base), F(nwc_client_map_info, size), F(nwc_client_map_info, fd);
   F(nwc_client_map_info, maps), F(nwc_client_map_info, locked);
+  S(nwc_cuda_tensor);
+  F(nwc_cuda_tensor, name), F(nwc_cuda_tensor, elem), F(nwc_cuda_tensor, rows);
+  F(nwc_cuda_tensor, cols), F(nwc_cuda_tensor, k16), F(nwc_cuda_tensor, k);
+  F(nwc_cuda_tensor, bytes);
   printf("}}\n");
   printf("{\"BF16\": %u, \"INLINE\": %u, \"IMPORT_STRICT\": %u, \"CPU\": %d, \"MAX_COLS\": %d}\n",
          NWC_CLIENT_BF16, NWC_CLIENT_INLINE, NWC_CLIENT_IMPORT_STRICT, NWC_CLIENT_CPU,

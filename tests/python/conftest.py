@@ -1,8 +1,8 @@
 """conftest.py - what the Python package's tests share: a fresh random seed (printed;
 NWC_SEED replays one), safetensors files written with the standard library and numpy from
 known values (the independent reference: BF16 rounded to nearest even here, not by nwc), and a
-real nwcd on a temporary store and socket (NWCD_PATH, CPU backend), stopped with SIGTERM and
-required to exit 0.
+real nwcd on a temporary store and socket (NWCD_PATH, CPU backend unless asked), stopped with
+SIGTERM and required to exit 0.
 """
 import json
 import os
@@ -55,6 +55,20 @@ def write_safetensors(path, tensors):
     return path
 
 
+def read_safetensors(path):
+    """name -> the BF16 tensors of a safetensors file, their bits (uint16) in their own shape."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__" and t["dtype"] == "BF16":
+            a, b = t["data_offsets"]
+            out[name] = np.frombuffer(data[a:b], dtype="<u2").reshape(t["shape"])
+    return out
+
+
 def _connectable(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -69,7 +83,7 @@ def _connectable(path):
 class Daemon:
     """A real nwcd: .dir (temporary), .sock, .log; stop() returns its exit status."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, backend="cpu"):
         self.dir = tempfile.mkdtemp(prefix="nwc-py-")
         self.sock = os.path.join(self.dir, "nwcd.sock")
         self.log = os.path.join(self.dir, "nwcd.log")
@@ -77,7 +91,7 @@ class Daemon:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [os.environ["NWCD_PATH"], "--store", os.path.join(self.dir, "store"), "--socket",
-                 self.sock, "--threads", "2", "--backend", "cpu", *extra],
+                 self.sock, "--threads", "2", "--backend", backend, *extra],
                 stdout=subprocess.DEVNULL, stderr=log, env=env)
         for _ in range(1000):
             if self.proc.poll() is not None:

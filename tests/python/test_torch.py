@@ -38,7 +38,8 @@ class Block(nn.Module):
         h = self.ln1(x)
         q, k, v = (m(h).view(B, T, H, D // H).transpose(1, 2) for m in (self.q, self.k, self.v))
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(mask, float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
         x = x + self.o(y)
         return x + self.down(F.gelu(self.up(self.ln2(x))))
@@ -54,7 +55,7 @@ class Tiny(nn.Module):
         self.lm_head.weight = self.tok.weight  # tied: saved once, as tok.weight
 
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for b in self.blocks:
             x = b(x)
         return self.lm_head(self.ln_f(x))
@@ -71,8 +72,8 @@ def save(model, path, drop=()):
     return write_safetensors(path, sd)
 
 
-@pytest.fixture(scope="module")
-def tiny(client, daemon, rng):
+def make_tiny(client, folder, rng):
+    """A Tiny of random BF16 weights (norms near 1), saved into folder and imported as "tiny"."""
     torch.manual_seed(int(rng.integers(1 << 31)))
     model = Tiny()
     with torch.no_grad():
@@ -80,9 +81,14 @@ def tiny(client, daemon, rng):
             if p.dim() == 1:
                 p.normal_(0.0, 0.05).add_(1.0 if p.abs().mean() > 0.5 else 0.0)
     model = model.to(torch.bfloat16).eval()
-    client.import_("tiny", save(model, os.path.join(daemon.dir, "tiny.safetensors")),
+    client.import_("tiny", save(model, os.path.join(folder, "tiny.safetensors")),
                    progress=False)
     return model
+
+
+@pytest.fixture(scope="module")
+def tiny(client, daemon, rng):
+    return make_tiny(client, daemon.dir, rng)
 
 
 def logits(model, ids):
