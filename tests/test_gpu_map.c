@@ -27,8 +27,8 @@
  *   5. Forged and stale handles ("forge"): the pool imports; a tensor's export data imports;
  *      export data of zeros is refused; a memfd is not a pool; libnwc-cuda refuses a tensor of
  *      another map, a NULL one, 0 and 9 columns; a map onto a device that is not current (a
- *      second GPU, where there is one) is -ENODEV.  What the driver does with export data that
- *      has a byte changed, and with that of a tensor evicted and replaced by another of its size,
+ *      second GPU, where there is one) is -ENODEV.  What the driver does with export data whose
+ *      first byte changed, and with that of a tensor evicted and replaced by another of its size,
  *      is printed as JSON, not asserted: CUDA promises nothing there (docs/gpu-maps.md).
  *   6. What read-only means ("write"): a process maps a tensor and writes 64 bytes into its
  *      raw plane.  Either the driver refuses (the map said read-only) or the write lands in
@@ -447,19 +447,15 @@ static int role_forge(const char *sock) {
   if (e != cudaSuccess) return 1;
   uint8_t good[64], bad[64];
   memcpy(good, g->t[0].export_data, 64);
-  /* Forged: one byte changed, at the start, the end and three random places.  The driver
-   * documents no check of export data, and it does not check every byte (on the H200 a changed
-   * last byte imports the same allocation): measured and printed, not asserted; the capability
-   * is the pool (docs/gpu-maps.md). */
-  size_t at[5] = {0, 63, test_below(64), test_below(64), test_below(64)};
-  int refused = 0;
-  for (int i = 0; i < 5; i++) {
-    memcpy(bad, good, 64);
-    bad[at[i]] ^= (uint8_t)(1 + test_below(255));
-    e = try_import(pool, bad, NULL);
-    refused += e != cudaSuccess;
-    printf("forged export data (byte %zu changed): %s\n", at[i], cudaGetErrorString(e));
-  }
+  /* Forged: the first byte changed.  The driver documents no check of export data and does not
+   * check every byte (on the H200 a changed last byte imports the same allocation, and a process
+   * that went on forging after that died inside the driver): one try, measured and printed, not
+   * asserted; the capability is the pool (docs/gpu-maps.md). */
+  memcpy(bad, good, 64);
+  bad[0] ^= (uint8_t)(1 + test_below(255));
+  e = try_import(pool, bad, NULL);
+  const int refused = e != cudaSuccess;
+  printf("forged export data (byte 0 changed): %s\n", cudaGetErrorString(e));
   memset(bad, 0, 64);
   e = try_import(pool, bad, NULL);
   CHECK(e != cudaSuccess, "export data of zeros imported");
@@ -478,7 +474,7 @@ static int role_forge(const char *sock) {
   CHECK_RC(nwc_client_load_on(c, "use", b->name, 0, NULL, NULL, NULL));
   e = try_import(pool, good, &p);
   if (e == cudaSuccess) cudaFree(p);
-  printf("{\"test\":\"gpu_map_forge\",\"forged_refused\":%d,\"forged_tried\":5,"
+  printf("{\"test\":\"gpu_map_forge\",\"forged_refused\":%d,\"forged_tried\":1,"
          "\"stale_imported\":%s}\n", refused, e == cudaSuccess ? "true" : "false");
   CHECK_RC(nwc_client_load_on(c, "use", a->name, 0, NULL, NULL, NULL));
   /* a memfd is not a pool */
