@@ -1,0 +1,232 @@
+/*
+ * nwc_stream_bench.cu - how fast can a warp stream layout 2's planes, apart from decoding them?
+ * (issue 20; docs/results.md: the layout-2 matvec with its decode and mma replaced by a XOR runs
+ * at 89 - 97 % of the full kernel's time, 2.5 TB/s on 28672 x 4096, so the streaming limits it.)
+ *
+ *   nwc_stream_bench [--mb N] [--reps R]
+ *
+ * Lays out N MB (default 1024, well beyond the 60 MB L2) as layout 2 does: "row groups" of S = 128
+ * slots, a slot being 256 nibble bytes and 512 low bytes of its row group's two contiguous plane
+ * regions, and lets every resident warp stream whole row groups (grid-striding), each lane
+ * folding what it read into a XOR that is written out at the end (so nothing is optimized away;
+ * no decode, no mma).  One line of JSON per configuration, the table last:
+ *
+ *   ring D      cp.async into a per-warp ring of D one-slot entries in shared memory, D - 1 slots
+ *               ahead, as layout2.cu's l2_stream does (D = 4, 8, 16)
+ *   regs P      plain loads (ld.global.nc, 8 and 16 bytes a lane) into registers: P slots used
+ *               while the next P are loaded, unrolled (P = 2, 4, 8)
+ *   ctas C      each at C CTAs of 8 warps per SM (1 .. 4)
+ *
+ * TB/s = bytes streamed / median time of R launches (default 9) between CUDA events.  The floor
+ * of ../shared/DEVICE.md is about 4.5 TB/s.  Exit 77 without a GPU.  ptxas reports about 31
+ * registers for every P, fewer than 2 P slots of loads would hold: read the SASS (gpu-daemon
+ * --kernels dumps it) to see how many loads a warp really has in flight before trusting "regs".
+ */
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+constexpr unsigned kWarps = 8, kThreads = 32 * kWarps, kSlots = 128; /* slots per row group */
+constexpr unsigned kNib = 256, kLow = 512, kEntry = kNib + kLow;
+
+struct Planes {
+  const uint8_t *nib, *low;
+  uint32_t groups;
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* A warp's walk over its row groups, slot by slot: (group, slot) -> the lane's two addresses. */
+struct Walk {
+  uint32_t g, s, step;
+  __device__ __forceinline__ bool valid(const Planes &p) const { return g < p.groups; }
+  __device__ __forceinline__ void next() {
+    if (++s == kSlots) s = 0, g += step;
+  }
+  __device__ __forceinline__ const uint8_t *nib(const Planes &p, uint32_t lane) const {
+    return p.nib + ((uint64_t)g * kSlots + s) * kNib + 16 * (lane & 15u);
+  }
+  __device__ __forceinline__ const uint8_t *low(const Planes &p, uint32_t lane) const {
+    return p.low + ((uint64_t)g * kSlots + s) * kLow + 16 * lane;
+  }
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) ring_kernel(Planes p, uint32_t *out) {
+  extern __shared__ uint4 smem[];
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  uint8_t *ring = reinterpret_cast<uint8_t *>(smem) + warp * D * kEntry;
+  const uint32_t sring = (uint32_t)__cvta_generic_to_shared(ring);
+  const uint32_t first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
+  Walk ld{first, 0, step}, c = ld;
+  auto issue = [&](uint32_t k) {
+    cp_async16(sring + k * kEntry + kNib + 16 * lane, ld.low(p, lane));
+    if (lane < 16) cp_async16(sring + k * kEntry + 16 * lane, ld.nib(p, lane));
+    ld.next();
+  };
+  for (int k = 0; k + 1 < D; k++) {
+    if (ld.valid(p)) issue(k);
+    cp_commit();
+  }
+  uint32_t acc = 0, kc = 0, kl = D - 1;
+  while (c.valid(p)) {
+    cp_wait<D - 2>();
+    __syncwarp();
+    const uint8_t *e = ring + kc * kEntry;
+    const uint2 n = *reinterpret_cast<const uint2 *>(e + 8 * lane);
+    const uint4 l = *reinterpret_cast<const uint4 *>(e + kNib + 16 * lane);
+    acc ^= n.x ^ n.y ^ l.x ^ l.y ^ l.z ^ l.w;
+    __syncwarp();
+    if (ld.valid(p)) issue(kl);
+    cp_commit();
+    kc = (kc + 1) % D, kl = (kl + 1) % D;
+    c.next();
+  }
+  cp_wait<0>();
+  out[blockIdx.x * kThreads + threadIdx.x] = acc;
+}
+
+/* P slots in registers while the next P are loaded (loads issued before the use of the ones
+ * before them: the two batches are always in flight together). */
+template <int P>
+__global__ void __launch_bounds__(kThreads) regs_kernel(Planes p, uint32_t *out) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
+  uint32_t acc = 0;
+  for (uint32_t g = first; g < p.groups; g += step) {
+    const uint8_t *nb = p.nib + (uint64_t)g * kSlots * kNib + 8 * lane;
+    const uint8_t *lb = p.low + (uint64_t)g * kSlots * kLow + 16 * lane;
+    uint2 n[P];
+    uint4 l[P];
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+      n[k] = __ldg(reinterpret_cast<const uint2 *>(nb + (uint64_t)k * kNib));
+      l[k] = __ldg(reinterpret_cast<const uint4 *>(lb + (uint64_t)k * kLow));
+    }
+    for (uint32_t s = P; s <= kSlots; s += P) {
+      uint2 nn[P];
+      uint4 ln[P];
+      if (s < kSlots) {
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+          nn[k] = __ldg(reinterpret_cast<const uint2 *>(nb + (uint64_t)(s + k) * kNib));
+          ln[k] = __ldg(reinterpret_cast<const uint4 *>(lb + (uint64_t)(s + k) * kLow));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < P; k++) acc = acc * 3u + (n[k].x ^ n[k].y ^ l[k].x ^ l[k].y ^ l[k].z ^ l[k].w);
+      if (s < kSlots) {
+#pragma unroll
+        for (int k = 0; k < P; k++) n[k] = nn[k], l[k] = ln[k];
+      }
+    }
+  }
+  out[blockIdx.x * kThreads + threadIdx.x] = acc;
+}
+
+bool check(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return true;
+  fprintf(stderr, "nwc_stream_bench: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+int cmp_float(const void *a, const void *b) {
+  const float x = *static_cast<const float *>(a), y = *static_cast<const float *>(b);
+  return (x > y) - (x < y);
+}
+
+/* Median milliseconds of reps launches of kernel at ctas_per_sm, or -1. */
+template <class K>
+float time_kernel(K kernel, unsigned smem, unsigned ctas_per_sm, int sms, int reps, const Planes &p,
+                  uint32_t *out) {
+  if (smem && !check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem"))
+    return -1;
+  int fit = 0;
+  if (!check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, smem), "occupancy") ||
+      fit < (int)ctas_per_sm)
+    return -1; /* that many CTAs do not fit: not a configuration */
+  const unsigned ctas = (unsigned)sms * ctas_per_sm;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  float ms[64];
+  kernel<<<ctas, kThreads, smem>>>(p, out); /* warm-up */
+  for (int r = 0; r < reps; r++) {
+    cudaEventRecord(a);
+    kernel<<<ctas, kThreads, smem>>>(p, out);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms[r], a, b);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  if (!check(cudaGetLastError(), "launch")) return -1;
+  qsort(ms, reps, sizeof ms[0], cmp_float);
+  return ms[reps / 2];
+}
+
+} /* namespace */
+
+int main(int argc, char **argv) {
+  unsigned mb = 1024;
+  int reps = 9;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = (unsigned)strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: nwc_stream_bench [--mb N] [--reps R]  (R 1..63)\n");
+      return 2;
+    }
+  }
+  if (reps < 1 || reps > 63 || mb < 16) {
+    fprintf(stderr, "nwc_stream_bench: --reps 1..63, --mb at least 16\n");
+    return 2;
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("nwc_stream_bench: no GPU, skipped\n");
+    return 77;
+  }
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const uint64_t group_bytes = (uint64_t)kSlots * kEntry;
+  const uint32_t groups = (uint32_t)(((uint64_t)mb << 20) / group_bytes);
+  uint8_t *buf = NULL;
+  uint32_t *out = NULL;
+  if (!check(cudaMalloc(&buf, groups * group_bytes), "cudaMalloc") ||
+      !check(cudaMalloc(&out, (size_t)sms * 4 * kThreads * 4), "cudaMalloc") ||
+      !check(cudaMemset(buf, 0x5a, groups * group_bytes), "cudaMemset"))
+    return 1;
+  const Planes p{buf, buf + (uint64_t)groups * kSlots * kNib, groups};
+  const double bytes = (double)groups * group_bytes;
+  char table[64][96];
+  int rows = 0;
+  auto report = [&](const char *kind, int depth, unsigned ctas, float ms) {
+    if (ms < 0) return;
+    const double tbps = bytes / (ms * 1e-3) / 1e12;
+    printf("{\"bench\":\"stream\",\"kind\":\"%s\",\"depth\":%d,\"ctas_per_sm\":%u,\"bytes\":%.0f,"
+           "\"ms\":%.4f,\"tbps\":%.3f}\n", kind, depth, ctas, bytes, ms, tbps);
+    if (rows < 64) snprintf(table[rows++], sizeof table[0], "%-5s %5d %5u %9.3f %7.3f", kind, depth, ctas, ms, tbps);
+  };
+  for (unsigned c = 1; c <= 4; c++) {
+    report("ring", 4, c, time_kernel(ring_kernel<4>, kWarps * 4 * kEntry, c, sms, reps, p, out));
+    report("ring", 8, c, time_kernel(ring_kernel<8>, kWarps * 8 * kEntry, c, sms, reps, p, out));
+    report("ring", 16, c, time_kernel(ring_kernel<16>, kWarps * 16 * kEntry, c, sms, reps, p, out));
+    report("regs", 2, c, time_kernel(regs_kernel<2>, 0, c, sms, reps, p, out));
+    report("regs", 4, c, time_kernel(regs_kernel<4>, 0, c, sms, reps, p, out));
+    report("regs", 8, c, time_kernel(regs_kernel<8>, 0, c, sms, reps, p, out));
+  }
+  printf("\nkind  depth  ctas        ms    TB/s   (%.0f MB, %u row groups of %u slots, %d SMs)\n",
+         bytes / 1e6, groups, kSlots, sms);
+  for (int i = 0; i < rows; i++) printf("%s\n", table[i]);
+  cudaFree(buf), cudaFree(out);
+  return 0;
+}
