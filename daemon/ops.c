@@ -31,8 +31,9 @@ static bool answer_only(uint16_t op) {
 }
 
 void nwcd_ops_run(nwcd_job *j) {
-  if (nwcd_server_hold(j)) return; /* a client not reading its replies: not now */
-  if (answer_only(j->req.op) && nwcd_server_client_gone(j)) {
+  const nwcd_job_admit a = nwcd_server_admit(j);
+  if (a == NWCD_JOB_HELD) return; /* a client not reading its replies: not now */
+  if (a == NWCD_JOB_GONE && answer_only(j->req.op)) {
     nwcd_server_send(j, NULL, 0, true); /* ends the job, answering no one */
     return;
   }

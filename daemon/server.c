@@ -34,7 +34,7 @@
  * (up to max_inflight, all in one pipelined write) would each queue a reply.  So a job does not
  * start while its connection is over max_outq, or has output queued while its uid's connections
  * together are over max_outq_uid (uid_out; conn_over): the worker that takes it holds it on the
- * connection (nwcd_server_hold, in order: once one is held, later ones are held behind it) and
+ * connection (nwcd_server_admit, in order: once one is held, later ones are held behind it) and
  * the loop submits the held jobs again when the queue drains (release_held) or the connection
  * closes.  The uid's bound holds jobs only, never reading, so that a client blocked sending
  * (docs/protocol.md: it keeps its unread replies under max_outq) always gets to read.
@@ -315,28 +315,21 @@ static bool conn_can_read(const nwcd_conn *c) {
          atomic_load(&c->inflight) < cfg->max_inflight && atomic_load(&c->obytes) < cfg->max_outq;
 }
 
-bool nwcd_server_hold(nwcd_job *j) {
+nwcd_job_admit nwcd_server_admit(nwcd_job *j) {
   nwcd_conn *c = j->conn;
-  if (!c || j->batch) return false; /* a batch carries other connections' jobs */
+  if (!c || j->batch) return NWCD_JOB_RUN; /* a batch carries other connections' jobs */
   pthread_mutex_lock(&c->olock);
-  bool hold = !c->odead && !c->oerr && (c->held || conn_over(c));
-  if (hold) {
+  nwcd_job_admit a = c->odead || c->oerr ? NWCD_JOB_GONE
+                     : c->held || conn_over(c) ? NWCD_JOB_HELD
+                                              : NWCD_JOB_RUN;
+  if (a == NWCD_JOB_HELD) {
     j->next = NULL;
     if (c->held_tail) c->held_tail->next = j;
     else c->held = j;
     c->held_tail = j;
   }
   pthread_mutex_unlock(&c->olock);
-  return hold;
-}
-
-bool nwcd_server_client_gone(nwcd_job *j) {
-  nwcd_conn *c = j->conn;
-  if (!c || j->batch) return false;
-  pthread_mutex_lock(&c->olock);
-  bool gone = c->odead || c->oerr;
-  pthread_mutex_unlock(&c->olock);
-  return gone;
+  return a;
 }
 
 /* Submits c's held jobs again, in order, once its output is under the bounds or it is closing
