@@ -341,7 +341,8 @@ int nwc_cuda_matvec(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float
                     unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16,
                     uint64_t ldy, cudaStream_t stream) {
   SLOT_OR_FAIL(m, t, s);
-  if (ncols < 1 || ncols > 8) return fail(-EINVAL, "%u columns (1..8 a call)", ncols);
+  if (ncols < 1 || ncols > NWC_K_MAX_COLS)
+    return fail(-EINVAL, "%u columns (1..%d a call)", ncols, NWC_K_MAX_COLS);
   return kernel_rc(nwc_k_matvec_cols(&s->k, x, ncols, ldx, bias, y, y_bf16, ldy, m->scratch,
                                      stream),
                    "matvec", t);

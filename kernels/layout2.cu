@@ -24,8 +24,8 @@
  * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
  * its row group's counter; the part that completes the count adds the row group's partial sums
  * in part order (so the result does not depend on scheduling), applies scale and bias and writes
- * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x 8
- * floats of partial sums, x's fragments.
+ * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x
+ * NWC_K_MAX_COLS floats of partial sums, x's fragments.
  *
  * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
@@ -52,9 +52,11 @@ constexpr unsigned kRing = 8;      /* slots staged per warp */
 constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
 constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
 constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
-constexpr unsigned kRedCols = 32; /* the unit-end table: 16 rows of 24 part sums + 8 exception sums */
-constexpr unsigned kL2MatvecSmem = kL2Smem + kL2Warps * 16 * kRedCols * 4;
 constexpr unsigned kParts = 3;     /* x = hi + mid + lo */
+/* The unit-end table, a row per row of the group: B's columns (3 parts of up to NWC_K_MAX_COLS
+ * columns of x), then each column's exception sum from kRedEx on. */
+constexpr unsigned kRedEx = kParts * NWC_K_MAX_COLS, kRedCols = kRedEx + NWC_K_MAX_COLS;
+constexpr unsigned kL2MatvecSmem = kL2Smem + kL2Warps * 16 * kRedCols * 4;
 
 /* How the row groups are cut into units of work: F parts of `per` slots each (a multiple of 8). */
 struct L2Work {
@@ -69,7 +71,7 @@ struct L2Matvec {
   float *y;
   uint16_t *y_bf16;
   uint32_t *count;  /* RB counters (F > 1) */
-  float *part;      /* units x 16 x 8 partial sums (F > 1) */
+  float *part;      /* units x 16 x NWC_K_MAX_COLS partial sums (F > 1) */
   const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
 
@@ -341,7 +343,7 @@ struct MatvecSink {
 };
 
 /* The unit's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) and each column's
- * exception sum at (row, 24 + n); then lanes add a column's three parts and its exceptions, in
+ * exception sum at (row, kRedEx + n); then lanes add a column's three parts and its exceptions, in
  * that order, and write the rows (a whole row group) or the unit's partial sums. */
 template <int T>
 __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur) {
@@ -357,19 +359,19 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L
     float t8 = s8[n] + __shfl_xor_sync(0xffffffffu, s8[n], 1);
     t0 += __shfl_xor_sync(0xffffffffu, t0, 2);
     t8 += __shfl_xor_sync(0xffffffffu, t8, 2);
-    if (q == 0) red[r * kRedCols + 24 + n] = t0, red[(r + 8) * kRedCols + 24 + n] = t8;
+    if (q == 0) red[r * kRedCols + kRedEx + n] = t0, red[(r + 8) * kRedCols + kRedEx + n] = t8;
   }
   clear();
   __syncwarp();
-  float *p = a.part + (uint64_t)cur.u * 16 * 8;
+  float *p = a.part + (uint64_t)cur.u * 16 * NWC_K_MAX_COLS;
   for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     const float *v = red + row * kRedCols;
-    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + v[24 + n];
+    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + v[kRedEx + n];
     if (w.F == 1) { /* the unit is the whole row group: out directly */
       if (R < g.M) put(R, n, sum);
     } else {
-      p[row * 8 + n] = sum;
+      p[row * NWC_K_MAX_COLS + n] = sum;
     }
   }
   if (w.F == 1) return;
@@ -380,11 +382,11 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L
   done = __shfl_sync(0xffffffffu, done, 0);
   if (done != w.F) return;
   __threadfence();
-  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * 8;
+  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * NWC_K_MAX_COLS;
   for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float sum = 0.f;
-    for (uint32_t k = 0; k < w.F; k++) sum += __ldcg(base + ((uint64_t)k * 16 + row) * 8 + n);
+    for (uint32_t k = 0; k < w.F; k++) sum += __ldcg(base + ((uint64_t)k * 16 + row) * NWC_K_MAX_COLS + n);
     if (R < g.M) put(R, n, sum);
   }
 }
@@ -500,13 +502,14 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 /* B's tiles for ncols columns of x: 3 ncols columns of B, 8 a tile. */
 static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
 
-/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x 8 floats), x's
+/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x NWC_K_MAX_COLS
+ * floats), x's
  * B fragments (S x T tiles x 32 lanes x 16 bytes). */
 struct L2Scratch {
   uint64_t part, xs, total;
   L2Scratch(const L2Geom &g, const L2Work &w, unsigned T) {
     part = ((uint64_t)g.RB * 4 + 15) / 16 * 16;
-    xs = part + (uint64_t)w.units * 16 * 8 * 4;
+    xs = part + (uint64_t)w.units * 16 * NWC_K_MAX_COLS * 4;
     total = xs + (uint64_t)g.S * T * 32 * 16;
   }
 };
@@ -546,7 +549,7 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   L2Geom g;
   int rc = l2_geom_of(t, &g);
   if (rc < 0) return rc;
-  if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > 8) return -EINVAL;
+  if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
   if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < g.K || ldx % 4)) || (ncols > 1 && ldy < g.M) ||
       (uintptr_t)scratch % 16)
     return -EINVAL;

@@ -203,7 +203,7 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
 } /* namespace nwc_k */
 
 extern "C" int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols) {
-  if (!t || ncols < 1 || ncols > 8) return -EINVAL;
+  if (!t || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) == 2) {
     nwc_k::L2Geom g;
     int rc = nwc_k::l2_geom_of(t, &g);
@@ -220,7 +220,7 @@ extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
   if (!t) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) == 2)
     return nwc_k::l2_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
-  if (!x || ncols < 1 || ncols > 8 || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;
+  if (!x || ncols < 1 || ncols > NWC_K_MAX_COLS || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;
   for (unsigned c = 0; c < ncols; c++) {
     int rc = nwc_k::launch_matvec(t, x + c * ldx, bias, y ? y + c * ldy : NULL,
                                   y_bf16 ? y_bf16 + c * ldy : NULL, static_cast<float *>(scratch), stream);

@@ -54,6 +54,9 @@ NWC_EXTERN int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStr
 /* Frees what upload allocated and zeroes *d; NULL or a borrowed view frees nothing. */
 NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 
+/* Columns of x one matvec call takes: layout 2's tensor cores multiply 1..8 in one pass. */
+#define NWC_K_MAX_COLS 8
+
 /* Bytes of scratch the matvec entries need for ncols (1..8) columns of x (enough for fewer too),
  * or a negative errno.  A call overwrites it; one scratch serves one call at a time. */
 NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
