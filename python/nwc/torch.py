@@ -26,7 +26,7 @@ from torch import nn
 
 from . import _lib
 from ._cuda import MAX_COLS, GpuMap, GpuTensor
-from .client import Client
+from .client import Client, TensorInfo
 from .errors import NwcError
 
 __all__ = ["NwcEmbedding", "NwcLinear", "patch"]
@@ -36,6 +36,15 @@ def _cpu(x: torch.Tensor, what: str) -> None:
     if x.device.type != "cpu":
         raise NwcError(errno.ENOTSUP, f"{what}: input on {x.device}; nwc computes on the CPU "
                        "or on a CUDA GPU")
+
+
+def _matrix(client: Client, model: str, weight: str, module: str) -> TensorInfo:
+    """The stored tensor's info, or NwcError(EINVAL) when it is not a matrix."""
+    info = client.info(model, weight)
+    if len(info.shape) != 2:
+        raise NwcError(errno.EINVAL, f"{model}/{weight} has shape {info.shape}: {module} needs "
+                       "a matrix")
+    return info
 
 
 class _OnGpu:
@@ -81,10 +90,7 @@ class NwcLinear(_OnGpu, nn.Module):
                  dense_rows: int = 8, mapped: bool = False,
                  gpu_map: Optional[GpuMap] = None) -> None:
         super().__init__()
-        info = client.info(model, weight)
-        if len(info.shape) != 2:
-            raise NwcError(errno.EINVAL, f"{model}/{weight} has shape {info.shape}: NwcLinear "
-                           "needs a matrix")
+        info = _matrix(client, model, weight, "NwcLinear")
         self.client, self.model, self.weight_name, self.bias_name = client, model, weight, bias
         self.out_features, self.in_features = info.rows, info.cols
         self.dense_rows = dense_rows
@@ -200,10 +206,7 @@ class NwcEmbedding(_OnGpu, nn.Module):
                  dtype: torch.dtype = torch.bfloat16, padding_idx: Optional[int] = None,
                  gpu_map: Optional[GpuMap] = None) -> None:
         super().__init__()
-        info = client.info(model, weight)
-        if len(info.shape) != 2:
-            raise NwcError(errno.EINVAL, f"{model}/{weight} has shape {info.shape}: "
-                           "NwcEmbedding needs a matrix")
+        info = _matrix(client, model, weight, "NwcEmbedding")
         self.client, self.model, self.weight_name = client, model, weight
         self.num_embeddings, self.embedding_dim = info.rows, info.cols
         self.dtype, self.padding_idx = dtype, padding_idx
