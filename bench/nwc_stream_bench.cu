@@ -22,6 +22,8 @@
  * registers for every P, fewer than 2 P slots of loads would hold: read the SASS (gpu-daemon
  * --kernels dumps it) to see how many loads a warp really has in flight before trusting "regs".
  */
+#include "cp_async.cuh"
+
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -31,6 +33,10 @@
 
 namespace {
 
+using nwc_k::cp_async16;
+using nwc_k::cp_commit;
+using nwc_k::cp_wait;
+
 constexpr unsigned kWarps = 8, kThreads = 32 * kWarps, kSlots = 128; /* slots per row group */
 constexpr unsigned kNib = 256, kLow = 512, kEntry = kNib + kLow;
 
@@ -38,13 +44,6 @@ struct Planes {
   const uint8_t *nib, *low;
   uint32_t groups;
 };
-
-__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(g));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* A warp's walk over its row groups, slot by slot: (group, slot) -> the lane's two addresses. */
 struct Walk {

@@ -45,6 +45,7 @@
 #ifndef NWC_DECODE_CUH
 #define NWC_DECODE_CUH
 
+#include "cp_async.cuh"
 #include "nwc.h"
 #include "warp.cuh"
 
@@ -73,15 +74,6 @@ __device__ __forceinline__ void load_table(uint32_t *s_tab, const uint32_t *tab)
 /* Shared memory per warp for staging (the table's 16 KB come first): 32 warps fit in 227 KB. */
 constexpr unsigned kWarpBuf = 6656;
 constexpr unsigned kTabBytes = NWC_TAB_ENTRIES * 4;
-
-/* cp.async into a shared-memory address (the 32-bit shared window offset). */
-__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 struct Lane {
   uint32_t hi, lo, fm, w;

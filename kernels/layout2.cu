@@ -35,6 +35,7 @@
  * l2_rows_kernel (dequant and gather) (BF16).
  */
 #include "bf16.cuh"
+#include "cp_async.cuh"
 #include "host.cuh"
 #include "layout2.cuh"
 
@@ -74,16 +75,6 @@ struct L2Matvec {
   float *part;      /* units x 16 x NWC_K_MAX_COLS partial sums (F > 1) */
   const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
-
-__device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
