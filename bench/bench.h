@@ -37,6 +37,9 @@ void nwc_bench_normal_bf16(uint16_t *w, uint64_t n, uint64_t seed);
 /* Flushes stdout and stops what nwc_bench_nwcd_start started (SIGTERM, waits for it, SIGKILL
  * after 30 s); nothing more for a pid <= 0. */
 void nwc_bench_nwcd_stop(pid_t pid);
+/* Removes the directory dir and everything below it (a benchmark's temporary store), saying on
+ * stderr when it could not.  bench_nwcd.c. */
+void nwc_bench_remove_dir(const char *dir);
 
 /* Subcommands: each parses its own arguments (argv[0] is the subcommand) and returns an exit code. */
 int nwc_bench_codec(int argc, char **argv);

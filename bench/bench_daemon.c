@@ -345,9 +345,7 @@ int nwc_bench_daemon(int argc, char **argv) {
   }
   nwc_client_free(c);
   nwc_bench_nwcd_stop(pid);
-  char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "nwc-bench daemon: could not remove %s\n", dir);
+  nwc_bench_remove_dir(dir);
   nwc_tensor_release(&t);
   free(w), free(x), free(y), free(deq), free(deq2);
   for (int p = 0; p < NPATH; p++) free(tv[p]);

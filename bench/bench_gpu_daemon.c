@@ -520,9 +520,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   for (int i = 0; i < 4; i++) free(mats[i]);
   for (size_t k = 0; k < nfiles; k++) free(files[k]);
   free(files), free(ts), free(dbuf), free(host), free(x), free(y), free(sv), free(nv), free(kv), free(iv), free(ser), free(con);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (keep) fprintf(stderr, "kept %s\n", dir);
-  else if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  else nwc_bench_remove_dir(dir);
   return rc ? 1 : 0;
 }

@@ -56,7 +56,6 @@
 #ifdef NWCD_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
-#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -107,11 +106,6 @@ struct bench {
   uint8_t *dev; /* device buffers, at dst_off */
 #endif
 };
-
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-  (void)st, (void)type, (void)ftw;
-  return remove(path);
-}
 
 static int fail(const char *what, int rc) {
   fprintf(stderr, "nwc-bench load: %s: %s: %s\n", what, nwc_strerror(rc), nwc_error_detail());
@@ -571,6 +565,6 @@ int nwc_bench_load(int argc, char **argv) {
   nwc_tensor_info_free(b.ti, b.nti);
   for (size_t i = 0; i < b.nmodels; i++) free(b.models[i]);
   free(b.files), free(b.dst_off), free(b.fresh), free(b.fresh_fd), free(b.models);
-  if (tmp[0]) nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* the temporary store */
+  if (tmp[0]) nwc_bench_remove_dir(tmp); /* the temporary store */
   return rc < 0 ? 1 : 0;
 }

@@ -265,9 +265,7 @@ int nwc_bench_map(int argc, char **argv) {
 
   nwc_client_free(cc.c);
   nwc_bench_nwcd_stop(pid);
-  char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "nwc-bench map: could not remove %s\n", dir);
+  nwc_bench_remove_dir(dir);
   nwc_tensor_release(&cc.t);
   free(w), free(cc.x), free(cc.y), free(cc.out);
   nwc_st_close(st);

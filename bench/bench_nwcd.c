@@ -1,11 +1,12 @@
 /*
- * bench_nwcd.c - starting and stopping a real nwcd for the benchmarks (bench.h:
- * nwc_bench_nwcd_start, nwc_bench_nwcd_stop): nwc-bench's daemon subcommands and
- * nwc_gpu_map_bench link it.
+ * bench_nwcd.c - starting and stopping a real nwcd for the benchmarks, and removing their
+ * temporary stores afterwards (bench.h: nwc_bench_nwcd_start, nwc_bench_nwcd_stop,
+ * nwc_bench_remove_dir): nwc-bench's daemon subcommands and nwc_gpu_map_bench link it.
  */
 #include "bench.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdbool.h>
@@ -57,4 +58,14 @@ void nwc_bench_nwcd_stop(pid_t pid) {
           (int)pid);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)st, (void)type, (void)ftw;
+  return remove(path);
+}
+
+void nwc_bench_remove_dir(const char *dir) {
+  if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    fprintf(stderr, "could not remove %s\n", dir);
 }

@@ -210,8 +210,6 @@ int nwc_bench_soak(int argc, char **argv) {
   nwc_client_free(c);
   nwc_bench_nwcd_stop(pid);
   nwc_st_close(st);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  nwc_bench_remove_dir(dir);
   return atomic_load(&s.wrong) ? 1 : 0;
 }

@@ -416,10 +416,6 @@ int main(int argc, char **argv) {
   for (int i = 0; i < MATS; i++) free(w[i]);
   free(mv);
   if (keep) printf("%s\n", dir);
-  else {
-    pid_t rm = fork();
-    if (rm == 0) execlp("rm", "rm", "-rf", dir, (char *)NULL), _exit(127);
-    if (rm > 0) waitpid(rm, NULL, 0);
-  }
+  else nwc_bench_remove_dir(dir);
   return 0;
 }
