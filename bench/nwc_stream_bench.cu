@@ -15,6 +15,7 @@
  *               ahead, as layout2.cu's l2_stream does (D = 4, 8, 16)
  *   regs P      plain loads (ld.global.nc, 8 and 16 bytes a lane) into registers: P slots used
  *               while the next P are loaded, unrolled (P = 2, 4, 8)
+ *   dec P       regs P, each slot also decoded to A fragments and put through two mma (P = 2, 4)
  *   ctas C      each at C CTAs of 8 warps per SM (1 .. 4)
  *
  * TB/s = bytes streamed / median time of R launches (default 9) between CUDA events.  The floor
@@ -23,6 +24,7 @@
  * --kernels dumps it) to see how many loads a warp really has in flight before trusting "regs".
  */
 #include "cp_async.cuh"
+#include "layout2.cuh"
 
 #include <cuda_runtime.h>
 
@@ -96,12 +98,17 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Planes p, uint32_t *out)
 }
 
 /* P slots in registers while the next P are loaded (loads issued before the use of the ones
- * before them: the two batches are always in flight together). */
-template <int P>
+ * before them: the two batches are always in flight together).  Decode: each slot is also
+ * decoded into A fragments (layout2.cuh) and multiplied by a B fragment on the tensor cores, as
+ * the matvec's inner loop does, so that the difference from the plain variant is the cost of
+ * that work at this occupancy. */
+template <int P, bool Decode>
 __global__ void __launch_bounds__(kThreads) regs_kernel(Planes p, uint32_t *out) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
   uint32_t acc = 0;
+  float c0[4] = {}, c1[4] = {};
+  const uint32_t b0 = 0x3f803f80u ^ lane, b1 = 0x3f803f80u ^ warp; /* B: ~1.0 */
   for (uint32_t g = first; g < p.groups; g += step) {
     const uint8_t *nb = p.nib + (uint64_t)g * kSlots * kNib + 8 * lane;
     const uint8_t *lb = p.low + (uint64_t)g * kSlots * kLow + 16 * lane;
@@ -123,14 +130,23 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Planes p, uint32_t *out)
         }
       }
 #pragma unroll
-      for (int k = 0; k < P; k++) acc = acc * 3u + (n[k].x ^ n[k].y ^ l[k].x ^ l[k].y ^ l[k].z ^ l[k].w);
+      for (int k = 0; k < P; k++) {
+        if (Decode) {
+          uint32_t A[8];
+          nwc_k::decode_bf16_slot(n[k], l[k], 0x3c3b3a39u ^ lane, 0x3f3e3d00u, A);
+          nwc_k::mma_bf16(c0, A, b0, b1);
+          nwc_k::mma_bf16(c1, A + 4, b0, b1);
+        } else {
+          acc = acc * 3u + (n[k].x ^ n[k].y ^ l[k].x ^ l[k].y ^ l[k].z ^ l[k].w);
+        }
+      }
       if (s < kSlots) {
 #pragma unroll
         for (int k = 0; k < P; k++) n[k] = nn[k], l[k] = ln[k];
       }
     }
   }
-  out[blockIdx.x * kThreads + threadIdx.x] = acc;
+  out[blockIdx.x * kThreads + threadIdx.x] = acc ^ __float_as_uint(c0[0] + c0[1] + c0[2] + c0[3] + c1[0] + c1[1] + c1[2] + c1[3]);
 }
 
 bool check(cudaError_t e, const char *what) {
@@ -206,22 +222,24 @@ int main(int argc, char **argv) {
     return 1;
   const Planes p{buf, buf + (uint64_t)groups * kSlots * kNib, groups};
   const double bytes = (double)groups * group_bytes;
-  char table[64][96];
+  char table[96][96];
   int rows = 0;
   auto report = [&](const char *kind, int depth, unsigned ctas, float ms) {
     if (ms < 0) return;
     const double tbps = bytes / (ms * 1e-3) / 1e12;
     printf("{\"bench\":\"stream\",\"kind\":\"%s\",\"depth\":%d,\"ctas_per_sm\":%u,\"bytes\":%.0f,"
            "\"ms\":%.4f,\"tbps\":%.3f}\n", kind, depth, ctas, bytes, ms, tbps);
-    if (rows < 64) snprintf(table[rows++], sizeof table[0], "%-5s %5d %5u %9.3f %7.3f", kind, depth, ctas, ms, tbps);
+    if (rows < 96) snprintf(table[rows++], sizeof table[0], "%-5s %5d %5u %9.3f %7.3f", kind, depth, ctas, ms, tbps);
   };
   for (unsigned c = 1; c <= 4; c++) {
     report("ring", 4, c, time_kernel(ring_kernel<4>, kWarps * 4 * kEntry, c, sms, reps, p, out));
     report("ring", 8, c, time_kernel(ring_kernel<8>, kWarps * 8 * kEntry, c, sms, reps, p, out));
     report("ring", 16, c, time_kernel(ring_kernel<16>, kWarps * 16 * kEntry, c, sms, reps, p, out));
-    report("regs", 2, c, time_kernel(regs_kernel<2>, 0, c, sms, reps, p, out));
-    report("regs", 4, c, time_kernel(regs_kernel<4>, 0, c, sms, reps, p, out));
-    report("regs", 8, c, time_kernel(regs_kernel<8>, 0, c, sms, reps, p, out));
+    report("regs", 2, c, time_kernel(regs_kernel<2, false>, 0, c, sms, reps, p, out));
+    report("regs", 4, c, time_kernel(regs_kernel<4, false>, 0, c, sms, reps, p, out));
+    report("regs", 8, c, time_kernel(regs_kernel<8, false>, 0, c, sms, reps, p, out));
+    report("dec", 2, c, time_kernel(regs_kernel<2, true>, 0, c, sms, reps, p, out));
+    report("dec", 4, c, time_kernel(regs_kernel<4, true>, 0, c, sms, reps, p, out));
   }
   printf("\nkind  depth  ctas        ms    TB/s   (%.0f MB, %u row groups of %u slots, %d SMs)\n",
          bytes / 1e6, groups, kSlots, sms);

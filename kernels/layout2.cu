@@ -76,14 +76,6 @@ struct L2Matvec {
   const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
 
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two fp32 values as three BF16 pairs, x = hi + mid + lo to 24 significant bits: each part is
  * the BF16 (nearest) of what the parts before it miss, so the sum is x to within 2^-25 |x|. */
 __device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {

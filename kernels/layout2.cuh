@@ -66,6 +66,15 @@ __device__ __forceinline__ void decode_bf16_slot(uint2 nib, uint4 low, uint32_t 
   }
 }
 
+/* c += A B for one mma.m16n8k16 step: A the lane's 4 registers of a slot half, b0 b1 its B. */
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Where weight j of lane (r, q) lies inside its slot: row 0..15, column 0..31. */
 __device__ __forceinline__ uint32_t frag_row(uint32_t r, uint32_t j) { return r + 8 * ((j >> 1) & 1); }
 __device__ __forceinline__ uint32_t frag_col(uint32_t q, uint32_t j) {
