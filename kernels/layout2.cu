@@ -6,19 +6,20 @@
  * Matvec design.  The work is cut into units: a row group (16 rows) whole, or F parts of it, each
  * a run of `per` slots (whole column blocks, or half a block where row groups are few), F chosen
  * so that the units keep the resident warps evenly busy (l2_work).  A warp streams its units'
- * slots (32 columns each) through a ring of shared-memory entries filled by cp.async kRing - 1
- * slots ahead (l2_stream), so that many bytes are in flight without registers.  (The bulk copy
- * engine, one lane filling two- or four-slot entries behind an mbarrier, ran the largest shape at
- * half this speed: docs/results.md.)  Per slot a lane decodes its A fragments from the entry
- * (layout2.cuh) and multiplies them by B fragments that hold x in three BF16 parts, x = hi + mid +
+ * slots (32 columns each) into registers, a batch of D slots loaded while the batch before is
+ * decoded (l2_stream), with the fewest instructions per slot that keep the loads in flight: the
+ * planes' streaming alone reaches 94 % of the read floor so, and the per-slot bookkeeping of the
+ * shared-memory rings this replaced held the kernel to 55 % (docs/results.md).  Per slot a lane
+ * decodes its A fragments (layout2.cuh) and multiplies them by B fragments that hold x in three BF16 parts, x = hi + mid +
  * lo to 24 significant bits (the products exact, fp32 accumulation: the result is within fp32
  * rounding of the fp64 reference).  The parts are B's columns: column 3c + p of the n = 8 T
  * columns of T tiles is part p of x's column c, so one column takes one tile and 8 take three, and
  * a slot costs 2 T mma.m16n8k16 in two accumulator chains per tile.  l2_xfrag_kernel makes the
  * fragments once per call, one coalesced 16-byte load per lane, tile and slot.  After a block's
  * last slot in the unit each lane adds its exception entries of the unit's slots (the weights the
- * planes decode to +0) times fp32 x on the CUDA cores, in entry order; at the unit's end the
- * warp sums each column's three parts and its exceptions through a 2 KB table in shared memory.
+ * planes decode to +0) times fp32 x on the CUDA cores, in entry order, into its own sums in a
+ * 3.5 KB table per warp in shared memory; at the unit's end the warp sums each column's three
+ * parts and its exceptions through that table.
  *
  * A unit that is a whole row group writes its rows.  Parts of a row group are summed without
  * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
@@ -46,18 +47,13 @@ namespace nwc_k {
 namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
-constexpr unsigned kL2CtasPerSm = 3; /* <= 80 registers */
-/* CTAs per SM of the matvec with T tiles: three tiles' accumulators need more than 80 registers. */
-__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 3 ? 2 : kL2CtasPerSm; }
-constexpr unsigned kRing = 8;      /* slots staged per warp */
-constexpr unsigned kEntry = 832;   /* a ring entry: nibbles 256, low 512, hdr 32, bases[b] 8, pad */
-constexpr unsigned kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
-constexpr unsigned kL2Smem = kL2Warps * kRing * kEntry;
-constexpr unsigned kParts = 3;     /* x = hi + mid + lo */
-/* The unit-end table, a row per row of the group: B's columns (3 parts of up to NWC_K_MAX_COLS
- * columns of x), then each column's exception sum from kRedEx on. */
-constexpr unsigned kRedEx = kParts * NWC_K_MAX_COLS, kRedCols = kRedEx + NWC_K_MAX_COLS;
-constexpr unsigned kL2MatvecSmem = kL2Smem + kL2Warps * 16 * kRedCols * 4;
+constexpr unsigned kL2CtasPerSm = 3;   /* <= 85 registers */
+constexpr unsigned kRowsCtasPerSm = 4; /* dequant and gather: <= 64 registers */
+/* CTAs per SM of the matvec with T tiles: two or three tiles need more than 85 registers. */
+__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 1 ? kL2CtasPerSm : 2; }
+/* Slots a warp has in flight: its batch of D slots is loaded while the batch before is decoded. */
+__host__ __device__ constexpr int batch_of(unsigned T) { return T == 1 ? 4 : 2; }
+constexpr unsigned kParts = 3; /* x = hi + mid + lo */
 
 /* How the row groups are cut into units of work: F parts of `per` slots each (a multiple of 8). */
 struct L2Work {
@@ -92,8 +88,8 @@ __device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {
  * is part p = (8 t + n) % 3 of x's column c = (8 t + n) / 3 (zero for c >= ncols), and the lane
  * holds that part of x[c][32 s + 8 q .. 32 s + 8 q + 7] (zero from K on) as one uint4: b0, b1 of
  * mma step 0, then of step 1, at xs[(s T + t) 32 + lane]; and the row groups' counters set to
- * zero.  The matvec is launched as its programmatic dependent: it fills its rings while this
- * runs and waits for this grid (griddepcontrol) before it reads xs or the counters. */
+ * zero.  The matvec is launched as its programmatic dependent: it loads its first planes while
+ * this runs and waits for this grid (griddepcontrol) before it reads xs or the counters. */
 __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint32_t T,
                                 uint4 *xs, uint32_t *count, uint32_t RB) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -124,29 +120,21 @@ __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32
 }
 
 constexpr uint32_t kEntryBytes = 3; /* a BF16 exception entry: index, weight (docs/format-layouts.md §4.4) */
+constexpr uint32_t kWindow = 128;   /* bytes of a block's entry list a warp holds in registers */
 
-/* The window's words: lane L holds byte 32 k + L of the window in byte k of v; returns word L of
- * the window (its bytes 4 L .. 4 L + 3), four shuffles. */
-__device__ __forceinline__ uint32_t gather_window(uint32_t v) {
-  const uint32_t lane = threadIdx.x & 31u, k = lane >> 3, src = (4 * lane) & 31u;
-  uint32_t w = 0;
-#pragma unroll
-  for (uint32_t i = 0; i < 4; i++) /* byte i of the word is window byte 4 lane + i = 32 k + src + i */
-    w |= ((__shfl_sync(0xffffffffu, v, src + i) >> (8 * k)) & 0xffu) << (8 * i);
-  return w;
-}
-
-/* A position in a warp's sequence of slots: unit u (row group grp, part; for gather, requested
- * row k = u / F), slot s of the row group (its column block s / 16), the unit's first slot and
- * its end, and the slot's nibbles and low bytes in global memory. */
+/* A position in a warp's sequence of units: unit u (row group grp, part; for gather, requested
+ * row k = u / F), the batch of slots [s, min(s + D, s_end)) of the row group (D = the stream's
+ * batch; s0, s_end the unit's slots; slot s is in column block s / 16), or none (valid false). */
 struct Cursor {
-  uint32_t u, grp, part, s, s0, s_end;
-  const uint8_t *nib, *low;
-  __device__ __forceinline__ bool open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
-    for (;; unit += gridDim.x * (blockDim.x >> 5)) {
-      if (unit >= w.units) return false;
+  uint32_t u, grp, s, s0, s_end;
+  bool valid;
+  __device__ __forceinline__ void open(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint32_t unit) {
+    for (;; unit += gridDim.x * kL2Warps) {
+      if (unit >= w.units) {
+        valid = false;
+        return;
+      }
       const uint32_t k = unit / w.F;
-      part = unit - k * w.F;
       if (!rows) {
         grp = k;
         break;
@@ -158,92 +146,129 @@ struct Cursor {
       }
     }
     u = unit;
-    s = s0 = part * w.per, s_end = min(s + w.per, g.S);
-    const uint64_t gs = (uint64_t)grp * g.S + s;
-    nib = g.nib + gs * 256 + 16 * (threadIdx.x & 15u);
-    low = g.low + gs * 512 + 16 * (threadIdx.x & 31u);
-    return true;
+    s = s0 = (unit % w.F) * w.per, s_end = min(s + w.per, g.S);
+    valid = true;
   }
+  template <int D>
+  __device__ __forceinline__ void next(const L2Geom &g, const L2Work &w, const uint64_t *rows) {
+    s += D;
+    if (s >= s_end) open(g, w, rows, u + gridDim.x * kL2Warps);
+  }
+  /* The batch starts a block, or the unit inside one: the block's exception entries are needed. */
+  __device__ __forceinline__ bool block_start() const { return s % 16 == 0 || s == s0; }
+  __device__ __forceinline__ uint64_t block(const L2Geom &g) const { return (uint64_t)grp * g.CB + s / 16; }
 };
 
+/* A block's exception entries as the warp holds them: the lane's count and the count of the
+ * lanes before it, the list, and its first kWindow bytes (word `lane` of them per lane). */
+struct ExList {
+  uint32_t n, pre, win;
+  const uint8_t *p;
+};
+
+/* A ring entry: one slot's nibbles and low bytes, and for a batch's first slot the block's hdr
+ * and bases[b], bases[b + 1] when the batch starts a block (or a unit inside one). */
+constexpr unsigned kEntry = 816, kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
+/* A warp's ring: two sets of D entries (the batch being decoded, the batch being loaded). */
+template <int D>
+__host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
+
 /*
- * Streams a warp's units slot by slot through its ring of kRing shared-memory entries (cp.async,
- * kRing - 1 slots ahead of the decoder; a block's first slot also brings the block's hdr and
- * bases[b]) and calls the sink: slot(cursor, A fragments) for every slot, exception(cursor, row
- * in group, column, weight) for every entry of a block after its last slot, unit_end(cursor)
- * after a unit.  When a block starts, the warp loads the first 128 bytes of the block's exception
- * entries, a byte per lane and stride (real weights have about 0.2 % exceptions: 16 entries a
- * block, 48 bytes), so that the entries come out of registers by shuffles when the block ends,
- * long after the loads returned; a lane's entries past that window are read from global memory.
+ * Streams a warp's units batch by batch and calls the sink: slot(k, cursor, A) for slot k of the
+ * consumer's batch decoded to A fragments, fetch(k, s) for the row group's slot s that uses the
+ * sink's per-slot data of slot k next (two slots on: the sink loads x's fragments that early),
+ * exception(cursor, row in group, column, weight) for every entry of a block after its last slot
+ * of the unit, and unit_end(cursor) after a unit.
+ *
+ * The planes go through a ring of two sets of D entries in shared memory: at the top of each
+ * batch the warp starts cp.async copies of the next batch into the other set (a lane copies its
+ * 16 low bytes of each slot and 16 nibble bytes of every second slot), then waits for this
+ * batch's copies and decodes them, so that one batch is always in flight while one is decoded,
+ * in no registers, and no stall of the decoder delays a load.  A batch never crosses a block
+ * (units are multiples of 8 slots or whole row groups; D divides 8), so the per-block work is per
+ * batch: a batch that starts a block brings the block's hdr bytes (the lanes' entry counts) and
+ * bases[b], bases[b + 1] in its first entry; the warp sums the counts and loads the first kWindow
+ * bytes of the block's entry list, a word per lane (bases are 8-aligned; the window stops at
+ * bases[b + 1]), so that at the block's end a lane takes its entries out of it by two shuffles
+ * each, long after the loads returned; entries past the window (rare: real weights have about 16
+ * a block, 48 bytes) are read from global memory.  Slots past a unit's end in its last batch
+ * (only where a row's last block has fewer than D slots left) are not copied, and their decode
+ * is dropped.
  */
-template <class Sink>
-__device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows,
-                                          uint8_t *ring_mem, Sink &sink) {
+template <int D, class Sink>
+__device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint8_t *ring_mem,
+                                          Sink &sink) {
+  static_assert(8 % D == 0 && D >= 2, "a batch divides 8 slots");
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t nwarps = gridDim.x * kL2Warps, first = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
   const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_mem);
-  Cursor ld, c;
-  bool lv = ld.open(g, w, rows, first), cv = lv;
-  c = ld;
-  auto issue = [&](uint32_t k) {
-    const uint32_t dst = ring + k * kEntry;
-    cp_async16(dst + kLowOff + 16 * lane, ld.low);
-    if (lane < 16) {
-      cp_async16(dst + 16 * lane, ld.nib);
-    } else if (ld.s % 16 == 0 || ld.s == ld.s0) { /* a block starts, or the unit in one */
-      const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
-      if (lane < 18) cp_async16(dst + kHdrOff + 16 * (lane - 16), g.hdr + b * 32 + 16 * (lane - 16));
-      else if (lane == 18) cp_async8(dst + kBaseOff, g.bases + b);
-    }
-    ld.nib += 256, ld.low += 512;
-    if (++ld.s == ld.s_end) lv = ld.open(g, w, rows, ld.u + nwarps);
-  };
+  Cursor ld{}, c{};
+  /* The loader's batch into set `set` of the ring. */
+  auto issue = [&](uint32_t set) {
+    const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
+    const uint32_t dst = ring + set * D * kEntry, half = lane >> 4;
 #pragma unroll
-  for (uint32_t k = 0; k + 1 < kRing; k++) {
-    if (lv) issue(k);
+    for (int k = 0; k < D; k++) {
+      if (ld.s + k < ld.s_end) cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + (gs + k) * 512 + 16 * lane);
+      if (k % 2 == 0 && ld.s + k + half < ld.s_end)
+        cp_async16(dst + (k + half) * kEntry + 16 * (lane & 15u), g.nib + (gs + k + half) * 256 + 16 * (lane & 15u));
+    }
+    if (ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
+      const uint64_t b = ld.block(g);
+      if (lane < 30) cp_async16(dst + kHdrOff + 16 * (lane - 28), g.hdr + b * 32 + 16 * (lane - 28));
+      else cp_async8(dst + kBaseOff + 8 * (lane - 30), g.bases + b + (lane - 30));
+    }
     cp_commit();
-  }
+  };
+  ld.open(g, w, rows, blockIdx.x * kL2Warps + (threadIdx.x >> 5));
+  if (!ld.valid) return;
+  issue(0);
+  c = ld;
+  ld.next<D>(g, w, rows);
   /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  uint32_t kc = 0, kl = kRing - 1;
-  uint32_t ex_n = 0, ex_pre = 0, ex_win = 0; /* entries of the lane, of the lanes before; window */
-  const uint8_t *ex_p = nullptr;              /* the block's entries */
-  while (cv) {
-    cp_wait<kRing - 2>();
+  sink.fetch(0, c.s);
+  if (c.s + 1 < c.s_end) sink.fetch(1, c.s + 1);
+  ExList ex{0, 0, 0, nullptr};
+  for (uint32_t set = 0; c.valid; set ^= 1u) {
+    const Cursor nx = ld; /* the next batch, started now */
+    if (nx.valid) issue(set ^ 1u);
+    else cp_commit();
+    cp_wait<1>();
     __syncwarp();
-    const uint8_t *e = ring_mem + kc * kEntry;
-    if (c.s % 16 == 0 || c.s == c.s0) { /* a block (or the unit) starts: its exception entries */
-      ex_n = e[kHdrOff + lane];
-      ex_pre = warp_exclusive_sum(ex_n);
-      ex_p = g.data + *reinterpret_cast<const uint64_t *>(e + kBaseOff);
-      const uint32_t bytes = kEntryBytes * __shfl_sync(0xffffffffu, ex_pre + ex_n, 31);
-      ex_win = 0;
-#pragma unroll
-      for (uint32_t k = 0; k < 4; k++) /* window byte 32 k + lane: word lane has bytes 4 lane .. + 3 */
-        if (32 * k + lane < bytes) ex_win |= (uint32_t)__ldg(ex_p + 32 * k + lane) << (8 * k);
-      ex_win = gather_window(ex_win);
+    const uint8_t *e = ring_mem + set * D * kEntry;
+    if (c.block_start()) { /* the block's entries: counts summed, the window loaded */
+      const uint64_t b0 = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
+      const uint64_t b1 = *reinterpret_cast<const uint64_t *>(e + kBaseOff + 8);
+      ex.n = e[kHdrOff + lane], ex.pre = warp_exclusive_sum(ex.n), ex.p = g.data + b0;
+      ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
     }
-    uint32_t A[8];
-    decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + 8 * lane),
-                     *reinterpret_cast<const uint4 *>(e + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
-    sink.slot(c, A);
-    if (lv) issue(kl);
-    cp_commit();
-    kl = kl + 1 == kRing ? 0 : kl + 1;
-    kc = kc + 1 == kRing ? 0 : kc + 1;
-    const uint32_t next = c.s + 1;
+#pragma unroll
+    for (int k = 0; k < D; k++) {
+      uint32_t A[8];
+      decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane),
+                       *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
+      if (c.s + k < c.s_end) sink.slot(k, c, A);
+      if (k + 2 < D) {
+        if (c.s + k + 2 < c.s_end) sink.fetch(k, c.s + k + 2);
+      } else if (nx.valid && nx.s + (k + 2 - D) < nx.s_end) {
+        sink.fetch(k, nx.s + (k + 2 - D));
+      }
+    }
+    __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
+    if (nx.valid) ld.next<D>(g, w, rows);
+    const uint32_t next = min(c.s + D, c.s_end);
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
-      const uint32_t most = __reduce_max_sync(0xffffffffu, ex_n);
+      const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
       for (uint32_t k = 0; k < most; k++) {
-        const uint32_t at = kEntryBytes * (ex_pre + k); /* byte of the entry in the block's list */
-        const uint32_t w0 = __shfl_sync(0xffffffffu, ex_win, (at >> 2) & 31u);
-        const uint32_t w1 = __shfl_sync(0xffffffffu, ex_win, ((at >> 2) + 1) & 31u);
-        if (k >= ex_n) continue;
+        const uint32_t at = kEntryBytes * (ex.pre + k); /* byte of the entry in the block's list */
+        const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
+        const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
+        if (k >= ex.n) continue;
         uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-        if (at + kEntryBytes > 128) /* past the window */
-          ent = __ldg(ex_p + at) | (uint32_t)__ldg(ex_p + at + 1) << 8 | (uint32_t)__ldg(ex_p + at + 2) << 16;
+        if (at + kEntryBytes > kWindow) /* past the window */
+          ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (uint32_t)__ldg(ex.p + at + 2) << 16;
         const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
         if (sc >= lo && sc < hi) /* the unit's part of the block */
           sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j), (ent >> 8) & 0xffffu);
@@ -251,7 +276,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     }
     if (next == c.s_end) {
       sink.unit_end(g, w, c);
-      cv = c.open(g, w, rows, c.u + nwarps);
+      c.open(g, w, rows, c.u + gridDim.x * kL2Warps);
     } else {
       c.s = next;
     }
@@ -259,60 +284,53 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
   cp_wait<0>();
 }
 
-/* The matvec's sink for T tiles of B (up to NC = 8 T / 3 columns): mma per slot, exceptions times
+/* The matvec's sink for T tiles of B (up to 8 T / 3 columns): mma per slot, exceptions times
  * x on the CUDA cores, the unit's sums out.  red: the warp's unit-end table in shared memory. */
 template <int T>
 struct MatvecSink {
-  static constexpr int NC = 8 * T / kParts;
+  static constexpr int D = batch_of(T);
+  /* The unit-end table, a row per row of the group: B's 8 T columns (parts 3 n .. 3 n + 2 of x's
+   * column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
+   * 0..3: a lane adds its own entries' products there, no other lane touches them). */
+  static constexpr unsigned kRedEx = 8 * T, kRedCols = kRedEx + 4 * (8 * T / kParts);
+  /* Shared memory per warp: its ring, then its table. */
+  static constexpr unsigned kWarpSmem = ring_bytes<D>() + 16 * kRedCols * 4;
   const L2Matvec &a;
   float *red;
   float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
-  uint4 bn[T];        /* the B fragments of slot bn_s, loaded a slot ahead */
-  uint32_t bn_s = ~0u;
-  float s0[NC], s8[NC]; /* exception sums of rows r and r + 8, per column */
+  uint4 bn[2][T];     /* B fragments, loaded two slots ahead: slot k of a batch uses bn[k & 1] */
 
-  __device__ __forceinline__ MatvecSink(const L2Matvec &args, float *table) : a(args), red(table) { clear(); }
+  __device__ __forceinline__ MatvecSink(const L2Matvec &args, float *table) : a(args), red(table) {
+    const uint32_t lane = threadIdx.x & 31u;
+    for (uint32_t e = lane; e < 16 * (kRedCols - kRedEx); e += 32)
+      red[(e / (kRedCols - kRedEx)) * kRedCols + kRedEx + e % (kRedCols - kRedEx)] = 0.f;
+    __syncwarp();
+    clear();
+  }
   __device__ __forceinline__ void clear() {
 #pragma unroll
     for (int t = 0; t < T; t++)
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
-#pragma unroll
-    for (int n = 0; n < NC; n++) s0[n] = s8[n] = 0.f;
   }
-
-  /* The slot's B fragments come from the load the slot before made (a unit's first slot loads
-   * its own); this one loads the next slot's, so that an L2 round trip overlaps a slot's work. */
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) {
-    const uint4 *xs = a.xs + (threadIdx.x & 31u);
-    if (bn_s != c.s) load_b(xs, c.s);
-    uint4 b[T];
+  __device__ __forceinline__ void fetch(int k, uint32_t s) { /* the fragments of slot s into bn[k & 1] */
+    const uint4 *xs = a.xs + (uint64_t)s * T * 32 + (threadIdx.x & 31u);
 #pragma unroll
-    for (int t = 0; t < T; t++) b[t] = bn[t];
-    if (c.s + 1 < c.s_end) load_b(xs, c.s + 1);
+    for (int t = 0; t < T; t++) bn[k & 1][t] = __ldg(xs + 32 * t);
+  }
+  __device__ __forceinline__ void slot(int k, const Cursor &, const uint32_t A[8]) {
 #pragma unroll
     for (int t = 0; t < T; t++) {
-      mma_bf16(acc[t][0], A, b[t].x, b[t].y);
-      mma_bf16(acc[t][1], A + 4, b[t].z, b[t].w);
+      mma_bf16(acc[t][0], A, bn[k & 1][t].x, bn[k & 1][t].y);
+      mma_bf16(acc[t][1], A + 4, bn[k & 1][t].z, bn[k & 1][t].w);
     }
-  }
-  __device__ __forceinline__ void load_b(const uint4 *xs, uint32_t s) {
-#pragma unroll
-    for (int t = 0; t < T; t++) bn[t] = __ldg(xs + ((uint64_t)s * T + t) * 32);
-    bn_s = s;
   }
 
-  __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) {
+  /* An entry's weight times fp32 x, into the lane's own exception sums of its row. */
+  __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) const {
     const float wv = bf16_to_f32(w);
-    const bool upper = row >= 8;
-#pragma unroll
-    for (int n = 0; n < NC; n++) {
-      if ((uint32_t)n < a.ncols) {
-        const float p = wv * __ldg(a.x + n * a.ldx + col);
-        s0[n] += upper ? 0.f : p;
-        s8[n] += upper ? p : 0.f;
-      }
-    }
+    float *e = red + row * kRedCols + kRedEx + (threadIdx.x & 3u);
+    for (uint32_t n = 0; n < a.ncols; n++) e[4 * n] += wv * __ldg(a.x + n * a.ldx + col);
   }
 
   __device__ __forceinline__ void unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur);
@@ -325,41 +343,35 @@ struct MatvecSink {
   }
 };
 
-/* The unit's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) and each column's
- * exception sum at (row, kRedEx + n); then lanes add a column's three parts and its exceptions, in
- * that order, and write the rows (a whole row group) or the unit's partial sums. */
+/* The unit's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) beside the
+ * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
+ * parts and its four exception sums, in that order (clearing those for the next unit), and write
+ * the rows (a whole row group) or the unit's partial sums. */
 template <int T>
 __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  __syncwarp();
 #pragma unroll
   for (int t = 0; t < T; t++)
 #pragma unroll
     for (int i = 0; i < 4; i++) red[(r + 8 * (i >> 1)) * kRedCols + 8 * t + 2 * q + (i & 1)] = acc[t][0][i] + acc[t][1][i];
-#pragma unroll
-  for (int n = 0; n < NC; n++) {
-    float t0 = s0[n] + __shfl_xor_sync(0xffffffffu, s0[n], 1);
-    float t8 = s8[n] + __shfl_xor_sync(0xffffffffu, s8[n], 1);
-    t0 += __shfl_xor_sync(0xffffffffu, t0, 2);
-    t8 += __shfl_xor_sync(0xffffffffu, t8, 2);
-    if (q == 0) red[r * kRedCols + kRedEx + n] = t0, red[(r + 8) * kRedCols + kRedEx + n] = t8;
-  }
   clear();
   __syncwarp();
   float *p = a.part + (uint64_t)cur.u * 16 * NWC_K_MAX_COLS;
   for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
-    const float *v = red + row * kRedCols;
-    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + v[kRedEx + n];
+    float *v = red + row * kRedCols;
+    float *ex = v + kRedEx + 4 * n;
+    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + ((ex[0] + ex[1]) + (ex[2] + ex[3]));
+    ex[0] = ex[1] = ex[2] = ex[3] = 0.f;
     if (w.F == 1) { /* the unit is the whole row group: out directly */
       if (R < g.M) put(R, n, sum);
     } else {
       p[row * NWC_K_MAX_COLS + n] = sum;
     }
   }
+  __syncwarp();
   if (w.F == 1) return;
   __threadfence();
-  __syncwarp();
   uint32_t done = 0;
   if (lane == 0) done = atomicAdd(a.count + cur.grp, 1u) + 1;
   done = __shfl_sync(0xffffffffu, done, 0);
@@ -376,17 +388,18 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L
 
 template <int T>
 __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
+  using Sink = MatvecSink<T>;
   extern __shared__ uint4 smem[];
-  const uint32_t warp = threadIdx.x >> 5;
-  uint8_t *base = reinterpret_cast<uint8_t *>(smem);
-  MatvecSink<T> sink(a, reinterpret_cast<float *>(base + kL2Smem) + warp * 16 * kRedCols);
-  l2_stream(g, w, nullptr, base + warp * kRing * kEntry, sink);
+  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * Sink::kWarpSmem;
+  Sink sink(a, reinterpret_cast<float *>(mine + ring_bytes<Sink::D>()));
+  l2_stream<Sink::D>(g, w, nullptr, mine, sink);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
  * (gather: only the requested row, to out + k * K16), then the exceptions' weights over the +0
  * the planes gave them (the same lane, so in program order). */
 struct RowsSink {
+  static constexpr int D = 4;
   uint16_t *out;
   const uint64_t *rows; /* NULL: dequant */
   uint32_t M, K16, F;
@@ -397,8 +410,9 @@ struct RowsSink {
     const uint32_t k = c.u / F;
     return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
-  __device__ __forceinline__ void slot(const Cursor &c, const uint32_t A[8]) const {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * c.s + 8 * q;
+  __device__ __forceinline__ void fetch(int, uint32_t) const {}
+  __device__ __forceinline__ void slot(int k, const Cursor &c, const uint32_t A[8]) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * (c.s + k) + 8 * q;
     if (col >= K16) return;
     uint16_t *d0 = dst(c, r), *d8 = dst(c, r + 8);
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
@@ -411,9 +425,10 @@ struct RowsSink {
   __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
 };
 
-__global__ void __launch_bounds__(kL2Threads, kL2CtasPerSm) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
+__global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
   extern __shared__ uint4 smem[];
-  l2_stream(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * kRing * kEntry, sink);
+  l2_stream<RowsSink::D>(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>(),
+                         sink);
 }
 
 /* CTAs for a grid-striding kernel of kL2Threads on sms SMs: enough warps for the units, at most
@@ -511,7 +526,7 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, con
                             cudaStream_t stream) {
   int rc;
   if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kL2MatvecSmem))) < 0)
+                                             kL2Warps * MatvecSink<T>::kWarpSmem))) < 0)
     return rc;
   const uint32_t threads = max(g.S * T * 32, g.RB);
   l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T,
@@ -521,7 +536,7 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, con
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2MatvecSmem, cfg.stream = stream;
+  cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2Warps * MatvecSink<T>::kWarpSmem, cfg.stream = stream;
   cfg.attrs = pdl, cfg.numAttrs = 1;
   if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<T>, g, w, a))) < 0) return rc;
   return launch_status();
@@ -566,11 +581,11 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   RowsSink sink{out, rows, g.M, g.K16, g.CB};
   const int sms = sm_count();
   if (sms < 0) return sms;
-  const unsigned ctas = l2_ctas(w.units, sms, kL2CtasPerSm);
-  if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kL2Smem))) < 0)
+  const unsigned ctas = l2_ctas(w.units, sms, kRowsCtasPerSm);
+  constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
+  if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) < 0)
     return rc;
-  l2_rows_kernel<<<ctas, kL2Threads, kL2Smem, stream>>>(g, w, sink);
+  l2_rows_kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
   return launch_status();
 }
 

@@ -66,6 +66,20 @@ __device__ __forceinline__ void decode_bf16_slot(uint2 nib, uint4 low, uint32_t 
   }
 }
 
+/* A slot's planes are read once: loads that leave L1 to what is read again (x's fragments). */
+__device__ __forceinline__ uint2 ld_stream8(const uint8_t *p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t *p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 /* c += A B for one mma.m16n8k16 step: A the lane's 4 registers of a slot half, b0 b1 its B. */
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
