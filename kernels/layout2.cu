@@ -175,8 +175,8 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
 
 /*
  * Streams a warp's units batch by batch and calls the sink: slot(k, cursor, A) for slot k of the
- * consumer's batch decoded to A fragments, fetch(k, s) for the row group's slot s that uses the
- * sink's per-slot data of slot k next (two slots on: the sink loads x's fragments that early),
+ * consumer's batch decoded to A fragments, fetch(k, s) for slot k of the next batch, the row
+ * group's slot s, right after (the sink loads its per-slot data, x's fragments, a batch ahead),
  * exception(cursor, row in group, column, weight) for every entry of a block after its last slot
  * of the unit, and unit_end(cursor) after a unit.
  *
@@ -227,8 +227,9 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
   /* Launched as a dependent (the matvec, after l2_xfrag_kernel): everything below may read what
    * the grid before wrote.  A no-op otherwise. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  sink.fetch(0, c.s);
-  if (c.s + 1 < c.s_end) sink.fetch(1, c.s + 1);
+#pragma unroll
+  for (int k = 0; k < D; k++)
+    if (c.s + k < c.s_end) sink.fetch(k, c.s + k);
   ExList ex{0, 0, 0, nullptr};
   for (uint32_t set = 0; c.valid; set ^= 1u) {
     const Cursor nx = ld; /* the next batch, started now */
@@ -249,11 +250,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
       decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane),
                        *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
       if (c.s + k < c.s_end) sink.slot(k, c, A);
-      if (k + 2 < D) {
-        if (c.s + k + 2 < c.s_end) sink.fetch(k, c.s + k + 2);
-      } else if (nx.valid && nx.s + (k + 2 - D) < nx.s_end) {
-        sink.fetch(k, nx.s + (k + 2 - D));
-      }
+      if (nx.valid && nx.s + k < nx.s_end) sink.fetch(k, nx.s + k);
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
     if (nx.valid) ld.next<D>(g, w, rows);
@@ -298,7 +295,7 @@ struct MatvecSink {
   const L2Matvec &a;
   float *red;
   float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
-  uint4 bn[2][T];     /* B fragments, loaded two slots ahead: slot k of a batch uses bn[k & 1] */
+  uint4 bn[D][T];     /* B fragments of the batch's slots, loaded a batch ahead */
 
   __device__ __forceinline__ MatvecSink(const L2Matvec &args, float *table) : a(args), red(table) {
     const uint32_t lane = threadIdx.x & 31u;
@@ -313,16 +310,20 @@ struct MatvecSink {
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
   }
-  __device__ __forceinline__ void fetch(int k, uint32_t s) { /* the fragments of slot s into bn[k & 1] */
-    const uint4 *xs = a.xs + (uint64_t)s * T * 32 + (threadIdx.x & 31u);
+  /* The fragments of slot s into bn[k]; a lane whose B columns hold no part of x (column
+   * 8 t + n >= 3 ncols) keeps zeros and loads nothing, so that L1 holds only x's real parts. */
+  __device__ __forceinline__ void fetch(int k, uint32_t s) {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint4 *xs = a.xs + (uint64_t)s * T * 32 + lane;
 #pragma unroll
-    for (int t = 0; t < T; t++) bn[k & 1][t] = __ldg(xs + 32 * t);
+    for (int t = 0; t < T; t++)
+      bn[k][t] = 8 * t + (lane >> 2) < kParts * a.ncols ? __ldg(xs + 32 * t) : make_uint4(0, 0, 0, 0);
   }
   __device__ __forceinline__ void slot(int k, const Cursor &, const uint32_t A[8]) {
 #pragma unroll
     for (int t = 0; t < T; t++) {
-      mma_bf16(acc[t][0], A, bn[k & 1][t].x, bn[k & 1][t].y);
-      mma_bf16(acc[t][1], A + 4, bn[k & 1][t].z, bn[k & 1][t].w);
+      mma_bf16(acc[t][0], A, bn[k][t].x, bn[k][t].y);
+      mma_bf16(acc[t][1], A + 4, bn[k][t].z, bn[k][t].w);
     }
   }
 
@@ -521,12 +522,27 @@ int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
   return (int64_t)L2Scratch(g, w, T).total;
 }
 
+/* Lets kernel use smem bytes of dynamic shared memory per CTA and asks for the smallest shared
+ * memory carveout that holds ctas_per_sm such CTAs, so that the rest of the SM's 256 KB stays L1
+ * (x's fragments are read from L1 by every warp; the driver's default carveout, all shared
+ * memory, left them to L2's latency). */
+template <class K>
+static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
+  int dev = 0, most = 0, rc;
+  if ((rc = cuda_status(cudaGetDevice(&dev))) < 0 ||
+      (rc = cuda_status(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev))) < 0 ||
+      (rc = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) < 0)
+    return rc;
+  const unsigned need = ctas_per_sm * (smem + 1024); /* the driver reserves 1 KB per CTA */
+  const int percent = most > 0 ? (int)min(100u, (100u * need + (unsigned)most - 1) / (unsigned)most) : 100;
+  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+}
+
 template <int T>
 static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, const L2Matvec &a,
                             cudaStream_t stream) {
   int rc;
-  if ((rc = cuda_status(cudaFuncSetAttribute(l2_matvec_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kL2Warps * MatvecSink<T>::kWarpSmem))) < 0)
+  if ((rc = set_smem(l2_matvec_kernel<T>, kL2Warps * MatvecSink<T>::kWarpSmem, matvec_ctas_per_sm(T))) < 0)
     return rc;
   const uint32_t threads = max(g.S * T * 32, g.RB);
   l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T,
@@ -583,8 +599,7 @@ int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *o
   if (sms < 0) return sms;
   const unsigned ctas = l2_ctas(w.units, sms, kRowsCtasPerSm);
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
-  if ((rc = cuda_status(cudaFuncSetAttribute(l2_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) < 0)
-    return rc;
+  if ((rc = set_smem(l2_rows_kernel, smem, kRowsCtasPerSm)) < 0) return rc;
   l2_rows_kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
   return launch_status();
 }
