@@ -21,12 +21,13 @@
  * 3.5 KB table per warp in shared memory; at the unit's end the warp sums each column's three
  * parts and its exceptions through that table.
  *
- * A unit that is a whole row group writes its rows.  Parts of a row group are summed without
- * atomics on values: each writes its 16 x ncols partial sums to scratch, then counts itself in
- * its row group's counter; the part that completes the count adds the row group's partial sums
- * in part order (so the result does not depend on scheduling), applies scale and bias and writes
- * fp32 and/or BF16.  Scratch (L2Scratch): RB counters (zeroed by l2_xfrag_kernel), units x 16 x
- * NWC_K_MAX_COLS floats of partial sums, x's fragments.
+ * A unit that is a whole row group writes its rows.  Parts of a row group write their 16 x ncols
+ * partial sums to scratch, and l2_finish_kernel, the matvec's programmatic dependent, adds each
+ * row's parts in part order (so the result does not depend on scheduling), applies scale and
+ * bias and writes fp32 and/or BF16.  (The parts counted themselves in a counter per row group
+ * and the last added them, behind a __threadfence per unit: the fence waited for the warp's
+ * copies in flight, a tenth of the stall samples on 28672 x 4096, docs/results.md.)  Scratch
+ * (L2Scratch): units x 16 x NWC_K_MAX_COLS floats of partial sums, x's fragments.
  *
  * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
@@ -49,8 +50,8 @@ namespace {
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
 constexpr unsigned kL2CtasPerSm = 3;   /* <= 85 registers */
 constexpr unsigned kRowsCtasPerSm = 4; /* dequant and gather: <= 64 registers */
-/* CTAs per SM of the matvec with T tiles: two or three tiles need more than 85 registers. */
-__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 1 ? kL2CtasPerSm : 2; }
+/* CTAs per SM of the matvec with T tiles: three tiles need more than 85 registers. */
+__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 3 ? 2 : kL2CtasPerSm; }
 /* Slots a warp has in flight: its batch of D slots is loaded while the batch before is decoded. */
 __host__ __device__ constexpr int batch_of(unsigned T) { return T == 1 ? 4 : 2; }
 constexpr unsigned kParts = 3; /* x = hi + mid + lo */
@@ -67,7 +68,6 @@ struct L2Matvec {
   const float *scale, *bias;
   float *y;
   uint16_t *y_bf16;
-  uint32_t *count;  /* RB counters (F > 1) */
   float *part;      /* units x 16 x NWC_K_MAX_COLS partial sums (F > 1) */
   const uint4 *xs;  /* x's B fragments (l2_xfrag_kernel) */
 };
@@ -87,13 +87,12 @@ __device__ __forceinline__ void split3(float v0, float v1, uint32_t p[3]) {
 /* x's B fragments, once per call: for slot s, tile t, lane (n, q) of the mma, column 8 t + n of B
  * is part p = (8 t + n) % 3 of x's column c = (8 t + n) / 3 (zero for c >= ncols), and the lane
  * holds that part of x[c][32 s + 8 q .. 32 s + 8 q + 7] (zero from K on) as one uint4: b0, b1 of
- * mma step 0, then of step 1, at xs[(s T + t) 32 + lane]; and the row groups' counters set to
- * zero.  The matvec is launched as its programmatic dependent: it loads its first planes while
- * this runs and waits for this grid (griddepcontrol) before it reads xs or the counters. */
+ * mma step 0, then of step 1, at xs[(s T + t) 32 + lane].  The matvec is launched as its
+ * programmatic dependent: it loads its first planes while this runs and waits for this grid
+ * (griddepcontrol) before it reads xs. */
 __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32_t S, uint32_t ncols, uint32_t T,
-                                uint4 *xs, uint32_t *count, uint32_t RB) {
+                                uint4 *xs) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < RB) count[i] = 0;
   if (i < S * T * 32) {
     const uint32_t lane = i & 31u, q = lane & 3u, st = i >> 5, s = st / T, t = st - s * T;
     const uint32_t N = 8 * t + (lane >> 2), c = N / kParts, part = N - c * kParts, col = 32 * s + 8 * q;
@@ -159,6 +158,14 @@ struct Cursor {
   __device__ __forceinline__ uint64_t block(const L2Geom &g) const { return (uint64_t)grp * g.CB + s / 16; }
 };
 
+/* Up to kExGroup of a lane's exception entries, applied together (the matvec's loads of x for them
+ * in flight at once): row in the group, column, weight, and whether the entry is one. */
+constexpr uint32_t kExGroup = 4;
+struct ExGroup {
+  uint32_t row[kExGroup], col[kExGroup], w[kExGroup];
+  bool ok[kExGroup];
+};
+
 /* A block's exception entries as the warp holds them: the lane's count and the count of the
  * lanes before it, the list, and its first kWindow bytes (word `lane` of them per lane). */
 struct ExList {
@@ -177,8 +184,8 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
  * Streams a warp's units batch by batch and calls the sink: slot(k, cursor, A) for slot k of the
  * consumer's batch decoded to A fragments, fetch(k, s) for slot k of the next batch, the row
  * group's slot s, right after (the sink loads its per-slot data, x's fragments, a batch ahead),
- * exception(cursor, row in group, column, weight) for every entry of a block after its last slot
- * of the unit, and unit_end(cursor) after a unit.
+ * exceptions(cursor, group) for the entries of a block after its last slot of the unit, a group
+ * of each lane's at a time in entry order, and unit_end(cursor) after a unit.
  *
  * The planes go through a ring of two sets of D entries in shared memory: at the top of each
  * batch the warp starts cp.async copies of the next batch into the other set (a lane copies its
@@ -258,17 +265,22 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the unit) ends: apply its entries */
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
-      for (uint32_t k = 0; k < most; k++) {
-        const uint32_t at = kEntryBytes * (ex.pre + k); /* byte of the entry in the block's list */
-        const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
-        const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
-        if (k >= ex.n) continue;
-        uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-        if (at + kEntryBytes > kWindow) /* past the window */
-          ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (uint32_t)__ldg(ex.p + at + 2) << 16;
-        const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
-        if (sc >= lo && sc < hi) /* the unit's part of the block */
-          sink.exception(c, frag_row(r, j), NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j), (ent >> 8) & 0xffffu);
+      for (uint32_t k0 = 0; k0 < most; k0 += kExGroup) { /* kExGroup entries a lane at a time */
+        ExGroup eg;
+#pragma unroll
+        for (uint32_t i = 0; i < kExGroup; i++) {
+          const uint32_t k = k0 + i, at = kEntryBytes * (ex.pre + k); /* the entry's byte in the list */
+          const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
+          const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
+          uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
+          if (k < ex.n && at + kEntryBytes > kWindow) /* past the window */
+            ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (uint32_t)__ldg(ex.p + at + 2) << 16;
+          const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
+          eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the unit's part of the block */
+          eg.row[i] = frag_row(r, j), eg.col[i] = NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j);
+          eg.w[i] = (ent >> 8) & 0xffffu;
+        }
+        sink.exceptions(c, eg);
       }
     }
     if (next == c.s_end) {
@@ -327,22 +339,29 @@ struct MatvecSink {
     }
   }
 
-  /* An entry's weight times fp32 x, into the lane's own exception sums of its row. */
-  __device__ __forceinline__ void exception(const Cursor &, uint32_t row, uint32_t col, uint32_t w) const {
-    const float wv = bf16_to_f32(w);
-    float *e = red + row * kRedCols + kRedEx + (threadIdx.x & 3u);
-    for (uint32_t n = 0; n < a.ncols; n++) e[4 * n] += wv * __ldg(a.x + n * a.ldx + col);
+  /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
+   * entry order; a column's x values for the group are loaded before any is used. */
+  __device__ __forceinline__ void exceptions(const Cursor &, const ExGroup &eg) const {
+    for (uint32_t n = 0; n < a.ncols; n++) {
+      float xv[kExGroup];
+#pragma unroll
+      for (uint32_t i = 0; i < kExGroup; i++) xv[i] = eg.ok[i] ? __ldg(a.x + n * a.ldx + eg.col[i]) : 0.f;
+#pragma unroll
+      for (uint32_t i = 0; i < kExGroup; i++)
+        if (eg.ok[i]) red[eg.row[i] * kRedCols + kRedEx + 4 * n + (threadIdx.x & 3u)] += bf16_to_f32(eg.w[i]) * xv[i];
+    }
   }
 
   __device__ __forceinline__ void unit_end(const L2Geom &g, const L2Work &w, const Cursor &cur);
 
-  /* Row R of column n from its sum: scaled, biased, fp32 and/or BF16 (the kernels' one rounding). */
-  __device__ __forceinline__ void put(uint32_t R, uint32_t n, float sum) const {
-    const float v = sum * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
-    if (a.y) a.y[n * a.ldy + R] = v;
-    if (a.y_bf16) a.y_bf16[n * a.ldy + R] = bf16_rne(v);
-  }
 };
+
+/* Row R of column n from its sum: scaled, biased, fp32 and/or BF16 (the kernels' one rounding). */
+__device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t n, float sum) {
+  const float v = sum * (a.scale ? a.scale[R] : 1.f) + (a.bias ? a.bias[R] : 0.f);
+  if (a.y) a.y[n * a.ldy + R] = v;
+  if (a.y_bf16) a.y_bf16[n * a.ldy + R] = bf16_rne(v);
+}
 
 /* The unit's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) beside the
  * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
@@ -365,26 +384,12 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L
     const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + ((ex[0] + ex[1]) + (ex[2] + ex[3]));
     ex[0] = ex[1] = ex[2] = ex[3] = 0.f;
     if (w.F == 1) { /* the unit is the whole row group: out directly */
-      if (R < g.M) put(R, n, sum);
+      if (R < g.M) put_row(a, R, n, sum);
     } else {
       p[row * NWC_K_MAX_COLS + n] = sum;
     }
   }
   __syncwarp();
-  if (w.F == 1) return;
-  __threadfence();
-  uint32_t done = 0;
-  if (lane == 0) done = atomicAdd(a.count + cur.grp, 1u) + 1;
-  done = __shfl_sync(0xffffffffu, done, 0);
-  if (done != w.F) return;
-  __threadfence();
-  const float *base = a.part + (uint64_t)cur.grp * w.F * 16 * NWC_K_MAX_COLS;
-  for (uint32_t e = lane; e < 16 * a.ncols; e += 32) {
-    const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
-    float sum = 0.f;
-    for (uint32_t k = 0; k < w.F; k++) sum += __ldcg(base + ((uint64_t)k * 16 + row) * NWC_K_MAX_COLS + n);
-    if (R < g.M) put(R, n, sum);
-  }
 }
 
 template <int T>
@@ -392,8 +397,24 @@ __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_k
   using Sink = MatvecSink<T>;
   extern __shared__ uint4 smem[];
   uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * Sink::kWarpSmem;
+  /* l2_finish_kernel (parts of row groups) may be launched now: its CTAs wait for this grid. */
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   Sink sink(a, reinterpret_cast<float *>(mine + ring_bytes<Sink::D>()));
   l2_stream<Sink::D>(g, w, nullptr, mine, sink);
+}
+
+/* The rows of row groups cut into F parts: thread i makes row R = i % M of column n = i / M from
+ * its F partial sums, added in part order.  Launched as the matvec's programmatic dependent: it
+ * waits for that grid's end (and its writes) before it reads them. */
+__global__ void l2_finish_kernel(L2Matvec a, uint32_t M, uint32_t F) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (uint64_t)M * a.ncols) return;
+  const uint32_t n = (uint32_t)(i / M), R = (uint32_t)(i - (uint64_t)n * M);
+  const float *p = a.part + ((uint64_t)(R / 16) * F * 16 + R % 16) * NWC_K_MAX_COLS + n;
+  float sum = 0.f;
+  for (uint32_t k = 0; k < F; k++) sum += p[(uint64_t)k * 16 * NWC_K_MAX_COLS];
+  put_row(a, R, n, sum);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
@@ -419,9 +440,12 @@ struct RowsSink {
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
     if (d8) *reinterpret_cast<uint4 *>(d8 + col) = make_uint4(A[1], A[3], A[5], A[7]);
   }
-  __device__ __forceinline__ void exception(const Cursor &c, uint32_t row, uint32_t col, uint32_t w) const {
-    uint16_t *d = dst(c, row);
-    if (d) d[col] = (uint16_t)w;
+  __device__ __forceinline__ void exceptions(const Cursor &c, const ExGroup &eg) const {
+#pragma unroll
+    for (uint32_t i = 0; i < kExGroup; i++) {
+      uint16_t *d = eg.ok[i] ? dst(c, eg.row[i]) : nullptr;
+      if (d) d[eg.col[i]] = (uint16_t)eg.w[i];
+    }
   }
   __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
 };
@@ -501,14 +525,13 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 /* B's tiles for ncols columns of x: 3 ncols columns of B, 8 a tile. */
 static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
 
-/* Scratch: the counters (RB words, to 16 bytes), the partial sums (units x 16 x NWC_K_MAX_COLS
- * floats), x's
- * B fragments (S x T tiles x 32 lanes x 16 bytes). */
+/* Scratch: the partial sums (units x 16 x NWC_K_MAX_COLS floats, F > 1), x's B fragments (S x T
+ * tiles x 32 lanes x 16 bytes). */
 struct L2Scratch {
   uint64_t part, xs, total;
   L2Scratch(const L2Geom &g, const L2Work &w, unsigned T) {
-    part = ((uint64_t)g.RB * 4 + 15) / 16 * 16;
-    xs = part + (uint64_t)w.units * 16 * NWC_K_MAX_COLS * 4;
+    part = 0;
+    xs = w.F > 1 ? (uint64_t)w.units * 16 * NWC_K_MAX_COLS * 4 : 0;
     total = xs + (uint64_t)g.S * T * 32 * 16;
   }
 };
@@ -544,9 +567,8 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, con
   int rc;
   if ((rc = set_smem(l2_matvec_kernel<T>, kL2Warps * MatvecSink<T>::kWarpSmem, matvec_ctas_per_sm(T))) < 0)
     return rc;
-  const uint32_t threads = max(g.S * T * 32, g.RB);
-  l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T,
-                                                              const_cast<uint4 *>(a.xs), a.count, g.RB);
+  const uint32_t threads = g.S * T * 32;
+  l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T, const_cast<uint4 *>(a.xs));
   if ((rc = launch_status()) < 0) return rc;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -555,6 +577,10 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, con
   cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2Warps * MatvecSink<T>::kWarpSmem, cfg.stream = stream;
   cfg.attrs = pdl, cfg.numAttrs = 1;
   if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<T>, g, w, a))) < 0) return rc;
+  if ((rc = launch_status()) < 0 || w.F == 1) return rc;
+  const uint64_t outs = (uint64_t)g.M * a.ncols;
+  cfg.gridDim = dim3((unsigned)((outs + 255) / 256)), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = 0;
+  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_finish_kernel, a, g.M, w.F))) < 0) return rc;
   return launch_status();
 }
 
@@ -577,7 +603,6 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
   a.y = y, a.y_bf16 = y_bf16;
   const L2Scratch sc(g, w, T);
-  a.count = static_cast<uint32_t *>(scratch);
   a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + sc.part);
   a.xs = reinterpret_cast<const uint4 *>(static_cast<uint8_t *>(scratch) + sc.xs);
   if (T == 1) return launch_l2_matvec<1>(g, w, ctas, a, stream);
