@@ -59,6 +59,7 @@ constexpr unsigned kParts = 3; /* x = hi + mid + lo */
 /* How the row groups are cut into units of work: F parts of `per` slots each (a multiple of 8). */
 struct L2Work {
   uint32_t units, F, per;
+  uint32_t first; /* the row group of unit 0 (a range of rows: dequant of a row range) */
 };
 
 struct L2Matvec {
@@ -135,7 +136,7 @@ struct Cursor {
       }
       const uint32_t k = unit / w.F;
       if (!rows) {
-        grp = k;
+        grp = w.first + k;
         break;
       }
       const uint64_t R = rows[k];
@@ -422,13 +423,13 @@ __global__ void l2_finish_kernel(L2Matvec a, uint32_t M, uint32_t F) {
  * the planes gave them (the same lane, so in program order). */
 struct RowsSink {
   static constexpr int D = 4;
-  uint16_t *out;
-  const uint64_t *rows; /* NULL: dequant */
-  uint32_t M, K16, F;
+  uint16_t *out;        /* dequant: row row0 of the range; gather: the first requested row */
+  const uint64_t *rows; /* NULL: dequant of rows [row0, end) */
+  uint32_t row0, end, K16, F;
 
   /* Where row `row` of the cursor's group goes, or NULL. */
   __device__ __forceinline__ uint16_t *dst(const Cursor &c, uint32_t row) const {
-    if (!rows) return 16 * c.grp + row < M ? out + (uint64_t)(16 * c.grp + row) * K16 : nullptr;
+    if (!rows) return 16 * c.grp + row < end ? out + (uint64_t)(16 * c.grp + row - row0) * K16 : nullptr;
     const uint32_t k = c.u / F;
     return rows[k] % 16 == row ? out + (uint64_t)k * K16 : nullptr;
   }
@@ -471,7 +472,7 @@ unsigned l2_ctas(uint64_t units, int sms, unsigned per_sm) {
 int l2_work(const L2Geom &g, int sms, unsigned per_sm, L2Work *w) {
   const double warps = (double)sms * per_sm * kL2Warps;
   if (g.RB >= warps) {
-    w->per = g.S, w->F = 1, w->units = g.RB;
+    w->per = g.S, w->F = 1, w->units = g.RB, w->first = 0;
     return 0;
   }
   double best = 0;
@@ -481,7 +482,7 @@ int l2_work(const L2Geom &g, int sms, unsigned per_sm, L2Work *w) {
       const double units = (double)g.RB * F, busy = units / (ceil(units / warps) * warps);
       if (pass == 0 && busy > best) best = busy;
       if (pass == 1 && busy >= 0.97 * best) {
-        w->per = per, w->F = F, w->units = g.RB * F;
+        w->per = per, w->F = F, w->units = g.RB * F, w->first = 0;
         return 0;
       }
     }
@@ -610,23 +611,41 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   return launch_l2_matvec<3>(g, w, ctas, a, stream);
 }
 
+/* Dequant or gather: a unit per block of `groups` row groups from `first` (dequant) or per block
+ * of each of n requested rows (gather). */
+static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
+                       cudaStream_t stream) {
+  const uint64_t units = (sink.rows ? n : groups) * g.CB;
+  if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
+  const L2Work w{(uint32_t)units, g.CB, 16, first};
+  const int sms = sm_count();
+  if (sms < 0) return sms;
+  const unsigned ctas = l2_ctas(w.units, sms, kRowsCtasPerSm);
+  constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
+  int rc;
+  if ((rc = set_smem(l2_rows_kernel, smem, kRowsCtasPerSm)) < 0) return rc;
+  l2_rows_kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
+  return launch_status();
+}
+
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
   L2Geom g;
   int rc = l2_geom_of(t, &g);
   if (rc < 0) return rc;
   if (!out || (uintptr_t)out % 16) return -EINVAL;
   if (rows && n == 0) return 0;
-  const uint64_t units = (rows ? n : g.RB) * g.CB; /* a unit per block (and requested row) */
-  if (units >= (UINT64_C(1) << 31)) return -EOVERFLOW;
-  L2Work w{(uint32_t)units, g.CB, 16};
-  RowsSink sink{out, rows, g.M, g.K16, g.CB};
-  const int sms = sm_count();
-  if (sms < 0) return sms;
-  const unsigned ctas = l2_ctas(w.units, sms, kRowsCtasPerSm);
-  constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
-  if ((rc = set_smem(l2_rows_kernel, smem, kRowsCtasPerSm)) < 0) return rc;
-  l2_rows_kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
-  return launch_status();
+  return launch_rows(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16, g.CB}, n, stream);
+}
+
+int l2_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
+  L2Geom g;
+  int rc = l2_geom_of(t, &g);
+  if (rc < 0) return rc;
+  if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
+  if (nrows == 0) return 0;
+  const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
+  return launch_rows(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16, g.CB},
+                     0, stream);
 }
 
 } /* namespace nwc_k */
