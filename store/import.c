@@ -135,6 +135,8 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   free(im.wq);
   for (unsigned k = 0; im.slots && k < im.nslots; k++) free(im.slots[k].p);
   free(im.slots);
+  for (int k = 0; k < 2; k++) free(im.pack[k].p);
+  free(im.pack_jobs);
   return rc;
 }
 
