@@ -374,7 +374,8 @@ int nwc__imp_encode_all(imp *im) {
   }
   if (nt > NWC__MAX_THREADS) nt = NWC__MAX_THREADS;
   im->nslots = nt * SLOTS_PER_THREAD;
-  im->wq_cap = im->nslots + 2 * (size_t)nt + 2; /* every buffer's write at once */
+  im->wq_cap = im->nslots + 2 * (size_t)nt + 4; /* every buffer's write at once (the two
+                                                   runs of packed blobs' too) */
   im->order = malloc(im->njobs * sizeof *im->order);
   im->wq = malloc(im->wq_cap * sizeof *im->wq);
   im->slots = calloc(im->nslots, sizeof *im->slots);
