@@ -13,7 +13,9 @@
  *       blob are zeros (no neighbour's bytes reach a client);
  *   (c) verify passes; a byte flipped in a packed blob that shares its page is found by verify
  *       naming that tensor and no other; once evicted, that tensor fails to load naming itself
- *       while its neighbours in the page still read back exactly.
+ *       while its neighbours in the page still read back exactly;
+ *   (d) under a budget of 16 pages, where loads go into the pages of evicted copies (spares),
+ *       maps still show zeros past their blobs, never the bytes of the tensor a page held before.
  * Shapes, dtypes and the flipped byte come from the printed seed.
  */
 #include "test_daemon_util.h"
@@ -227,6 +229,29 @@ int main(void) {
   if (fd >= 0) close(fd);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "nwcd did not stop cleanly");
+
+  /* (d) spares: dequants of a few tensors fill the budget and evict each other (never mapped,
+   * so their pages are kept for later loads), then maps of others load into those pages. */
+  const char *small[] = {"--budget", "65536", NULL};
+  d = td_start_daemon(small);
+  CHECK(d > 0, "nwcd --budget 65536 did not start");
+  c = NULL;
+  if (d > 0) CHECK_RC(nwc_client_connect(td_sock, &c));
+  for (int round = 0; c && round < 20 && test_failures < 10; round++) {
+    for (int i = 0; i < 24; i++) {
+      const tt *a = by[test_below(n)];
+      if (a->info.length >= 65536 || (k > 0 && a == by[k])) continue; /* by[k]: flipped */
+      uint64_t nn = a->rows * a->cols;
+      uint16_t *got = malloc(nn * 2);
+      CHECK_RC(nwc_client_dequant(c, "pack", a->name, NWC_CLIENT_BF16, got, nn * 2, NULL, NULL,
+                                  NULL));
+      free(got);
+    }
+    const tt *m = by[test_below(n)];
+    if (m->info.length < 65536 && (k == 0 || m != by[k])) check_reads(c, m);
+  }
+  nwc_client_free(c);
+  if (d > 0) CHECK(td_stop_daemon(d) == 0, "nwcd --budget 65536 did not stop cleanly");
   if (test_failures) td_show_log();
   td_cleanup();
   for (unsigned i = 0; i < n; i++) free(t[i].want), free(t[i].src);
