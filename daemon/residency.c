@@ -29,7 +29,8 @@
  * raised to the hard one at start, and mappings are capped (MAX_MAPS).
  *
  * Invariants (all under r->lock):
- *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
+ *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always (a host copy's
+ *     length is its blob's rounded up to whole pages, the memory it holds): room is made
  *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
  *     not pinned) before an entry enters LOADING, and the reservation is returned if the load
  *     fails.  The backend's spare host copies (evicted by LRU, never shared: kept for the
