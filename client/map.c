@@ -49,7 +49,7 @@ static int map_memfd(int fd, uint64_t size, void **base) {
   if (fstat(fd, &st) < 0 || seals < 0 || (seals & need) != need ||
       !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
     return nwc__client_fail(-EPERM, "the tensor's memfd is not sealed against writes and resizing");
-  if (size < 4096 || size % 4096 || (uint64_t)st.st_size < size) /* blobs are whole pages */
+  if (size < 4096 || size % 4096 || (uint64_t)st.st_size < size) /* copies are whole pages */
     return nwc__client_fail(-EBADMSG,
                             "the reply's size %llu is not whole pages within the tensor's memfd "
                             "of %lld bytes",

@@ -15,7 +15,9 @@
  *
  * Spares: a copy freed (evicted by LRU) that was never shared has had no reader but this process, so
  * host_free keeps it, mapped, populated and locked, and the next host_load of at most its size
- * takes the smallest such spare, cuts it to its length (ftruncate frees the rest) and loads the
+ * takes the smallest such spare, cuts it to its length (ftruncate frees the rest), zeros what the
+ * blob leaves of its last page (a packed blob's length is a multiple of 64, not of 4096: the old
+ * copy's bytes there must not reach a client that maps the new one) and loads the
  * new blob straight into its existing pages (nwcd_load, zero copy) through a second, writable
  * mapping made at its first reuse: a reload makes no page and copies each byte once.  That
  * mapping is unmapped before the seal, so the write seal still finds no writable mapping.  A
@@ -35,6 +37,7 @@
 
 #include "nwc_error.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -115,10 +118,12 @@ static bool spare_take(size_t len, host_buf *out) {
   return got;
 }
 
-/* A spare cut to len bytes (its tail unmapped, then truncated away: those pages freed), with
- * a writable mapping of its populated pages for the loader (made at its first reuse, kept while
- * it is not shared); without one (mmap failed) the loader writes it with pwrite. */
-static int spare_cut(host_buf *b, size_t len) {
+/* A spare cut to len bytes (its tail unmapped, then truncated away: those pages freed) for a
+ * blob of used bytes (the zeros after it in its last page written here), with a writable mapping
+ * of its populated pages for the loader (made at its first reuse, kept while it is not shared);
+ * without one (mmap failed) the loader writes it with pwrite. */
+static int spare_cut(host_buf *b, size_t len, size_t used) {
+  static const uint8_t zeros[4096];
   if (b->len != len) {
     munmap((uint8_t *)b->p + len, b->len - len);
     if (b->w) munmap((uint8_t *)b->w + len, b->len - len);
@@ -126,6 +131,9 @@ static int spare_cut(host_buf *b, size_t len) {
     NWC_RETURN_IF(ftruncate(b->fd, (off_t)len) < 0, -errno, "truncating a spare memfd: %s",
                   strerror(errno));
   }
+  assert(len - used < sizeof zeros); /* len is used rounded up to a page (host_len) */
+  NWC_RETURN_IF(pwrite(b->fd, zeros, len - used, (off_t)used) < 0, -errno,
+                "zeroing the end of a spare memfd: %s", strerror(errno));
   if (!b->w) {
     void *w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, b->fd, 0);
     b->w = w == MAP_FAILED ? NULL : w;
@@ -193,7 +201,7 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
   bool reused = spare_take(len, &b);
   int rc = 0;
   if (reused) {
-    rc = spare_cut(&b, len);
+    rc = spare_cut(&b, len, ti->length);
   } else if ((b.fd = memfd_create("nwc-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0) {
     rc = nwc__fail(-errno, "no memfd for %s/%s: %s", ti->model, ti->name, strerror(errno));
   } else if (b.len = len, ftruncate(b.fd, (off_t)len) < 0) {

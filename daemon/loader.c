@@ -42,7 +42,10 @@
  * in CPU time on the sample model, whose tensors are 4 KiB to 3 MiB) and an uncached one goes
  * to io_uring's workers, still several in flight; what they leave in the page cache is small,
  * and the bytes of a large model are in larger tensors, which take the path above.
- * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.  A load with
+ * NWCD_LOAD_DIRECT skips the probe; NWCD_LOAD_BUFFERED uses no O_DIRECT at all.  A packed blob
+ * (docs/store.md: one of the small blobs that share pages, its offset or length not a multiple of
+ * 4096) is read buffered in every mode, exactly its bytes: O_DIRECT could only read whole pages,
+ * its neighbours' bytes with it, and it is smaller than NWC_STORE_PACK_MAX.  A load with
  * nwcd_load_opts.split (an offer to a crew of lanes, crew.c) claims each read before it starts
  * and ends where the crew's helpers took the rest of the blob over.
  *
@@ -61,8 +64,9 @@
  * checked again by the submitter, whose thread-local detail then names the chunk.
  *
  * Once the load has failed nothing new is submitted; what is in flight is reaped (and ring slots
- * taken back) before returning.  Invariants: blob offsets and lengths are multiples of 4096 (the
- * store guarantees it) and destinations are 4096-aligned, so every read is O_DIRECT-legal; a
+ * taken back) before returning.  Invariants: an O_DIRECT read is of a blob whose offset and length
+ * are multiples of 4096 (the store's large blobs; packed ones are read buffered) into a
+ * 4096-aligned destination, so every O_DIRECT read is legal; a
  * chunk is checked only after all of its bytes arrived; progress counts checked bytes only, so
  * it is monotonic and ends at the blob's length; nwcd_load and nwcd_ring_load return only with
  * no read in flight and, for a ring, every slot back from the sink, except that a queued ring
@@ -572,10 +576,12 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
     atomic_store(&auto_checkers, c < CHECKERS_MAX ? c : CHECKERS_MAX);
   }
   L->checkers = o->checkers ? o->checkers : atomic_load(&auto_checkers);
-  NWC_RETURN_IF(!ti->length || ti->length % PAGE || ti->offset % PAGE || !L->cs || L->cs % PAGE ||
+  NWC_RETURN_IF(!ti->length || ti->length % NWC_STORE_PACK_ALIGN ||
+                    ti->offset % NWC_STORE_PACK_ALIGN || !L->cs || L->cs % PAGE ||
                     ti->nchunks != (ti->length + L->cs - 1) / L->cs,
-                -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 4096-aligned chunks", ti->model,
-                ti->name, (unsigned long long)ti->offset, (unsigned long long)ti->length);
+                -EINVAL, "%s/%s: blob at %llu, %llu bytes: not 64-aligned or not in 4096-aligned "
+                "chunks", ti->model, ti->name, (unsigned long long)ti->offset,
+                (unsigned long long)ti->length);
   NWC_RETURN_IF(L->depth > ENTRIES || o->mode > NWCD_LOAD_BUFFERED || L->checkers > CHECKERS_MAX ||
                     (o->read_size && (o->read_size % L->cs || o->read_size > UINT32_MAX)) ||
                     o->piece % L->cs || o->piece > UINT32_MAX || (o->piece && !o->hot) ||
@@ -586,7 +592,8 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
                 "(chunks of the blob)", L->depth, ENTRIES, o->mode,
                 (unsigned long long)o->read_size, (unsigned long long)o->piece, L->checkers,
                 CHECKERS_MAX, (unsigned long long)L->next, (unsigned long long)L->end);
-  bool small = o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB;
+  bool packed = (ti->offset | ti->length) % PAGE != 0; /* read buffered, whatever the mode */
+  bool small = packed || (o->mode != NWCD_LOAD_DIRECT && ti->length <= SMALL_BLOB);
   if (o->read_size) {
     L->read_size = o->read_size;
   } else { /* at least 8 reads over the blob, 1 chunk to 4 MiB each */
@@ -597,7 +604,7 @@ static int load_open(load *L, const nwc_tensor_info *ti, const nwcd_load_opts *o
   L->hot = o->hot, L->piece = o->piece, L->queued = o->queued;
   L->async = !small && !L->hot && ti->length > L->read_size;
   for (unsigned i = 0; i < L->depth; i++) L->free_rd[L->nfree++] = L->depth - 1 - i;
-  if (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && !small)) {
+  if (!packed && (o->mode == NWCD_LOAD_DIRECT || (o->mode == NWCD_LOAD_AUTO && !small))) {
     L->fd_direct = open(ti->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     NWC_RETURN_IF(L->fd_direct < 0 && errno != EINVAL, -errno, "%s: model '%s' tensor '%s': %s",
                   ti->path, ti->model, ti->name, strerror(errno));

@@ -29,7 +29,8 @@
  * raised to the hard one at start, and mappings are capped (MAX_MAPS).
  *
  * Invariants (all under r->lock):
- *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always: room is made
+ *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always (a host copy's
+ *     length is its blob's rounded up to whole pages, the memory it holds): room is made
  *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
  *     not pinned) before an entry enters LOADING, and the reservation is returned if the load
  *     fails.  The backend's spare host copies (evicted by LRU, never shared: kept for the
@@ -117,7 +118,8 @@ struct nwcd_entry {
   void *buf;             /* host copy (loc CPU) */
   void *dcopy;           /* device copy (loc >= 0) */
   uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
-  size_t len;
+  size_t len;            /* bytes charged (host): the blob's length rounded up to whole pages, as
+                            its memfd holds it (a packed blob's length is a multiple of 64 only) */
   bool locked, direct, pinned;
   bool exit_mapped;   /* a device copy still mapped by a client as the daemon exits: not freed */
   nwc_tensor view;
@@ -399,7 +401,8 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
       }
     }
     if (rc == 0) {
-      e->hash = key_hash(model, tensor), e->info = ti, e->len = ti->length, e->fd = -1;
+      e->hash = key_hash(model, tensor), e->info = ti, e->fd = -1;
+      e->len = (ti->length + 4095) & ~(uint64_t)4095;
       e->home = NWCD_LOC_DEFAULT;
       r->e[r->n++] = e;
     } else {
@@ -423,7 +426,7 @@ int nwcd_no_device(const nwcd_backend *b, int at) {
 static void transient_done(nwcd_res *r, nwcd_ref *ref) {
   nwc_tensor_release(&ref->view);
   pthread_mutex_lock(&r->lock);
-  r->transient -= ref->ti->length;
+  r->transient -= ref->te->len;
   ref->te->readers--;
   pthread_cond_broadcast(&r->cond);
   pthread_mutex_unlock(&r->lock);

@@ -62,6 +62,10 @@ static const char *const migrations[NWC_STORE_SCHEMA_VERSION] = {
     " AND b.name = substr(tensors.name, 1, length(tensors.name) - 6) || 'bias'"
     " AND b.rows = 1 AND b.cols = tensors.rows)"
     " WHERE tensors.name GLOB '*weight';",
+    /* 3 -> 4: no table changes.  Blobs may be packed (offset and length multiples of 64, not of
+     * 4096: docs/store.md, "Packed blobs"); the version makes a build that cannot read them
+     * refuse the catalog at open, rather than fail on each packed row as malformed. */
+    "SELECT 1;",
 };
 
 /* db's last error as a negative errno (-EBUSY, -ENOSPC, -EBADMSG, -EROFS, -EEXIST; an I/O
@@ -561,7 +565,8 @@ static int fill_tensor(nwc_store *s, sqlite3_stmt *st, nwc_tensor_info *t) {
   if (t->path) snprintf(t->path, plen, "%s/containers/%s", s->dir, name);
   if (!t->model || !t->name || !t->conversion || !t->path) return -ENOMEM;
   NWC_RETURN_IF(bad || npsym != 16 || !t->chunk_size || t->chunk_size % NWC_STORE_ALIGN ||
-                    !t->length || t->length % NWC_STORE_ALIGN || t->offset % NWC_STORE_ALIGN,
+                    !t->length || t->length % NWC_STORE_PACK_ALIGN ||
+                    t->offset % NWC_STORE_PACK_ALIGN,
                 -EBADMSG, "catalog: model '%s' tensor '%s': malformed row", t->model, t->name);
   memcpy(t->psym, psym, 16);
   t->nchunks = nwc__chunks(t->length, t->chunk_size);

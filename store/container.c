@@ -4,14 +4,19 @@
  * itself, view a blob in memory).  Every read path checks every chunk checksum before a decoder
  * sees a byte, and cross-checks the blob header against the catalog row.
  *
- * Container file:  [0, 4096) header, then blobs back to back (each offset and length a multiple
- * of 4096).  Header: 0 "NWCSTORE", 8 u32 container version, 12 u32 header bytes (4096), 16 u64
- * container id, 24 u32 chunk size, 28 u32 alignment, zeros, 4088 u64 XXH3-64 of [0, 4088).
+ * Container file:  [0, 4096) header, then blobs back to back, tiling the file.  A blob of
+ * NWC_STORE_PACK_MAX bytes or more (its end rounded to 64) starts and ends on a multiple of 4096
+ * (O_DIRECT loads); a smaller one is packed: it starts and ends on a multiple of 64 inside a run
+ * of packed blobs that itself starts and ends on a multiple of 4096 (the last blob of the run
+ * takes the zeros up to its end).  Version 1 containers hold no packed blobs (they are read as
+ * they are).  Header: 0 "NWCSTORE", 8 u32 container version, 12 u32 header bytes (4096), 16 u64
+ * container id, 24 u32 chunk size, 28 u32 alignment (4096), 32 u32 pack alignment (64; 0 in
+ * version 1), zeros, 4088 u64 XXH3-64 of [0, 4088).
  *
  * Blob: 0 "NWCB", 4 u16 codec format version, 6 u8 elem, 7 u8 flags (bit 0: per-row scale),
  * 8 u64 container id, 16 u64 rows, 24 u64 cols, 32 psym[16], 48 u64 nblocks, 56 u64 data_bytes,
  * 64 u64 raw_bytes, 72..104 u64 offsets of bases, hdr, data, raw, scale (0: none), 112 u64 zero,
- * 120 u64 XXH3-64 of [0, 120); the sections from 128 on, each 64-aligned; zeros to the 4096 end.
+ * 120 u64 XXH3-64 of [0, 120); the sections from 128 on, each 64-aligned; zeros to the blob's end.
  */
 #include "store_internal.h"
 #include "internal.h" /* nwc__round_up, nwc__put64, nwc__get64 */
@@ -38,6 +43,7 @@ void nwc__container_header(uint64_t cid, uint8_t hdr[NWC__CONTAINER_HEADER]) {
   nwc__put64(hdr + 16, cid);
   nwc__put32(hdr + 24, NWC_STORE_CHUNK);
   nwc__put32(hdr + 28, NWC_STORE_ALIGN);
+  nwc__put32(hdr + 32, NWC_STORE_PACK_ALIGN);
   nwc__put64(hdr + NWC__CONTAINER_HEADER - 8, XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8));
 }
 
@@ -46,11 +52,13 @@ int nwc__container_header_check(const uint8_t *hdr, uint64_t cid, const char *pa
   NWC_RETURN_IF(nwc__get64(hdr + NWC__CONTAINER_HEADER - 8) !=
                     XXH3_64bits(hdr, NWC__CONTAINER_HEADER - 8),
                 -EBADMSG, "%s: container header checksum mismatch (offset 0, 4096 bytes)", path);
-  NWC_RETURN_IF(nwc__get32(hdr + 8) != NWC_CONTAINER_VERSION, -EBADMSG,
-                "%s: container version %u, this build reads %u", path, nwc__get32(hdr + 8),
+  uint32_t v = nwc__get32(hdr + 8);
+  NWC_RETURN_IF(v < 1 || v > NWC_CONTAINER_VERSION, -EBADMSG,
+                "%s: container version %u, this build reads 1 to %u", path, v,
                 NWC_CONTAINER_VERSION);
   NWC_RETURN_IF(nwc__get32(hdr + 12) != NWC__CONTAINER_HEADER ||
-                    nwc__get32(hdr + 24) != NWC_STORE_CHUNK || nwc__get32(hdr + 28) != NWC_STORE_ALIGN,
+                    nwc__get32(hdr + 24) != NWC_STORE_CHUNK || nwc__get32(hdr + 28) != NWC_STORE_ALIGN ||
+                    nwc__get32(hdr + 32) != (v == 1 ? 0 : NWC_STORE_PACK_ALIGN),
                 -EBADMSG, "%s: unexpected header, chunk or alignment size", path);
   NWC_RETURN_IF(nwc__get64(hdr + 16) != cid, -EBADMSG,
                 "%s: header says container %llu, expected %llu", path,
@@ -77,7 +85,9 @@ void nwc__blob_layout_of(const nwc_tensor *t, nwc__blob_layout *L) {
     o += t->rows * 4;
   }
   L->end = o;
-  L->length = nwc__round_up(o, NWC_STORE_ALIGN);
+  uint64_t small = nwc__round_up(o, NWC_STORE_PACK_ALIGN);
+  L->packed = small < NWC_STORE_PACK_MAX;
+  L->length = L->packed ? small : nwc__round_up(o, NWC_STORE_ALIGN);
 }
 
 static void blob_header(const nwc_tensor *t, uint64_t cid, const nwc__blob_layout *L,
@@ -166,7 +176,7 @@ static int check_all_chunks(const nwc_tensor_info *ti, const uint8_t *blob) {
 }
 
 int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t) {
-  NWC_RETURN_IF(!ti || !t || !ti->length || ti->length % NWC_STORE_ALIGN, -EINVAL,
+  NWC_RETURN_IF(!ti || !t || !ti->length || ti->length % NWC_STORE_PACK_ALIGN, -EINVAL,
                 "nwc_store_read: bad tensor info");
   memset(t, 0, sizeof *t);
   int fd = open(ti->path, O_RDONLY | O_CLOEXEC);

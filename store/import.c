@@ -16,15 +16,17 @@
  *              round to nearest even, F8_E5M2 -> BF16 exactly, optional BF16 -> fp8 per row) or
  *              let the encoder pread the source piece by piece; encode the blob's head in place
  *              (encode_in_place) and its raw plane in 1 MiB chunks (stream_chunk), each
- *              checksummed and queued as soon as it is made.  A writer thread writes the queue
- *              to DIR/containers/ID.tmp (large pieces O_DIRECT) while encoding goes on.  The
- *              calling thread reports progress; the first error stops the others.
+ *              checksummed and queued as soon as it is made; a blob under NWC_STORE_PACK_MAX
+ *              is packed with others into a run of whole pages instead (pack_add).  A writer
+ *              thread writes the queue to DIR/containers/ID.tmp (large pieces O_DIRECT) while
+ *              encoding goes on.  The calling thread reports progress; the first error stops
+ *              the others.
  *   3. publish fsync the file, rename it to ID.nwc, fsync the directory, then one SQLite
  *              transaction inserts the model.  Any failure unlinks the file.  A crash anywhere
  *              leaves a file that the next open sweeps (store.c).
  * Buffers: per encoder, two blob heads (header to the first chunk boundary in the raw plane: one
  * is filled while the other is written), a source buffer only for small or converted tensors;
- * per import, SLOTS_PER_THREAD chunk buffers per thread.
+ * per import, SLOTS_PER_THREAD chunk buffers per thread and two 1 MiB runs of packed blobs.
  */
 #include "import_internal.h"
 
@@ -81,8 +83,9 @@ static int run(imp *im) {
   if (im->fd < 0)
     return nwc__fail(-errno, "%s/containers/%s: cannot create: %s", im->s->dir, tmp,
                      strerror(errno));
-  /* O_DIRECT for the large writes: blobs are 4096-aligned in the file and in memory (and their
-   * pages disjoint, so buffered and direct writes never share one); a file system that refuses
+  /* O_DIRECT for the large writes: large blobs and runs of packed ones are 4096-aligned in the
+   * file and in memory (and their pages disjoint, so buffered and direct writes never share one);
+   * a file system that refuses
    * it here (tmpfs) or at the first write gets buffered writes only. */
   im->dfd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
   uint8_t hdr[NWC__CONTAINER_HEADER];
@@ -135,6 +138,8 @@ static int import_core(nwc_store *s, const char *model, const nwc_st_index *x,
   free(im.wq);
   for (unsigned k = 0; im.slots && k < im.nslots; k++) free(im.slots[k].p);
   free(im.slots);
+  for (int k = 0; k < 2; k++) free(im.pack[k].p);
+  free(im.pack_jobs);
   return rc;
 }
 

@@ -3,6 +3,13 @@
  * time on all threads (nwc__enc_*), the rest one per worker thread; each tensor's blob head is
  * encoded in place and its raw plane made and checksummed chunk by chunk, every piece queued for
  * the writer thread (import_write.c) as soon as it is made.  The calling thread reports progress.
+ *
+ * Small blobs (nwc__blob_layout.packed: under NWC_STORE_PACK_MAX) are packed: each is copied, as
+ * it is finished, to the end of the current run (a PACK_BYTES buffer, at a multiple of 64); a
+ * run that has no room for the next blob, and the last one, is closed: rounded up to 4096 with
+ * zeros that its last blob takes, given its place in the file like a large blob, each blob's
+ * checksum taken, and queued for writing.  So every run, like every large blob, starts and ends
+ * on a multiple of 4096 and the blobs still tile the file.
  */
 #include "import_internal.h"
 
@@ -105,6 +112,51 @@ static void place(imp *im, job *j) {
   pthread_mutex_unlock(&im->mu);
 }
 
+/* A run of packed blobs is written from a buffer of this size (at least NWC_STORE_PACK_MAX). */
+#define PACK_BYTES NWC_STORE_CHUNK
+
+/* Closes the current run of packed blobs (im->mu held): zeros to the next multiple of 4096 (the
+ * last blob's), its place at the end of the file, each blob's offset and checksum, its write
+ * queued; then the other buffer becomes the current run, once its write is done. */
+static void pack_close(imp *im) {
+  if (!im->pack_n) return;
+  wbuf *b = &im->pack[im->pack_cur];
+  uint64_t size = nwc__round_up(im->pack_used, NWC_STORE_ALIGN);
+  memset(b->p + im->pack_used, 0, size - im->pack_used);
+  job *last = im->pack_jobs[im->pack_n - 1];
+  last->pub.length += size - im->pack_used;
+  last->pub.L.length = last->pub.length;
+  for (size_t k = 0; k < im->pack_n; k++) {
+    nwc__pub_tensor *pt = &im->pack_jobs[k]->pub; /* offset: in the run, until now */
+    pt->checksums[0] = XXH3_64bits(b->p + pt->offset, pt->length);
+    pt->offset += im->file_end;
+  }
+  nwc__imp_enqueue(im, b->p, size, im->file_end, last, &b->busy);
+  im->file_end += size;
+  im->pack_n = 0, im->pack_used = 0;
+  im->pack_cur ^= 1;
+  nwc__imp_wbuf_wait(im, &im->pack[im->pack_cur]);
+}
+
+/* Appends job j's packed blob, its len bytes at p, to the current run (im->mu held), closing the
+ * run first if it has no room. */
+static int pack_add(imp *im, job *j, const uint8_t *p, uint64_t len) {
+  if (im->pack_used + len > PACK_BYTES) pack_close(im);
+  wbuf *b = &im->pack[im->pack_cur];
+  NWC_TRY(wbuf_reserve(b, PACK_BYTES));
+  if (im->pack_n == im->pack_cap) {
+    size_t cap = im->pack_cap ? 2 * im->pack_cap : 64;
+    job **a = realloc(im->pack_jobs, cap * sizeof *a);
+    if (!a) return -ENOMEM;
+    im->pack_jobs = a, im->pack_cap = cap;
+  }
+  memcpy(b->p + im->pack_used, p, len);
+  j->pub.offset = im->pack_used;
+  im->pack_jobs[im->pack_n++] = j;
+  im->pack_used += len;
+  return 0;
+}
+
 /*
  * Layout 0: encodes w (read through rd when not NULL) on `threads` threads.  The blob's head
  * (header, bases, hdr, the streams, up to the first chunk boundary inside the raw plane) is built
@@ -163,7 +215,7 @@ static int encode_in_place(imp *im, job *j, const void *w, part_src *rd, const f
     pt->nblocks = t.nblocks;
     pt->data_bytes = t.data_bytes;
     pt->raw_plane_bytes = t.raw_bytes;
-    place(im, j);
+    if (!L->packed) place(im, j); /* a packed blob's is its run's (pack_add) */
     t.raw = NULL;
     streamer sm = {im, j, e, &t, k0};
     nwc__parallel_for(nwc__enc_threads(e), nchunks - k0, stream_chunk, &sm);
@@ -230,7 +282,7 @@ static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) 
       pt->nblocks = t.nblocks;
       pt->data_bytes = t.data_bytes;
       pt->raw_plane_bytes = t.raw_bytes;
-      place(im, j);
+      if (!pt->L.packed) place(im, j);
     }
     nwc_tensor_release(&t);
   }
@@ -239,6 +291,12 @@ static int encode_job(imp *im, job *j, wbufs *wb, wbuf *blob, unsigned threads) 
   if (rc < 0)
     return rc == -ENOMEM || named ? rc
                                   : nwc__fail_prefix(rc, "%s: tensor '%s'", sf->label, st->name);
+  if (pt->L.packed) { /* all of it is in blob: copied into the run, checksummed there */
+    pthread_mutex_lock(&im->mu);
+    rc = im->err ? 0 : pack_add(im, j, blob->p, head);
+    pthread_mutex_unlock(&im->mu);
+    return rc;
+  }
   sum_task c = {blob->p, head, pt->checksums};
   nwc__parallel_for(threads, nwc__chunks(head, NWC_STORE_CHUNK), sum_chunk, &c);
   pthread_mutex_lock(&im->mu);
@@ -316,7 +374,8 @@ int nwc__imp_encode_all(imp *im) {
   }
   if (nt > NWC__MAX_THREADS) nt = NWC__MAX_THREADS;
   im->nslots = nt * SLOTS_PER_THREAD;
-  im->wq_cap = im->nslots + 2 * (size_t)nt + 2; /* every buffer's write at once */
+  im->wq_cap = im->nslots + 2 * (size_t)nt + 4; /* every buffer's write at once (the two
+                                                   runs of packed blobs' too) */
   im->order = malloc(im->njobs * sizeof *im->order);
   im->wq = malloc(im->wq_cap * sizeof *im->wq);
   im->slots = calloc(im->nslots, sizeof *im->slots);
@@ -360,6 +419,7 @@ int nwc__imp_encode_all(imp *im) {
     if (im->running == 0) break;
     pthread_cond_wait(&im->cv, &im->mu);
   }
+  if (!im->err && !im->cancel) pack_close(im);
   im->writer_stop = 1;
   pthread_cond_broadcast(&im->cv);
   pthread_mutex_unlock(&im->mu);

@@ -86,6 +86,13 @@ typedef struct imp {
   wbuf *slots;                  /* nslots chunk buffers of NWC_STORE_CHUNK bytes */
   unsigned nslots;
   uint64_t cid, file_end;
+  /* The run of packed blobs being filled (import_encode.c, pack_add): in pack[pack_cur] (the
+   * other buffer may be queued for writing), pack_used bytes of it, the blobs of pack_jobs. */
+  wbuf pack[2];
+  unsigned pack_cur;
+  uint64_t pack_used;
+  struct job **pack_jobs;
+  size_t pack_n, pack_cap;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   size_t next;

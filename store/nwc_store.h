@@ -8,10 +8,12 @@
  *   DIR/containers/ID.tmp         a container being written (removed at the next open if left)
  *
  * File names come from ids only, never from model or tensor names.  A container file is a
- * 4096-byte header followed by tensor blobs, each starting on a 4096-byte boundary and padded to
- * one, so that a loader can read a blob with O_DIRECT into an aligned buffer.  Every blob is
- * covered by XXH3-64 checksums of its 1 MiB chunks (the last one the tail, padding included),
- * kept in the catalog; every read path here checks them.
+ * 4096-byte header followed by tensor blobs that tile it.  A blob of NWC_STORE_PACK_MAX bytes or
+ * more starts on a 4096-byte boundary and is padded to one, so that a loader can read it with
+ * O_DIRECT into an aligned buffer; smaller blobs are packed, several to a page, each at a
+ * multiple of NWC_STORE_PACK_ALIGN (docs/store.md, "Packed blobs"), and read through the page
+ * cache.  Every blob is covered by XXH3-64 checksums of its 1 MiB chunks (the last one the tail,
+ * padding included), kept in the catalog; every read path here checks them.
  *
  * Import is atomic: blobs are written to ID.tmp, fsynced, renamed to ID.nwc, the directory
  * fsynced, and then one SQLite transaction publishes the model.  Removal is the reverse (the
@@ -35,10 +37,12 @@
 extern "C" {
 #endif
 
-#define NWC_STORE_ALIGN 4096u          /* blob offset and length alignment (O_DIRECT) */
+#define NWC_STORE_ALIGN 4096u          /* offset and length alignment of a large blob (O_DIRECT) */
+#define NWC_STORE_PACK_ALIGN 64u       /* offset and length alignment of every blob */
+#define NWC_STORE_PACK_MAX (64u << 10) /* blobs shorter than this (rounded to 64) are packed */
 #define NWC_STORE_CHUNK (1u << 20)     /* checksum chunk size */
-#define NWC_STORE_SCHEMA_VERSION 3     /* catalog schema this build writes */
-#define NWC_CONTAINER_VERSION 1        /* container file format this build writes */
+#define NWC_STORE_SCHEMA_VERSION 4     /* catalog schema this build writes */
+#define NWC_CONTAINER_VERSION 2        /* container file format this build writes (reads 1, 2) */
 #define NWC_MODEL_NAME_MAX 128
 #define NWC_TENSOR_NAME_MAX 1023 /* bytes: the most the protocol carries (NWC_PROTO_NAME_MAX - 1) */
 
@@ -175,7 +179,9 @@ typedef struct nwc_tensor_info {
   uint64_t raw_bytes;            /* rows * cols * element size as stored */
   char *path;                    /* absolute path of the container file */
   uint64_t container;            /* container id */
-  uint64_t offset, length;       /* blob in the container: both multiples of NWC_STORE_ALIGN */
+  uint64_t offset, length;       /* blob in the container: both multiples of
+                                    NWC_STORE_PACK_ALIGN; of NWC_STORE_ALIGN too unless the blob
+                                    is packed (shorter than NWC_STORE_PACK_MAX + 4096) */
   uint64_t chunk_size;           /* NWC_STORE_CHUNK */
   uint64_t nchunks;              /* ceil(length / chunk_size) */
   uint64_t *checksums;           /* XXH3-64 of each chunk */
@@ -198,15 +204,18 @@ NWC_EXTERN void nwc_tensor_info_free(nwc_tensor_info *t, size_t n);
 
 /* ---- reading tensors back ----------------------------------------------------------------- */
 
-/* Reads a tensor's blob into memory (4096-aligned), checks every chunk checksum and the blob
- * header against the catalog, validates it, and fills *t (release with nwc_tensor_release). */
+/* Reads a tensor's blob (exactly its bytes) into memory (4096-aligned), checks every chunk
+ * checksum and the blob header against the catalog, validates it, and fills *t (release with
+ * nwc_tensor_release). */
 NWC_EXTERN int nwc_store_read(nwc_store *s, const char *model, const char *tensor, nwc_tensor *t);
 NWC_EXTERN int nwc_store_read_info(const nwc_tensor_info *ti, nwc_tensor *t);
 
 /* A tensor mapped read-only from its container (checksums verified when mapped). */
 typedef struct nwc_store_map nwc_store_map;
 /* Maps ti's blob, verifies it, and points *view into the mapping (valid until
- * nwc_store_unmap(*out); do not nwc_tensor_release the view).  A container file truncated while
+ * nwc_store_unmap(*out); do not nwc_tensor_release the view).  The mapping covers the whole pages
+ * that hold the blob: for a packed blob, bytes of its neighbours in the container too (this
+ * process could open the container anyway).  A container file truncated while
  * mapped raises SIGBUS at the next touch of a page past its new end: only for programs that
  * own the store's files (nwcd does not map them; it reads with nwc_store_read_info). */
 NWC_EXTERN int nwc_store_map_info(const nwc_tensor_info *ti, nwc_store_map **out,

@@ -37,8 +37,13 @@ static inline void nwc__unlock(nwc_store *s) { pthread_mutex_unlock(&s->mu); }
 typedef struct nwc__blob_layout {
   uint64_t off_bases, off_hdr, off_data, off_raw, off_scale; /* off_scale 0: none */
   uint64_t end;    /* end of the last section */
-  uint64_t length; /* end rounded up to NWC_STORE_ALIGN */
+  uint64_t length; /* packed: end rounded up to NWC_STORE_PACK_ALIGN (import adds the zeros to
+                      its run's end to the run's last blob); else to NWC_STORE_ALIGN */
+  int packed;      /* end rounded up to NWC_STORE_PACK_ALIGN is below NWC_STORE_PACK_MAX */
 } nwc__blob_layout;
+
+_Static_assert(NWC_STORE_PACK_MAX + NWC_STORE_ALIGN <= NWC_STORE_CHUNK,
+               "a packed blob, the zeros after its run included, is one checksum chunk");
 
 /* ---- container.c ---- */
 

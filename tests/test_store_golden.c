@@ -1,60 +1,82 @@
 /*
  * test_store_golden.c - freezes the container file format (docs/store.md): a fixed model (fixed
  * weights, one thread, a fresh store, so container id 1) must produce a container byte-identical
- * to tests/golden/store_container_v1.nwc, and the golden file must read back through the blob
- * reader to the same weights.  Regenerate (only with a deliberate format change, bumping
- * NWC_CONTAINER_VERSION or the codec's NWC_FORMAT_VERSION) with NWC_GOLDEN_WRITE=1.
+ * to tests/golden/store_container_v2.nwc (three small tensors packed into one run of blobs, one
+ * large one on whole pages), and the golden files of every container version this build reads
+ * (store_container_v1.nwc: what the version-1 writer made of the three small tensors, each on
+ * pages of its own) must read back through the blob reader to the same weights.  Regenerate the current
+ * one (only with a deliberate format change, bumping NWC_CONTAINER_VERSION, keeping the old file
+ * and adding its version to the read-back list, or the codec's NWC_FORMAT_VERSION) with
+ * NWC_GOLDEN_WRITE=1.
  */
 #include "store_internal.h"
-#include "test_store_util.h"
+#include "store_golden_model.h"
 
-#ifndef GOLDEN_DIR
-#define GOLDEN_DIR "tests/golden"
-#endif
-
-static uint64_t g64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
-static uint8_t *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc((size_t)n + 1);
-  *len = fread(b, 1, (size_t)n, f);
-  fclose(f);
-  return b;
+/* Reads a golden container of the given version: its header, then each blob through the blob
+ * reader, walking the file by the version's rule (1: every blob on whole pages; 2: a blob under
+ * NWC_STORE_PACK_MAX packed at 64, the zeros up to its run's page end after the run's last).
+ * Returns the blobs found (all of them decoded to the fixed weights). */
+static int read_golden(const char *gpath, unsigned version) {
+  size_t glen = 0;
+  uint8_t *gold = gm_slurp(gpath, &glen);
+  CHECK(gold != NULL, "missing %s", gpath);
+  if (!gold) return 0;
+  CHECK_RC(nwc__container_header_check(gold, 1, gpath));
+  uint32_t v;
+  memcpy(&v, gold + 8, 4);
+  CHECK(v == version, "%s: container version %u, expected %u", gpath, v, version);
+  uint64_t off = 4096;
+  int found = 0, packed = 0;
+  while (off + 128 <= glen) {
+    const uint8_t *h = gold + off;
+    nwc_tensor_info ti;
+    int pk;
+    gm_blob_info(h, version, &ti, &pk);
+    ti.model = (char *)"golden", ti.name = (char *)"?", ti.path = (char *)gpath;
+    nwc_tensor t;
+    int rc = nwc_store_blob_view(&ti, h, &t);
+    CHECK(rc == 0, "%s: blob at %llu: %s", gpath, (unsigned long long)off, nwc_error_detail());
+    if (rc) break;
+    uint64_t lay[4];
+    nwc_layout(t.rows, t.cols, t.elem, lay);
+    uint16_t *out = malloc(t.rows * lay[NWC_LAYOUT_K16] * 2);
+    CHECK_RC(nwc_dequant(&t, out));
+    uint64_t bad = 0;
+    for (uint64_t r = 0; r < t.rows; r++)
+      for (uint64_t c = 0; c < t.cols; c++)
+        bad += out[r * lay[NWC_LAYOUT_K16] + c] != gm_want(t.rows, t.cols, r, c);
+    CHECK(bad == 0, "%s: blob %llux%llu: %llu weights differ", gpath, (unsigned long long)t.rows,
+          (unsigned long long)t.cols, (unsigned long long)bad);
+    if (t.rows == GM_FM && t.cols == GM_FK)
+      for (int r = 0; r < GM_FM; r++) CHECK(t.scale && t.scale[r] == gm_sc[r], "golden fp8 scale");
+    free(out);
+    found++, packed += pk;
+    off += ti.length;
+    if (pk && off % 4096 && (off + 4 > glen || memcmp(gold + off, "NWCB", 4))) {
+      uint64_t to = (off + 4095) / 4096 * 4096; /* the run's end: zeros */
+      for (; off < to && off < glen; off++)
+        CHECK(gold[off] == 0, "%s: byte %llu after a run", gpath, (unsigned long long)off);
+    }
+  }
+  CHECK(off == glen, "%s: %d blobs, ends at %llu of %zu", gpath, found, (unsigned long long)off,
+        glen);
+  printf("%s: %d blobs (%d packed), %zu bytes\n", gpath, found, packed, glen);
+  free(gold);
+  return found;
 }
 
 int main(void) {
   test_seed("test_store_golden");
-  /* Fixed weights from a fixed seed (not the test's random seed). */
-  uint64_t x = 20261201;
-  enum { BM = 16, BK = 600, FM = 8, FK = 40 };
-  static uint16_t w[BM * BK];
-  static uint8_t f8[FM * FK];
-  float sc[FM];
-  for (int i = 0; i < BM * BK; i++) {
-    double g = (double)(test_splitmix(&x) >> 11) * 0x1p-53 - 0.5;
-    w[i] = nwc_f32_to_bf16((float)(g * 0.1));
-  }
-  for (int i = 0; i < FM * FK; i++) {
-    uint8_t b = (uint8_t)test_splitmix(&x);
-    f8[i] = (b & 0x7f) == 0x7f ? 0 : b;
-  }
-  for (int i = 0; i < FM; i++) sc[i] = 0.25f * (float)(i + 1);
-  st_spec spec[] = {{"w", "BF16", 2, {BM, BK}, w, sizeof w},
-                    {"f8.weight", "F8_E4M3", 2, {FM, FK}, f8, sizeof f8},
-                    {"f8.weight_scale", "F32", 1, {FM}, sc, sizeof sc}};
+  gm_make();
+  st_spec spec[] = {{"w", "BF16", 2, {GM_BM, GM_BK}, gm_w, sizeof gm_w},
+                    {"f8.weight", "F8_E4M3", 2, {GM_FM, GM_FK}, gm_f8, sizeof gm_f8},
+                    {"f8.weight_scale", "F32", 1, {GM_FM}, gm_sc, sizeof gm_sc},
+                    {"big", "BF16", 2, {GM_LM, GM_LK}, gm_big, sizeof gm_big}};
   char dir[512], src[512], path[700], cont[800];
   make_tmpdir(dir, sizeof dir, "store");
   make_tmpdir(src, sizeof src, "src");
   snprintf(path, sizeof path, "%s/g.safetensors", src);
-  CHECK_RC(st_write(path, spec, 3));
+  CHECK_RC(st_write(path, spec, 4));
   nwc_store *s;
   CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s));
   nwc_import_opts o = {.threads = 1};
@@ -62,64 +84,18 @@ int main(void) {
   nwc_store_close(s);
   snprintf(cont, sizeof cont, "%s/containers/0000000000000001.nwc", dir);
   size_t len = 0, glen = 0;
-  uint8_t *made = slurp(cont, &len);
-  const char *gpath = GOLDEN_DIR "/store_container_v1.nwc";
+  uint8_t *made = gm_slurp(cont, &len);
+  const char *gpath = GOLDEN_DIR "/store_container_v2.nwc";
   if (getenv("NWC_GOLDEN_WRITE")) {
     CHECK(made && write_file(gpath, made, len) == 0, "write %s", gpath);
     printf("wrote %s (%zu bytes)\n", gpath, len);
   }
-  uint8_t *gold = slurp(gpath, &glen);
+  uint8_t *gold = gm_slurp(gpath, &glen);
   CHECK(gold != NULL, "missing %s", gpath);
   CHECK(made && gold && len == glen && !memcmp(made, gold, len),
         "the container differs from %s (%zu vs %zu bytes): the format moved", gpath, len, glen);
-  /* Read the golden file back: header, then each blob through the blob reader. */
-  if (gold) {
-    CHECK_RC(nwc__container_header_check(gold, 1, gpath));
-    uint64_t off = 4096;
-    int found = 0;
-    while (off + 128 <= glen) {
-      const uint8_t *h = gold + off;
-      nwc_tensor_info ti;
-      memset(&ti, 0, sizeof ti);
-      ti.model = (char *)"golden", ti.name = (char *)"?", ti.path = (char *)gpath;
-      uint16_t ver;
-      memcpy(&ver, h + 4, 2);
-      ti.format_version = ver, ti.elem = h[6], ti.container = g64(h + 8);
-      ti.rows = g64(h + 16), ti.cols = g64(h + 24);
-      memcpy(ti.psym, h + 32, 16);
-      ti.nblocks = g64(h + 48), ti.data_bytes = g64(h + 56), ti.raw_plane_bytes = g64(h + 64);
-      ti.off_bases = g64(h + 72), ti.off_hdr = g64(h + 80), ti.off_data = g64(h + 88);
-      ti.off_raw = g64(h + 96), ti.off_scale = g64(h + 104);
-      uint64_t end = ti.off_scale ? ti.off_scale + ti.rows * 4 : ti.off_raw + ti.raw_plane_bytes;
-      ti.length = (end + 4095) / 4096 * 4096;
-      nwc_tensor t;
-      int rc = nwc_store_blob_view(&ti, h, &t);
-      CHECK(rc == 0, "golden blob at %llu: %s", (unsigned long long)off, nwc_error_detail());
-      if (rc) break;
-      uint64_t lay[4];
-      nwc_layout(t.rows, t.cols, t.elem, lay);
-      uint16_t *out = malloc(t.rows * lay[NWC_LAYOUT_K16] * 2);
-      CHECK_RC(nwc_dequant(&t, out));
-      uint64_t bad = 0;
-      for (uint64_t r = 0; r < t.rows; r++)
-        for (uint64_t c = 0; c < t.cols; c++) {
-          uint16_t got = out[r * lay[NWC_LAYOUT_K16] + c];
-          uint16_t want = t.rows == BM && t.cols == BK ? w[r * BK + c]
-                          : t.rows == FM && t.cols == FK ? nwc_fp8_to_bf16(f8[r * FK + c])
-                                                         : nwc_f32_to_bf16(sc[c]);
-          bad += got != want;
-        }
-      CHECK(bad == 0, "golden blob %llux%llu: %llu weights differ", (unsigned long long)t.rows,
-            (unsigned long long)t.cols, (unsigned long long)bad);
-      if (t.rows == FM && t.cols == FK)
-        for (int r = 0; r < FM; r++) CHECK(t.scale && t.scale[r] == sc[r], "golden fp8 scale");
-      free(out);
-      found++;
-      off += ti.length;
-    }
-    CHECK(found == 3 && off == glen, "golden file: %d blobs, ends at %llu of %zu", found,
-          (unsigned long long)off, glen);
-  }
+  CHECK(read_golden(gpath, 2) == 4, "version 2: the four tensors");
+  CHECK(read_golden(GOLDEN_DIR "/store_container_v1.nwc", 1) == 3, "version 1: the three tensors");
   free(made);
   free(gold);
   rm_rf(dir);

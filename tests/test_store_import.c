@@ -50,7 +50,12 @@ static void check_tensor(nwc_store *s, const char *model, const char *name, cons
   CHECK(NWC_ELEM_TYPE(ti->elem) == want_type, "%s: elem %u", name, ti->elem);
   CHECK(!conv || strstr(ti->conversion, conv), "%s: conversion '%s', want '%s'", name,
         ti->conversion, conv);
-  CHECK(ti->offset % 4096 == 0 && ti->length % 4096 == 0, "%s: unaligned blob", name);
+  /* A large blob on whole pages (O_DIRECT), a small one packed on 64-byte boundaries. */
+  CHECK(ti->offset % NWC_STORE_PACK_ALIGN == 0 && ti->length % NWC_STORE_PACK_ALIGN == 0 &&
+            (ti->length < NWC_STORE_PACK_MAX + NWC_STORE_ALIGN ||
+             (ti->offset % NWC_STORE_ALIGN == 0 && ti->length % NWC_STORE_ALIGN == 0)),
+        "%s: blob at %llu, %llu bytes: neither packed nor on whole pages", name,
+        (unsigned long long)ti->offset, (unsigned long long)ti->length);
   for (int pass = 0; pass < 2; pass++) {
     nwc_tensor t;
     nwc_store_map *map = NULL;

@@ -3,11 +3,16 @@
  * For each v < NWC_STORE_SCHEMA_VERSION: import a model into a store of the current version,
  * rebuild its catalog as a version-v catalog (nwc__catalog_init_at(v), then copy the columns
  * version v has), open the store, and check that it migrated to the current version with the
- * model whole (reads, decodes, verifies).  Also: a newer catalog and a non-nwc database are
- * refused, and a read-only open of an old catalog says it needs a migration.
+ * model whole (reads, decodes, verifies).  And a store as the version-1 container writer left it
+ * (schema 3, its container the golden file that writer made, every blob on pages of its own)
+ * opens, migrates, verifies, reads back to the golden model's weights, takes a new import (packed
+ * blobs) beside it and removes it.  Also: a newer catalog and a non-nwc database are refused,
+ * and a read-only open of an old catalog says it needs a migration.
  */
 #include "store_internal.h"
-#include "test_store_util.h"
+#include "store_golden_model.h"
+
+#include <xxhash.h>
 
 static const char *const tables[] = {"meta", "models", "sources", "containers", "tensors"};
 
@@ -52,6 +57,102 @@ static void downgrade(const char *dir, int v) {
   unlink(old);
 }
 
+/* DIR as the version-1 writer left a store holding the golden model as "old": container 1 is
+ * tests/golden/store_container_v1.nwc (that writer's bytes), the catalog is schema 3 with the
+ * rows its import published (decoder fields from the blob headers, checksums of the bytes). */
+static void old_store(const char *dir) {
+  nwc_store *s = NULL;
+  CHECK_RC(nwc_store_open(dir, NWC_STORE_CREATE, &s)); /* the directories and the lock */
+  nwc_store_close(s);
+  char cat[700], cont[700];
+  const char *suffix[] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cat, sizeof cat, "%s/catalog.sqlite%s", dir, suffix[i]);
+    unlink(cat);
+  }
+  snprintf(cat, sizeof cat, "%s/catalog.sqlite", dir);
+  size_t glen = 0;
+  uint8_t *gold = gm_slurp(GOLDEN_DIR "/store_container_v1.nwc", &glen);
+  CHECK(gold && glen > 4096, "golden container v1");
+  if (!gold) return;
+  snprintf(cont, sizeof cont, "%s/containers/0000000000000001.nwc", dir);
+  CHECK_RC(write_file(cont, gold, glen));
+  sqlite3 *db;
+  CHECK(sqlite3_open(cat, &db) == SQLITE_OK, "open %s", cat);
+  CHECK_RC(nwc__catalog_init_at(db, 3));
+  exec(db, "UPDATE meta SET value = 2 WHERE key = 'next_container';"
+           "INSERT INTO models(id, name, created, elem_option, layout_option, tensors,"
+           " source_bytes, raw_bytes, nwc_bytes) VALUES(1, 'old', 0, 0, 0, 3, 19552, 19536, 24576);"
+           "INSERT INTO sources VALUES(1, 0, 'g.safetensors', 0, 0, 0);");
+  sqlite3_stmt *st;
+  sqlite3_prepare_v2(db, "INSERT INTO containers VALUES(1, 1, ?, ?, 1)", -1, &st, NULL);
+  sqlite3_bind_int64(st, 1, (sqlite3_int64)glen);
+  sqlite3_bind_int64(st, 2, (sqlite3_int64)XXH3_64bits(gold, 4096));
+  CHECK(sqlite3_step(st) == SQLITE_DONE, "insert container: %s", sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+  sqlite3_prepare_v2(db, "INSERT INTO tensors(model_id, idx, name, shape, source_idx,"
+                         " source_dtype, conversion, elem, layout, rows, cols, source_bytes,"
+                         " raw_bytes, nwc_bytes, container_id, offset, length, chunk_size,"
+                         " checksums, format_version, psym, tab_bits, nblocks, data_bytes,"
+                         " raw_plane_bytes, off_bases, off_hdr, off_data, off_raw, off_scale)"
+                         " VALUES(1,?,?,?,0,?,?,?,0,?,?,?,?,?,1,?,?,1048576,?,?,?,12,?,?,?,?,?,?,?,?)",
+                     -1, &st, NULL);
+  for (uint64_t off = 4096; off + 128 <= glen;) {
+    nwc_tensor_info ti;
+    int pk;
+    uint64_t len = gm_blob_info(gold + off, 1, &ti, &pk);
+    int w = ti.rows == GM_BM, f8 = ti.rows == GM_FM;
+    uint64_t sums = XXH3_64bits(gold + off, len); /* one chunk */
+    int k = 1;
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, k++, w ? 0 : f8 ? 1 : 2);
+    sqlite3_bind_text(st, k++, w ? "w" : f8 ? "f8.weight" : "f8.weight_scale", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, k++, w ? "[16,600]" : f8 ? "[8,40]" : "[8]", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, k++, w ? "BF16" : f8 ? "F8_E4M3" : "F32", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, k++, w    ? "none"
+                               : f8 ? "fp8 e4m3, per-row scale folded from the companion"
+                                    : "f32->bf16 rne",
+                      -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, k++, ti.elem);
+    uint64_t v[] = {ti.rows, ti.cols, w ? 19200u : f8 ? 320u : 32u, w ? 19200u : f8 ? 320u : 16u,
+                    len, off, len};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) sqlite3_bind_int64(st, k++, (sqlite3_int64)v[i]);
+    sqlite3_bind_blob(st, k++, &sums, 8, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, k++, ti.format_version);
+    sqlite3_bind_blob(st, k++, ti.psym, 16, SQLITE_TRANSIENT);
+    uint64_t d[] = {ti.nblocks, ti.data_bytes, ti.raw_plane_bytes, ti.off_bases, ti.off_hdr,
+                    ti.off_data, ti.off_raw, ti.off_scale};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++) sqlite3_bind_int64(st, k++, (sqlite3_int64)d[i]);
+    CHECK(sqlite3_step(st) == SQLITE_DONE, "insert tensor: %s", sqlite3_errmsg(db));
+    off += len;
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  free(gold);
+}
+
+/* Every tensor of "old" reads back (pread, checksums, header) to the golden model's weights. */
+static void check_old(nwc_store *s) {
+  const char *names[] = {"w", "f8.weight", "f8.weight_scale"};
+  for (int i = 0; i < 3; i++) {
+    nwc_tensor t;
+    int rc = nwc_store_read(s, "old", names[i], &t);
+    CHECK(rc == 0, "read old/%s: %s", names[i], nwc_error_detail());
+    if (rc) continue;
+    uint64_t lay[4];
+    nwc_layout(t.rows, t.cols, t.elem, lay);
+    uint16_t *out = malloc(t.rows * lay[NWC_LAYOUT_K16] * 2);
+    CHECK_RC(nwc_dequant(&t, out));
+    uint64_t bad = 0;
+    for (uint64_t r = 0; r < t.rows; r++)
+      for (uint64_t c = 0; c < t.cols; c++)
+        bad += out[r * lay[NWC_LAYOUT_K16] + c] != gm_want(t.rows, t.cols, r, c);
+    CHECK(bad == 0, "old/%s: %llu weights differ", names[i], (unsigned long long)bad);
+    free(out);
+    nwc_tensor_release(&t);
+  }
+}
+
 static void check_bias(nwc_store *s, const char *model) {
   nwc_tensor_info *a = NULL, *c = NULL;
   CHECK_RC(nwc_store_tensor(s, model, "a.weight", &a));
@@ -65,6 +166,7 @@ static void check_bias(nwc_store *s, const char *model) {
 
 int main(void) {
   test_seed("test_store_migrate");
+  gm_make();
   char src[512], path[700];
   make_tmpdir(src, sizeof src, "src");
   uint16_t w[64 * 600];
@@ -102,6 +204,40 @@ int main(void) {
     check_bias(s, "m2");
     nwc_store_close(s);
     printf("schema %d -> %d: ok\n", v, NWC_STORE_SCHEMA_VERSION);
+    rm_rf(dir);
+  }
+
+  /* A store the version-1 writer made (schema 3): opens, migrates, reads, takes a packed import
+   * beside it, and gives its container back when removed. */
+  {
+    char dir[512], cont[700];
+    make_tmpdir(dir, sizeof dir, "store");
+    old_store(dir);
+    snprintf(cont, sizeof cont, "%s/containers/0000000000000001.nwc", dir);
+    nwc_store *s = NULL;
+    CHECK(nwc_store_open(dir, NWC_STORE_RDONLY, &s) == -EROFS, "read-only open of the old store");
+    CHECK_RC(nwc_store_open(dir, 0, &s));
+    if (s) {
+      CHECK(nwc_store_schema_version(s) == NWC_STORE_SCHEMA_VERSION && nwc_store_swept(s) == 0,
+            "old store: schema %d, %llu files swept", nwc_store_schema_version(s),
+            (unsigned long long)nwc_store_swept(s));
+      CHECK(check_store_consistent(s, dir) == 1, "the old store: one model, verified");
+      check_old(s);
+      CHECK_RC(nwc_store_import(s, "m2", path, NULL));
+      nwc_tensor_info *ts = NULL;
+      size_t nt = 0, inside = 0; /* packed blobs after the first of their run */
+      CHECK_RC(nwc_store_tensors(s, "m2", &ts, &nt));
+      for (size_t i = 0; i < nt; i++) inside += ts[i].offset % 4096 != 0;
+      CHECK(inside > 0, "the new import packed none of its %zu small tensors", nt);
+      nwc_tensor_info_free(ts, nt);
+      CHECK(check_store_consistent(s, dir) == 2, "old and new models side by side");
+      check_old(s);
+      CHECK_RC(nwc_store_remove(s, "old"));
+      CHECK(access(cont, F_OK) != 0, "the old container is still there after remove");
+      CHECK(check_store_consistent(s, dir) == 1, "after removing the old model");
+      nwc_store_close(s);
+    }
+    printf("a store of container version 1, schema 3 -> %d: ok\n", NWC_STORE_SCHEMA_VERSION);
     rm_rf(dir);
   }
 
