@@ -48,6 +48,21 @@ static inline uint16_t gm_want(uint64_t rows, uint64_t cols, uint64_t r, uint64_
 }
 
 /* A whole file into memory (malloc'ed, *len its bytes), or NULL. */
+/* Weights of t (decoded with nwc_dequant) that differ from gm_want; UINT64_MAX if it fails. */
+static inline uint64_t gm_count_wrong(const nwc_tensor *t) {
+  uint64_t lay[4];
+  nwc_layout(t->rows, t->cols, t->elem, lay);
+  uint16_t *out = malloc(t->rows * lay[NWC_LAYOUT_K16] * 2);
+  uint64_t bad = UINT64_MAX;
+  if (out && nwc_dequant(t, out) == 0) {
+    bad = 0;
+    for (uint64_t r = 0; r < t->rows; r++)
+      for (uint64_t c = 0; c < t->cols; c++) bad += out[r * lay[NWC_LAYOUT_K16] + c] != gm_want(t->rows, t->cols, r, c);
+  }
+  free(out);
+  return bad;
+}
+
 static inline uint8_t *gm_slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;

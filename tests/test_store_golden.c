@@ -37,19 +37,11 @@ static int read_golden(const char *gpath, unsigned version) {
     int rc = nwc_store_blob_view(&ti, h, &t);
     CHECK(rc == 0, "%s: blob at %llu: %s", gpath, (unsigned long long)off, nwc_error_detail());
     if (rc) break;
-    uint64_t lay[4];
-    nwc_layout(t.rows, t.cols, t.elem, lay);
-    uint16_t *out = malloc(t.rows * lay[NWC_LAYOUT_K16] * 2);
-    CHECK_RC(nwc_dequant(&t, out));
-    uint64_t bad = 0;
-    for (uint64_t r = 0; r < t.rows; r++)
-      for (uint64_t c = 0; c < t.cols; c++)
-        bad += out[r * lay[NWC_LAYOUT_K16] + c] != gm_want(t.rows, t.cols, r, c);
+    const uint64_t bad = gm_count_wrong(&t);
     CHECK(bad == 0, "%s: blob %llux%llu: %llu weights differ", gpath, (unsigned long long)t.rows,
           (unsigned long long)t.cols, (unsigned long long)bad);
     if (t.rows == GM_FM && t.cols == GM_FK)
       for (int r = 0; r < GM_FM; r++) CHECK(t.scale && t.scale[r] == gm_sc[r], "golden fp8 scale");
-    free(out);
     found++, packed += pk;
     off += ti.length;
     if (pk && off % 4096 && (off + 4 > glen || memcmp(gold + off, "NWCB", 4))) {

@@ -139,16 +139,8 @@ static void check_old(nwc_store *s) {
     int rc = nwc_store_read(s, "old", names[i], &t);
     CHECK(rc == 0, "read old/%s: %s", names[i], nwc_error_detail());
     if (rc) continue;
-    uint64_t lay[4];
-    nwc_layout(t.rows, t.cols, t.elem, lay);
-    uint16_t *out = malloc(t.rows * lay[NWC_LAYOUT_K16] * 2);
-    CHECK_RC(nwc_dequant(&t, out));
-    uint64_t bad = 0;
-    for (uint64_t r = 0; r < t.rows; r++)
-      for (uint64_t c = 0; c < t.cols; c++)
-        bad += out[r * lay[NWC_LAYOUT_K16] + c] != gm_want(t.rows, t.cols, r, c);
+    const uint64_t bad = gm_count_wrong(&t);
     CHECK(bad == 0, "old/%s: %llu weights differ", names[i], (unsigned long long)bad);
-    free(out);
     nwc_tensor_release(&t);
   }
 }
