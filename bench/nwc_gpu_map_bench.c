@@ -4,7 +4,7 @@
  * lines on stdout, progress on stderr.
  *
  *   nwc_gpu_map_bench [--rows M] [--cols K] [--iters N] [--layers L] [--layout 0|2] [--no-step]
- *                     [--nwcd PATH] [--keep]
+ *                     [--procs P] [--nwcd PATH] [--keep]
  *
  * Writes a synthetic BF16 model (normal weights, sigma 0.02) into a temporary directory: "mv" of
  * M x K (default 4096 x 4096) and, unless --no-step, a Qwen3-4B-shaped stack of L layers (default
@@ -28,6 +28,12 @@
  *                       same encoded matrices, one per layer), and cuBLAS BF16 GEMV
  *                       (cublasGemmEx, fp32 compute) on per-layer BF16 copies; median of the
  *                       replays (target: mapped within 3 % of own).
+ *   gpu_map_procs       P client processes (default 8; 0: none) started as this program with
+ *                       --child, each with its CUDA context made, then mapping the whole model:
+ *                       the device's free memory (cudaMemGetInfo) before and after the P maps
+ *                       (maps_bytes: what mapping took beyond the contexts), against the model's
+ *                       bytes on the device and its BF16 bytes (target: nwcd's copy plus every
+ *                       map at most 8.1 GB for an 8 GB model).
  * Exit 77 without a GPU.  docs/results.md keeps the figures.
  */
 #include "bench.h"
@@ -356,9 +362,81 @@ static void bench_step(const nwc_cuda_map *m, uint16_t *const w[MATS]) {
   free(L);
 }
 
+/* A mapping client (--child SOCK): makes its CUDA context, says "ready", maps the model when its
+ * parent says so, says "mapped", and unmaps and exits when its stdin closes. */
+static int child(const char *sock) {
+  char line[16];
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess) return 1;
+  printf("ready\n");
+  fflush(stdout);
+  if (!fgets(line, sizeof line, stdin)) return 1;
+  nwc_client *c = NULL;
+  nwc_cuda_map *m = NULL;
+  if (nwc_client_connect(sock, &c) < 0 || nwc_cuda_map_model(c, "m", 0, &m) < 0) {
+    fprintf(stderr, "nwc_gpu_map_bench child: %s %s\n", nwc_client_last_error(), nwc_cuda_last_error());
+    return 1;
+  }
+  printf("mapped %zu\n", nwc_cuda_count(m));
+  fflush(stdout);
+  while (fgets(line, sizeof line, stdin)) {
+  }
+  nwc_cuda_unmap(m);
+  nwc_client_free(c);
+  return 0;
+}
+
+/* Each of n lines from the children's pipes, or false. */
+static bool read_lines(FILE *const *from, unsigned n, const char *want) {
+  char line[64];
+  for (unsigned i = 0; i < n; i++)
+    if (!fgets(line, sizeof line, from[i]) || strncmp(line, want, strlen(want))) return false;
+  return true;
+}
+
+static void bench_procs(const char *self, const char *sock, unsigned procs, uint64_t model_bytes,
+                        uint64_t bf16_bytes) {
+  pid_t pid[64];
+  FILE *to[64], *from[64];
+  for (unsigned i = 0; i < procs; i++) {
+    int in[2], out[2];
+    if (pipe(in) || pipe(out)) DIE("pipe");
+    if ((pid[i] = fork()) < 0) DIE("fork");
+    if (pid[i] == 0) {
+      dup2(in[0], 0), dup2(out[1], 1);
+      close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+      execl(self, self, "--child", sock, (char *)NULL);
+      _exit(127);
+    }
+    close(in[0]), close(out[1]);
+    to[i] = fdopen(in[1], "w"), from[i] = fdopen(out[0], "r");
+  }
+  size_t free0 = 0, free1 = 0, total = 0;
+  if (!read_lines(from, procs, "ready")) DIE("a child did not start");
+  CU(cudaMemGetInfo(&free0, &total));
+  for (unsigned i = 0; i < procs; i++) fputs("go\n", to[i]), fflush(to[i]);
+  if (!read_lines(from, procs, "mapped")) DIE("a child did not map the model");
+  CU(cudaMemGetInfo(&free1, &total));
+  for (unsigned i = 0; i < procs; i++) fclose(to[i]);
+  int bad = 0;
+  for (unsigned i = 0; i < procs; i++) {
+    int st = 0;
+    waitpid(pid[i], &st, 0);
+    bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    fclose(from[i]);
+  }
+  const double maps = (double)free0 - (double)free1;
+  printf("{\"bench\":\"gpu_map_procs\",\"procs\":%u,\"model_device_bytes\":%llu,\"model_bf16_bytes\":%llu,"
+         "\"maps_bytes\":%.0f,\"weights_total_bytes\":%.0f,\"children_failed\":%d}\n",
+         procs, (unsigned long long)model_bytes, (unsigned long long)bf16_bytes, maps,
+         (double)model_bytes + maps, bad);
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
   const char *nwcd = NWCD_PATH;
   bool keep = false;
+  unsigned procs = 8;
+  if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) M = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) K = strtoull(argv[++i], NULL, 0);
@@ -368,12 +446,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-step")) step = false;
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd = argv[++i];
     else if (!strcmp(argv[i], "--keep")) keep = true;
+    else if (!strcmp(argv[i], "--procs") && i + 1 < argc) procs = (unsigned)atoi(argv[++i]);
     else
       return fprintf(stderr, "usage: nwc_gpu_map_bench [--rows M] [--cols K] [--iters N] "
-                             "[--layers L] [--layout 0|2] [--no-step] [--nwcd PATH] [--keep]\n"),
+                             "[--layers L] [--layout 0|2] [--no-step] [--procs P] [--nwcd PATH] [--keep]\n"),
              2;
   }
-  if (M < 8 || K < 16 || iters < 10 || layers < 1 || (layout != 0 && layout != 2))
+  if (M < 8 || K < 16 || iters < 10 || layers < 1 || (layout != 0 && layout != 2) || procs > 64)
     return fprintf(stderr, "nwc_gpu_map_bench: bad sizes or layout\n"), 2;
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
@@ -410,6 +489,12 @@ int main(int argc, char **argv) {
           now_s() - t0, nwc_cuda_read_only(m) ? "read-only" : "read-write");
   bench_call(c, m, mv);
   if (step) bench_step(m, w);
+  if (procs) {
+    uint64_t dev = 0, bf16 = M * K * 2;
+    for (size_t i = 0; i < nwc_cuda_count(m); i++) dev += nwc_cuda_at(m, i)->bytes;
+    for (int i = 0; step && i < MATS; i++) bf16 += (uint64_t)(i < MATS - 1 ? layers : 1) * shapes[i][0] * shapes[i][1] * 2;
+    bench_procs("/proc/self/exe", sock, procs, dev, bf16);
+  }
   nwc_cuda_unmap(m);
   nwc_client_free(c);
   nwc_bench_nwcd_stop(pid);
