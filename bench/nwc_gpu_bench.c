@@ -1,11 +1,11 @@
 /*
- * nwc_gpu_bench.c - the layout-0 CUDA kernels against cuBLAS BF16 GEMV and the plain fp8 matvec on
+ * nwc_gpu_bench.c - the CUDA kernels (layouts 0 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
  *   nwc_gpu_bench [--quick] [--layout 0|2] [--cols 1..8] [--token-step] [--no-shapes]
  *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
  *
- * --layout picks the tensors' layout (BF16; fp8 runs in layout 0 only), --cols the columns of x
+ * --layout picks the tensors' layout (BF16 and fp8; fp8 with 1 column), --cols the columns of x
  * multiplied in one call, against cublasGemmEx with as many columns.  --token-step adds every
  * linear of a Qwen3-4B-shaped model in one graph (bench_token_step); --no-shapes leaves out the
  * nine shapes and the sample.
@@ -399,15 +399,15 @@ static void bench_shape(uint64_t M, uint64_t K) {
   nwc_side_free(&ns);
   nwc_tensor_release(&t);
 
-  /* fp8: NWC linear on the quantized weights against the plain fp8 matvec (layout 0, 1 column) */
-  if (layout != 0 || ncols != 1) {
+  /* fp8: NWC linear on the quantized weights against the plain fp8 matvec (1 column) */
+  if (ncols != 1) {
     free(x), free(w);
     return;
   }
   uint8_t *q = malloc(M * K);
   float *scale = malloc(M * 4);
   NW(nwc_quantize_fp8(w, M, K, q, scale));
-  NW(nwc_tensor_encode(q, M, K, NWC_ELEM(NWC_ELEM_FP8, 0), scale, &t));
+  NW(nwc_tensor_encode(q, M, K, NWC_ELEM(NWC_ELEM_FP8, layout), scale, &t));
   nbytes = (double)t.data_bytes + (double)t.raw_bytes + (double)t.nblocks * (8 + NWC_LANES);
   nwc_side_init(&ns, &t, copies_for(nbytes));
   nwc_side_set_x(&ns, x, K16);

@@ -33,8 +33,11 @@
  * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
  * storing that row only.
  *
- * Variants: l2_matvec_kernel<T> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns),
- * l2_rows_kernel (dequant and gather) (BF16).
+ * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns) and the
+ * element type, l2_xfrag_kernel, l2_finish_kernel, l2_rows_kernel<FP8> (dequant, row ranges and
+ * gather).  fp8 differs only in the low plane (three words per lane and pair of slots, whose
+ * mantissa fields fp8_low turns into low bytes), its 2-byte exception entries and the per-row
+ * scale applied with the bias; its weights are exact in BF16, so the mma path is the same.
  */
 #include "bf16.cuh"
 #include "cp_async.cuh"
@@ -119,7 +122,9 @@ __global__ void l2_xfrag_kernel(const float *x, uint64_t ldx, uint32_t K, uint32
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-constexpr uint32_t kEntryBytes = 3; /* a BF16 exception entry: index, weight (docs/format-layouts.md §4.4) */
+/* An exception entry: index, then the weight, 2 bytes (BF16) or 1 (fp8) (docs/format-layouts.md §4.4). */
+template <bool FP8>
+__host__ __device__ constexpr uint32_t entry_bytes() { return FP8 ? 2 : 3; }
 constexpr uint32_t kWindow = 128;   /* bytes of a block's entry list a warp holds in registers */
 
 /* A position in a warp's sequence of units: unit u (row group grp, part; for gather, requested
@@ -203,7 +208,7 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
  * (only where a row's last block has fewer than D slots left) are not copied, and their decode
  * is dropped.
  */
-template <int D, class Sink>
+template <int D, bool FP8, class Sink>
 __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, const uint64_t *rows, uint8_t *ring_mem,
                                           Sink &sink) {
   static_assert(8 % D == 0 && D >= 2, "a batch divides 8 slots");
@@ -216,7 +221,10 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
     const uint32_t dst = ring + set * D * kEntry, half = lane >> 4;
 #pragma unroll
     for (int k = 0; k < D; k++) {
-      if (ld.s + k < ld.s_end) cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + (gs + k) * 512 + 16 * lane);
+      if (!FP8 && ld.s + k < ld.s_end)
+        cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + (gs + k) * 512 + 16 * lane);
+      if (FP8 && k % 2 == 0 && ld.s + k < ld.s_end && lane < 24) /* the pair's 384 bytes, in slot k's entry */
+        cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + ((uint64_t)ld.grp * g.P + (ld.s + k) / 2) * 384 + 16 * lane);
       if (k % 2 == 0 && ld.s + k + half < ld.s_end)
         cp_async16(dst + (k + half) * kEntry + 16 * (lane & 15u), g.nib + (gs + k + half) * 256 + 16 * (lane & 15u));
     }
@@ -255,8 +263,16 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
 #pragma unroll
     for (int k = 0; k < D; k++) {
       uint32_t A[8];
-      decode_bf16_slot(*reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane),
-                       *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane), g.lut[0], g.lut[1], A);
+      const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
+      uint4 low;
+      if (FP8) { /* slot k's 48 bits of its pair's three words (batches start on even slots) */
+        const uint32_t *pw = reinterpret_cast<const uint32_t *>(e + (k & ~1) * kEntry + kLowOff) + lane;
+        const uint64_t f = k % 2 == 0 ? pw[0] | (uint64_t)(pw[32] & 0xffffu) << 32 : pw[32] >> 16 | (uint64_t)pw[64] << 16;
+        low = fp8_low(nib, f, g.lut[2], g.lut[3]);
+      } else {
+        low = *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane);
+      }
+      decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
       if (c.s + k < c.s_end) sink.slot(k, c, A);
       if (nx.valid && nx.s + k < nx.s_end) sink.fetch(k, nx.s + k);
     }
@@ -270,16 +286,16 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const L2Work &w, cons
         ExGroup eg;
 #pragma unroll
         for (uint32_t i = 0; i < kExGroup; i++) {
-          const uint32_t k = k0 + i, at = kEntryBytes * (ex.pre + k); /* the entry's byte in the list */
+          const uint32_t k = k0 + i, at = entry_bytes<FP8>() * (ex.pre + k); /* the entry's byte in the list */
           const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
           const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
           uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-          if (k < ex.n && at + kEntryBytes > kWindow) /* past the window */
-            ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (uint32_t)__ldg(ex.p + at + 2) << 16;
+          if (k < ex.n && at + entry_bytes<FP8>() > kWindow) /* past the window */
+            ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(ex.p + at + 2) << 16);
           const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
           eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the unit's part of the block */
           eg.row[i] = frag_row(r, j), eg.col[i] = NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j);
-          eg.w[i] = (ent >> 8) & 0xffffu;
+          eg.w[i] = FP8 ? fp8_to_bf16_bits((ent >> 8) & 0xffu) : (ent >> 8) & 0xffffu;
         }
         sink.exceptions(c, eg);
       }
@@ -393,7 +409,7 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const L
   __syncwarp();
 }
 
-template <int T>
+template <int T, bool FP8>
 __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_kernel(L2Geom g, L2Work w, L2Matvec a) {
   using Sink = MatvecSink<T>;
   extern __shared__ uint4 smem[];
@@ -401,7 +417,7 @@ __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_k
   /* l2_finish_kernel (parts of row groups) may be launched now: its CTAs wait for this grid. */
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   Sink sink(a, reinterpret_cast<float *>(mine + ring_bytes<Sink::D>()));
-  l2_stream<Sink::D>(g, w, nullptr, mine, sink);
+  l2_stream<Sink::D, FP8>(g, w, nullptr, mine, sink);
 }
 
 /* The rows of row groups cut into F parts: thread i makes row R = i % M of column n = i / M from
@@ -451,9 +467,10 @@ struct RowsSink {
   __device__ __forceinline__ void unit_end(const L2Geom &, const L2Work &, const Cursor &) const {}
 };
 
+template <bool FP8>
 __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2Geom g, L2Work w, RowsSink sink) {
   extern __shared__ uint4 smem[];
-  l2_stream<RowsSink::D>(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>(),
+  l2_stream<RowsSink::D, FP8>(g, w, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>(),
                          sink);
 }
 
@@ -495,7 +512,8 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   if (!t || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
   /* the ring copies raw and hdr in 16-byte pieces, bases[b] in 8 */
   if ((uintptr_t)t->raw % 16 || (uintptr_t)t->hdr % 16 || (uintptr_t)t->bases % 8) return -EINVAL;
-  if (NWC_ELEM_LAYOUT(t->elem) != 2 || NWC_ELEM_TYPE(t->elem) != NWC_ELEM_BF16) return -ENOTSUP;
+  const unsigned type = NWC_ELEM_TYPE(t->elem);
+  if (NWC_ELEM_LAYOUT(t->elem) != 2 || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8)) return -ENOTSUP;
   uint64_t lay[4];
   int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
   if (rc < 0) return rc;
@@ -520,6 +538,8 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   g->CB = (uint32_t)CB;
   g->S = (uint32_t)S;
   g->RB = (uint32_t)RB;
+  g->P = (uint32_t)((S + 1) / 2);
+  g->fp8 = type == NWC_ELEM_FP8;
   return 0;
 }
 
@@ -562,11 +582,11 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
   return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
 }
 
-template <int T>
+template <int T, bool FP8>
 static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, const L2Matvec &a,
                             cudaStream_t stream) {
   int rc;
-  if ((rc = set_smem(l2_matvec_kernel<T>, kL2Warps * MatvecSink<T>::kWarpSmem, matvec_ctas_per_sm(T))) < 0)
+  if ((rc = set_smem(l2_matvec_kernel<T, FP8>, kL2Warps * MatvecSink<T>::kWarpSmem, matvec_ctas_per_sm(T))) < 0)
     return rc;
   const uint32_t threads = g.S * T * 32;
   l2_xfrag_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(a.x, a.ldx, g.K, g.S, a.ncols, T, const_cast<uint4 *>(a.xs));
@@ -577,7 +597,7 @@ static int launch_l2_matvec(const L2Geom &g, const L2Work &w, unsigned ctas, con
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(ctas), cfg.blockDim = dim3(kL2Threads), cfg.dynamicSmemBytes = kL2Warps * MatvecSink<T>::kWarpSmem, cfg.stream = stream;
   cfg.attrs = pdl, cfg.numAttrs = 1;
-  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<T>, g, w, a))) < 0) return rc;
+  if ((rc = cuda_status(cudaLaunchKernelEx(&cfg, l2_matvec_kernel<T, FP8>, g, w, a))) < 0) return rc;
   if ((rc = launch_status()) < 0 || w.F == 1) return rc;
   const uint64_t outs = (uint64_t)g.M * a.ncols;
   cfg.gridDim = dim3((unsigned)((outs + 255) / 256)), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = 0;
@@ -606,9 +626,14 @@ int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   const L2Scratch sc(g, w, T);
   a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + sc.part);
   a.xs = reinterpret_cast<const uint4 *>(static_cast<uint8_t *>(scratch) + sc.xs);
-  if (T == 1) return launch_l2_matvec<1>(g, w, ctas, a, stream);
-  if (T == 2) return launch_l2_matvec<2>(g, w, ctas, a, stream);
-  return launch_l2_matvec<3>(g, w, ctas, a, stream);
+  if (g.fp8) {
+    if (T == 1) return launch_l2_matvec<1, true>(g, w, ctas, a, stream);
+    if (T == 2) return launch_l2_matvec<2, true>(g, w, ctas, a, stream);
+    return launch_l2_matvec<3, true>(g, w, ctas, a, stream);
+  }
+  if (T == 1) return launch_l2_matvec<1, false>(g, w, ctas, a, stream);
+  if (T == 2) return launch_l2_matvec<2, false>(g, w, ctas, a, stream);
+  return launch_l2_matvec<3, false>(g, w, ctas, a, stream);
 }
 
 /* Dequant or gather: a unit per block of `groups` row groups from `first` (dequant) or per block
@@ -623,8 +648,9 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
   const unsigned ctas = l2_ctas(w.units, sms, kRowsCtasPerSm);
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
   int rc;
-  if ((rc = set_smem(l2_rows_kernel, smem, kRowsCtasPerSm)) < 0) return rc;
-  l2_rows_kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
+  auto kernel = g.fp8 ? l2_rows_kernel<true> : l2_rows_kernel<false>;
+  if ((rc = set_smem(kernel, smem, kRowsCtasPerSm)) < 0) return rc;
+  kernel<<<ctas, kL2Threads, smem, stream>>>(g, w, sink);
   return launch_status();
 }
 

@@ -36,9 +36,11 @@ struct L2Geom {
   const uint8_t *hdr;
   const uint8_t *data;
   const uint8_t *nib; /* the nibble plane: 256 bytes per (row group, slot) */
-  const uint8_t *low; /* the low plane right behind it */
+  const uint8_t *low; /* the low plane right behind it: BF16 512 bytes per slot, fp8 384 per pair */
   uint32_t lut[4];    /* psym as words: lut[0..1] high bytes of ranks 0..7, lut[2..3] fp8 bit 7 */
   uint32_t M, K, K16, CB, S, RB;
+  uint32_t P; /* pairs of slots per row group (fp8's low plane), ceil(S / 2) */
+  bool fp8;   /* the element type: fp8 (e4m3, per-row scale) or BF16 */
 };
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -87,6 +89,31 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t *a, uint32_t
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The low bytes of an fp8 slot's 16 weights as decode_bf16_slot takes them (word i: weights 4 i ..
+ * 4 i + 3): the mantissa field m of weight j (bits 3 j .. 3 j + 2 of f, the slot's 48 bits of its
+ * pair's fields) at bits 4..6 and bit 7 of the symbol E (psym[8 + rank], lut2 lut3) at bit 7. */
+__device__ __forceinline__ uint4 fp8_low(uint2 nib, uint64_t f, uint32_t lut2, uint32_t lut3) {
+  const uint32_t n[2] = {nib.x, nib.y};
+  uint32_t lo[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t t = (uint32_t)(f >> (12 * i)) & 0xfffu; /* fields of weights 4 i .. 4 i + 3 */
+    const uint32_t m = ((t & 7u) | (t & 0x38u) << 5 | (t & 0x1c0u) << 10 | (t & 0xe00u) << 15) << 4;
+    const uint32_t ranks = (n[i >> 1] >> (16 * (i & 1))) & 0x7777u;
+    lo[i] = m | prmt(lut2, lut3, ranks);
+  }
+  return make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+/* An fp8 byte (e4m3, not NaN) as the BF16 bits of the same value. */
+__device__ __forceinline__ uint32_t fp8_to_bf16_bits(uint32_t v) {
+  const uint32_t s = (v & 0x80u) << 8, e = (v >> 3) & 15u, m = v & 7u;
+  if (e) return s | (e + 120u) << 7 | m << 4;
+  if (!m) return s;
+  const uint32_t p = 31 - __clz(m); /* a subnormal m 2^-9: the leading one of m is bit p */
+  return s | (118u + p) << 7 | ((m << (7 - p)) & 0x7fu);
 }
 
 /* Where weight j of lane (r, q) lies inside its slot: row 0..15, column 0..31. */
