@@ -5,6 +5,7 @@
  */
 #include "client_internal.h"
 #include "nwc_client.h"
+#include "nwc.h" /* NWC_LAYOUT_AUTO, which the client's constant passes on */
 
 #include "nwc_proto.h"
 #include "safetensors.h"
@@ -68,6 +69,8 @@ static int open_source(const char *path, const char *what) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
+
+_Static_assert(NWC_CLIENT_LAYOUT_AUTO == NWC_LAYOUT_AUTO, "the import's auto layout, on both sides");
 
 /* import2 where the daemon has it (capability 256), else import, which is all or nothing. */
 static int do_import(nwc_client *c, const char *model, const char *path,

@@ -150,9 +150,13 @@ NWC_CLIENT_API int nwc_client_stats(nwc_client *c, nwc_client_counters *out);
  * the devices operation (protocol capability 512), which sums its GPUs in nwc_client_stats. */
 NWC_CLIENT_API int nwc_client_devices(nwc_client *c, nwc_client_place **out, size_t *n);
 
+/* nwc_client_import_opts.layout: the layout chosen per tensor (NWC_LAYOUT_AUTO of nwc.h). */
+#define NWC_CLIENT_LAYOUT_AUTO 15u
+
 typedef struct nwc_client_import_opts {
   unsigned elem;   /* 0 bf16 (keep), 1 fp8 */
-  unsigned layout; /* 0, 1, 2 */
+  unsigned layout; /* 0, 1, 2, or NWC_CLIENT_LAYOUT_AUTO: per tensor, 2 for BF16 matrices of at
+                      least 16 rows, 0 for the rest (nwcctl's and Python's default) */
   nwc_client_progress_fn progress;
   void *ctx;
 } nwc_client_import_opts;

@@ -494,7 +494,7 @@ static json_t *skipped_json(const nwc_client_skipped *v, size_t n) {
 }
 
 static int cmd_import(int argc, char **argv) {
-  nwc_client_import_opts o = {0, 0, progress_bar, "import"};
+  nwc_client_import_opts o = {0, NWC_CLIENT_LAYOUT_AUTO, progress_bar, "import"};
   const char *model = NULL, *path = NULL;
   unsigned flags = 0;
   for (int i = 0; i < argc; i++) {
@@ -507,8 +507,9 @@ static int cmd_import(int argc, char **argv) {
       else if (strcmp(argv[i], "bf16"))
         return fprintf(stderr, "%s: import: --elem: expected bf16 or fp8, got '%s'\n", prog, argv[i]), 2;
     } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
-      if (parse_u64("--layout", argv[++i], 2, &layout) < 0) return 2;
-      o.layout = (unsigned)layout;
+      if (!strcmp(argv[++i], "auto")) o.layout = NWC_CLIENT_LAYOUT_AUTO;
+      else if (parse_u64("--layout", argv[i], 2, &layout) < 0) return 2;
+      else o.layout = (unsigned)layout;
     } else if (unknown_option(argv[i])) {
       return 2;
     } else if (!model) {
@@ -766,8 +767,9 @@ static const struct command {
     {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory (tensors in use or pinned are kept and counted)"},
     {"pin", 1, 1, "pin MODEL[/TENSOR] [--json]: load and keep resident (never evicted by LRU)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
-    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n"
-                       "  [--json]: encode into the store; the files are opened here and passed to nwcd, which\n"
+    {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"
+                       "  [--json]: encode into the store (layout auto, the default: 2 for BF16 matrices of 16 or\n"
+                       "  more rows, 0 for the rest); the files are opened here and passed to nwcd, which\n"
                        "  reads only those; tensors of dtypes nwc does not store (integers, BOOL) and empty\n"
                        "  ones are skipped and named, or with --strict fail the import (nothing is stored)"},
     {"rm", 1, 1, "rm MODEL [--json]: remove a model (refused while one of its tensors is in use)"},
@@ -824,7 +826,7 @@ static void usage(FILE *f) {
           "                             read into memory (progress on a TTY)\n"
           "  evict MODEL[/TENSOR]       drop from memory\n"
           "  pin | unpin MODEL[/TENSOR] keep resident (loads first) / release\n"
-          "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout 0|1|2] [--strict]\n"
+          "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"
           "  rm MODEL                   remove a model from the store\n"
           "  verify [MODEL]             re-read and check every chunk and tensor\n"
           "  stats                      daemon counters\n"

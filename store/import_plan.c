@@ -18,6 +18,11 @@ typedef struct name_ref {
   size_t src, idx;
 } name_ref;
 
+unsigned nwc_import_layout(unsigned layout, unsigned type, unsigned ndim, uint64_t rows) {
+  if (layout != NWC_LAYOUT_AUTO) return layout;
+  return type == NWC_ELEM_BF16 && ndim >= 2 && rows >= 16 ? 2 : 0;
+}
+
 static int cmp_name_ref(const void *a, const void *b) {
   return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name);
 }
@@ -90,7 +95,7 @@ static int plan_tensor(imp *im, job *j, const name_ref *names, size_t nnames) {
   j->conv = f16 ? CONV_F16 : f32 ? CONV_F32 : f64 ? CONV_F64 : e5m2 ? CONV_E5M2 : CONV_NONE;
   j->quantize = !f8 && im->o.elem == NWC_ELEM_FP8 && st->ndim >= 2;
   unsigned type = f8 || j->quantize ? NWC_ELEM_FP8 : NWC_ELEM_BF16;
-  pt->elem = NWC_ELEM(type, im->o.layout);
+  pt->elem = NWC_ELEM(type, nwc_import_layout(im->o.layout, type, st->ndim, pt->rows));
   pt->raw_bytes = st->numel * (type == NWC_ELEM_FP8 ? 1 : 2);
   uint64_t lay[4];
   int rc = nwc_layout(pt->rows, pt->cols, pt->elem, lay);

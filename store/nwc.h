@@ -61,6 +61,10 @@ enum nwc_elem_type { NWC_ELEM_BF16 = 0, NWC_ELEM_FP8 = 1 };
 #define NWC_ELEM(type, layout) ((unsigned)(type) | ((unsigned)(layout) << 4))
 #define NWC_ELEM_TYPE(elem) ((unsigned)(elem) & 15u)
 #define NWC_ELEM_LAYOUT(elem) (((unsigned)(elem) >> 4) & 15u)
+/* Not a layout but an import option (nwc_import_opts.layout, the protocol's import): the layout
+ * chosen per tensor, 2 for BF16 matrices of at least 16 rows, 0 for the rest (docs/kernels.md,
+ * "Choosing a layout"). */
+#define NWC_LAYOUT_AUTO 15u
 /* Rows of a block (and of nwc_dequant_range's row blocks): 8 for layout 0, 16 for layouts 1, 2
  * (docs/format-layouts.md). */
 #define NWC_LAYOUT_BLOCK_ROWS(elem) (NWC_ELEM_LAYOUT(elem) ? 16u : 8u)

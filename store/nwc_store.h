@@ -100,11 +100,18 @@ typedef struct nwc_import_skip {
  * model is published (never for an import that fails). */
 typedef void (*nwc_skip_fn)(void *ctx, const nwc_import_skip *t);
 
+/* The layout a tensor of that element type and shape gets under the import option `layout`: the
+ * option itself, or for NWC_LAYOUT_AUTO layout 2 for a BF16 matrix (2 or more dimensions) of at
+ * least 16 rows and layout 0 for the rest (fp8, vectors and matrices of a few rows, for which a
+ * 16-row group of layout 2 would be mostly fillers). */
+unsigned nwc_import_layout(unsigned layout, unsigned type, unsigned ndim, uint64_t rows);
+
 typedef struct nwc_import_opts {
   unsigned elem;    /* NWC_ELEM_BF16: keep source precision (F8_E4M3 stays fp8);
                        NWC_ELEM_FP8: quantize the float tensors of 2 or more dims to fp8 per
                        output row (nwc_quantize_fp8); 1-D tensors stay BF16 */
-  unsigned layout;  /* codec layout 0..15, passed through (the codec says -ENOTSUP if missing) */
+  unsigned layout;  /* codec layout 0..14, passed through (the codec says -ENOTSUP if missing),
+                       or NWC_LAYOUT_AUTO: per tensor (nwc_import_layout) */
   unsigned threads; /* encoder threads; 0 = all online cores */
   nwc_progress_fn progress;
   void *progress_ctx;

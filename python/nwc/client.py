@@ -52,6 +52,7 @@ class Model:
 
 
 _STATES = {0: "absent", 1: "loading", 2: "resident"}
+_LAYOUT_AUTO = 15  # NWC_CLIENT_LAYOUT_AUTO (nwc_client.h): the import's layout chosen per tensor
 
 
 @dataclass
@@ -313,11 +314,12 @@ class Client(_lib.Closable):
     # ---- store and residency --------------------------------------------------------------------
 
     def import_(self, name: str, path: str, elem: Union[None, int, str] = None,
-                layout: Optional[int] = None, progress: Progress = True,
+                layout: Union[None, int, str] = None, progress: Progress = True,
                 strict: bool = False) -> Result:
         """Imports path (a .safetensors file, or a sharded model's ``*.json`` index) as model
         name (``nwcctl import``).  elem: None or "bf16" (keep), "fp8" (quantize per row);
-        layout: None (0), 0, 1, 2.  progress: True shows a tqdm bar where tqdm is installed, a
+        layout: None or "auto" (per tensor: 2 for BF16 matrices of at least 16 rows, 0 for the
+        rest, as nwcctl), 0, 1, 2.  progress: True shows a tqdm bar where tqdm is installed, a
         function(done, total) is called instead (a true return stops waiting: NwcError
         ECANCELED, while the daemon finishes the import), False shows nothing.  strict: a tensor
         nwc does not store (integer, bool, empty) fails the import instead of being skipped
@@ -325,10 +327,11 @@ class Client(_lib.Closable):
         elems = {None: 0, "bf16": 0, "fp8": 1, 0: 0, 1: 1}
         if elem not in elems:
             raise NwcError(errno.EINVAL, f"elem {elem!r}: say \"bf16\" or \"fp8\"")
-        if layout not in (None, 0, 1, 2):
-            raise NwcError(errno.EINVAL, f"layout {layout!r}: say 0, 1 or 2")
+        layouts = {None: _LAYOUT_AUTO, "auto": _LAYOUT_AUTO, 0: 0, 1: 1, 2: 2}
+        if layout not in layouts:
+            raise NwcError(errno.EINVAL, f"layout {layout!r}: say \"auto\", 0, 1 or 2")
         pr = _Progress(progress, f"import {name}")
-        opts = _lib.nwc_client_import_opts(elems[elem], layout or 0, pr.fn, None)
+        opts = _lib.nwc_client_import_opts(elems[elem], layouts[layout], pr.fn, None)
         res = _lib.nwc_client_result()
         sk, nsk = ctypes.POINTER(_lib.nwc_client_skipped)(), c_size_t()
         try:

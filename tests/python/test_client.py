@@ -68,7 +68,8 @@ def test_import_lists_and_info(client, daemon, sample):
     assert set(ts) == {"w", "w.b", "emb", "vec"}
     for name, x in ts.items():
         assert x.shape == t[name].shape and x.dtype == "BF16" and x.type == "bf16"
-        assert x.layout == 0 and x.state == "absent" and not x.pinned
+        auto = 2 if len(x.shape) >= 2 and x.shape[0] >= 16 else 0  # the default, layout auto
+        assert x.layout == auto and x.state == "absent" and not x.pinned
     assert (ts["vec"].rows, ts["vec"].cols) == (1, 33)
     for o in json.loads(ctl(daemon, "ls", "m", "--json")):
         assert tuple(o["shape"]) == ts[o["name"]].shape
@@ -173,15 +174,22 @@ def test_layouts_and_fp8(client, sample, rng):
 
 
 def test_map(client, sample, rng):
-    _, t = sample
+    path, t = sample
+    client.import_("m0", path, layout=0, progress=False)
+    with client.map("m0", "w") as m0:
+        assert m0.layout == 0
+        raw0 = m0.raw_plane  # zero-copy: the low byte of every weight, rows padded to K16
+        assert raw0.shape == (M, (K + 15) // 16 * 16)
+        assert np.array_equal(raw0[:, :K], (t["w"] & 0xFF).astype(np.uint8))
+        assert not raw0[:, K:].any() and m0.scales is None
+        del raw0
     m = client.map("m", "w")
-    assert (m.rows, m.cols, m.shape, m.type, m.layout) == (M, K, (M, K), "bf16", 0)
+    assert (m.rows, m.cols, m.shape, m.type, m.layout) == (M, K, (M, K), "bf16", 2)  # auto: M >= 16
     assert m.size >= m.rows * m.cols and m.fd >= 0
     assert m.blob[:4].tobytes() == b"NWCB" and not m.blob.flags.writeable
-    raw = m.raw_plane  # zero-copy: the low byte of every weight, rows padded to K16
-    assert raw.shape == (M, (K + 15) // 16 * 16)
-    assert np.array_equal(raw[:, :K], (t["w"] & 0xFF).astype(np.uint8))
-    assert not raw[:, K:].any() and m.scales is None
+    raw = m.raw_plane  # layout 2's planes: a flat view
+    assert raw.ndim == 1 and m.scales is None
+    first = int(raw[0])
     assert np.array_equal(m.dequant(), bf16_float(t["w"]))
     assert np.array_equal(m.dequant("bfloat16"), t["w"])
     rows = rng.integers(0, M, 9)
@@ -200,7 +208,7 @@ def test_map(client, sample, rng):
             bad()
         assert e.value.errno == errno.EINVAL and what in e.value.message
     m.close()  # the view keeps the mapping: still mapped, still readable
-    assert raw[0, 0] == t["w"][0, 0] & 0xFF
+    assert raw[0] == first
     assert [p.maps for p in client.ps() if (p.model, p.tensor) == ("m", "w")] == [1]
     with pytest.raises(nwc.NwcError) as e:
         m.dequant()
