@@ -33,7 +33,7 @@ nwc.torch.patch (one GPU map of the whole model).  Lines, each {"bench": "nwc_to
 
 Needs PyTorch with CUDA, transformers with Qwen3 (written against PyTorch 2.11 and transformers
 5.17), a build tree configured with -DNWC_WITH_CUDA=ON, and a GPU with room for the model
-twice.  Run with the python that has them (Debian's /usr/bin/python3 has no CUDA torch).
+five times in BF16 (twice, and a float32 copy for the reference).  Run with the python that has them (Debian's /usr/bin/python3 has no CUDA torch).
 """
 import argparse
 import copy

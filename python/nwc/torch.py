@@ -179,10 +179,13 @@ class NwcLinear(_OnGpu, nn.Module):
         self._dense = self._bias = None
 
     def dense_weight(self) -> torch.Tensor:
-        """The weight, [out, in] BF16, dequantized once and cached."""
+        """The weight, [out, in] BF16, dequantized once and cached (by the host map where the
+        module has one: decoded here, of any size; else by the daemon, through the
+        connection's shared region, which bounds it)."""
         if self._dense is None:
-            self._dense = self.client.dequant(self.model, self.weight_name, "bfloat16",
-                                              as_torch=True)
+            self._dense = (self.client.dequant(self.model, self.weight_name, "bfloat16",
+                                               as_torch=True) if self.mapping is None else
+                           self.mapping.dequant("bfloat16", as_torch=True))
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
