@@ -13,9 +13,8 @@ nwc.torch.patch (one GPU map of the whole model).  Lines, each {"bench": "nwc_to
   setup    the seed, shapes, the import's time and sizes;
   memory   device bytes of the weights: the BF16 model's parameters against the patched model's
            (the parameters left, the norms; nwcd's shared copies; the map's scratch and staging;
-           what the first input of more than 8 rows made: nwc.torch's dense scratch, the
-           chunk of rows the prefill path dequantizes at a time, and the map's whole-tensor
-           dense buffer, which only a layout without row-range dequant uses);
+           nwc.torch's dense scratch, made by the first input of more than 8 rows: the chunk
+           of rows the prefill path dequantizes at a time);
   logits   teacher-forced logits of T random tokens (default 64), patched against BF16: once as
            one forward of T rows ("prefill": the dense path, F.linear on the dequantized BF16
            weights) and once token by token with a cache ("steps": the fused matvecs);
@@ -268,8 +267,7 @@ def main() -> None:
              patched_param_bytes=param_bytes(patched),
              nwc_copy_bytes=sum(t.bytes for t in gmap.tensors.values()),
              map_scratch_bytes=gmap.scratch_bytes,
-             map_staging_bytes=gmap.staging_bytes, dense_buffer_bytes=gmap.dense_bytes,
-             dense_scratch_bytes=dense_scratch_bytes(dev),
+             map_staging_bytes=gmap.staging_bytes, dense_scratch_bytes=dense_scratch_bytes(dev),
              nwcd_device_resident_bytes=gpu[0].resident_bytes if gpu else None,
              read_only=gmap.read_only)
 

@@ -111,7 +111,7 @@ NWC_CUDA_API int nwc_cuda_dequant(const nwc_cuda_map *m, const nwc_cuda_tensor *
  * out + (r - row0) * k16: a dense weight made piece by piece through a bounded buffer.  row0 a
  * multiple of NWC_CUDA_ROW_ALIGN, nrows a multiple of it or reaching the last row
  * (row0 + nrows == rows), out 16-byte aligned: else -EINVAL.  -ENOTSUP where the kernels have no
- * row range for the layout (layout 2 for now): dequantize whole instead. */
+ * row range for the tensor's layout and type (as for nwc_cuda_dequant). */
 #define NWC_CUDA_ROW_ALIGN 16
 NWC_CUDA_API int nwc_cuda_dequant_rows(const nwc_cuda_map *m, const nwc_cuda_tensor *t,
                                        uint64_t row0, uint64_t nrows, uint16_t *out,

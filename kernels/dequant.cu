@@ -1,7 +1,8 @@
 /*
  * dequant.cu - row-major BF16 output from a layout-0 tensor, whole (nwc_k_dequant) or a range of
  * rows (nwc_k_dequant_rows), and rows by index (nwc_k_gather, the embedding lookup), all on the
- * shared decoder (decode.cuh).  The entries dispatch layout 2 to layout2.cu.
+ * shared decoder (decode.cuh).  The entries dispatch layout 2 to layout2.cu (l2_rows,
+ * l2_dequant_rows).
  *
  * Dequant is persistent like the matvec (one block of 1024 threads per SM, the table in shared
  * memory, warps grid-striding over the 8 x 512 blocks of its rows: a row range is the blocks of
@@ -123,8 +124,7 @@ extern "C" int nwc_k_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t
   if (row0 > t->rows || nrows > t->rows - row0 || row0 % NWC_K_ROW_ALIGN ||
       (nrows % NWC_K_ROW_ALIGN && row0 + nrows != t->rows))
     return -EINVAL;
-  /* Layout 2 waits for its row-range kernel in layout2.cu (l2_dequant_rows). */
-  if (NWC_ELEM_LAYOUT(t->elem) == 2) return -ENOTSUP;
+  if (NWC_ELEM_LAYOUT(t->elem) == 2) return nwc_k::l2_dequant_rows(t, row0, nrows, out, stream);
   return nwc_k::dequant_range(t, row0, nrows, out, stream);
 }
 

@@ -121,10 +121,10 @@ static void *dalloc(size_t bytes) {
 /*
  * nwc_k_dequant_rows against want (the CPU's whole dequant, rows of K16) for the first row group,
  * a random aligned range inside and a range reaching the last row, each into poisoned d_out
- * (room for M rows).  Layout 2 may still answer -ENOTSUP (its kernel is pending): said once.
+ * (room for M rows).
  */
 static void check_dequant_rows(const char *label, const nwc_k_tensor *d, const uint16_t *want,
-                               uint64_t M, uint64_t K16, unsigned layout, uint16_t *d_out) {
+                               uint64_t M, uint64_t K16, uint16_t *d_out) {
   const uint64_t A = NWC_K_ROW_ALIGN, groups = (M + A - 1) / A;
   const uint64_t g0 = test_below(groups), g1 = g0 + 1 + test_below(groups - g0);
   const uint64_t last = test_below(groups) * A;
@@ -136,10 +136,6 @@ static void check_dequant_rows(const char *label, const nwc_k_tensor *d, const u
     const uint64_t r0 = range[k][0], nr = range[k][1];
     CU(cudaMemsetAsync(d_out, 0xff, M * K16 * 2, stream));
     int rc = nwc_k_dequant_rows(d, r0, nr, d_out, stream);
-    if (layout == 2 && rc == -ENOTSUP) {
-      printf("%s: dequant_rows: -ENOTSUP in layout 2 (pending)\n", label);
-      break;
-    }
     CHECK(rc == 0, "%s: dequant_rows(%llu, %llu): %d", label, (unsigned long long)r0,
           (unsigned long long)nr, rc);
     CU(cudaMemcpyAsync(got, d_out, M * K16 * 2, cudaMemcpyDeviceToHost, stream));
@@ -190,7 +186,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CHECK(diff == 0, "%s: dequant: %llu of %llu differ, first at %llu: 0x%04x vs 0x%04x", label,
         (unsigned long long)diff, (unsigned long long)nout, (unsigned long long)first, got[first],
         want[first]);
-  check_dequant_rows(label, &d, want, M, K16, layout, d_out);
+  check_dequant_rows(label, &d, want, M, K16, d_out);
   CU(cudaFree(d_out));
 
   /* gather: the first, the last and random rows, with a repeat */

@@ -130,21 +130,17 @@ static void check_dequant_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t
   for (uint64_t r = 0; r < M; r++)
     for (uint64_t k = 0; k < K; k++) bad += h[r * K16 + k] != td_w(s, r * K + k);
   CHECK(bad == 0, "dequant of %s: %zu values differ", t->name, bad);
-  /* the rows from a random row group to the end (layout 2: -ENOTSUP until its kernel exists) */
+  /* the rows from a random row group to the end */
   const uint64_t r0 = test_below((M + NWC_CUDA_ROW_ALIGN - 1) / NWC_CUDA_ROW_ALIGN) * NWC_CUDA_ROW_ALIGN;
   CU(cudaMemsetAsync(d, 0xff, M * K16 * 2, st));
-  int rc = nwc_cuda_dequant_rows(m, t, r0, M - r0, d, st);
-  CHECK(rc == 0 || (rc == -ENOTSUP && NWC_ELEM_LAYOUT(t->elem) == 2), "dequant_rows of %s: %d %s",
-        t->name, rc, nwc_cuda_last_error());
-  if (rc == 0) {
-    CU(cudaMemcpyAsync(h, d, M * K16 * 2, cudaMemcpyDeviceToHost, st));
-    CU(cudaStreamSynchronize(st));
-    bad = 0;
-    for (uint64_t r = r0; r < M; r++)
-      for (uint64_t k = 0; k < K; k++) bad += h[(r - r0) * K16 + k] != td_w(s, r * K + k);
-    CHECK(bad == 0, "dequant_rows(%llu..) of %s: %zu values differ", (unsigned long long)r0,
-          t->name, bad);
-  }
+  CHECK_RC(nwc_cuda_dequant_rows(m, t, r0, M - r0, d, st));
+  CU(cudaMemcpyAsync(h, d, M * K16 * 2, cudaMemcpyDeviceToHost, st));
+  CU(cudaStreamSynchronize(st));
+  bad = 0;
+  for (uint64_t r = r0; r < M; r++)
+    for (uint64_t k = 0; k < K; k++) bad += h[(r - r0) * K16 + k] != td_w(s, r * K + k);
+  CHECK(bad == 0, "dequant_rows(%llu..) of %s: %zu values differ", (unsigned long long)r0, t->name,
+        bad);
   uint64_t rows[6] = {0, M - 1, test_below(M), test_below(M), test_below(M), M / 2};
   uint64_t *drows = dev_alloc(sizeof rows);
   CU(cudaMemcpyAsync(drows, rows, sizeof rows, cudaMemcpyHostToDevice, st));

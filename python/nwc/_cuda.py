@@ -342,7 +342,7 @@ class GpuMap(_lib.Closable):
         rows of dequant(): a view of out, a contiguous bfloat16 [nrows, k16] tensor (allocated
         when None).  row0 a multiple of ROW_ALIGN (16), nrows one too or reaching the last
         row (EINVAL otherwise); ENOTSUP where the kernels have no row range for the layout
-        (layout 2 for now: use dequant())."""
+        (as dequant())."""
         t = self.tensor(t)
         torch = self._torch
         if not (isinstance(row0, int) and isinstance(nrows, int) and 0 <= row0 <= t.rows and

@@ -12,9 +12,7 @@ CUDA inputs run on a GPU map (nwc.GpuMap: nwcd's device copies in this process, 
 kernels in torch's current stream): 1..8 rows are one fused decode-matvec, more rows dequantize
 the weight a chunk of output rows at a time into one bounded BF16 scratch per device, shared by
 every NwcLinear there (set_dense_scratch_bytes; 16 MiB by default), and multiply each chunk
-with torch's matmul into its columns of the output; embeddings are one gather.  Where the
-kernels have no row range for the layout (dequant_rows ENOTSUP) the weight is dequantized whole
-into the map's reusable buffer instead (GpuMap.dense).
+with torch's matmul into its columns of the output; embeddings are one gather.
 A module maps its own tensors on its first CUDA call (which must be eager, not captured) unless
 it was given a map; patch() of a model on a CUDA device maps the whole model once and shares it.
 Captured in a torch CUDA graph, the CUDA paths replay as they ran (nothing is read back).
@@ -129,9 +127,8 @@ class NwcLinear(_OnGpu, nn.Module):
     accumulation, BF16 output for BF16 x, float32 otherwise); more rows F.linear on the weight
     dequantized a chunk of output rows at a time into the device's dense scratch
     (set_dense_scratch_bytes), each chunk's product written into its columns of the output
-    (one chunk: F.linear on the whole weight); where the layout has no row-range dequant, the
-    weight dequantized whole into the map's reusable BF16 buffer; fp8 weights: matvecs of 8
-    rows, which apply the row scales."""
+    (one chunk: F.linear on the whole weight); fp8 weights: matvecs of 8 rows, which apply the
+    row scales."""
 
     def __init__(self, client: Client, model: str, weight: str, bias: Optional[str] = None,
                  dense_rows: int = 8, mapped: bool = False,
@@ -160,7 +157,6 @@ class NwcLinear(_OnGpu, nn.Module):
             self._bias_ptr = self._map_bias.data_ptr()
         self.gpu_map = None
         self._gpu_bias: Optional[torch.Tensor] = None  # float32 on the map's device
-        self._rows_ok = True  # the kernels dequantize row ranges of the weight (else: whole)
         if gpu_map is not None:
             self._attach(gpu_map)
 
@@ -235,41 +231,24 @@ class NwcLinear(_OnGpu, nn.Module):
 
     def _forward_gpu_dense(self, x: torch.Tensor, t: GpuTensor) -> torch.Tensor:
         """F.linear on the weight dequantized R rows at a time (whole row groups) into the
-        device's scratch, each chunk's product written into its columns of y; one chunk (or
-        a layout without row ranges: the whole weight in the map's buffer) is F.linear on it."""
+        device's scratch, each chunk's product written into its columns of y; a weight that
+        fits whole is one F.linear on it."""
         g, dt, K, M = self.gpu_map, x.dtype, self.in_features, self.out_features
         b = None if self._gpu_bias is None else self._gpu_bias.to(dt)
-        w = None
-        if self._rows_ok:
-            buf = _dense_scratch(x.device, t)
-            fit = buf.numel() // t.k16
-            R = M if fit >= M else fit // ROW_ALIGN * ROW_ALIGN
-            w = self._dense_chunk(t, 0, R, buf)
-        if w is None:
-            w, R = g.dense(t), M
+        buf = _dense_scratch(x.device, t)
+        fit = buf.numel() // t.k16
+        R = M if fit >= M else fit // ROW_ALIGN * ROW_ALIGN
         if R == M:
+            w = g.dequant_rows(t, 0, M, buf[:M * t.k16].view(M, t.k16))
             return nn.functional.linear(x, w if dt is torch.bfloat16 else w.to(dt), b)
         x2 = x.reshape(-1, K)
         y = torch.empty((x2.shape[0], M), dtype=dt, device=x.device)
         for r0 in range(0, M, R):
             nr = min(R, M - r0)
-            if r0:
-                w = g.dequant_rows(t, r0, nr, buf[:nr * t.k16].view(nr, t.k16))
+            w = g.dequant_rows(t, r0, nr, buf[:nr * t.k16].view(nr, t.k16))
             y[:, r0:r0 + nr] = nn.functional.linear(
                 x2, w if dt is torch.bfloat16 else w.to(dt), None if b is None else b[r0:r0 + nr])
         return y.view(x.shape[:-1] + (M,))
-
-    def _dense_chunk(self, t: GpuTensor, r0: int, nr: int,
-                     buf: torch.Tensor) -> Optional[torch.Tensor]:
-        """Rows [r0, r0 + nr) of the weight dequantized into buf, or None (remembered) where the
-        kernels have no row range for its layout."""
-        try:
-            return self.gpu_map.dequant_rows(t, r0, nr, buf[:nr * t.k16].view(nr, t.k16))
-        except NwcError as e:
-            if e.errno != errno.ENOTSUP:
-                raise
-            self._rows_ok = False
-            return None
 
     def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         w = self.dense_weight()

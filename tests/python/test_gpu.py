@@ -4,8 +4,7 @@ here whose K is not a multiple of 16 (the sample has none: x goes through the st
 both imported in layouts 0 and 2, and nwc.torch on CUDA.
 
   - dequant and gather bit for bit against the safetensors files' BF16 values (gather from host
-    and from device indices); dequant_rows of random aligned ranges likewise (layout 2 may
-    still raise ENOTSUP: its row-range kernel is pending);
+    and from device indices); dequant_rows of random aligned ranges likewise;
   - matvec of 1..8 columns (1-D and 2-D x, float32 and BF16 x, a bias) within 1e-5 of each
     output's sum |w||x| of a float64 reference; its BF16 output and linear's within one BF16 ulp
     of the rounding of the float32 result;
@@ -129,12 +128,7 @@ def test_dequant_rows(maps, rng):
             g1 = int(rng.integers(g0 + 1, groups + 1))
             for r0, nr in ((0, min(A, t.rows)), (g0 * A, min(g1 * A, t.rows) - g0 * A),
                            (g0 * A, t.rows - g0 * A)):
-                try:
-                    d = m.dequant_rows(t, r0, nr)
-                except nwc.NwcError as e:
-                    assert e.errno == errno.ENOTSUP and t.layout == 2, e
-                    print(f"{name} layout 2: dequant_rows ENOTSUP (pending)")
-                    break
+                d = m.dequant_rows(t, r0, nr)
                 assert d.shape == (nr, t.cols) and d.dtype == torch.bfloat16
                 assert np.array_equal(host_bits(d), bits[r0:r0 + nr]), (name, r0, nr)
             for r0, nr in ((A // 2, A), (0, t.rows + 1), (t.rows + A, 0)):
@@ -169,8 +163,8 @@ def test_dense_path_in_chunks(client, maps, rng):
                     assert bool((err <= 1e-5 * bound + 1e-7).all()), (name, R, n, err.max())
                 print(f"{name} ({t.rows} x {t.cols}, layout {t.layout}): scratch "
                       f"{dense_scratch_bytes(DEV)} B for {R} rows")
-                assert (dense_scratch_bytes(DEV) == max(min(R, t.rows), 16) * t.k16 * 2 or
-                        not lin._rows_ok)
+                assert dense_scratch_bytes(DEV) == max(min(R, t.rows), 16) * t.k16 * 2
+                assert m.dense_bytes == 0  # no whole-tensor buffer
             set_dense_scratch_bytes(t.rows * t.k16 * 2)  # one chunk: F.linear on the whole
             x = torch.randn(20, t.cols, device=DEV, dtype=torch.bfloat16)
             assert torch.equal(lin(x), torch.nn.functional.linear(x, w))
