@@ -19,8 +19,7 @@ Design:
     pad zeroed per call) by torch ops on the stream: no allocation per call either way.
   - Dequant, dequant_rows and gather write BF16 rows of stride K16; results are [.., cols] views
     of them.  dequant_rows (a range of whole row groups) lets a dense weight be made piece by
-    piece through a bounded buffer (nwc.torch's dense path); where the kernels lack it for a
-    layout it raises ENOTSUP and the caller dequantizes whole.
+    piece through a bounded buffer (nwc.torch's dense path).
   - One map's matvec and linear calls share the library's scratch and the staging buffer, and
     its dense() calls one BF16 buffer: order them on one stream (or join streams by events), as
     nwc_cuda.h says for the scratch.
@@ -341,8 +340,8 @@ class GpuMap(_lib.Closable):
         """Rows [row0, row0 + nrows) of the tensor as BF16 [nrows, cols], bit for bit those
         rows of dequant(): a view of out, a contiguous bfloat16 [nrows, k16] tensor (allocated
         when None).  row0 a multiple of ROW_ALIGN (16), nrows one too or reaching the last
-        row (EINVAL otherwise); ENOTSUP where the kernels have no row range for the layout
-        (as dequant())."""
+        row (EINVAL otherwise); ENOTSUP where dequant() is (a layout or type the kernels
+        lack)."""
         t = self.tensor(t)
         torch = self._torch
         if not (isinstance(row0, int) and isinstance(nrows, int) and 0 <= row0 <= t.rows and
