@@ -21,7 +21,9 @@ what a perfect float32-accumulating kernel would give) and nwc.  Teacher-forced 
 random tokens (default 64), both ways the GPU bench runs them: "prefill" (one forward of T rows)
 and "steps" (token by token with a cache: the matvec path).  Each line compares two of them with
 nwc_torch_bench's measure: max |got - ref| / max |ref| ("of the logits' scale"), the same in
-RMS, and the share of positions whose argmax agrees.  --widths qwen3-4b uses the bench's widths
+RMS, and the share of positions whose argmax agrees.  A line "linear" says, for the first
+layer's up_proj and 8 random BF16 rows, which share of the BF16 outputs of nwc's matvec and of
+torch's F.linear differ from the correctly rounded product.  --widths qwen3-4b uses the bench's widths
 (hidden 2560, MLP 9728, 32/8 heads, vocabulary 151936; about 8 GB of memory for 4 layers);
 small (default) hidden 1024, MLP 3072, 8/4 heads, vocabulary 32768.
 """
@@ -203,6 +205,11 @@ def main() -> None:
             logits[f"{name}_prefill"] = m(ids).logits.double()
             logits[f"{name}_steps"] = stepwise(torch, m, ids).double()
         emit("forwards", seconds=round(time.perf_counter() - t0, 2))
+        up, x = bf16.model.layers[0].mlp.up_proj, torch.randn(8, w["D"]).to(torch.bfloat16)
+        rounded = (x.double() @ up.weight.double().T).float().to(torch.bfloat16)
+        emit("linear", rows=8, shape=list(up.weight.shape), **{
+            f"{k}_not_exact": round((y != rounded).float().mean().item(), 6) for k, y in
+            (("nwc", patched.model.layers[0].mlp.up_proj(x)), ("torch", up(x)))})
         for got, ref in (("bf16_prefill", "fp64"), ("bf16_steps", "fp64"),
                          ("bf16_exact_linear_prefill", "fp64"), ("bf16_exact_linear_steps", "fp64"),
                          ("nwc_prefill", "fp64"), ("nwc_steps", "fp64"),
