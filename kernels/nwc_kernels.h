@@ -94,7 +94,7 @@ NWC_EXTERN int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t 
  * a dense weight can be made in bounded pieces.  row0 must be a multiple of NWC_K_ROW_ALIGN (the
  * row groups of every layout: 8 rows in layout 0, 16 in layout 2), nrows a multiple of it or
  * reaching the last row (row0 + nrows == rows); out 16-byte aligned; else -EINVAL.  nrows 0 does
- * nothing.  -ENOTSUP where nwc_k_dequant is (layout 1, fp8 in layout 2).
+ * nothing.  -ENOTSUP where nwc_k_dequant is (a layout or type the kernels lack).
  */
 #define NWC_K_ROW_ALIGN 16
 NWC_EXTERN int nwc_k_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out,
