@@ -13,11 +13,16 @@ nwc.torch.patch (one GPU map of the whole model).  Lines, each {"bench": "nwc_to
   setup    the seed, shapes, the import's time and sizes;
   memory   device bytes of the weights: the BF16 model's parameters against the patched model's
            (the parameters left, the norms; nwcd's shared copies; the map's scratch and staging;
-           the dense buffer, made by the first input of more than 8 rows);
+           nwc.torch's dense scratch, made by the first input of more than 8 rows: the chunk
+           of rows the prefill path dequantizes at a time);
   logits   teacher-forced logits of T random tokens (default 64), patched against BF16: once as
            one forward of T rows ("prefill": the dense path, F.linear on the dequantized BF16
            weights) and once token by token with a cache ("steps": the fused matvecs);
-           max |patched - bf16| / max |bf16|, the same in RMS, and argmax agreement;
+           max |patched - bf16| / max |bf16|, the same in RMS, and argmax agreement; "fp32":
+           the same measures of both models against a float32 copy of the weights (one
+           forward, TF32 off), the exact reference that tells the kernels' error from BF16's
+           own rounding noise; and a line "bf16_steps_vs_prefill": the BF16 model against
+           itself, the noise floor of these measures (docs/python.md, "Accuracy");
   decode   greedy decoding of G tokens (default 64) after a P-token prompt (default 16) per
            model: tokens/s, and "mode": "static_cache+cuda_graph" where transformers' static
            cache lets one decode step be captured in a torch CUDA graph (the step then replays
@@ -27,7 +32,7 @@ nwc.torch.patch (one GPU map of the whole model).  Lines, each {"bench": "nwc_to
 
 Needs PyTorch with CUDA, transformers with Qwen3 (written against PyTorch 2.11 and transformers
 5.17), a build tree configured with -DNWC_WITH_CUDA=ON, and a GPU with room for the model
-twice.  Run with the python that has them (Debian's /usr/bin/python3 has no CUDA torch).
+five times in BF16 (twice, and a float32 copy for the reference).  Run with the python that has them (Debian's /usr/bin/python3 has no CUDA torch).
 """
 import argparse
 import copy
@@ -220,11 +225,12 @@ def main() -> None:
     a = args()
     build = os.path.abspath(a.build)
     torch, Qwen3Config, Qwen3ForCausalLM, nwc = imports(build)
-    from nwc.torch import patch
+    from nwc.torch import dense_scratch_bytes, patch
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     dev = torch.device("cuda", a.device)
     torch.cuda.set_device(dev)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference is float32
     with nwcd(build, "cuda", threads=8) as (sock, folder), torch.no_grad():
         cfg, model = make_model(torch, Qwen3Config, Qwen3ForCausalLM, a.layers, dev)
         path = saved(model, os.path.join(folder, "hf"))
@@ -248,15 +254,20 @@ def main() -> None:
         ids = torch.randint(0, cfg.vocab_size, (1, a.tokens), device=dev)
         logits = {"prefill": (patched(ids).logits.float(), model(ids).logits.float()),
                   "steps": (stepwise(torch, patched, ids), stepwise(torch, model, ids))}
+        exact = copy.deepcopy(model).float()(ids).logits.float()
         for kind, (got, ref) in logits.items():
-            emit("logits", path=kind, tokens=a.tokens, **compare(torch, got, ref))
-        del logits
+            emit("logits", path=kind, tokens=a.tokens, **compare(torch, got, ref),
+                 fp32={"nwc": compare(torch, got, exact), "bf16": compare(torch, ref, exact)})
+        emit("logits", path="bf16_steps_vs_prefill", tokens=a.tokens,
+             **compare(torch, logits["steps"][1], logits["prefill"][1]))
+        del logits, exact
+        torch.cuda.empty_cache()
         gpu = [p for p in c.devices() if p.name == f"cuda:{a.device}"]
         emit("memory", bf16_param_bytes=param_bytes(model),
              patched_param_bytes=param_bytes(patched),
              nwc_copy_bytes=sum(t.bytes for t in gmap.tensors.values()),
              map_scratch_bytes=gmap.scratch_bytes,
-             map_staging_bytes=gmap.staging_bytes, dense_buffer_bytes=gmap.dense_bytes,
+             map_staging_bytes=gmap.staging_bytes, dense_scratch_bytes=dense_scratch_bytes(dev),
              nwcd_device_resident_bytes=gpu[0].resident_bytes if gpu else None,
              read_only=gmap.read_only)
 

@@ -1,13 +1,16 @@
 """nwcd_process.py - a throwaway nwcd for the Python benchmarks: started from a build tree on a
-temporary store and socket, stopped with SIGTERM and its folder removed on exit.
+temporary store and socket, stopped with SIGTERM and its folder removed on exit; and the BF16
+safetensors file they import.
 
     with nwcd(build, backend="cuda") as (sock, folder):
         c = nwc.connect(sock)
 """
 import contextlib
+import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -45,3 +48,20 @@ def nwcd(build: str, backend: str = "cpu", threads: int = 1) -> Iterator[Tuple[s
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
         subprocess.run(["rm", "-rf", d], check=False)
+
+
+def write_bf16_safetensors(path: str, tensors: dict) -> str:
+    """A safetensors file of BF16 tensors: name -> numpy array of their bits (uint16 or int16,
+    any shape), in order.  Returns path."""
+    header, off = {}, 0
+    for name, bits in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": list(bits.shape),
+                        "data_offsets": [off, off + bits.nbytes]}
+        off += bits.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for bits in tensors.values():
+            f.write(bits.astype(bits.dtype.newbyteorder("<")).tobytes())
+    return path

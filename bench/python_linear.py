@@ -24,11 +24,10 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import sys
 import time
 
-from nwcd_process import nwcd
+from nwcd_process import nwcd, write_bf16_safetensors
 
 
 def main():
@@ -52,11 +51,7 @@ def main():
         for M, K in ((16, 64), (64, 512), (512, 1024)):
             w = (rng.standard_normal((M, K)) * 0.02).astype(np.float32)
             bits = (w.view(np.uint32) >> 16).astype(np.uint16)
-            h = json.dumps({"w": {"dtype": "BF16", "shape": [M, K],
-                                  "data_offsets": [0, bits.nbytes]}}).encode()
-            path = os.path.join(d, f"w{M}.safetensors")
-            with open(path, "wb") as f:
-                f.write(struct.pack("<Q", len(h)) + h + bits.tobytes())
+            path = write_bf16_safetensors(os.path.join(d, f"w{M}.safetensors"), {"w": bits})
             name = f"w{M}x{K}"
             c.import_(name, path, progress=False)
             c.load(name, progress=False)

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(NWC_CUDA_ROW_ALIGN == NWC_K_ROW_ALIGN, "the public row alignment is the kernels'");
+
 static _Thread_local char last_error[1200];
 
 const char *nwc_cuda_last_error(void) { return last_error; }
@@ -358,6 +360,18 @@ int nwc_cuda_dequant(const nwc_cuda_map *m, const nwc_cuda_tensor *t, uint16_t *
                      cudaStream_t stream) {
   SLOT_OR_FAIL(m, t, s);
   return kernel_rc(nwc_k_dequant(&s->k, out, stream), "dequant", t);
+}
+
+int nwc_cuda_dequant_rows(const nwc_cuda_map *m, const nwc_cuda_tensor *t, uint64_t row0,
+                          uint64_t nrows, uint16_t *out, cudaStream_t stream) {
+  SLOT_OR_FAIL(m, t, s);
+  int rc = nwc_k_dequant_rows(&s->k, row0, nrows, out, stream);
+  if (rc == -EINVAL && out && (uintptr_t)out % 16 == 0)
+    return fail(rc, "dequant_rows of %s: rows %llu + %llu of %llu: the start must be a multiple "
+                "of %d, the count too unless it reaches the last row", t->name,
+                (unsigned long long)row0, (unsigned long long)nrows, (unsigned long long)t->rows,
+                NWC_CUDA_ROW_ALIGN);
+  return kernel_rc(rc, "dequant_rows", t);
 }
 
 int nwc_cuda_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const uint64_t *rows,

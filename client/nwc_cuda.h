@@ -107,6 +107,15 @@ NWC_CUDA_API int nwc_cuda_linear(const nwc_cuda_map *m, const nwc_cuda_tensor *t
 /* The whole tensor as BF16 rows of stride k16 (fp8: unscaled values). */
 NWC_CUDA_API int nwc_cuda_dequant(const nwc_cuda_map *m, const nwc_cuda_tensor *t, uint16_t *out,
                                   cudaStream_t stream);
+/* Rows [row0, row0 + nrows) of the tensor as nwc_cuda_dequant writes them, row r to
+ * out + (r - row0) * k16: a dense weight made piece by piece through a bounded buffer.  row0 a
+ * multiple of NWC_CUDA_ROW_ALIGN, nrows a multiple of it or reaching the last row
+ * (row0 + nrows == rows), out 16-byte aligned: else -EINVAL.  -ENOTSUP where the kernels have no
+ * row range for the tensor's layout and type (as for nwc_cuda_dequant). */
+#define NWC_CUDA_ROW_ALIGN 16
+NWC_CUDA_API int nwc_cuda_dequant_rows(const nwc_cuda_map *m, const nwc_cuda_tensor *t,
+                                       uint64_t row0, uint64_t nrows, uint16_t *out,
+                                       cudaStream_t stream);
 /* out[i * k16 ..] = row rows[i] for n row indices in device memory (an index >= rows is skipped
  * and its output left as it was). */
 NWC_CUDA_API int nwc_cuda_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t,

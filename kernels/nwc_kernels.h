@@ -89,6 +89,16 @@ NWC_EXTERN int nwc_k_matvec(const nwc_k_tensor *t, const float *x, const float *
                             float *scratch, cudaStream_t stream);
 /* Row-major BF16 output, row stride K16 (as nwc_dequant; fp8 yields unscaled values). */
 NWC_EXTERN int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t stream);
+/*
+ * Rows [row0, row0 + nrows) as nwc_k_dequant writes them: row r to out + (r - row0) * K16, so that
+ * a dense weight can be made in bounded pieces.  row0 must be a multiple of NWC_K_ROW_ALIGN (the
+ * row groups of every layout: 8 rows in layout 0, 16 in layout 2), nrows a multiple of it or
+ * reaching the last row (row0 + nrows == rows); out 16-byte aligned; else -EINVAL.  nrows 0 does
+ * nothing.  -ENOTSUP where nwc_k_dequant is (a layout or type the kernels lack).
+ */
+#define NWC_K_ROW_ALIGN 16
+NWC_EXTERN int nwc_k_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out,
+                                  cudaStream_t stream);
 /* out[i * K16 ...] = row rows[i] (device array of n indices); -EINVAL is not detected for an
  * index >= rows on the device: such a row is skipped and its output left as it was. */
 NWC_EXTERN int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n,

@@ -3,7 +3,9 @@
  * matvec, on fresh random tensors each run (seed printed; NWC_SEED replays) and on the sample
  * model (NWC_SAMPLE).  Skips (77) where no GPU is present.
  *
- * Per tensor (BF16 and fp8): dequant and gather bit-exact against nwc_dequant / nwc_gather;
+ * Per tensor (BF16 and fp8): dequant and gather bit-exact against nwc_dequant / nwc_gather, and
+ * row ranges of dequant (nwc_k_dequant_rows: the first group, a random range, one to the end)
+ * against the same rows of nwc_dequant with nothing written past them;
  * matvec (fp32 y) with ||y - ref|| / ||ref|| <= 1e-5 against fp64 on the original weights (or,
  * where y cancels to below fp32 summation noise, ||y - ref|| <= 2^-20 ||sum |w x|||); linear
  * (BF16 y) within one BF16 ulp of the fp64 reference rounded, except where the reference lies
@@ -116,6 +118,40 @@ static void *dalloc(size_t bytes) {
 }
 
 /* Runs every kernel on one tensor; w: original weights (BF16 or fp8 bytes), scale may be NULL. */
+/*
+ * nwc_k_dequant_rows against want (the CPU's whole dequant, rows of K16) for the first row group,
+ * a random aligned range inside and a range reaching the last row, each into poisoned d_out
+ * (room for M rows).
+ */
+static void check_dequant_rows(const char *label, const nwc_k_tensor *d, const uint16_t *want,
+                               uint64_t M, uint64_t K16, uint16_t *d_out) {
+  const uint64_t A = NWC_K_ROW_ALIGN, groups = (M + A - 1) / A;
+  const uint64_t g0 = test_below(groups), g1 = g0 + 1 + test_below(groups - g0);
+  const uint64_t last = test_below(groups) * A;
+  const uint64_t range[3][2] = {{0, M < A ? M : A},
+                                {g0 * A, (g1 * A < M ? g1 * A : M) - g0 * A},
+                                {last, M - last}};
+  uint16_t *got = malloc(M * K16 * 2);
+  for (int k = 0; k < 3; k++) {
+    const uint64_t r0 = range[k][0], nr = range[k][1];
+    CU(cudaMemsetAsync(d_out, 0xff, M * K16 * 2, stream));
+    int rc = nwc_k_dequant_rows(d, r0, nr, d_out, stream);
+    CHECK(rc == 0, "%s: dequant_rows(%llu, %llu): %d", label, (unsigned long long)r0,
+          (unsigned long long)nr, rc);
+    CU(cudaMemcpyAsync(got, d_out, M * K16 * 2, cudaMemcpyDeviceToHost, stream));
+    CU(cudaStreamSynchronize(stream));
+    uint64_t diff = 0, first = 0;
+    for (uint64_t i = 0; i < nr * K16; i++)
+      if (got[i] != want[r0 * K16 + i] && !diff++) first = i;
+    for (uint64_t i = nr * K16; i < M * K16; i++) /* nothing past the range */
+      if (got[i] != 0xffff && !diff++) first = i;
+    CHECK(diff == 0, "%s: dequant_rows(%llu, %llu): %llu values differ, first at %llu", label,
+          (unsigned long long)r0, (unsigned long long)nr, (unsigned long long)diff,
+          (unsigned long long)first);
+  }
+  free(got);
+}
+
 static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t K, unsigned type,
                          unsigned layout, const float *scale) {
   nwc_tensor t;
@@ -150,6 +186,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CHECK(diff == 0, "%s: dequant: %llu of %llu differ, first at %llu: 0x%04x vs 0x%04x", label,
         (unsigned long long)diff, (unsigned long long)nout, (unsigned long long)first, got[first],
         want[first]);
+  check_dequant_rows(label, &d, want, M, K16, d_out);
   CU(cudaFree(d_out));
 
   /* gather: the first, the last and random rows, with a repeat */
@@ -325,6 +362,16 @@ static void check_api(void) {
   CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -ENOTSUP, "dequant(layout 1)");
   d.elem = NWC_ELEM(NWC_ELEM_BF16, 0), d.nblocks = 2;
   CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(wrong block count)");
+  d.rows = 40, d.nblocks = 5;
+  static uint4 out16[2];
+  uint16_t *a = (uint16_t *)out16;
+  CHECK(nwc_k_dequant_rows(&d, 0, 16, a + 1, stream) == -EINVAL, "dequant_rows(unaligned out)");
+  CHECK(nwc_k_dequant_rows(&d, 8, 16, a, stream) == -EINVAL, "dequant_rows(row0 8)");
+  CHECK(nwc_k_dequant_rows(&d, 0, 24, a, stream) == -EINVAL, "dequant_rows(24 rows, not to the end)");
+  CHECK(nwc_k_dequant_rows(&d, 32, 16, a, stream) == -EINVAL, "dequant_rows(past the end)");
+  CHECK(nwc_k_dequant_rows(&d, 48, 0, a, stream) == -EINVAL, "dequant_rows(row0 past the end)");
+  CHECK(nwc_k_dequant_rows(NULL, 0, 16, a, stream) == -EINVAL, "dequant_rows(NULL tensor)");
+  d.rows = d.cols = 8, d.nblocks = 2;
   CHECK(nwc_k_ref_fp8((uint8_t *)p, 4, 13, p, NULL, NULL, (uint16_t *)p, stream) == -EINVAL,
         "ref_fp8(K not a multiple of 16)");
   CHECK(nwc_k_scratch_bytes(NULL, 1) == -EINVAL, "scratch_bytes(NULL tensor)");

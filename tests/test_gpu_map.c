@@ -5,8 +5,9 @@
  * program re-executed with a role (argv[1]); they talk to the parent over pipes.
  *
  *   1. Two client processes ("check") map both models whole at once and check every tensor
- *      against the original weights: dequant and a gather of rows (first, last, random) bit for
- *      bit, matvecs of 1..8 columns (fp32 and BF16 in one call: BF16 the rounding of fp32)
+ *      against the original weights: dequant, the rows from a random row group on
+ *      (nwc_cuda_dequant_rows) and a gather of rows (first, last, random) bit for bit,
+ *      matvecs of 1..8 columns (fp32 and BF16 in one call: BF16 the rounding of fp32)
  *      within 1e-5 of fp64, with a bias (y + bias), and linear (BF16) equal to the matvec's
  *      rounding; each prints whether its access is read-only.  Then the sample imported as fp8
  *      ("use8": matrices quantized with per-row scales): every tensor's mapped dequant equals
@@ -129,6 +130,17 @@ static void check_dequant_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t
   for (uint64_t r = 0; r < M; r++)
     for (uint64_t k = 0; k < K; k++) bad += h[r * K16 + k] != td_w(s, r * K + k);
   CHECK(bad == 0, "dequant of %s: %zu values differ", t->name, bad);
+  /* the rows from a random row group to the end */
+  const uint64_t r0 = test_below((M + NWC_CUDA_ROW_ALIGN - 1) / NWC_CUDA_ROW_ALIGN) * NWC_CUDA_ROW_ALIGN;
+  CU(cudaMemsetAsync(d, 0xff, M * K16 * 2, st));
+  CHECK_RC(nwc_cuda_dequant_rows(m, t, r0, M - r0, d, st));
+  CU(cudaMemcpyAsync(h, d, M * K16 * 2, cudaMemcpyDeviceToHost, st));
+  CU(cudaStreamSynchronize(st));
+  bad = 0;
+  for (uint64_t r = r0; r < M; r++)
+    for (uint64_t k = 0; k < K; k++) bad += h[(r - r0) * K16 + k] != td_w(s, r * K + k);
+  CHECK(bad == 0, "dequant_rows(%llu..) of %s: %zu values differ", (unsigned long long)r0, t->name,
+        bad);
   uint64_t rows[6] = {0, M - 1, test_below(M), test_below(M), test_below(M), M / 2};
   uint64_t *drows = dev_alloc(sizeof rows);
   CU(cudaMemcpyAsync(drows, rows, sizeof rows, cudaMemcpyHostToDevice, st));

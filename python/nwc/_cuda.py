@@ -17,7 +17,9 @@ Design:
     A float32 x that already is so (K a multiple of 16) is passed as it is; any other x is copied
     into the map's staging buffer (8 columns of its widest tensor, allocated with the map, the
     pad zeroed per call) by torch ops on the stream: no allocation per call either way.
-  - Dequant and gather write BF16 rows of stride K16; results are [.., cols] views of them.
+  - Dequant, dequant_rows and gather write BF16 rows of stride K16; results are [.., cols] views
+    of them.  dequant_rows (a range of whole row groups) lets a dense weight be made piece by
+    piece through a bounded buffer (nwc.torch's dense path).
   - One map's matvec and linear calls share the library's scratch and the staging buffer, and
     its dense() calls one BF16 buffer: order them on one stream (or join streams by events), as
     nwc_cuda.h says for the scratch.
@@ -41,6 +43,7 @@ from .errors import NwcError
 
 SONAME = "libnwc-cuda.so.0"
 MAX_COLS = 8  # columns of one matvec call (nwc_cuda_matvec)
+ROW_ALIGN = 16  # where a dequant_rows range may start (NWC_CUDA_ROW_ALIGN)
 
 
 class nwc_cuda_tensor(Structure):
@@ -62,6 +65,7 @@ _PROTOS = {
     "nwc_cuda_matvec": (c_int, [_P, _P, _P, c_uint, c_uint64, _P, _P, _P, c_uint64, _P]),
     "nwc_cuda_linear": (c_int, [_P, _P, _P, _P, _P, _P]),
     "nwc_cuda_dequant": (c_int, [_P, _P, _P, _P]),
+    "nwc_cuda_dequant_rows": (c_int, [_P, _P, c_uint64, c_uint64, _P, _P]),
     "nwc_cuda_gather": (c_int, [_P, _P, _P, c_uint64, _P, _P]),
 }
 
@@ -330,6 +334,26 @@ class GpuMap(_lib.Closable):
             out = torch.empty((t.rows, t.k16), dtype=torch.bfloat16, device=self.device)
         op = self._out(out, "out", (t.rows, t.k16), torch.bfloat16)
         self._call(self._lib.nwc_cuda_dequant, t.ptr, op)
+        return out[:, :t.cols]
+
+    def dequant_rows(self, t: Tensorish, row0: int, nrows: int, out: Any = None) -> Any:
+        """Rows [row0, row0 + nrows) of the tensor as BF16 [nrows, cols], bit for bit those
+        rows of dequant(): a view of out, a contiguous bfloat16 [nrows, k16] tensor (allocated
+        when None).  row0 a multiple of ROW_ALIGN (16), nrows one too or reaching the last
+        row (EINVAL otherwise); ENOTSUP where dequant() is (a layout or type the kernels
+        lack)."""
+        t = self.tensor(t)
+        torch = self._torch
+        if not (isinstance(row0, int) and isinstance(nrows, int) and 0 <= row0 <= t.rows and
+                0 <= nrows <= t.rows - row0 and row0 % ROW_ALIGN == 0 and
+                (nrows % ROW_ALIGN == 0 or row0 + nrows == t.rows)):
+            raise _bad(f"rows {row0!r} + {nrows!r} of {t.name} ({t.rows} rows): the start must "
+                       f"be a multiple of {ROW_ALIGN}, the count too unless it reaches the end")
+        if out is None:
+            out = torch.empty((nrows, t.k16), dtype=torch.bfloat16, device=self.device)
+        op = self._out(out, "out", (nrows, t.k16), torch.bfloat16)
+        if nrows:
+            self._call(self._lib.nwc_cuda_dequant_rows, t.ptr, row0, nrows, op)
         return out[:, :t.cols]
 
     def dense(self, t: Tensorish) -> Any:

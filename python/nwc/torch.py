@@ -10,7 +10,9 @@ safetensors), and frees their parameters.
 
 CUDA inputs run on a GPU map (nwc.GpuMap: nwcd's device copies in this process, libnwc-cuda's
 kernels in torch's current stream): 1..8 rows are one fused decode-matvec, more rows dequantize
-into the map's one reusable BF16 buffer and use torch's matmul, and embeddings are one gather.
+the weight a chunk of output rows at a time into one bounded BF16 scratch per device, shared by
+every NwcLinear there (set_dense_scratch_bytes; 16 MiB by default), and multiply each chunk
+with torch's matmul into its columns of the output; embeddings are one gather.
 A module maps its own tensors on its first CUDA call (which must be eager, not captured) unless
 it was given a map; patch() of a model on a CUDA device maps the whole model once and shares it.
 Captured in a torch CUDA graph, the CUDA paths replay as they ran (nothing is read back).
@@ -25,11 +27,51 @@ import torch
 from torch import nn
 
 from . import _lib
-from ._cuda import MAX_COLS, GpuMap, GpuTensor
+from ._cuda import MAX_COLS, ROW_ALIGN, GpuMap, GpuTensor
 from .client import Client, TensorInfo
 from .errors import NwcError
 
-__all__ = ["NwcEmbedding", "NwcLinear", "patch"]
+__all__ = ["NwcEmbedding", "NwcLinear", "dense_scratch_bytes", "patch",
+           "set_dense_scratch_bytes"]
+
+DENSE_SCRATCH_BYTES = 16 << 20  # the default size of the dense path's scratch per device
+_scratch_bytes = DENSE_SCRATCH_BYTES
+_scratch: Dict[torch.device, torch.Tensor] = {}  # the dense path's scratch of each device
+
+
+def set_dense_scratch_bytes(nbytes: int = DENSE_SCRATCH_BYTES) -> None:
+    """Sets the size of the BF16 scratch that NwcLinear's dense path on CUDA (more rows than
+    the matvecs take) dequantizes weights into, one chunk of output rows at a time, shared by
+    every NwcLinear of a device.  A buffer is made as large as the weights it has served need
+    (a weight smaller than the size takes its own size), up to the size set; a chunk is at
+    least 16 rows of the weight, so a size smaller than 16 rows of a weight grows to that.
+    Drops the buffers made so far (to torch's caching allocator, stream-ordered: work already
+    queued on them is safe); the next call on each device makes its own again, so set it
+    before capturing CUDA graphs."""
+    global _scratch_bytes
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        raise NwcError(errno.EINVAL, f"dense scratch of {nbytes!r} bytes: a positive int")
+    _scratch_bytes = nbytes
+    _scratch.clear()
+
+
+def dense_scratch_bytes(device: Optional[torch.device] = None) -> int:
+    """Device bytes of the dense path's scratch on device (0 until its first dense call), or
+    the configured size when device is None."""
+    if device is None:
+        return _scratch_bytes
+    buf = _scratch.get(torch.device(device))
+    return 0 if buf is None else buf.numel() * buf.element_size()
+
+
+def _dense_scratch(device: torch.device, t: GpuTensor) -> torch.Tensor:
+    """The device's dense scratch (BF16, flat), made or grown to what t asks for: all its rows
+    where they fit in the set size, else that size, but at least 16 rows."""
+    buf = _scratch.get(device)
+    need = max(min(_scratch_bytes // 2, t.rows * t.k16), ROW_ALIGN * t.k16)
+    if buf is None or buf.numel() < need:
+        buf = _scratch[device] = torch.empty(need, dtype=torch.bfloat16, device=device)
+    return buf
 
 
 def _cpu(x: torch.Tensor, what: str) -> None:
@@ -82,9 +124,11 @@ class NwcLinear(_OnGpu, nn.Module):
 
     CUDA inputs use gpu_map (a GpuMap holding the weight; None: the weight is mapped on the
     first CUDA call): up to min(dense_rows, 8) rows a fused matvec on the device copy (float32
-    accumulation, BF16 output for BF16 x, float32 otherwise), more rows F.linear on the weight
-    dequantized into the map's reusable BF16 buffer (fp8 weights: matvecs of 8 rows, which
-    apply the row scales)."""
+    accumulation, BF16 output for BF16 x, float32 otherwise); more rows F.linear on the weight
+    dequantized a chunk of output rows at a time into the device's dense scratch
+    (set_dense_scratch_bytes), each chunk's product written into its columns of the output
+    (one chunk: F.linear on the whole weight); fp8 weights: matvecs of 8 rows, which apply the
+    row scales."""
 
     def __init__(self, client: Client, model: str, weight: str, bias: Optional[str] = None,
                  dense_rows: int = 8, mapped: bool = False,
@@ -131,10 +175,13 @@ class NwcLinear(_OnGpu, nn.Module):
         self._dense = self._bias = None
 
     def dense_weight(self) -> torch.Tensor:
-        """The weight, [out, in] BF16, dequantized once and cached."""
+        """The weight, [out, in] BF16, dequantized once and cached (by the host map where the
+        module has one: decoded here, of any size; else by the daemon, through the
+        connection's shared region, which bounds it)."""
         if self._dense is None:
-            self._dense = self.client.dequant(self.model, self.weight_name, "bfloat16",
-                                              as_torch=True)
+            self._dense = (self.client.dequant(self.model, self.weight_name, "bfloat16",
+                                               as_torch=True) if self.mapping is None else
+                           self.mapping.dequant("bfloat16", as_torch=True))
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,9 +219,7 @@ class NwcLinear(_OnGpu, nn.Module):
         K, M, dt = self.in_features, self.out_features, x.dtype
         n = x.numel() // K
         if n > min(self.dense_rows, MAX_COLS) and t.type != "fp8":
-            w = g.dense(t)
-            return nn.functional.linear(x, w if dt is torch.bfloat16 else w.to(dt),
-                                        None if b is None else b.to(dt))
+            return self._forward_gpu_dense(x, t)
         xs = x.reshape(n, K)
         bf16 = dt is torch.bfloat16
         y = torch.empty((n, M), dtype=torch.bfloat16 if bf16 else torch.float32,
@@ -183,6 +228,27 @@ class NwcLinear(_OnGpu, nn.Module):
             g.matvec(t, xs[i:i + MAX_COLS], b, out=y[i:i + MAX_COLS])
         y = y.view(x.shape[:-1] + (M,))
         return y if bf16 or dt is torch.float32 else y.to(dt)
+
+    def _forward_gpu_dense(self, x: torch.Tensor, t: GpuTensor) -> torch.Tensor:
+        """F.linear on the weight dequantized R rows at a time (whole row groups) into the
+        device's scratch, each chunk's product written into its columns of y; a weight that
+        fits whole is one F.linear on it."""
+        g, dt, K, M = self.gpu_map, x.dtype, self.in_features, self.out_features
+        b = None if self._gpu_bias is None else self._gpu_bias.to(dt)
+        buf = _dense_scratch(x.device, t)
+        fit = buf.numel() // t.k16
+        R = M if fit >= M else fit // ROW_ALIGN * ROW_ALIGN
+        if R == M:
+            w = g.dequant_rows(t, 0, M, buf[:M * t.k16].view(M, t.k16))
+            return nn.functional.linear(x, w if dt is torch.bfloat16 else w.to(dt), b)
+        x2 = x.reshape(-1, K)
+        y = torch.empty((x2.shape[0], M), dtype=dt, device=x.device)
+        for r0 in range(0, M, R):
+            nr = min(R, M - r0)
+            w = g.dequant_rows(t, r0, nr, buf[:nr * t.k16].view(nr, t.k16))
+            y[:, r0:r0 + nr] = nn.functional.linear(
+                x2, w if dt is torch.bfloat16 else w.to(dt), None if b is None else b[r0:r0 + nr])
+        return y.view(x.shape[:-1] + (M,))
 
     def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         w = self.dense_weight()

@@ -4,12 +4,15 @@ here whose K is not a multiple of 16 (the sample has none: x goes through the st
 both imported in layouts 0 and 2, and nwc.torch on CUDA.
 
   - dequant and gather bit for bit against the safetensors files' BF16 values (gather from host
-    and from device indices);
+    and from device indices); dequant_rows of random aligned ranges likewise;
   - matvec of 1..8 columns (1-D and 2-D x, float32 and BF16 x, a bias) within 1e-5 of each
     output's sum |w||x| of a float64 reference; its BF16 output and linear's within one BF16 ulp
     of the rounding of the float32 result;
   - every argument error raises NwcError EINVAL (ENOENT for an unknown name, EBADF once closed);
   - a map's lifetime (ps counts its maps; close releases them);
+  - NwcLinear's dense path through a dense scratch of 16..100 rows (several chunks) against
+    a float64 product (float32 accumulation noise; BF16 output within one ulp more) and, with
+    one chunk, equal to F.linear on the whole dequantized weight; the scratch stays its size;
   - NwcLinear (matvec and dense paths) and NwcEmbedding captured in a torch CUDA graph replay
     equal to eager on fresh inputs;
   - test_torch's tiny transformer on cuda, patched (one GpuMap for the model): logits within
@@ -36,7 +39,8 @@ if not SAMPLE or not os.access(SAMPLE, os.R_OK):
     pytest.skip(f"no sample model (NWC_SAMPLE={SAMPLE}): run scripts/fetch-sample",
                 allow_module_level=True)
 
-from nwc.torch import NwcEmbedding, NwcLinear, patch  # noqa: E402
+from nwc.torch import (NwcEmbedding, NwcLinear, dense_scratch_bytes, patch,  # noqa: E402
+                       set_dense_scratch_bytes)
 from test_torch import make_tiny  # noqa: E402
 
 DEV = torch.device("cuda", 0)
@@ -112,6 +116,61 @@ def test_dequant_and_gather_bit_for_bit(maps, rng):
                 g = m.gather(t, rows)
                 assert g.shape == idx.shape + (t.cols,)
                 assert np.array_equal(host_bits(g), bits[idx]), name
+
+
+def test_dequant_rows(maps, rng):
+    A = _cuda.ROW_ALIGN
+    for m, ref in maps:
+        for name, bits in ref.items():
+            t = m[name]
+            groups = -(-t.rows // A)
+            g0 = int(rng.integers(0, groups))
+            g1 = int(rng.integers(g0 + 1, groups + 1))
+            for r0, nr in ((0, min(A, t.rows)), (g0 * A, min(g1 * A, t.rows) - g0 * A),
+                           (g0 * A, t.rows - g0 * A)):
+                d = m.dequant_rows(t, r0, nr)
+                assert d.shape == (nr, t.cols) and d.dtype == torch.bfloat16
+                assert np.array_equal(host_bits(d), bits[r0:r0 + nr]), (name, r0, nr)
+            for r0, nr in ((A // 2, A), (0, t.rows + 1), (t.rows + A, 0)):
+                with pytest.raises(nwc.NwcError) as e:
+                    m.dequant_rows(t, r0, nr)
+                assert e.value.errno == errno.EINVAL and "multiple of 16" in e.value.message
+
+
+def test_dense_path_in_chunks(client, maps, rng):
+    for m, ref in maps:
+        name = max((n for n in ref if m[n].rows > 1), key=lambda n: m[n].rows * m[n].k16)
+        t = m[name]
+        w = m.dequant(t)
+        w64 = w.double()
+        lin = NwcLinear(client, m.model, name, gpu_map=m)
+        # cuBLAS may otherwise add split-K partial sums in BF16 (more than the bound below)
+        reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        try:
+            for R in (16, 48, 100):  # scratch of R rows: chunks of R // 16 * 16 rows
+                set_dense_scratch_bytes(R * t.k16 * 2)
+                for n, dt in ((9, torch.float32), (20, torch.bfloat16)):
+                    x = torch.from_numpy(rng.standard_normal((2, n, t.cols))
+                                         .astype(np.float32)).to(DEV, dt)
+                    y = lin(x)
+                    ref64 = x.double() @ w64.T
+                    bound = x.double().abs() @ w64.abs().T
+                    err = (y.double() - ref64).abs()
+                    if dt is torch.bfloat16:
+                        err = (err - bf16_ulp(ref64.to(torch.bfloat16)).double()).clamp_min(0)
+                    assert y.shape == (2, n, t.rows) and y.dtype == dt
+                    assert bool((err <= 1e-5 * bound + 1e-7).all()), (name, R, n, err.max())
+                print(f"{name} ({t.rows} x {t.cols}, layout {t.layout}): scratch "
+                      f"{dense_scratch_bytes(DEV)} B for {R} rows")
+                assert dense_scratch_bytes(DEV) == max(min(R, t.rows), 16) * t.k16 * 2
+                assert m.dense_bytes == 0  # no whole-tensor buffer
+            set_dense_scratch_bytes(t.rows * t.k16 * 2)  # one chunk: F.linear on the whole
+            x = torch.randn(20, t.cols, device=DEV, dtype=torch.bfloat16)
+            assert torch.equal(lin(x), torch.nn.functional.linear(x, w))
+        finally:
+            set_dense_scratch_bytes()
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
 def test_matvec_and_linear(maps, rng):
