@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -49,6 +50,15 @@ static int flag_size(const char *flag, const char *arg, uint64_t *out) {
   }
   return 0;
 }
+
+/* Large buffers are mapped for themselves and unmapped when freed, at a fixed size.  glibc's
+ * default raises its mmap threshold (up to 32 MiB) each time such a buffer is freed, after which
+ * buffers of that size come from the arena of the thread that asks: nwcd's workers and each
+ * import's encoder threads (a new set per import) each fill an arena of their own with
+ * megabytes of transient copies, reply frames and import buffers, and freed, that memory stays
+ * there.  With 16 threads that held 130 MB more than the heap in use, and grew (docs/results.md,
+ * "Soak").  Setting the threshold turns its adjustment off (and the trim threshold's). */
+#define MMAP_THRESHOLD (256 << 10)
 
 static void usage(FILE *f) {
   char def[256];
@@ -171,6 +181,7 @@ int main(int argc, char **argv) {
     d.cfg.budget = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : (1ull << 30);
   }
   signal(SIGPIPE, SIG_IGN);
+  mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD); /* before any thread starts */
   d.start_ns = nwcd_now_ns();
   char def[256];
   const char *sock = d.cfg.socket_path ? d.cfg.socket_path
