@@ -109,9 +109,7 @@ static bool listed(char **names, size_t n, const char *name) {
 }
 
 static int tensors_of(nwcd *d, const char *model, nwc_tensor_info **ti, size_t *n) {
-  pthread_mutex_lock(&d->store_lock);
   int rc = nwc_store_tensors(d->store, model, ti, n);
-  pthread_mutex_unlock(&d->store_lock);
   NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no model '%s' in the store", model);
   return rc;
 }

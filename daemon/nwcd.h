@@ -15,9 +15,11 @@
  *   config.h, notify.h, policy.h  flags and the config file, systemd glue, access policy
  *   log.h, clock.h  log lines and the monotonic clock, used by all of them
  *
- * Threads: the loop thread owns connections and sockets; worker threads run jobs; the store
- * handle is used under nwcd.store_lock (one caller at a time) except by import, which the store
- * serializes itself so that other requests go on while it encodes; residency under its own mutex.
+ * Threads: the loop thread owns connections and sockets; worker threads run jobs.  The store is
+ * safe to call from any thread (it serializes its writes, and answers reads on a connection of
+ * their own from the last commit); nwcd.store_lock orders what must not interleave around it:
+ * a removal (its resident tensors dropped, then its rows) against residency's lookups (a tensor's
+ * row read, then its entry made), and a verify against both.  Residency has its own mutex.
  * Lock order: store_lock before the residency mutex, never the other way round.
  */
 #ifndef NWCD_H

@@ -1,8 +1,11 @@
 /*
  * ops_catalog.c - the handlers that read or change the catalog: models, tensors, info, import,
- * remove.  Catalog access holds d->store_lock, except import, which the store serializes itself
- * so that other requests go on while it encodes; remove first drops the model's resident
- * tensors (-EBUSY while one is in use).
+ * remove.  Reads take no daemon lock: the store answers them on its read connection, from the
+ * last commit, so a listing never waits for an import or a removal (docs/results.md, "Soak").
+ * Import runs unlocked too (the store serializes its own writes, so other requests go on while it
+ * encodes).  Remove holds d->store_lock (nwcd.h) while it first drops the model's resident
+ * tensors (-EBUSY while one is in use) and then deletes the model, so that no residency lookup
+ * brings a tensor of it back in between.
  */
 #include "ops_internal.h"
 
@@ -51,9 +54,7 @@ int nwcd_op_models(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_model_info *m = NULL;
   size_t n = 0;
-  pthread_mutex_lock(&d->store_lock);
   int rc = nwc_store_models(d->store, &m, &n);
-  pthread_mutex_unlock(&d->store_lock);
   if (rc < 0) return rc;
   nwc_pw w;
   nwc_pw_init(&w);
@@ -72,9 +73,7 @@ int nwcd_op_models(nwcd_job *j) {
 }
 
 int nwcd_model_tensors(nwcd *d, const char *model, nwc_tensor_info **ti, size_t *n) {
-  pthread_mutex_lock(&d->store_lock);
   int rc = nwc_store_tensors(d->store, model, ti, n);
-  pthread_mutex_unlock(&d->store_lock);
   NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no model '%s' in the store", model);
   return rc;
 }
@@ -96,9 +95,7 @@ int nwcd_op_tensors(nwcd_job *j) {
 int nwcd_op_info(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_tensor_info *ti = NULL;
-  pthread_mutex_lock(&d->store_lock);
   int rc = nwc_store_tensor(d->store, j->req.model, j->req.tensor, &ti);
-  pthread_mutex_unlock(&d->store_lock);
   NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no tensor %s/%s in the store", j->req.model,
                 j->req.tensor);
   if (rc < 0) return rc;
@@ -166,11 +163,7 @@ int nwcd_op_import(nwcd_job *j) {
   int rc = nwc_store_import_fds(d->store, r->model, r->has_index ? j->fds[0] : -1, files,
                                 r->nfiles, &o);
   nwc_model_info *m = NULL;
-  if (rc == 0) {
-    pthread_mutex_lock(&d->store_lock);
-    rc = nwc_store_model(d->store, r->model, &m);
-    pthread_mutex_unlock(&d->store_lock);
-  }
+  if (rc == 0) rc = nwc_store_model(d->store, r->model, &m);
   if (rc < 0) {
     free(sk.v);
     nwcd_log(NWCD_LOG_WARN, "import of %s failed: %s (%s)", r->model, nwc_error_detail(),

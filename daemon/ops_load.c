@@ -123,9 +123,7 @@ int nwcd_op_residency(nwcd_job *j) {
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
   if (r->tensor[0]) {
-    pthread_mutex_lock(&d->store_lock);
     int rc = nwc_store_tensor(d->store, r->model, r->tensor, &ti);
-    pthread_mutex_unlock(&d->store_lock);
     NWC_RETURN_IF(rc == -ENOENT, -ENOENT, "no tensor %s/%s in the store", r->model, r->tensor);
     if (rc < 0) return rc;
     n = 1;

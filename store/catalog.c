@@ -3,6 +3,11 @@
  * publishing a model in one transaction, removing it, and reading rows back into
  * nwc_tensor_info / nwc_model_info.
  *
+ * Reads (nwc_store_models, _model, _tensors, _tensor) go through a second, read-only connection
+ * (store_internal.h: rdb): in WAL mode it reads the last committed state while the writing
+ * connection commits, so a listing never waits for an import's or a removal's commit and its
+ * fsync.
+ *
  * Invariants: the catalog is the truth.  A container file is live exactly when a containers row
  * names its id; a model's rows appear and disappear in one transaction.  The database runs in WAL
  * mode with synchronous=FULL (every commit is durable before it returns: publishing and removing
@@ -445,10 +450,10 @@ void nwc_model_info_free(nwc_model_info *m, size_t n) {
   free(m);
 }
 
-static int models_query(nwc_store *s, const char *model, nwc_model_info **out, size_t *n) {
+static int models_query(sqlite3 *db, const char *model, nwc_model_info **out, size_t *n) {
   sqlite3_stmt *st;
   *out = NULL, *n = 0;
-  NWC_TRY(prepare(s->db, model ? "SELECT id, name, created, verified, tensors, source_bytes,"
+  NWC_TRY(prepare(db, model ? "SELECT id, name, created, verified, tensors, source_bytes,"
                                  " raw_bytes, nwc_bytes, (SELECT count(*) FROM sources WHERE"
                                  " model_id = models.id) FROM models WHERE name = ?"
                                : "SELECT id, name, created, verified, tensors, source_bytes,"
@@ -481,7 +486,7 @@ static int models_query(nwc_store *s, const char *model, nwc_model_info **out, s
     m->nsources = (unsigned)sqlite3_column_int64(st, 8);
     if (!m->name) rc = -ENOMEM;
   }
-  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(s->db, "models");
+  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(db, "models");
   sqlite3_finalize(st);
   if (rc < 0) nwc_model_info_free(*out, *n), *out = NULL, *n = 0;
   return rc;
@@ -489,18 +494,18 @@ static int models_query(nwc_store *s, const char *model, nwc_model_info **out, s
 
 int nwc_store_models(nwc_store *s, nwc_model_info **out, size_t *n) {
   NWC_RETURN_IF(!s || !out || !n, -EINVAL, "nwc_store_models: missing argument");
-  nwc__lock(s);
-  int rc = models_query(s, NULL, out, n);
-  nwc__unlock(s);
+  pthread_mutex_lock(&s->rmu);
+  int rc = models_query(s->rdb, NULL, out, n);
+  pthread_mutex_unlock(&s->rmu);
   return rc;
 }
 
 int nwc_store_model(nwc_store *s, const char *model, nwc_model_info **out) {
   NWC_RETURN_IF(!s || !model || !out, -EINVAL, "nwc_store_model: missing argument");
   size_t n;
-  nwc__lock(s);
-  int rc = models_query(s, model, out, &n);
-  nwc__unlock(s);
+  pthread_mutex_lock(&s->rmu);
+  int rc = models_query(s->rdb, model, out, &n);
+  pthread_mutex_unlock(&s->rmu);
   NWC_TRY(rc);
   NWC_RETURN_IF(n == 0, -ENOENT, "model '%s' does not exist", model);
   return 0;
@@ -579,13 +584,13 @@ static int fill_tensor(nwc_store *s, sqlite3_stmt *st, nwc_tensor_info *t) {
   return 0;
 }
 
-static int catalog_tensors(nwc_store *s, const char *model, const char *tensor,
+static int catalog_tensors(nwc_store *s, sqlite3 *db, const char *model, const char *tensor,
                            nwc_tensor_info **out, size_t *n) {
   int64_t mid;
   *out = NULL, *n = 0;
-  NWC_TRY(nwc__catalog_model_id(s->db, model, &mid));
+  NWC_TRY(nwc__catalog_model_id(db, model, &mid));
   sqlite3_stmt *st;
-  NWC_TRY(prepare(s->db, tensor ? "SELECT " TENSOR_COLS " FROM tensors t JOIN models m ON"
+  NWC_TRY(prepare(db, tensor ? "SELECT " TENSOR_COLS " FROM tensors t JOIN models m ON"
                                   " m.id = t.model_id WHERE t.model_id = ? AND t.name = ?"
                                 : "SELECT " TENSOR_COLS " FROM tensors t JOIN models m ON"
                                   " m.id = t.model_id WHERE t.model_id = ? ORDER BY t.idx",
@@ -607,7 +612,7 @@ static int catalog_tensors(nwc_store *s, const char *model, const char *tensor,
     rc = fill_tensor(s, st, &(*out)[(*n)++]);
     if (rc < 0) break;
   }
-  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(s->db, "tensors");
+  if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(db, "tensors");
   sqlite3_finalize(st);
   if (rc == 0 && tensor && *n == 0)
     rc = nwc__fail(-ENOENT, "model '%s' has no tensor '%s'", model, tensor);
@@ -615,19 +620,27 @@ static int catalog_tensors(nwc_store *s, const char *model, const char *tensor,
   return rc;
 }
 
+/* catalog_tensors on the read connection, its two queries in one read transaction (one
+ * snapshot: a model removed between them is not listed as a model without tensors). */
+static int read_tensors(nwc_store *s, const char *model, const char *tensor,
+                        nwc_tensor_info **out, size_t *n) {
+  pthread_mutex_lock(&s->rmu);
+  int rc = sql_exec(s->rdb, "BEGIN");
+  if (rc == 0) {
+    rc = catalog_tensors(s, s->rdb, model, tensor, out, n);
+    sqlite3_exec(s->rdb, "COMMIT", NULL, NULL, NULL); /* ends a read: nothing to fail */
+  }
+  pthread_mutex_unlock(&s->rmu);
+  return rc;
+}
+
 int nwc_store_tensors(nwc_store *s, const char *model, nwc_tensor_info **out, size_t *n) {
   NWC_RETURN_IF(!s || !model || !out || !n, -EINVAL, "nwc_store_tensors: missing argument");
-  nwc__lock(s);
-  int rc = catalog_tensors(s, model, NULL, out, n);
-  nwc__unlock(s);
-  return rc;
+  return read_tensors(s, model, NULL, out, n);
 }
 
 int nwc_store_tensor(nwc_store *s, const char *model, const char *tensor, nwc_tensor_info **out) {
   NWC_RETURN_IF(!s || !model || !tensor || !out, -EINVAL, "nwc_store_tensor: missing argument");
   size_t n;
-  nwc__lock(s);
-  int rc = catalog_tensors(s, model, tensor, out, &n);
-  nwc__unlock(s);
-  return rc;
+  return read_tensors(s, model, tensor, out, &n);
 }

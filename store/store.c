@@ -171,12 +171,14 @@ const char *nwc_store_swept_file(const nwc_store *s, uint64_t i) {
 
 void nwc_store_close(nwc_store *s) {
   if (!s) return;
+  if (s->rdb) sqlite3_close(s->rdb);
   if (s->db) sqlite3_close(s->db);
   if (s->cdirfd >= 0) close(s->cdirfd);
   if (s->lockfd >= 0) close(s->lockfd);
   for (uint64_t i = 0; s->swept_files && i < s->swept; i++) free(s->swept_files[i]);
   free(s->swept_files);
   pthread_mutex_destroy(&s->mu);
+  pthread_mutex_destroy(&s->rmu);
   free(s->dir);
   free(s);
 }
@@ -210,6 +212,7 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutex_init(&s->mu, &ma);
   pthread_mutexattr_destroy(&ma);
+  pthread_mutex_init(&s->rmu, NULL);
   s->dir = realpath(dir, NULL);
   int rc = s->dir ? 0 : nwc__fail(-errno, "%s: no such store directory", dir);
   char path[PATH_MAX + 32];
@@ -240,6 +243,7 @@ int nwc_store_open(const char *dir, unsigned flags, nwc_store **out) {
   }
   if (rc == 0) {
     rc = nwc__catalog_open(path, create, rdonly, &s->db);
+    if (rc == 0) rc = nwc__catalog_open(path, 0, 1, &s->rdb); /* after db made it current */
     if (rc < 0 && rc != -ENOENT) rc = nwc__fail_prefix(rc, "%s", s->dir);
   }
   if (rc == 0 && create) { /* make the new directory entries durable */

@@ -23,11 +23,15 @@ struct nwc_store {
   int lockfd;       /* DIR/lock, flock()ed */
   int cdirfd;       /* DIR/containers */
   sqlite3 *db;
+  sqlite3 *rdb;     /* a read-only connection for the read calls (models, tensors): WAL lets it
+                       read the last commit while db writes, so no reader waits for a writer's
+                       commit (its fsync) or for db's mutex */
   unsigned flags;
   uint64_t swept;
   char **swept_files; /* "NAME (why)" for each file the last sweep removed (swept of them) */
   pthread_mutex_t mu; /* recursive; held around every use of db, never while encoding or reading
                          container files, so catalog calls run while an import encodes */
+  pthread_mutex_t rmu; /* held around every use of rdb; never taken before mu */
 };
 
 static inline void nwc__lock(nwc_store *s) { pthread_mutex_lock(&s->mu); }

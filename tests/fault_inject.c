@@ -6,7 +6,9 @@
  *                           fdatasync), read (read, pread, preadv) or unlink (unlink,
  *                           unlinkat); from the Nth such call on (counted from 1) every one
  *                           fails with ERR (ENOSPC, EIO or EROFS): a full or failing disk stays
- *                           so.  N = 0 fails none (the calls are only counted).
+ *                           so.  N = 0 fails none (the calls are only counted).  ERR SLOW
+ *                           fails none either: each such call first sleeps NWC_FAULT_SLOW_MS
+ *                           milliseconds (default 1000), then runs (a slow disk).
  *   NWC_FAULT_PATH=TEXT     only calls on descriptors (or paths) whose path contains TEXT count
  *                           (the store's directory), so logs and sockets are never touched.
  *   NWC_FAULT_ARM=FILE      calls count only while FILE exists, so that a test can start the
@@ -32,7 +34,7 @@
 
 enum { F_WRITE, F_FSYNC, F_READ, F_UNLINK, F_NONE };
 static const char *const op_names[] = {"write", "fsync", "read", "unlink"};
-static int f_op = F_NONE, f_err;
+static int f_op = F_NONE, f_err, f_slow_ms; /* f_slow_ms > 0: delay, do not fail */
 static long f_n;
 static char f_path[512], f_arm[512];
 static atomic_long f_count[F_NONE];
@@ -45,6 +47,8 @@ __attribute__((constructor)) static void fault_init(void) {
   for (int i = 0; i < F_NONE; i++)
     if (!strcmp(op, op_names[i])) f_op = i;
   f_err = !strcmp(err, "ENOSPC") ? ENOSPC : !strcmp(err, "EROFS") ? EROFS : EIO;
+  const char *ms = getenv("NWC_FAULT_SLOW_MS");
+  if (!strcmp(err, "SLOW")) f_slow_ms = ms ? atoi(ms) : 1000;
   if (p) snprintf(f_path, sizeof f_path, "%s", p);
   const char *arm = getenv("NWC_FAULT_ARM");
   if (arm) snprintf(f_arm, sizeof f_arm, "%s", arm);
@@ -73,10 +77,15 @@ static int fault(int kind, int fd, const char *path) {
   if (!atomic_exchange(&f_told, 1)) {
     char line[700];
     int len = snprintf(line, sizeof line, "nwc_fault: %s call %ld (%s): %s\n", op_names[kind], c,
-                       path, strerror(f_err));
+                       path, f_slow_ms > 0 ? "slowed" : strerror(f_err));
     ssize_t (*real)(int, const void *, size_t) = (ssize_t(*)(int, const void *, size_t))dlsym(
         RTLD_NEXT, "write");
     if (real && len > 0) real(2, line, (size_t)len);
+  }
+  if (f_slow_ms > 0) {
+    usleep((useconds_t)f_slow_ms * 1000);
+    errno = e;
+    return 0;
   }
   errno = f_err;
   return 1;
