@@ -6,8 +6,10 @@
  * while one more thread imports FILE under a second name and removes it again.  Every second it
  * prints a JSON line with nwcd's VmRSS, its open descriptors and the p50/p99 latency of the
  * listings of that second; at the end a summary: RSS and descriptors after warm-up (the first
- * quarter) against the end, wrong replies (must be 0), and the p99 of a listing under load
- * against its idle p99 (target: within 10 times).
+ * quarter) against the end, the RSS slope after warm-up (least-squares fits of the samples
+ * against time, requests and imports: kB/s, kB per 1000 requests, kB per import; flat is 0
+ * within the noise), wrong replies (must be 0), and the p99 of a listing under load against its
+ * idle p99 (target: within 10 times).
  *
  *   nwc-bench soak FILE.safetensors [--clients N] [--seconds T] [--budget SIZE] [--nwcd PATH]
  */
@@ -31,7 +33,7 @@ typedef struct soak {
   const nwc_st_tensor *t[256]; /* the BF16 tensors of FILE */
   size_t nt;
   atomic_int stop;
-  atomic_long requests, errors, wrong;
+  atomic_long requests, errors, wrong, imports;
   pthread_mutex_t lock; /* ls latencies of the current second */
   double lat[65536];
   size_t nlat;
@@ -113,10 +115,21 @@ static void *importer(void *arg) {
     if (nwc_client_import(c, "m2", file, NULL, NULL) < 0) atomic_fetch_add(&s->errors, 1);
     if (nwc_client_remove(c, "m2") < 0) atomic_fetch_add(&s->errors, 1);
     atomic_fetch_add(&s->requests, 2);
+    atomic_fetch_add(&s->imports, 1);
     usleep(200000);
   }
   nwc_client_free(c);
   return NULL;
+}
+
+/* The least-squares slope of y over x (n points); 0 with fewer than 2 or no spread in x. */
+static double slope(const double *x, const double *y, size_t n) {
+  double mx = 0, my = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < n; i++) mx += x[i], my += y[i];
+  if (n < 2) return 0;
+  mx /= (double)n, my /= (double)n;
+  for (size_t i = 0; i < n; i++) sxx += (x[i] - mx) * (x[i] - mx), sxy += (x[i] - mx) * (y[i] - my);
+  return sxx > 0 ? sxy / sxx : 0;
 }
 
 /* p-quantile of the latencies gathered (sorted in place), in microseconds; -1 without any. */
@@ -187,12 +200,20 @@ int nwc_bench_soak(int argc, char **argv) {
   pthread_create(&th[clients], NULL, importer, &s);
   long rss0 = -1, fd0 = -1, rss = 0, fds = 0;
   double worst99 = 0, t0 = nwc_bench_now();
+  size_t cap = (size_t)seconds + 2, nw = 0; /* samples after warm-up: time, requests, imports */
+  double *ws = malloc(cap * sizeof *ws), *wr = malloc(cap * sizeof *wr),
+         *wi = malloc(cap * sizeof *wi), *wk = malloc(cap * sizeof *wk);
+  if (!ws || !wr || !wi || !wk) return fprintf(stderr, "nwc-bench soak: out of memory\n"), 1;
   for (int sec = 1; nwc_bench_now() - t0 < seconds; sec++) {
     usleep(1000000);
     rss = nwc__proc_status_kb(pid, "VmRSS"), fds = proc_fds(pid);
     double p50 = take_quantile(&s, 0.5, 0), p99 = take_quantile(&s, 0.99, 1);
     if (sec >= seconds / 4 && rss0 < 0) rss0 = rss, fd0 = fds; /* after warm-up */
     if (rss0 >= 0 && p99 > worst99) worst99 = p99;
+    if (rss0 >= 0 && nw < cap && rss > 0) {
+      ws[nw] = nwc_bench_now() - t0, wr[nw] = (double)atomic_load(&s.requests);
+      wi[nw] = (double)atomic_load(&s.imports), wk[nw++] = (double)rss;
+    }
     printf("{\"bench\":\"soak\",\"second\":%d,\"rss_kb\":%ld,\"fds\":%ld,\"ls_p50_us\":%.0f,"
            "\"ls_p99_us\":%.0f,\"requests\":%ld,\"errors\":%ld,\"wrong\":%ld}\n",
            sec, rss, fds, p50, p99, atomic_load(&s.requests), atomic_load(&s.errors),
@@ -203,10 +224,14 @@ int nwc_bench_soak(int argc, char **argv) {
   printf("{\"bench\":\"soak_summary\",\"clients\":%u,\"seconds\":%.0f,\"budget\":\"%s\","
          "\"rss_kb_warm\":%ld,\"rss_kb_end\":%ld,\"fds_warm\":%ld,\"fds_end\":%ld,"
          "\"requests\":%ld,\"errors\":%ld,\"wrong\":%ld,\"ls_idle_p50_us\":%.0f,"
-         "\"ls_idle_p99_us\":%.0f,\"ls_load_worst_p99_us\":%.0f,\"p99_over_idle\":%.1f}\n",
+         "\"ls_idle_p99_us\":%.0f,\"ls_load_worst_p99_us\":%.0f,\"p99_over_idle\":%.1f,"
+         "\"imports\":%ld,\"rss_slope_kb_per_s\":%.1f,\"rss_slope_kb_per_1k_requests\":%.2f,"
+         "\"rss_slope_kb_per_import\":%.1f}\n",
          clients, seconds, budget ? budget : bud, rss0, rss, fd0, fds,
          atomic_load(&s.requests), atomic_load(&s.errors), atomic_load(&s.wrong), idle50,
-         idle99, worst99, idle99 > 0 ? worst99 / idle99 : 0);
+         idle99, worst99, idle99 > 0 ? worst99 / idle99 : 0, atomic_load(&s.imports),
+         slope(ws, wk, nw), 1000 * slope(wr, wk, nw), slope(wi, wk, nw));
+  free(ws), free(wr), free(wi), free(wk);
   nwc_client_free(c);
   nwc_bench_nwcd_stop(pid);
   nwc_st_close(st);
