@@ -56,8 +56,9 @@ static int flag_size(const char *flag, const char *arg, uint64_t *out) {
  * buffers of that size come from the arena of the thread that asks: nwcd's workers and each
  * import's encoder threads (a new set per import) each fill an arena of their own with
  * megabytes of transient copies, reply frames and import buffers, and freed, that memory stays
- * there.  With 16 threads that held 130 MB more than the heap in use, and grew (docs/results.md,
- * "Soak").  Setting the threshold turns its adjustment off (and the trim threshold's). */
+ * there, arena after arena, far above the heap in use and growing (docs/results.md, "Soak";
+ * test_daemon_memory).  Setting the threshold turns its adjustment off (the trim threshold's
+ * too). */
 #define MMAP_THRESHOLD (256 << 10)
 
 static void usage(FILE *f) {
