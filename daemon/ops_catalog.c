@@ -3,9 +3,10 @@
  * remove.  Reads take no daemon lock: the store answers them on its read connection, from the
  * last commit, so a listing never waits for an import or a removal (docs/results.md, "Soak").
  * Import runs unlocked too (the store serializes its own writes, so other requests go on while it
- * encodes).  Remove holds d->store_lock (nwcd.h) while it first drops the model's resident
- * tensors (-EBUSY while one is in use) and then deletes the model, so that no residency lookup
- * brings a tensor of it back in between.
+ * encodes), on a thread of its own at a lower CPU priority (IMPORT_NICE).  Remove holds
+ * d->store_lock (nwcd.h) while it first drops the model's resident tensors (-EBUSY while one is
+ * in use) and then deletes the model, so that no residency lookup brings a tensor of it back in
+ * between.
  */
 #include "ops_internal.h"
 
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* Every tensor name the store accepts fits a name field of the protocol whole. */
@@ -139,6 +141,41 @@ static void on_skipped(void *ctx, const nwc_import_skip *t) {
   memcpy(e->shape, t->shape, e->ndim * sizeof *e->shape);
 }
 
+/* An import's encoding runs this much nicer than the request workers (its encoder and writer
+ * threads inherit it from the thread that starts them): it is batch work on every core, and at
+ * the workers' priority it took the CPU from the listings and small requests of other clients. */
+#define IMPORT_NICE 10
+
+typedef struct import_call {
+  nwcd *d;
+  const nwc_proto_req *r;
+  const nwc_import_file *files;
+  int index_fd;
+  const nwc_import_opts *o;
+  int rc;
+  char detail[NWC_PROTO_MAX_MSG]; /* the import thread's error detail (it is thread-local) */
+} import_call;
+
+static void *import_thread(void *arg) {
+  import_call *c = arg;
+  /* Linux: a thread's own nice value (the calling thread only, not the process). */
+  (void)setpriority(PRIO_PROCESS, 0, getpriority(PRIO_PROCESS, 0) + IMPORT_NICE);
+  c->rc = nwc_store_import_fds(c->d->store, c->r->model, c->index_fd, c->files, c->r->nfiles, c->o);
+  if (c->rc < 0) snprintf(c->detail, sizeof c->detail, "%s", nwc_error_detail());
+  return NULL;
+}
+
+/* nwc_store_import_fds on a thread of its own at IMPORT_NICE (here, if none can be started);
+ * this worker waits for it, so the import still holds one worker as before. */
+static int import_nicely(import_call *c) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, import_thread, c) != 0)
+    return nwc_store_import_fds(c->d->store, c->r->model, c->index_fd, c->files, c->r->nfiles,
+                                c->o);
+  pthread_join(t, NULL);
+  return c->rc < 0 ? nwc__fail(c->rc, "%s", c->detail) : c->rc;
+}
+
 /* import and import2.  import (op 6) is all or nothing, as it always was: its clients cannot
  * hear which tensors were left out.  import2 skips them unless its flags say strict, and lists
  * them after the result. */
@@ -160,8 +197,8 @@ int nwcd_op_import(nwcd_job *j) {
   /* Not under d->store_lock: the store serializes its own catalog access and holds none of it
    * while encoding, so requests on other models go on during an import; two imports of one
    * name both encode and the second to publish gets -EEXIST (and removes its container). */
-  int rc = nwc_store_import_fds(d->store, r->model, r->has_index ? j->fds[0] : -1, files,
-                                r->nfiles, &o);
+  import_call call = {d, r, files, r->has_index ? j->fds[0] : -1, &o, 0, ""};
+  int rc = import_nicely(&call);
   nwc_model_info *m = NULL;
   if (rc == 0) rc = nwc_store_model(d->store, r->model, &m);
   if (rc < 0) {
