@@ -7,8 +7,8 @@
  * pages: /proc/PID/status RssAnon) after 64 rounds must be within 8 MiB of what it was after 4.
  * With glibc's sliding mmap threshold each freed buffer raised the threshold and later ones
  * came from the freeing thread's arena, where they stayed: +15 to +28 MB over such 60 rounds,
- * growing without end (docs/results.md, "Soak").  Not run in sanitizer builds, whose allocator is not
- * glibc's (tests/CMakeLists.txt).
+ * growing without end (docs/results.md, "Soak").  Not run in sanitizer builds, whose allocator
+ * is not glibc's (tests/CMakeLists.txt).
  */
 #include "test_daemon_util.h"
 
