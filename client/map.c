@@ -174,24 +174,35 @@ static void put_rows(const uint16_t *dec, uint64_t n, uint64_t K, uint64_t K16, 
 
 static uint64_t k16(uint64_t K) { return (K + 15) & ~UINT64_C(15); }
 
-int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *out, size_t cap) {
+int nwc_client_map_dequant_rows(const nwc_client_mapping *m, uint64_t row0, uint64_t nrows,
+                                unsigned flags, void *out, size_t cap) {
   if (!m || !out) return nwc__client_fail(-EINVAL, "bad arguments");
   const nwc_tensor *t = &m->t;
   uint64_t M = t->rows, K = t->cols, br = NWC_LAYOUT_BLOCK_ROWS(t->elem);
-  int rc = check_cap(M, K, flags, cap);
-  if (rc < 0) return rc;
-  /* Bands of row blocks (about 4 MiB of decoded rows) through a scratch buffer. */
-  uint64_t band = (UINT64_C(4) << 20) / (2 * k16(K) * br) + 1, nrb = (M + br - 1) / br;
+  if (row0 > M || nrows > M - row0)
+    return nwc__client_fail(-EINVAL, "rows %llu..%llu of %llu", (unsigned long long)row0,
+                            (unsigned long long)(row0 + nrows), (unsigned long long)M);
+  int rc = check_cap(nrows, K, flags, cap);
+  if (rc < 0 || nrows == 0) return rc;
+  /* Bands of row blocks (about 4 MiB of decoded rows) through a scratch buffer; of each band the
+   * rows inside [row0, end). */
+  const uint64_t end = row0 + nrows, rb_end = (end + br - 1) / br;
+  const uint64_t band = (UINT64_C(4) << 20) / (2 * k16(K) * br) + 1;
   uint16_t *dec = malloc(band * br * k16(K) * 2);
   if (!dec) return nwc__client_fail(-ENOMEM, "out of memory");
-  for (uint64_t rb = 0; rb < nrb; rb += band) {
-    uint64_t rb1 = rb + band < nrb ? rb + band : nrb, r0 = rb * br;
-    uint64_t r1 = rb1 * br < M ? rb1 * br : M;
+  for (uint64_t rb = row0 / br; rb < rb_end; rb += band) {
+    const uint64_t rb1 = rb + band < rb_end ? rb + band : rb_end;
+    const uint64_t r0 = rb * br > row0 ? rb * br : row0, r1 = rb1 * br < end ? rb1 * br : end;
     if ((rc = nwc_dequant_range(t, rb, rb1, dec)) < 0) break;
-    put_rows(dec, r1 - r0, K, k16(K), flags, (uint8_t *)out + r0 * K * esize(flags));
+    put_rows(dec + (r0 - rb * br) * k16(K), r1 - r0, K, k16(K), flags,
+             (uint8_t *)out + (r0 - row0) * K * esize(flags));
   }
   free(dec);
   return rc < 0 ? nwc__client_fail(rc, "dequant: %s", nwc_error_detail()) : 0;
+}
+
+int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *out, size_t cap) {
+  return nwc_client_map_dequant_rows(m, 0, m ? m->t.rows : 0, flags, out, cap);
 }
 
 int nwc_client_map_gather(const nwc_client_mapping *m, const uint64_t *rows, size_t n,

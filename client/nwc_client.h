@@ -284,6 +284,11 @@ NWC_CLIENT_API const nwc_client_map_info *nwc_client_mapping_info(const nwc_clie
 /* The whole tensor: rows x cols into out. */
 NWC_CLIENT_API int nwc_client_map_dequant(const nwc_client_mapping *m, unsigned flags, void *out,
                                           size_t cap);
+/* Rows [row0, row0 + nrows): nrows x cols into out (any range inside the tensor, else -EINVAL),
+ * so that a dense weight can be made in bounded pieces. */
+NWC_CLIENT_API int nwc_client_map_dequant_rows(const nwc_client_mapping *m, uint64_t row0,
+                                               uint64_t nrows, unsigned flags, void *out,
+                                               size_t cap);
 /* Rows by index: n x cols into out; -EINVAL for a row out of range. */
 NWC_CLIENT_API int nwc_client_map_gather(const nwc_client_mapping *m, const uint64_t *rows,
                                          size_t n, unsigned flags, void *out, size_t cap);

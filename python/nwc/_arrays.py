@@ -67,6 +67,23 @@ def rows_in(rows: Any) -> Tuple[Any, int]:
     return a, a.ctypes.data
 
 
+def out_buffer(out: Any, shape: Sequence[int], bf16: bool) -> Tuple[int, int]:
+    """The address and byte size of a caller's output: a contiguous CPU torch tensor
+    (bfloat16 / float32) or numpy array (uint16 BF16 bits / float32) of exactly shape."""
+    if is_torch(out):
+        torch = sys.modules["torch"]
+        ok = (out.dtype is (torch.bfloat16 if bf16 else torch.float32) and not out.is_cuda
+              and out.is_contiguous())
+        addr, nbytes = out.data_ptr(), out.numel() * out.element_size()
+    else:
+        ok = out.dtype == (np().uint16 if bf16 else np().float32) and out.flags.c_contiguous
+        addr, nbytes = out.ctypes.data, out.nbytes
+    if not ok or tuple(out.shape) != tuple(shape):
+        raise NwcError(errno.EINVAL, f"out must be a contiguous CPU {'BF16' if bf16 else 'float32'} "
+                       f"array of shape {tuple(shape)}")
+    return addr, nbytes
+
+
 def alloc(shape: Sequence[int], bf16: bool, as_torch: bool) -> Tuple[Any, int, int]:
     """An uninitialized output of shape: torch (float32 / bfloat16) or numpy (float32, or the
     BF16 bits as uint16: numpy has no bfloat16); returns (array, address, bytes)."""

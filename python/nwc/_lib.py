@@ -142,6 +142,7 @@ _PROTOS = {
     "nwc_client_unmap": (None, [_P]),
     "nwc_client_mapping_info": (POINTER(nwc_client_map_info), [_P]),
     "nwc_client_map_dequant": (c_int, [_P, c_uint, _P, c_size_t]),
+    "nwc_client_map_dequant_rows": (c_int, [_P, c_uint64, c_uint64, c_uint, _P, c_size_t]),
     "nwc_client_map_gather": (c_int, [_P, _P, c_size_t, c_uint, _P, c_size_t]),
     "nwc_client_map_matvec": (c_int, [_P, _P, c_float, _P, c_uint, c_uint, _P, c_size_t]),
 }

@@ -131,6 +131,20 @@ class Mapping(_lib.Elem):
         check(lib().nwc_client_map_dequant(self._ptr(), _lib.BF16 if bf16 else 0, ptr, cap))
         return out
 
+    def dequant_rows(self, row0: int, nrows: int, dtype: Any = "float32", as_torch: bool = False,
+                     out: Any = None) -> Any:
+        """Rows [row0, row0 + nrows), [nrows, cols], float32 or BF16, into out when given (a
+        contiguous array or tensor of that shape and dtype, e.g. a view of a reused buffer):
+        a dense weight in bounded pieces.  A range outside the tensor: NwcError EINVAL."""
+        bf16 = _arrays.want_bf16(dtype)
+        if out is None:
+            out, ptr, cap = _arrays.alloc((nrows, self.cols), bf16, as_torch)
+        else:
+            ptr, cap = _arrays.out_buffer(out, (nrows, self.cols), bf16)
+        check(lib().nwc_client_map_dequant_rows(self._ptr(), row0, nrows, _lib.BF16 if bf16 else 0,
+                                                ptr, cap))
+        return out
+
     def gather(self, rows: Any, dtype: Any = "float32", as_torch: Optional[bool] = None) -> Any:
         """Rows by index, shape rows.shape + [cols] (as Client.gather)."""
         bf16 = _arrays.want_bf16(dtype)

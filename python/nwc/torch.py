@@ -2,8 +2,9 @@
 
 NwcLinear is a drop-in for nn.Linear (inference only: no gradients flow to the weights): an input
 of 1..dense_rows rows (8 by default) is one matvec of the daemon (or of a host map, mapped=True),
-which decodes the weights inside the product; more rows dequantize the weight once into a cached
-BF16 tensor (release_dense() drops it) and use torch's matmul.  NwcEmbedding is nn.Embedding's
+which decodes the weights inside the product; more rows dequantize the weight from a host map a
+chunk of output rows at a time into one bounded BF16 scratch shared by every NwcLinear of the
+process (set_dense_scratch_bytes) and multiply each chunk with torch's matmul.  NwcEmbedding is nn.Embedding's
 lookup through the daemon's gather.  patch() swaps a model's nn.Linear and nn.Embedding modules
 for these, matching parameter names to the tensor names of the imported model (as in its
 safetensors), and frees their parameters.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import errno
 from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -29,20 +30,21 @@ from torch import nn
 from . import _lib
 from ._cuda import MAX_COLS, ROW_ALIGN, GpuMap, GpuTensor
 from .client import Client, TensorInfo
+from .mapping import Mapping
 from .errors import NwcError
 
 __all__ = ["NwcEmbedding", "NwcLinear", "dense_scratch_bytes", "patch",
            "set_dense_scratch_bytes"]
 
-DENSE_SCRATCH_BYTES = 16 << 20  # the default size of the dense path's scratch per device
+DENSE_SCRATCH_BYTES = 16 << 20  # the default size of the dense path's scratch per device (cpu too)
 _scratch_bytes = DENSE_SCRATCH_BYTES
 _scratch: Dict[torch.device, torch.Tensor] = {}  # the dense path's scratch of each device
 
 
 def set_dense_scratch_bytes(nbytes: int = DENSE_SCRATCH_BYTES) -> None:
-    """Sets the size of the BF16 scratch that NwcLinear's dense path on CUDA (more rows than
-    the matvecs take) dequantizes weights into, one chunk of output rows at a time, shared by
-    every NwcLinear of a device.  A buffer is made as large as the weights it has served need
+    """Sets the size of the BF16 scratch that NwcLinear's dense path (more rows than the
+    matvecs take) dequantizes weights into, one chunk of output rows at a time, shared by every
+    NwcLinear of a device (the CPU is one).  A buffer is made as large as the weights it has served need
     (a weight smaller than the size takes its own size), up to the size set; a chunk is at
     least 16 rows of the weight, so a size smaller than 16 rows of a weight grows to that.
     Drops the buffers made so far (to torch's caching allocator, stream-ordered: work already
@@ -64,11 +66,12 @@ def dense_scratch_bytes(device: Optional[torch.device] = None) -> int:
     return 0 if buf is None else buf.numel() * buf.element_size()
 
 
-def _dense_scratch(device: torch.device, t: GpuTensor) -> torch.Tensor:
-    """The device's dense scratch (BF16, flat), made or grown to what t asks for: all its rows
-    where they fit in the set size, else that size, but at least 16 rows."""
+def _dense_scratch(device: torch.device, rows: int, row_elems: int) -> torch.Tensor:
+    """The device's dense scratch (BF16, flat), made or grown to what a weight of rows x
+    row_elems asks for: all its rows where they fit in the set size, else that size, but at
+    least 16 rows."""
     buf = _scratch.get(device)
-    need = max(min(_scratch_bytes // 2, t.rows * t.k16), ROW_ALIGN * t.k16)
+    need = max(min(_scratch_bytes // 2, rows * row_elems), ROW_ALIGN * row_elems)
     if buf is None or buf.numel() < need:
         buf = _scratch[device] = torch.empty(need, dtype=torch.bfloat16, device=device)
     return buf
@@ -117,10 +120,12 @@ class NwcLinear(_OnGpu, nn.Module):
     out_features) in inference.  weight and bias name tensors of model ([out, in] and [out]).
 
     Rows of input (the product of x's leading dimensions) up to dense_rows: one matvec call
-    (float32 accumulation, output in x's dtype); more: F.linear on the weight dequantized once
-    into a cached BF16 tensor (converted to x's dtype per call when x is not BF16).  mapped=True
-    computes the matvecs in this process on a host map of the tensors instead of in the
-    daemon (no round trip; the daemon keeps them resident while mapped).
+    (float32 accumulation, output in x's dtype); more: F.linear on the weight dequantized from
+    a host map (the module's, or one made on the first such call) a chunk of output rows at a
+    time into the CPU's dense scratch (converted to x's dtype when x is not BF16), each chunk's
+    product written into its columns of the output (one chunk: F.linear on the whole weight).
+    mapped=True computes the matvecs in this process on a host map of the tensors instead of
+    in the daemon (no round trip; the daemon keeps them resident while mapped).
 
     CUDA inputs use gpu_map (a GpuMap holding the weight; None: the weight is mapped on the
     first CUDA call): up to min(dense_rows, 8) rows a fused matvec on the device copy (float32
@@ -146,10 +151,10 @@ class NwcLinear(_OnGpu, nn.Module):
         self._m, self._w = model.encode(), weight.encode()
         self._b = bias.encode() if bias is not None else None
         self._matvec = _lib.lib().nwc_client_matvec
-        self._dense: Optional[torch.Tensor] = None
         self._bias: Optional[torch.Tensor] = None  # BF16, for the dense path
         self._map_matvec = _lib.lib().nwc_client_map_matvec
         self.mapping = client.map(model, weight) if mapped else None
+        self._dense_map: Optional[Mapping] = None  # the dense path's map when not mapped
         self._map_bias: Optional[torch.Tensor] = None  # float32, for the map's matvec
         self._bias_ptr: Optional[int] = None
         if mapped and bias is not None:
@@ -170,19 +175,15 @@ class NwcLinear(_OnGpu, nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias_name is not None}, nwc={self.model}/{self.weight_name}")
 
-    def release_dense(self) -> None:
-        """Drops the cached dense weight (made again by the next call of more rows)."""
-        self._dense = self._bias = None
-
-    def dense_weight(self) -> torch.Tensor:
-        """The weight, [out, in] BF16, dequantized once and cached (by the host map where the
-        module has one: decoded here, of any size; else by the daemon, through the
-        connection's shared region, which bounds it)."""
-        if self._dense is None:
-            self._dense = (self.client.dequant(self.model, self.weight_name, "bfloat16",
-                                               as_torch=True) if self.mapping is None else
-                           self.mapping.dequant("bfloat16", as_torch=True))
-        return self._dense
+    def host_map(self) -> Mapping:
+        """The weight's host map for the dense path: mapped=True's, else one made by the first
+        dense call (the daemon keeps the tensor resident while the module holds it; the
+        matvecs stay the daemon's)."""
+        if self.mapping is not None:
+            return self.mapping
+        if self._dense_map is None:
+            self._dense_map = self.client.map(self.model, self.weight_name)
+        return self._dense_map
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Every line here is paid per call (bench/python_linear.py): cheap tests first, the
@@ -230,35 +231,41 @@ class NwcLinear(_OnGpu, nn.Module):
         return y if bf16 or dt is torch.float32 else y.to(dt)
 
     def _forward_gpu_dense(self, x: torch.Tensor, t: GpuTensor) -> torch.Tensor:
-        """F.linear on the weight dequantized R rows at a time (whole row groups) into the
-        device's scratch, each chunk's product written into its columns of y; a weight that
-        fits whole is one F.linear on it."""
-        g, dt, K, M = self.gpu_map, x.dtype, self.in_features, self.out_features
-        b = None if self._gpu_bias is None else self._gpu_bias.to(dt)
-        buf = _dense_scratch(x.device, t)
-        fit = buf.numel() // t.k16
+        g, b = self.gpu_map, self._gpu_bias
+        buf = _dense_scratch(x.device, t.rows, t.k16)
+        return self._chunked(x, b, buf, t.k16, lambda r0, nr, out: g.dequant_rows(t, r0, nr, out))
+
+    def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.host_map()
+        if self.bias_name is not None and self._bias is None:
+            self._bias = self.client.dequant(self.model, self.bias_name, "bfloat16",
+                                             as_torch=True).reshape(-1)
+        buf = _dense_scratch(torch.device("cpu"), self.out_features, self.in_features)
+        return self._chunked(x, self._bias, buf, self.in_features,
+                             lambda r0, nr, out: m.dequant_rows(r0, nr, "bfloat16", out=out))
+
+    def _chunked(self, x: torch.Tensor, bias: Optional[torch.Tensor], buf: torch.Tensor,
+                 stride: int, rows: Callable[[int, int, torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+        """F.linear on the weight dequantized R rows at a time (whole row groups; rows(r0, nr,
+        out) writes rows r0 .. r0 + nr - 1 into out, nr x stride BF16) into buf, each chunk's
+        product written into its columns of y; a weight that fits whole is one F.linear on it
+        (bit for bit nn.Linear's)."""
+        dt, K, M = x.dtype, self.in_features, self.out_features
+        b = None if bias is None else bias.to(dt)
+        fit = buf.numel() // stride
         R = M if fit >= M else fit // ROW_ALIGN * ROW_ALIGN
         if R == M:
-            w = g.dequant_rows(t, 0, M, buf[:M * t.k16].view(M, t.k16))
+            w = rows(0, M, buf[:M * stride].view(M, stride))[:, :K]
             return nn.functional.linear(x, w if dt is torch.bfloat16 else w.to(dt), b)
         x2 = x.reshape(-1, K)
         y = torch.empty((x2.shape[0], M), dtype=dt, device=x.device)
         for r0 in range(0, M, R):
             nr = min(R, M - r0)
-            w = g.dequant_rows(t, r0, nr, buf[:nr * t.k16].view(nr, t.k16))
+            w = rows(r0, nr, buf[:nr * stride].view(nr, stride))[:, :K]
             y[:, r0:r0 + nr] = nn.functional.linear(
                 x2, w if dt is torch.bfloat16 else w.to(dt), None if b is None else b[r0:r0 + nr])
         return y.view(x.shape[:-1] + (M,))
-
-    def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.dense_weight()
-        b = None
-        if self.bias_name is not None:
-            if self._bias is None:
-                self._bias = self.client.dequant(self.model, self.bias_name, "bfloat16",
-                                                 as_torch=True).reshape(-1)
-            b = self._bias.to(x.dtype)
-        return nn.functional.linear(x, w if x.dtype is torch.bfloat16 else w.to(x.dtype), b)
 
 
 class NwcEmbedding(_OnGpu, nn.Module):

@@ -192,6 +192,19 @@ def test_map(client, sample, rng):
     first = int(raw[0])
     assert np.array_equal(m.dequant(), bf16_float(t["w"]))
     assert np.array_equal(m.dequant("bfloat16"), t["w"])
+    for _ in range(6):  # any range of rows, aligned to the row groups or not
+        r0 = int(rng.integers(0, M))
+        n = int(rng.integers(0, M - r0 + 1))
+        assert np.array_equal(m.dequant_rows(r0, n, "bfloat16"), t["w"][r0:r0 + n])
+    buf = np.empty((M - 3, K), np.float32)  # into a caller's buffer
+    assert m.dequant_rows(3, M - 3, out=buf) is buf and np.array_equal(buf, bf16_float(t["w"])[3:])
+    for bad in ((M, 1), (0, M + 1)):
+        with pytest.raises(nwc.NwcError) as e:
+            m.dequant_rows(*bad)
+        assert e.value.errno == errno.EINVAL and "rows" in e.value.message
+    with pytest.raises(nwc.NwcError) as e:
+        m.dequant_rows(0, 2, out=np.empty((3, K), np.float32))
+    assert e.value.errno == errno.EINVAL and "shape" in e.value.message
     rows = rng.integers(0, M, 9)
     assert np.array_equal(m.gather(rows), bf16_float(t["w"])[rows])
     x = rng.standard_normal((4, K)).astype(np.float32)
