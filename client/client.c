@@ -334,7 +334,19 @@ int nwc__client_shm(nwc_client *c, uint64_t need) {
                             "transfer of %llu bytes is larger than the shared region (%llu)",
                             (unsigned long long)need, (unsigned long long)c->shm_size);
   }
-  uint64_t size = need > SHM_DEFAULT ? (need + 0xfffff) & ~0xfffffull : SHM_DEFAULT;
+  uint64_t size = SHM_DEFAULT;
+  const char *env = getenv("NWC_CLIENT_SHM_BYTES");
+  if (env && *env) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (errno || *end || v < INLINE_MAX || v > (UINT64_C(1) << 40))
+      return nwc__client_fail(-EINVAL, "NWC_CLIENT_SHM_BYTES=%s: a byte count from %u to 2^40", env,
+                              INLINE_MAX);
+    size = v;
+  }
+  if (need > size) size = need;
+  size = (size + 0xfffff) & ~0xfffffull;
   int fd = memfd_create("nwc-client", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nwc__client_fail(-errno, "memfd_create: %s", strerror(errno));
   if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {

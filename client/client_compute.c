@@ -1,7 +1,8 @@
 /*
  * client_compute.c - libnwc-client's dequant, gather and matvec over the socket: output inline
- * up to INLINE_MAX, above it through the shared region; a matvec of any number of columns goes
- * as requests of at most 64 columns each.
+ * up to INLINE_MAX, above it through the shared region (a dequant larger than the region, which
+ * does not grow once made, is decoded here from a host map instead); a matvec of any number of
+ * columns goes as requests of at most 64 columns each.
  */
 #include "client_internal.h"
 #include "nwc_client.h"
@@ -64,10 +65,42 @@ static int do_dequant_gather(nwc_client *c, int op, const char *model, const cha
   return 0;
 }
 
+/* The connection's shared region's size (0: none yet; it does not grow once made). */
+static int region_size(nwc_client *c, uint64_t *size) {
+  *size = c->shm ? c->shm_size : 0;
+  return 0;
+}
+
+/* The whole tensor decoded here from a host map (nwc_client_map: the daemon's resident copy). */
+static int dequant_mapped(nwc_client *c, const char *model, const char *tensor, unsigned flags,
+                          void *out, size_t cap, uint64_t *rows, uint64_t *cols, unsigned *rflags) {
+  nwc_client_mapping *m;
+  int rc = nwc_client_map(c, model, tensor, &m);
+  if (rc < 0) return rc;
+  const nwc_client_map_info *i = nwc_client_mapping_info(m);
+  if (rows) *rows = i->rows;
+  if (cols) *cols = i->cols;
+  if (rflags) *rflags = 0;
+  rc = nwc_client_map_dequant(m, flags, out, cap);
+  nwc_client_unmap(m);
+  return rc;
+}
+
 int nwc_client_dequant(nwc_client *c, const char *model, const char *tensor, unsigned flags,
                        void *out, size_t cap, uint64_t *rows, uint64_t *cols, unsigned *rflags) {
   if (nwc__client_check_names(model, tensor) < 0 || !tensor)
     return nwc__client_fail(-EINVAL, "bad arguments");
+  /* A buffer larger than the region (made smaller by an earlier call) may be for an output that
+   * outgrows it: then the tensor is decoded here, from a host map. */
+  uint64_t region;
+  LOCKED(c, region_size(c, &region));
+  if (region && cap > region) {
+    nwc_client_tensor_info ti;
+    int rc = nwc_client_info(c, model, tensor, &ti);
+    if (rc < 0) return rc;
+    if (ti.t.rows * ti.t.cols * (flags & NWC_CLIENT_BF16 ? 2 : 4) > region)
+      return dequant_mapped(c, model, tensor, flags, out, cap, rows, cols, rflags);
+  }
   return LOCKED(c, do_dequant_gather(c, NWC_OP_DEQUANT, model, tensor, NULL, 0, flags, out, cap,
                                      rows, cols, rflags));
 }

@@ -50,6 +50,11 @@ NWC_CLIENT_API void nwc_client_free(nwc_client *c);
  * always sleep, so that the daemon's threads keep the CPUs.  spin_us 0: always sleep.  Default 2000, or $NWC_CLIENT_SPIN_US when
  * the client connects; -EINVAL above 1000000. */
 NWC_CLIENT_API int nwc_client_set_spin(nwc_client *c, unsigned spin_us);
+/* Outputs over 1 MiB (and, with a GPU daemon, matvecs' x and y) travel through a shared region,
+ * a memfd made on the connection's first such transfer: 256 MiB, or $NWC_CLIENT_SHM_BYTES (1 MiB
+ * to 2^40), or that transfer's size when larger, rounded up to 1 MiB.  It does not grow: a
+ * dequant larger than it is decoded in this process from a host map (nwc_client_map) instead. */
+
 /* What went wrong in this thread's last failing call ("" if none; thread-local storage). */
 NWC_CLIENT_API const char *nwc_client_last_error(void);
 /* $NWC_SOCKET, else $XDG_RUNTIME_DIR/nwc/nwcd.sock, else /run/nwc/nwcd.sock as root (else

@@ -15,7 +15,9 @@
  *     evict skips it, ps (library and `nwcctl ps --json`) shows the references; after one client
  *     unmaps and the other is killed with SIGKILL the evict succeeds;
  *   - a mapping outlives the client connection and even the daemon (SIGTERM): its data stays
- *     right; a tensor that cannot fit the budget is ENOSPC.
+ *     right; a tensor that cannot fit the budget is ENOSPC;
+ *   - nwc_client_dequant into a buffer larger than the connection's shared region decodes from
+ *     a host map of its own, bit for bit, and unmaps it.
  * Malformed map requests are in test_daemon_badinput.
  */
 #include "test_daemon_util.h"
@@ -263,6 +265,32 @@ static void check_fp8(nwc_client *c, const td_tensor *t) {
   nwc_client_unmap(m);
 }
 
+/* A connection whose shared region is 4 MiB (NWC_CLIENT_SHM_BYTES; it does not grow): t's BF16
+ * dequant fits in it, its fp32 dequant does not and is decoded from a host map by the library,
+ * bit for bit, leaving no mapping behind (through the socket it would overrun the region). */
+static void check_past_region(const td_tensor *t) {
+  const uint64_t n = t->rows * t->cols;
+  CHECK(n * 2 > (1u << 20) && n * 2 <= (4u << 20) && n * 4 > (4u << 20), "%s: %llu weights",
+        t->name, (unsigned long long)n);
+  setenv("NWC_CLIENT_SHM_BYTES", "4194304", 1);
+  nwc_client *c = NULL;
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  uint16_t *w = malloc(n * 2);
+  float *f = malloc(n * 4);
+  uint64_t rows = 0, cols = 0;
+  CHECK_RC(nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, w, n * 2, NULL, NULL, NULL));
+  CHECK(!memcmp(w, t->w, n * 2), "BF16 dequant through the region");
+  CHECK_RC(nwc_client_dequant(c, "use", t->name, 0, f, n * 4, &rows, &cols, NULL));
+  size_t bad = 0;
+  for (uint64_t i = 0; i < n; i++) bad += f[i] != nwc_bf16_to_f32(td_w(t, i));
+  CHECK(rows == t->rows && cols == t->cols && bad == 0, "fp32 dequant past the region: %llu x %llu, "
+        "%zu values differ", (unsigned long long)rows, (unsigned long long)cols, bad);
+  CHECK(ps_maps(c, t->name) == 0, "a mapping left behind: %d", ps_maps(c, t->name));
+  nwc_client_free(c);
+  unsetenv("NWC_CLIENT_SHM_BYTES");
+  free(w), free(f);
+}
+
 int main(void) {
   int rc;
   pid_t d = td_begin("test_daemon_map", "nwc-map", NULL, &rc);
@@ -337,6 +365,7 @@ int main(void) {
   CHECK_RC(nwc_client_map(c, "use2", T->name, &m));
   if (m) check_local(m, T, "layout 2"), nwc_client_unmap(m), m = NULL;
   check_fp8(c, T);
+  check_past_region(T);
   CHECK_RC(nwc_client_map(c, "use", T->name, &m));
   if (m) check_seals(m);
   nwc_client_free(c);
