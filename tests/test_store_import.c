@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 static uint16_t rand_bf16(void) {
   double g = (test_uniform() + test_uniform() + test_uniform() - 1.5) * 0.05;
@@ -89,13 +90,13 @@ static void check_tensor(nwc_store *s, const char *model, const char *name, cons
 /* A second thread using the same handle while an import runs on the first. */
 typedef struct reader_arg {
   nwc_store *s;
-  volatile int stop;
+  atomic_int stop;
   int rounds, errors;
 } reader_arg;
 
 static void *reader(void *p) {
   reader_arg *a = p;
-  while (!a->stop) {
+  while (!atomic_load(&a->stop)) {
     nwc_model_info *m = NULL;
     size_t n = 0;
     if (nwc_store_models(a->s, &m, &n) < 0) a->errors++;
@@ -120,7 +121,7 @@ static void test_sample(nwc_store *s, const char *dir) {
   pthread_t tid;
   pthread_create(&tid, NULL, reader, &ra);
   CHECK_RC(nwc_store_import(s, "use-lite", path, &o));
-  ra.stop = 1;
+  atomic_store(&ra.stop, 1);
   pthread_join(tid, NULL);
   CHECK(ra.errors == 0 && ra.rounds > 0, "concurrent reader: %d errors in %d rounds", ra.errors,
         ra.rounds);
