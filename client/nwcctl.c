@@ -507,9 +507,16 @@ static int cmd_import(int argc, char **argv) {
       else if (strcmp(argv[i], "bf16"))
         return fprintf(stderr, "%s: import: --elem: expected bf16 or fp8, got '%s'\n", prog, argv[i]), 2;
     } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
-      if (!strcmp(argv[++i], "auto")) o.layout = NWC_CLIENT_LAYOUT_AUTO;
-      else if (parse_u64("--layout", argv[i], 2, &layout) < 0) return 2;
-      else o.layout = (unsigned)layout;
+      if (!strcmp(argv[++i], "auto")) {
+        o.layout = NWC_CLIENT_LAYOUT_AUTO;
+      } else {
+        char *end;
+        errno = 0;
+        layout = strtoull(argv[i], &end, 10);
+        if (errno || end == argv[i] || *end || layout > 2)
+          return fprintf(stderr, "%s: import: --layout: expected auto, 0, 1 or 2, got '%s'\n", prog, argv[i]), 2;
+        o.layout = (unsigned)layout;
+      }
     } else if (unknown_option(argv[i])) {
       return 2;
     } else if (!model) {

@@ -508,8 +508,8 @@ int main(void) {
   run_fails(3, noprefix, (const char *[]){"gather", t->name, "0", "-o", npy, NULL});
   run_fails(3, "no tensor use/nope in the store", (const char *[]){"info", "use/nope", NULL});
   run_fails(2, "'/x' is not MODEL or MODEL/TENSOR", (const char *[]){"info", "/x", NULL});
-  run_fails(2, "--layout: expected 0..2, got 'x'", (const char *[]){"import", "m2", idx, "--layout", "x", NULL});
-  run_fails(2, "--layout: expected 0..2, got '7'", (const char *[]){"import", "m2", idx, "--layout", "7", NULL});
+  run_fails(2, "--layout: expected auto, 0, 1 or 2, got 'x'", (const char *[]){"import", "m2", idx, "--layout", "x", NULL});
+  run_fails(2, "--layout: expected auto, 0, 1 or 2, got '7'", (const char *[]){"import", "m2", idx, "--layout", "7", NULL});
   run_fails(2, "unknown option '--frob'", (const char *[]){"import", "m2", idx, "--frob", NULL});
   run_fails(2, "unknown option '--bogus'", (const char *[]){"ls", "--bogus", NULL});
   run_fails(2, "unknown option '--device'", (const char *[]){"load", "use", "--device", NULL});
