@@ -54,6 +54,38 @@ static void write_npy(const char *path, const char *shape, const float *x, size_
   fclose(f);
 }
 
+static json_t *run_json(const char *const *args);
+
+/* The import's layouts: "use" was imported with the default, auto: layout 2 for each matrix of
+ * 16 or more rows (as stored: the first dimension after leading 1s, of 2 or more left; the
+ * sample's matrices are 2-D or 4-D), 0 for the rest; --layout auto says the same; --layout 0
+ * stores every tensor in layout 0. */
+static void check_layouts(const char *idx) {
+  CHECK(run(NULL, (const char *[]){"import", "use-auto", idx, "--layout", "auto", NULL}) == 0 &&
+            run(NULL, (const char *[]){"import", "use-0", idx, "--layout", "0", NULL}) == 0,
+        "import --layout auto, 0");
+  const char *models[] = {"use", "use-auto", "use-0"};
+  for (int k = 0; k < 3; k++) {
+    json_t *j = run_json((const char *[]){"ls", models[k], "--json", NULL}), *t;
+    size_t i, twos = 0;
+    json_array_foreach(j, i, t) {
+      json_t *shape = json_object_get(t, "shape");
+      size_t d = 0, nd = json_array_size(shape);
+      while (d + 2 < nd && json_integer_value(json_array_get(shape, d)) == 1) d++;
+      int matrix = nd - d >= 2 && json_integer_value(json_array_get(shape, d)) >= 16;
+      int want = k < 2 && matrix ? 2 : 0, got = (int)json_integer_value(json_object_get(t, "layout"));
+      CHECK(got == want, "%s: %s in layout %d, not %d", models[k],
+            json_string_value(json_object_get(t, "name")), got, want);
+      twos += got == 2;
+    }
+    CHECK(json_array_size(j) == 35 && (k < 2 ? twos > 0 : twos == 0), "%s: %zu tensors, %zu in layout 2",
+          models[k], json_array_size(j), twos);
+    json_decref(j);
+  }
+  CHECK(run(NULL, (const char *[]){"rm", "use-auto", NULL}) == 0 &&
+            run(NULL, (const char *[]){"rm", "use-0", NULL}) == 0, "rm");
+}
+
 static json_t *run_json(const char *const *args) {
   char *out;
   int rc = run(&out, args);
@@ -313,6 +345,7 @@ int main(void) {
   free(out);
   run_fails(1, "import: model 'use' already exists (nwcctl rm use removes it; or import under "
             "another name)", (const char *[]){"import", "use", idx, NULL});
+  check_layouts(idx);
   /* ls lines up: with a model name longer than the column's 32, every line is as long. */
   const char *longname = "a-model-name-longer-than-thirty-two-chars";
   CHECK(run(NULL, (const char *[]){"import", longname, idx, NULL}) == 0, "import %s", longname);
