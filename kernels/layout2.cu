@@ -1,37 +1,37 @@
 /*
- * layout2.cu - the kernels of layout 2 (BF16): Y = scale * (W X) + bias for 1..8 columns of X on
- * the tensor cores, dequant and gather.  Reached through the nwc_k_* entries of nwc_kernels.h,
+ * layout2.cu - the kernels of layout 2 (BF16 and fp8): Y = scale * (W X) + bias for 1..8 columns of
+ * X on the tensor cores, dequant (whole or a range of rows) and gather.  Reached through the nwc_k_* entries of nwc_kernels.h,
  * which dispatch on the tensor's layout (l2_* below).
  *
  * Matvec design.  The work is cut into units: a row group (16 rows) whole, or F parts of it, each
  * a run of `per` slots (whole column blocks, or half a block where row groups are few), F chosen
  * so that the units keep the resident warps evenly busy (l2_work).  A warp streams its units'
- * slots (32 columns each) into registers, a batch of D slots loaded while the batch before is
- * decoded (l2_stream), with the fewest instructions per slot that keep the loads in flight: the
- * planes' streaming alone reaches 94 % of the read floor so, and the per-slot bookkeeping of the
- * shared-memory rings this replaced held the kernel to 55 % (docs/results.md).  Per slot a lane
- * decodes its A fragments (layout2.cuh) and multiplies them by B fragments that hold x in three BF16 parts, x = hi + mid +
- * lo to 24 significant bits (the products exact, fp32 accumulation: the result is within fp32
- * rounding of the fp64 reference).  The parts are B's columns: column 3c + p of the n = 8 T
+ * slots (32 columns each) in batches of D through two sets of a shared-memory ring (cp.async),
+ * the next batch's copies in flight while this one is decoded (l2_stream), with its bookkeeping
+ * per batch, not per slot: the planes' streaming alone reaches 94 % of the read floor, and the
+ * one-slot ring with per-slot bookkeeping that this replaced held the kernel to 55 %
+ * (docs/results.md).  Per slot a lane decodes its A fragments (layout2.cuh) and multiplies them
+ * by B fragments that hold x in three BF16 parts, x = hi + mid + lo to 24 significant bits (the
+ * products exact, fp32 accumulation: the result is within fp32 rounding of the fp64 reference).  The parts are B's columns: column 3c + p of the n = 8 T
  * columns of T tiles is part p of x's column c, so one column takes one tile and 8 take three, and
  * a slot costs 2 T mma.m16n8k16 in two accumulator chains per tile.  l2_xfrag_kernel makes the
  * fragments once per call, one coalesced 16-byte load per lane, tile and slot.  After a block's
  * last slot in the unit each lane adds its exception entries of the unit's slots (the weights the
  * planes decode to +0) times fp32 x on the CUDA cores, in entry order, into its own sums in a
- * 3.5 KB table per warp in shared memory; at the unit's end the warp sums each column's three
- * parts and its exceptions through that table.
+ * table per warp in shared memory (1 KB for one tile, 3.5 KB for three); at the unit's end the
+ * warp sums each column's three parts and its exceptions through that table.
  *
  * A unit that is a whole row group writes its rows.  Parts of a row group write their 16 x ncols
  * partial sums to scratch, and l2_finish_kernel, the matvec's programmatic dependent, adds each
  * row's parts in part order (so the result does not depend on scheduling), applies scale and
  * bias and writes fp32 and/or BF16.  (The parts counted themselves in a counter per row group
  * and the last added them, behind a __threadfence per unit: the fence waited for the warp's
- * copies in flight, a tenth of the stall samples on 28672 x 4096, docs/results.md.)  Scratch
+ * copies in flight: 18 % of the stall samples on 28672 x 4096, docs/results.md.)  Scratch
  * (L2Scratch): units x 16 x NWC_K_MAX_COLS floats of partial sums, x's fragments.
  *
- * Dequant streams the same way, a unit per block, and stores each slot's rows with 16-byte
- * stores, then the exceptions' weights; gather likewise, a unit per requested row and block,
- * storing that row only.
+ * Dequant streams the same way, a unit per block (of the range's row groups), and stores each
+ * slot's rows with 16-byte stores, then the exceptions' weights; gather likewise, a unit per
+ * requested row and block, storing that row only.
  *
  * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns) and the
  * element type, l2_xfrag_kernel, l2_finish_kernel, l2_rows_kernel<FP8> (dequant, row ranges and
