@@ -1,7 +1,7 @@
 /*
  * layout2.cu - the kernels of layout 2 (BF16 and fp8): Y = scale * (W X) + bias for 1..8 columns of
- * X on the tensor cores, dequant (whole or a range of rows) and gather.  Reached through the nwc_k_* entries of nwc_kernels.h,
- * which dispatch on the tensor's layout (l2_* below).
+ * X on the tensor cores, dequant (whole or a range of rows) and gather.  Reached through the
+ * nwc_k_* entries of nwc_kernels.h, which dispatch on the tensor's layout (l2_* below).
  *
  * Matvec design.  The work is cut into units: a row group (16 rows) whole, or F parts of it, each
  * a run of `per` slots (whole column blocks, or half a block where row groups are few), F chosen
@@ -12,9 +12,10 @@
  * one-slot ring with per-slot bookkeeping that this replaced held the kernel to 55 %
  * (docs/results.md).  Per slot a lane decodes its A fragments (layout2.cuh) and multiplies them
  * by B fragments that hold x in three BF16 parts, x = hi + mid + lo to 24 significant bits (the
- * products exact, fp32 accumulation: the result is within fp32 rounding of the fp64 reference).  The parts are B's columns: column 3c + p of the n = 8 T
- * columns of T tiles is part p of x's column c, so one column takes one tile and 8 take three, and
- * a slot costs 2 T mma.m16n8k16 in two accumulator chains per tile.  l2_xfrag_kernel makes the
+ * products exact, fp32 accumulation: the result is within fp32 rounding of the fp64 reference).
+ * The parts are B's columns: column 3c + p of the n = 8 T columns of T tiles is part p of x's
+ * column c, so one column takes one tile and 8 take three, and a slot costs 2 T mma.m16n8k16 in
+ * two accumulator chains per tile.  l2_xfrag_kernel makes the
  * fragments once per call, one coalesced 16-byte load per lane, tile and slot.  After a block's
  * last slot in the unit each lane adds its exception entries of the unit's slots (the weights the
  * planes decode to +0) times fp32 x on the CUDA cores, in entry order, into its own sums in a
