@@ -13,7 +13,8 @@
  * Decoding a BF16 slot (8 nibble bytes, 16 low bytes per lane) is all byte permutes: the high
  * byte of 4 weights is one prmt of the nibbles (rank in bits 0..2) into the lut psym[0..7], their
  * signs one prmt that lines the nibbles' bit 3 up with the bytes' bit 7, one lop3 merges them,
- * and two prmts interleave high and low bytes into BF16 pairs.  An exception's nibble (0x7)
+ * and two prmts interleave high and low bytes into BF16 pairs (an fp8 slot's low bytes are made
+ * first from its mantissa fields, fp8_low).  An exception's nibble (0x7)
  * decodes to +0; its entry adds the true weight (the matvec on the CUDA cores, dequant by a
  * store), so the planes never need patching.
  *
@@ -66,20 +67,6 @@ __device__ __forceinline__ void decode_bf16_slot(uint2 nib, uint4 low, uint32_t 
     A[4 * h + 2] = prmt(lo[2 * h + 1], h1, 0x5140u);
     A[4 * h + 3] = prmt(lo[2 * h + 1], h1, 0x7362u);
   }
-}
-
-/* A slot's planes are read once: loads that leave L1 to what is read again (x's fragments). */
-__device__ __forceinline__ uint2 ld_stream8(const uint8_t *p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_stream16(const uint8_t *p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 
 /* c += A B for one mma.m16n8k16 step: A the lane's 4 registers of a slot half, b0 b1 its B. */
