@@ -79,8 +79,8 @@ def out_buffer(out: Any, shape: Sequence[int], bf16: bool) -> Tuple[int, int]:
         ok = out.dtype == (np().uint16 if bf16 else np().float32) and out.flags.c_contiguous
         addr, nbytes = out.ctypes.data, out.nbytes
     if not ok or tuple(out.shape) != tuple(shape):
-        raise NwcError(errno.EINVAL, f"out must be a contiguous CPU {'BF16' if bf16 else 'float32'} "
-                       f"array of shape {tuple(shape)}")
+        raise NwcError(errno.EINVAL, "out must be a contiguous CPU "
+                       f"{'BF16' if bf16 else 'float32'} array of shape {tuple(shape)}")
     return addr, nbytes
 
 

@@ -4,8 +4,8 @@ NwcLinear is a drop-in for nn.Linear (inference only: no gradients flow to the w
 of 1..dense_rows rows (8 by default) is one matvec of the daemon (or of a host map, mapped=True),
 which decodes the weights inside the product; more rows dequantize the weight from a host map a
 chunk of output rows at a time into one bounded BF16 scratch shared by every NwcLinear of the
-process (set_dense_scratch_bytes) and multiply each chunk with torch's matmul.  NwcEmbedding is nn.Embedding's
-lookup through the daemon's gather.  patch() swaps a model's nn.Linear and nn.Embedding modules
+process (set_dense_scratch_bytes) and multiply each chunk with torch's matmul.  NwcEmbedding is
+nn.Embedding's lookup through the daemon's gather.  patch() swaps a model's nn.Linear and nn.Embedding modules
 for these, matching parameter names to the tensor names of the imported model (as in its
 safetensors), and frees their parameters.
 
@@ -44,9 +44,9 @@ _scratch: Dict[torch.device, torch.Tensor] = {}  # the dense path's scratch of e
 def set_dense_scratch_bytes(nbytes: int = DENSE_SCRATCH_BYTES) -> None:
     """Sets the size of the BF16 scratch that NwcLinear's dense path (more rows than the
     matvecs take) dequantizes weights into, one chunk of output rows at a time, shared by every
-    NwcLinear of a device (the CPU is one).  A buffer is made as large as the weights it has served need
-    (a weight smaller than the size takes its own size), up to the size set; a chunk is at
-    least 16 rows of the weight, so a size smaller than 16 rows of a weight grows to that.
+    NwcLinear of a device (the CPU is one).  A buffer is made as large as the weights it has
+    served need (a weight smaller than the size takes its own size), up to the size set; a chunk
+    is at least 16 rows of the weight, so a size smaller than 16 rows of a weight grows to that.
     Drops the buffers made so far (to torch's caching allocator, stream-ordered: work already
     queued on them is safe); the next call on each device makes its own again, so set it
     before capturing CUDA graphs."""
