@@ -66,7 +66,9 @@ static void make_store(nwc_store **store) {
   CHECK(nti == NT, "%zu tensors", nti);
 }
 
-static uint64_t len_of(int i) { return ti[i].length; }
+/* The bytes a host copy of tensor i is charged: its blob's length in whole pages (residency.c;
+ * a packed blob's length is a multiple of 64 only). */
+static uint64_t len_of(int i) { return (ti[i].length + 4095) & ~(uint64_t)4095; }
 
 /* ---- the model ------------------------------------------------------------------------------ */
 
