@@ -17,7 +17,8 @@
  *   - a mapping outlives the client connection and even the daemon (SIGTERM): its data stays
  *     right; a tensor that cannot fit the budget is ENOSPC;
  *   - nwc_client_dequant into a buffer larger than the connection's shared region decodes from
- *     a host map of its own, bit for bit, and unmaps it.
+ *     a host map of its own, bit for bit, and unmaps it; NWC_CLIENT_SHM_BYTES below 1 MiB is
+ *     refused naming it.
  * Malformed map requests are in test_daemon_badinput.
  */
 #include "test_daemon_util.h"
@@ -286,6 +287,13 @@ static void check_past_region(const td_tensor *t) {
   CHECK(rows == t->rows && cols == t->cols && bad == 0, "fp32 dequant past the region: %llu x %llu, "
         "%zu values differ", (unsigned long long)rows, (unsigned long long)cols, bad);
   CHECK(ps_maps(c, t->name) == 0, "a mapping left behind: %d", ps_maps(c, t->name));
+  nwc_client_free(c);
+  /* A size below the 1 MiB that goes inline is refused when the region would be made. */
+  setenv("NWC_CLIENT_SHM_BYTES", "4096", 1);
+  CHECK_RC(nwc_client_connect(td_sock, &c));
+  int rc = c ? nwc_client_dequant(c, "use", t->name, NWC_CLIENT_BF16, w, n * 2, NULL, NULL, NULL) : -1;
+  CHECK(rc == -EINVAL && strstr(nwc_client_last_error(), "NWC_CLIENT_SHM_BYTES=4096"),
+        "a 4096-byte region: %d %s", rc, nwc_client_last_error());
   nwc_client_free(c);
   unsetenv("NWC_CLIENT_SHM_BYTES");
   free(w), free(f);
