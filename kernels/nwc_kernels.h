@@ -58,7 +58,9 @@ NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 #define NWC_K_MAX_COLS 8
 
 /* Bytes of scratch the matvec entries need for ncols (1..8) columns of x (enough for fewer too),
- * or a negative errno.  A call overwrites it; one scratch serves one call at a time. */
+ * or a negative errno.  Scratch must be zeroed once before its first call (cudaMemset): layout 2
+ * keeps counters there that every call leaves at zero again.  One scratch serves one call at a
+ * time, of any tensor whose nwc_k_scratch_bytes it holds. */
 NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
 
 /* The cudaError_t of the last -EIO on this thread (0 if none). */

@@ -11,8 +11,9 @@
  * (BF16 y) within one BF16 ulp of the fp64 reference rounded, except where the reference lies
  * inside fp32 summation noise (|y - ref| <= 2^-20 * sum |scale w x|: cancellation leaves fewer
  * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
- * run, so a missing write shows as a mismatch.  Shapes: 1x1, 7x13, 8x512, 9x513, 16x11008,
- * 151936x64 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
+ * run, so a missing write shows as a mismatch; a tensor's calls share one scratch, zeroed once, so
+ * a call that leaves layout 2's counters dirty shows as a wrong sum in the next.  Shapes: 1x1,
+ * 7x13, 8x512, 9x513, 17x1040, 16x11008, 151936x64, 65536x320 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
  * all-equal, and (BF16) an escaped weight on every lane (in layout 2 most weights are exceptions
  * then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 and fp8 run in layouts 0 and
  * 2; matvec multiplies 1..3 columns at once in layout 0 and 1..8 in layout 2.  NWC_TEST_QUICK=1 keeps only the
@@ -235,7 +236,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
         *d_scratch = dalloc((size_t)scratch_bytes);
   CU(cudaMemcpyAsync(d_x, x, K16 * maxcols * 4, cudaMemcpyHostToDevice, stream));
   CU(cudaMemcpyAsync(d_bias, bias, M * 4, cudaMemcpyHostToDevice, stream));
-  CU(cudaMemsetAsync(d_scratch, 0xff, (size_t)scratch_bytes, stream)); /* no call may need it clean */
+  CU(cudaMemsetAsync(d_scratch, 0, (size_t)scratch_bytes, stream)); /* zeroed once, as the API asks */
   double rel = 0;
   for (unsigned ncols = 1; ncols <= maxcols; ncols++) {
     CU(cudaMemsetAsync(d_y, 0xff, M * maxcols * 4, stream));
@@ -420,8 +421,10 @@ int main(void) {
   test_seed(NAME);
   CU(cudaStreamCreate(&stream));
   check_api();
-  static const uint64_t shapes[][2] = {{1, 1},     {7, 13},   {8, 512},   {9, 513},  {16, 11008},
-                                       {151936, 64}, {33, 1000}, {300, 2560}, {40, 4096}};
+  /* 65536 x 320: layout 2's warps each take parts of two row groups and whole ones between */
+  static const uint64_t shapes[][2] = {{1, 1},        {7, 13},    {8, 512},    {9, 513},   {17, 1040},
+                                       {16, 11008},   {151936, 64}, {33, 1000}, {300, 2560}, {40, 4096},
+                                       {65536, 320}};
   const char *q = getenv("NWC_TEST_QUICK");
   int quick = q && *q && strcmp(q, "0");
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

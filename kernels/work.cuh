@@ -1,0 +1,141 @@
+/*
+ * work.cuh - how the tensor-core kernels share a matrix among their warps, and how the warps' sums
+ * of parts of a row group become its rows.  Device code and the host's split; used by layout2.cu.
+ *
+ * The work is a sequence of row groups of 16 rows, each S slots of 32 columns: a range of the
+ * tensor's row groups (matvec, dequant), or the row group of each requested row (gather).  It is
+ * cut into granules of D slots (a row group's last granule may be shorter; D divides 16, so a
+ * granule never crosses a 512-column block), Gr = ceil(S / D) a row group, Ng in all, and warp w of
+ * W takes granules [floor(w Ng / W), floor((w + 1) Ng / W)) (stream-K): every warp gets the same
+ * work to within one granule, whatever the shape, with no tail of whole units.  A warp walks its
+ * range piece by piece, a piece being the part of one row group that its range covers; only its
+ * first and its last piece can be less than a whole row group.
+ *
+ * Sums (the matvec): a piece that is a whole row group writes its rows.  The others are parts:
+ * each writes its 16 x ncols sums to scratch at part slot 2 w (the warp's first piece) or 2 w + 1
+ * (its last), and at the warp's end, after one __threadfence, counts itself in the row group's
+ * counter (atomicInc, which wraps to 0 at the number of contributors, so the counters are zero
+ * before and after every call: scratch starts zeroed and every call leaves it so).  The last
+ * contributor adds the row group's parts in warp order, so the result does not depend on
+ * scheduling, and writes the rows.  One fence per warp, at its end when no copies are in flight:
+ * a fence per part waited for the copies of the warp's next batch (docs/results.md).
+ *
+ * Invariants: Ng < 2^32 (the host refuses larger with -EOVERFLOW); W <= Ng, so every warp with
+ * work has at least one granule; the row group of a gathered row that is out of range is skipped
+ * (its output is left as it was).
+ */
+#ifndef NWC_WORK_CUH
+#define NWC_WORK_CUH
+
+#include <errno.h>
+#include <stdint.h>
+
+namespace nwc_k {
+
+/* The cut of a sequence of `groups` row groups among W warps. */
+struct Split {
+  uint32_t Ng;    /* granules in all */
+  uint32_t W;     /* warps with work */
+  uint32_t Gr;    /* granules a row group */
+  uint32_t S;     /* slots a row group */
+  uint32_t first; /* the tensor's row group of the sequence's first (dequant of a row range) */
+  /* Warp w's first granule; start(W) = Ng. */
+  __host__ __device__ __forceinline__ uint32_t start(uint32_t w) const { return (uint32_t)((uint64_t)w * Ng / W); }
+  /* The warp whose range holds granule j. */
+  __host__ __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
+    return (uint32_t)(((uint64_t)j * W + W - 1) / Ng);
+  }
+};
+
+/* groups row groups of S slots in granules of D, for at most `warps` warps; -EOVERFLOW past 2^32
+ * granules, -EINVAL for nothing to do. */
+static inline int make_split(uint64_t groups, uint32_t S, uint32_t D, uint64_t warps, uint32_t first, Split *sp) {
+  const uint64_t Gr = (S + D - 1) / D, Ng = groups * Gr;
+  if (!groups || !S || !warps) return -EINVAL;
+  if (Ng >= (UINT64_C(1) << 32)) return -EOVERFLOW;
+  sp->Ng = (uint32_t)Ng, sp->W = (uint32_t)(warps < Ng ? warps : Ng), sp->Gr = (uint32_t)Gr, sp->S = S;
+  sp->first = first;
+  return 0;
+}
+
+/* A warp's position: the piece it streams (entry k of the sequence, the tensor's row group grp,
+ * slots [s0, s_end), `first` when it is the warp's first piece) and the batch [s, s + D) in it;
+ * valid false when the warp's range is done.  j: the granule after the piece. */
+template <int D>
+struct Cursor {
+  uint32_t j, k, grp, s, s0, s_end;
+  bool first, valid;
+  /* The piece that starts at granule j of the warp's range [j0, j_end); gather (rows != NULL)
+   * skips entries whose row is >= M. */
+  __device__ __forceinline__ void open(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
+    for (;;) {
+      if (j >= j_end) {
+        valid = false;
+        return;
+      }
+      k = j / sp.Gr;
+      const uint32_t in = j - k * sp.Gr, end = min(j_end - k * sp.Gr, sp.Gr);
+      s0 = in * D, s_end = min(sp.S, end * D), first = j == j0;
+      j = k * sp.Gr + end;
+      if (!rows) {
+        grp = sp.first + k;
+        break;
+      }
+      const uint64_t R = rows[k];
+      if (R < M) {
+        grp = (uint32_t)(R / 16);
+        break;
+      }
+    }
+    s = s0;
+    valid = true;
+  }
+  /* The next batch (of the piece, or the next piece). */
+  __device__ __forceinline__ void next(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
+    s += D;
+    if (s >= s_end) open(sp, j0, j_end, rows, M);
+  }
+  __device__ __forceinline__ bool whole(const Split &sp) const { return s0 == 0 && s_end == sp.S; }
+  /* The batch starts a block, or the piece inside one: the block's exception entries are needed. */
+  __device__ __forceinline__ bool block_start() const { return s % 16 == 0 || s == s0; }
+};
+
+/* No pending part. */
+constexpr uint32_t kNoPart = 0xffffffffu;
+
+/*
+ * The end of warp w's sums: pend0, pend1 are the sequence entries of its first and last piece
+ * where those were parts (kNoPart otherwise), already written to part slots 2 w, 2 w + 1 of `part`
+ * (each `per` floats: 16 rows x ncols).  Counts them; where the warp is the row group's last
+ * contributor, adds the group's parts in warp order and calls put(k, e, sum) for e = lane, lane +
+ * 32, ... < per.  All lanes call it.
+ */
+template <class Put>
+__device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32_t pend0, uint32_t pend1, uint32_t *ctr,
+                                             const float *part, uint32_t per, Put put) {
+  if (pend0 == kNoPart && pend1 == kNoPart) return;
+  __threadfence(); /* this warp's parts are visible before its counts */
+  const uint32_t lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const uint32_t k = i == 0 ? pend0 : pend1;
+    if (k == kNoPart) continue;
+    const uint32_t wf = sp.warp_of(k * sp.Gr), wl = sp.warp_of(k * sp.Gr + sp.Gr - 1);
+    uint32_t old = 0;
+    if (lane == 0) old = atomicInc(ctr + k, wl - wf);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != wl - wf) continue;
+    __threadfence(); /* the others' parts, counted before this warp's, are visible */
+    /* the first contributor's piece is its last (slot 2 wf + 1) unless its range starts in k */
+    const uint32_t slot0 = 2 * wf + (sp.start(wf) < k * sp.Gr ? 1u : 0u);
+    for (uint32_t e = lane; e < per; e += 32) {
+      float sum = __ldcg(part + (uint64_t)slot0 * per + e);
+      for (uint32_t v = wf + 1; v <= wl; v++) sum += __ldcg(part + (uint64_t)(2 * v) * per + e);
+      put(k, e, sum);
+    }
+  }
+}
+
+} /* namespace nwc_k */
+
+#endif /* NWC_WORK_CUH */
