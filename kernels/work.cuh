@@ -130,7 +130,13 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32
     const uint32_t slot0 = 2 * wf + (sp.start(wf) < k * sp.Gr ? 1u : 0u);
     for (uint32_t e = lane; e < per; e += 32) {
       float sum = __ldcg(part + (uint64_t)slot0 * per + e);
-      for (uint32_t v = wf + 1; v <= wl; v++) sum += __ldcg(part + (uint64_t)(2 * v) * per + e);
+      for (uint32_t v = wf + 1; v <= wl; v += 8) { /* 8 loads in flight, then their sums in order */
+        float t[8];
+#pragma unroll
+        for (uint32_t i = 0; i < 8; i++) t[i] = v + i <= wl ? __ldcg(part + (uint64_t)(2 * (v + i)) * per + e) : 0.f;
+#pragma unroll
+        for (uint32_t i = 0; i < 8; i++) sum += t[i];
+      }
       put(k, e, sum);
     }
   }
