@@ -1,8 +1,8 @@
 /*
- * nwc_gpu_bench.c - the CUDA kernels (layouts 0 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
+ * nwc_gpu_bench.c - the CUDA kernels (layouts 0, 1 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
- *   nwc_gpu_bench [--quick] [--layout 0|2] [--cols 1..8] [--token-step] [--no-shapes]
+ *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--token-step] [--no-shapes]
  *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
  *
  * --layout picks the tensors' layout (BF16 and fp8; fp8 with 1 column), --cols the columns of x
@@ -585,11 +585,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) ncols = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--token-step")) token_step = 1;
     else if (!strcmp(argv[i], "--no-shapes")) nshapes = 0, sample = NULL;
-    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|2] [--cols 1..8] [--token-step] [--no-shapes] "
+    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--token-step] [--no-shapes] "
              "[--sample FILE] [--floor-tbps T] [--shape MxK]...");
   }
-  if ((layout != 0 && layout != 2) || ncols < 1 || ncols > 8) {
-    DIE("--layout takes 0 or 2 and --cols 1..8 (layout %u, cols %u)", layout, ncols);
+  if (layout > 2 || ncols < 1 || ncols > 8) {
+    DIE("--layout takes 0, 1 or 2 and --cols 1..8 (layout %u, cols %u)", layout, ncols);
   }
   int dev = 0, l2 = 0, clk = 0, drv = 0;
   CU(cudaGetDevice(&dev));

@@ -41,6 +41,10 @@
  *
  * decode_block() walks the rows of one block and hands each row's 8 pair words and 4 low-byte
  * words to a sink (the dot product, or the store of dequant and gather).
+ *
+ * Layout 1 has the same codes in other streams: its kernels (layout1.cuh) use the Lane, Low and
+ * bf16_pair below.  Those are __host__ __device__ (the intrinsics have host versions, fshl, clz32,
+ * byte_perm) so that tests/test_l1_decode.cu runs a lane's decode on the CPU as the GPU runs it.
  */
 #ifndef NWC_DECODE_CUH
 #define NWC_DECODE_CUH
@@ -52,6 +56,43 @@
 #include <stdint.h>
 
 namespace nwc_k {
+
+#define NWC_HD __host__ __device__ __forceinline__
+/* #pragma unroll in an NWC_HD function (the host compiler does not know it). */
+#ifdef __CUDA_ARCH__
+#define NWC_HD_UNROLL _Pragma("unroll")
+#else
+#define NWC_HD_UNROLL
+#endif
+
+/* __funnelshift_l: the upper word of (hi:lo) << (s mod 32). */
+NWC_HD uint32_t fshl(uint32_t lo, uint32_t hi, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_l(lo, hi, s);
+#else
+  s &= 31u;
+  return s ? hi << s | lo >> (32u - s) : hi;
+#endif
+}
+/* __clz: leading zeros, 32 for 0. */
+NWC_HD uint32_t clz32(uint32_t x) {
+#ifdef __CUDA_ARCH__
+  return (uint32_t)__clz(x);
+#else
+  return x ? (uint32_t)__builtin_clz(x) : 32u;
+#endif
+}
+/* __byte_perm: byte i of the result is byte (s >> 4 i) & 7 of y:x (x bytes 0..3, y 4..7). */
+NWC_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = (uint64_t)y << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; i++) r |= (uint32_t)(v >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
 
 /* The tensor as the kernels see it (device pointers, 32-bit counters checked by the callers). */
 struct Geom {
@@ -80,9 +121,9 @@ struct Lane {
   const uint32_t *p; /* word after w */
 
   /* s: the word holding the lane's first bit; unit: its start in 16-bit units (odd: mid-word). */
-  __device__ __forceinline__ void start(const uint32_t *s, uint32_t unit) {
+  NWC_HD void start(const uint32_t *s, uint32_t unit) {
     uint32_t w0 = s[0], w1 = s[1], sh = (unit & 1u) * 16u;
-    hi = __funnelshift_l(w1, w0, sh);
+    hi = fshl(w1, w0, sh);
     lo = w1 << sh;
     fm = 1u << sh; /* nb = 64 - sh valid bits */
     w = s[2];
@@ -90,10 +131,10 @@ struct Lane {
   }
 
   /* Consumes (c mod 32) bits, c <= 24; refills from w when the fill level wraps. */
-  __device__ __forceinline__ void advance(uint32_t c) {
-    uint32_t nfm = __funnelshift_l(fm, fm, c);
-    uint32_t nhi = __funnelshift_l(lo, hi, c);
-    uint32_t nlo = __funnelshift_l(0u, lo, c);
+  NWC_HD void advance(uint32_t c) {
+    uint32_t nfm = fshl(fm, fm, c);
+    uint32_t nhi = fshl(lo, hi, c);
+    uint32_t nlo = fshl(0u, lo, c);
     bool wrap = nfm < fm;
     uint64_t v = ((uint64_t)nhi << 32 | nlo) + (uint64_t)w * (wrap ? nfm : 0u);
     hi = (uint32_t)(v >> 32);
@@ -104,8 +145,8 @@ struct Lane {
 
   /* One code by counting leading zeros; returns its byte (sign << 7 | exp_of_rank).  Ranks up to
    * 10 read exp_of_rank from entry 1 << (11 - r); ranks 11..14 and escapes are rarer still. */
-  __device__ __forceinline__ uint32_t code(const uint32_t *tab) {
-    uint32_t z = __clz(hi), byte;
+  NWC_HD uint32_t code(const uint32_t *tab) {
+    uint32_t z = clz32(hi), byte;
     if (__builtin_expect(z <= 10, 1)) {
       byte = ((hi >> (30 - z)) & 1u) << 7 | ((tab[0x800u >> z] >> 8) & 0x7fu);
       advance(z + 2);
@@ -121,7 +162,7 @@ struct Lane {
   }
 
   /* The next two weights as a pair word. */
-  __device__ __forceinline__ uint32_t pair(const uint32_t *tab) {
+  NWC_HD uint32_t pair(const uint32_t *tab) {
     uint32_t e = tab[hi >> (32 - NWC_TAB_BITS)];
     if (__builtin_expect(!(e & NWC_TAB_SLOW), 1)) {
       advance(e);
@@ -148,7 +189,7 @@ template <int TYPE> struct Low;
 template <> struct Low<NWC_ELEM_BF16> {
   static constexpr unsigned lane_bytes = 16;
   static __device__ __forceinline__ void stage(uint32_t s, const void *g) { cp_async16(s, g); }
-  static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
+  static NWC_HD void load(const uint8_t *p, bool ok, uint32_t m[4]) {
     uint4 v = ok ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
     m[0] = v.x, m[1] = v.y, m[2] = v.z, m[3] = v.w;
   }
@@ -157,7 +198,7 @@ template <> struct Low<NWC_ELEM_BF16> {
 template <> struct Low<NWC_ELEM_FP8> {
   static constexpr unsigned lane_bytes = 8;
   static __device__ __forceinline__ void stage(uint32_t s, const void *g) { cp_async8(s, g); }
-  static __device__ __forceinline__ void load(const uint8_t *p, bool ok, uint32_t m[4]) {
+  static NWC_HD void load(const uint8_t *p, bool ok, uint32_t m[4]) {
     uint2 v = ok ? *reinterpret_cast<const uint2 *>(p) : make_uint2(0, 0);
     m[0] = (v.x << 4) & 0xf0f0f0f0u, m[1] = v.x & 0xf0f0f0f0u;
     m[2] = (v.y << 4) & 0xf0f0f0f0u, m[3] = v.y & 0xf0f0f0f0u;
@@ -166,16 +207,16 @@ template <> struct Low<NWC_ELEM_FP8> {
 
 /* fp32 bit pattern of weight j of a row (e: the pair word of weights j & ~1, j | 1):
  * [high][low][0][0].  j is a constant after unrolling, so the selector is an immediate. */
-__device__ __forceinline__ uint32_t weight_bits(int j, uint32_t e, const uint32_t m[4]) {
+NWC_HD uint32_t weight_bits(int j, uint32_t e, const uint32_t m[4]) {
   uint32_t sel = (uint32_t)(1 + (j & 1)) << 12 | (uint32_t)(4 + (j & 3)) << 8 | 0x33u;
-  return __byte_perm(e, m[j >> 2], sel);
+  return byte_perm(e, m[j >> 2], sel);
 }
 
 /* BF16 bits of weights 2k and 2k+1 as one word (2k in the low half). */
-__device__ __forceinline__ uint32_t bf16_pair(int k, uint32_t e, const uint32_t m[4]) {
+NWC_HD uint32_t bf16_pair(int k, uint32_t e, const uint32_t m[4]) {
   uint32_t b = 4 + ((2 * k) & 3);
   uint32_t sel = 2u << 12 | (b + 1) << 8 | 1u << 4 | b;
-  return __byte_perm(e, m[(2 * k) >> 2], sel);
+  return byte_perm(e, m[(2 * k) >> 2], sel);
 }
 
 template <int TYPE, class Sink>

@@ -1,8 +1,8 @@
 /*
  * dequant.cu - row-major BF16 output from a layout-0 tensor, whole (nwc_k_dequant) or a range of
  * rows (nwc_k_dequant_rows), and rows by index (nwc_k_gather, the embedding lookup), all on the
- * shared decoder (decode.cuh).  The entries dispatch layout 2 to layout2.cu (l2_rows,
- * l2_dequant_rows).
+ * shared decoder (decode.cuh).  The entries dispatch layouts 1 and 2 to layout2.cu (l1_rows,
+ * l1_dequant_rows, l2_rows, l2_dequant_rows).
  *
  * Dequant is persistent like the matvec (one block of 1024 threads per SM, the table in shared
  * memory, warps grid-striding over the 8 x 512 blocks of its rows: a row range is the blocks of
@@ -16,6 +16,7 @@
  * Variants: dequant_kernel<BF16|FP8>, gather_kernel<BF16|FP8>.
  */
 #include "host.cuh"
+#include "layout1.cuh"
 #include "layout2.cuh"
 
 namespace nwc_k {
@@ -114,6 +115,7 @@ int dequant_range(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t
 } /* namespace nwc_k */
 
 extern "C" int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t stream) {
+  if (t && NWC_ELEM_LAYOUT(t->elem) == 1) return nwc_k::l1_rows(t, NULL, 0, out, stream);
   if (t && NWC_ELEM_LAYOUT(t->elem) == 2) return nwc_k::l2_rows(t, NULL, 0, out, stream);
   return nwc_k::dequant_range(t, 0, t ? t->rows : 0, out, stream);
 }
@@ -124,15 +126,17 @@ extern "C" int nwc_k_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t
   if (row0 > t->rows || nrows > t->rows - row0 || row0 % NWC_K_ROW_ALIGN ||
       (nrows % NWC_K_ROW_ALIGN && row0 + nrows != t->rows))
     return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 1) return nwc_k::l1_dequant_rows(t, row0, nrows, out, stream);
   if (NWC_ELEM_LAYOUT(t->elem) == 2) return nwc_k::l2_dequant_rows(t, row0, nrows, out, stream);
   return nwc_k::dequant_range(t, row0, nrows, out, stream);
 }
 
 extern "C" int nwc_k_gather(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out,
                             cudaStream_t stream) {
-  if (t && NWC_ELEM_LAYOUT(t->elem) == 2) {
+  if (t && (NWC_ELEM_LAYOUT(t->elem) == 1 || NWC_ELEM_LAYOUT(t->elem) == 2)) {
     if (n && !rows) return -EINVAL;
-    return nwc_k::l2_rows(t, rows, n, out, stream);
+    return NWC_ELEM_LAYOUT(t->elem) == 1 ? nwc_k::l1_rows(t, rows, n, out, stream)
+                                         : nwc_k::l2_rows(t, rows, n, out, stream);
   }
   nwc_k::Geom g;
   unsigned type;

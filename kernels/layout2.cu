@@ -2,6 +2,9 @@
  * layout2.cu - the kernels of layout 2 (BF16 and fp8): Y = scale * (W X) + bias for 1..8 columns of
  * X on the tensor cores, dequant (whole or a range of rows) and gather, each one launch.  Reached
  * through the nwc_k_* entries of nwc_kernels.h, which dispatch on the tensor's layout (l2_* below).
+ * Layout 1's kernels are the same stream and sinks on another slot source (L1Source, layout1.cuh:
+ * lane streams decoded with layout 0's table instead of the planes; l1_* below): l2_stream takes
+ * the source as a template parameter, so the streaming, the mma, the sums and the stores exist once.
  *
  * Matvec design.  The row groups' slots are shared among all resident warps to within one batch
  * (work.cuh: stream-K ranges of granules of D slots).  A warp streams its range's slots (32
@@ -35,14 +38,16 @@
  * exceptions' weights; gather likewise, a row group per requested row, storing that row only.
  *
  * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns) and the
- * element type, l2_rows_kernel<FP8> (dequant, row ranges and gather).  fp8 differs only in the
- * low plane (three words per lane and pair of slots, whose mantissa fields fp8_low turns into low
- * bytes), its 2-byte exception entries and the per-row scale applied with the bias; its weights
+ * element type, l2_rows_kernel<FP8> (dequant, row ranges and gather); layout 1's
+ * l1_matvec_kernel<T, FP8> and l1_rows_kernel<FP8>.  fp8 differs only in the low plane (three
+ * words per lane and pair of slots, whose mantissa fields fp8_low turns into low bytes), its
+ * 2-byte exception entries and the per-row scale applied with the bias; its weights
  * are exact in BF16, so the mma path is the same.
  */
 #include "bf16.cuh"
 #include "cp_async.cuh"
 #include "host.cuh"
+#include "layout1.cuh"
 #include "layout2.cuh"
 #include "work.cuh"
 
@@ -110,11 +115,9 @@ template <int D>
 __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
 
 /*
- * Streams a warp's range (work.cuh) batch by batch and calls the sink: load_x(cursor) for the
- * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
- * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
- * last slot of the piece, a group of each lane's at a time in entry order, unit_end(cursor) after
- * a piece and done(split) after the range.
+ * The planes of layout 2 as l2_stream's slot source (layout 1's is L1Source, layout1.cuh): the
+ * copies of a batch into a ring set (issue), what a batch needs before its slots (begin), a
+ * slot's A fragments (slot), and the work after the batch (end: the block's exceptions).
  *
  * The planes go through a ring of two sets of D entries in shared memory: at the top of each
  * batch the warp starts cp.async copies of the next batch into the other set (a lane copies its
@@ -130,18 +133,21 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
  * read from global memory.  Slots past a row group's last in its last batch are not copied, and
  * their decode is dropped.
  */
-template <int D, bool FP8, class Sink>
-__device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, const uint64_t *rows, uint8_t *ring_mem,
-                                          Sink &sink) {
-  static_assert(16 % D == 0 && D >= 2, "a batch divides a block");
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
-  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_mem);
-  const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
-  if (wid >= sp.W) return;
-  const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
-  Cursor<D> ld{}, c{};
+template <int D, bool FP8>
+struct L2Source {
+  const L2Geom &g;
+  uint8_t *ring_mem;
+  uint32_t ring;
+  const uint8_t *e; /* the set being decoded */
+  ExList ex;
+
+  __device__ __forceinline__ L2Source(const L2Geom &geom, uint8_t *mem)
+      : g(geom), ring_mem(mem), ring((uint32_t)__cvta_generic_to_shared(mem)), e(mem), ex{0, 0, 0, nullptr} {}
+
   /* The loader's batch into set `set` of the ring. */
-  auto issue = [&](uint32_t set) {
+  template <class Cur>
+  __device__ __forceinline__ void issue(const Cur &ld, uint32_t set) const {
+    const uint32_t lane = threadIdx.x & 31u;
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
     const uint32_t dst = ring + set * D * kEntry, half = lane >> 4;
 #pragma unroll
@@ -159,51 +165,42 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
       else cp_async8(dst + kBaseOff + 8 * (lane - 30), g.bases + b + (lane - 30));
     }
     cp_commit();
-  };
-  ld.j = j0;
-  ld.open(sp, j0, j_end, rows, g.M);
-  if (!ld.valid) return;
-  issue(0);
-  c = ld;
-  ld.next(sp, j0, j_end, rows, g.M);
-  /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
-   * and may write what it read.  The copies above read only the weights. */
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  sink.load_x(c);
-  ExList ex{0, 0, 0, nullptr};
-  for (uint32_t set = 0; c.valid; set ^= 1u) {
-    const Cursor<D> nx = ld; /* the next batch, started now */
-    if (nx.valid) issue(set ^ 1u);
-    else cp_commit();
-    sink.stage(c);
-    if (nx.valid) sink.load_x(nx);
-    cp_wait<1>();
-    __syncwarp();
-    const uint8_t *e = ring_mem + set * D * kEntry;
-    if (c.block_start()) { /* the block's entries: counts summed, the window loaded */
+  }
+
+  /* This batch's set; when it starts a block, the block's entries: counts summed, the window loaded. */
+  template <class Cur>
+  __device__ __forceinline__ void begin(const Cur &c, uint32_t set) {
+    const uint32_t lane = threadIdx.x & 31u;
+    e = ring_mem + set * D * kEntry;
+    if (c.block_start()) {
       const uint64_t b0 = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       const uint64_t b1 = *reinterpret_cast<const uint64_t *>(e + kBaseOff + 8);
       ex.n = e[kHdrOff + lane], ex.pre = warp_exclusive_sum(ex.n), ex.p = g.data + b0;
       ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
     }
-#pragma unroll
-    for (int k = 0; k < D; k++) {
-      uint32_t A[8];
-      const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
-      uint4 low;
-      if (FP8) { /* slot k's 48 bits of its pair's three words (batches start on even slots) */
-        const uint32_t *pw = reinterpret_cast<const uint32_t *>(e + (k & ~1) * kEntry + kLowOff) + lane;
-        const uint64_t f = k % 2 == 0 ? pw[0] | (uint64_t)(pw[32] & 0xffffu) << 32 : pw[32] >> 16 | (uint64_t)pw[64] << 16;
-        low = fp8_low(nib, f, g.lut[2], g.lut[3]);
-      } else {
-        low = *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane);
-      }
-      decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
-      if (c.s + k < c.s_end) sink.slot(k, c, A);
+  }
+
+  /* Slot k of the batch as A fragments (decoded whether or not the slot is in the piece). */
+  template <class Cur>
+  __device__ __forceinline__ void slot(const Cur &, uint32_t, int k, uint32_t A[8]) const {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
+    uint4 low;
+    if (FP8) { /* slot k's 48 bits of its pair's three words (batches start on even slots) */
+      const uint32_t *pw = reinterpret_cast<const uint32_t *>(e + (k & ~1) * kEntry + kLowOff) + lane;
+      const uint64_t f = k % 2 == 0 ? pw[0] | (uint64_t)(pw[32] & 0xffffu) << 32 : pw[32] >> 16 | (uint64_t)pw[64] << 16;
+      low = fp8_low(nib, f, g.lut[2], g.lut[3]);
+    } else {
+      low = *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane);
     }
-    __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
-    if (nx.valid) ld.next(sp, j0, j_end, rows, g.M);
-    const uint32_t next = min(c.s + D, c.s_end);
+    decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
+  }
+
+  /* After the batch (next: the slot after it in the piece): where the block (or the piece) ends,
+   * its exception entries, kExGroup a lane at a time, to sink.exceptions. */
+  template <class Cur, class Sink>
+  __device__ __forceinline__ void end(const Cur &c, uint32_t next, Sink &sink) const {
+    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the piece) ends: apply its entries */
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
@@ -225,23 +222,73 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
         sink.exceptions(c, eg);
       }
     }
+  }
+};
+
+/*
+ * Streams a warp's range (work.cuh: granules of G slots, G = D for layout 2, whole blocks for
+ * layout 1) batch by batch of D slots from a slot source (L2Source above, L1Source of layout1.cuh)
+ * and calls the sink: load_x(cursor) for the next batch's inputs, stage(cursor) at this batch's
+ * start, slot(k, cursor, A) for slot k of the batch decoded to A fragments, exceptions(cursor,
+ * group) for the entries of a block after its last slot of the piece (layout 2), unit_end(M,
+ * split, cursor) after a piece and done(M, split, warp) after the range.  At the top of each batch
+ * the source starts the copies of the next batch into the other set of its ring, then the warp
+ * waits for this batch's copies and decodes them: one batch is always in flight while one is
+ * decoded.
+ */
+template <int D, int G, class Src, class Sink>
+__device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
+  static_assert(16 % D == 0 && D >= 2, "a batch divides a block");
+  const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
+  if (wid >= sp.W) return;
+  const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
+  Cursor<D, G> ld{}, c{};
+  ld.j = j0;
+  ld.open(sp, j0, j_end, rows, M);
+  if (!ld.valid) return;
+  src.issue(ld, 0);
+  c = ld;
+  ld.next(sp, j0, j_end, rows, M);
+  /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
+   * and may write what it read.  The copies above read only the weights. */
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  sink.load_x(c);
+  for (uint32_t set = 0; c.valid; set ^= 1u) {
+    const Cursor<D, G> nx = ld; /* the next batch, started now */
+    if (nx.valid) src.issue(nx, set ^ 1u);
+    else cp_commit();
+    sink.stage(c);
+    if (nx.valid) sink.load_x(nx);
+    cp_wait<1>();
+    __syncwarp();
+    src.begin(c, set);
+#pragma unroll
+    for (int k = 0; k < D; k++) {
+      uint32_t A[8];
+      src.slot(c, set, k, A);
+      if (c.s + k < c.s_end) sink.slot(k, c, A);
+    }
+    __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
+    if (nx.valid) ld.next(sp, j0, j_end, rows, M);
+    const uint32_t next = min(c.s + D, c.s_end);
+    src.end(c, next, sink);
     if (next == c.s_end) {
-      sink.unit_end(g, sp, c);
-      c.open(sp, j0, j_end, rows, g.M);
+      sink.unit_end(M, sp, c);
+      c.open(sp, j0, j_end, rows, M);
     } else {
       c.s = next;
     }
   }
   cp_wait<0>();
-  sink.done(g, sp, wid);
+  sink.done(M, sp, wid);
 }
 
 /* The matvec's sink for T tiles of B (up to C = 8 T / 3 columns): x's fragments a batch at a
  * time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red: the warp's
  * piece-end table in shared memory, stg its staging of x's parts. */
-template <int T>
+template <int T, int D_ = batch_of(T)>
 struct MatvecSink {
-  static constexpr int D = batch_of(T), C = 8 * T / kParts;
+  static constexpr int D = D_, C = 8 * T / kParts;
   /* The piece-end table, a row per row of the group: B's 8 T columns (parts 3 n .. 3 n + 2 of x's
    * column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
    * 0..3: a lane adds its own entries' products there, no other lane touches them). */
@@ -249,8 +296,8 @@ struct MatvecSink {
   /* The staging of x's parts: for slot k of the batch and B column N, 64 bytes (32 BF16, the
    * slot's columns in order) at (k 3 C + N) 64. */
   static constexpr unsigned kStage = D * kParts * C * 64;
-  /* Shared memory per warp: its ring, its table, its staging. */
-  static constexpr unsigned kWarpSmem = ring_bytes<D>() + 16 * kRedCols * 4 + kStage;
+  /* Shared memory per warp beside the source's ring: its table and its staging. */
+  static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStage;
   const L2Matvec &a;
   float *red;
   uint8_t *stg;
@@ -276,8 +323,8 @@ struct MatvecSink {
       for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
   }
   /* The batch's x: one coalesced load of D floats per lane and column (zeros from K on). */
-  template <int D_>
-  __device__ __forceinline__ void load_x(const Cursor<D_> &c) {
+  template <class Cur>
+  __device__ __forceinline__ void load_x(const Cur &c) {
     const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
 #pragma unroll
     for (int n = 0; n < C; n++) {
@@ -300,8 +347,8 @@ struct MatvecSink {
   /* This batch's fragments from xv: each lane cuts its floats into parts and stores them as BF16
    * pairs (D / 2 words per part), then lane (n, q) loads B column 8 t + n of each slot, the 8
    * columns 8 q .. 8 q + 7 in order, as one uint4 (zero for B columns past 3 ncols). */
-  template <int D_>
-  __device__ __forceinline__ void stage(const Cursor<D_> &) {
+  template <class Cur>
+  __device__ __forceinline__ void stage(const Cur &) {
     const uint32_t lane = threadIdx.x & 31u, k = D * lane / 32, off = 2 * (D * lane % 32);
 #pragma unroll
     for (int n = 0; n < C; n++) {
@@ -329,8 +376,8 @@ struct MatvecSink {
                                          : make_uint4(0, 0, 0, 0);
       }
   }
-  template <int D_>
-  __device__ __forceinline__ void slot(int k, const Cursor<D_> &, const uint32_t A[8]) {
+  template <class Cur>
+  __device__ __forceinline__ void slot(int k, const Cur &, const uint32_t A[8]) {
 #pragma unroll
     for (int t = 0; t < T; t++) {
       mma_bf16(acc[t][0], A, bn[k][t].x, bn[k][t].y);
@@ -340,8 +387,8 @@ struct MatvecSink {
 
   /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
    * entry order; a column's x values for the group are loaded before any is used. */
-  template <int D_>
-  __device__ __forceinline__ void exceptions(const Cursor<D_> &, const ExGroup &eg) const {
+  template <class Cur>
+  __device__ __forceinline__ void exceptions(const Cur &, const ExGroup &eg) const {
     for (uint32_t n = 0; n < a.ncols; n++) {
       float xe[kExGroup];
 #pragma unroll
@@ -352,9 +399,9 @@ struct MatvecSink {
     }
   }
 
-  template <int D_>
-  __device__ __forceinline__ void unit_end(const L2Geom &g, const Split &sp, const Cursor<D_> &cur);
-  __device__ __forceinline__ void done(const L2Geom &g, const Split &sp, uint32_t) const;
+  template <class Cur>
+  __device__ __forceinline__ void unit_end(uint32_t M, const Split &sp, const Cur &cur);
+  __device__ __forceinline__ void done(uint32_t M, const Split &sp, uint32_t) const;
 };
 
 /* Row R of column n from its sum: scaled, biased, fp32 and/or BF16 (the kernels' one rounding). */
@@ -368,9 +415,9 @@ __device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t 
  * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
  * parts and its four exception sums, in that order (clearing those for the next piece), and write
  * the rows (a whole row group) or the piece's part slot, e = row ncols + n of it. */
-template <int T>
-template <int D_>
-__device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const Split &sp, const Cursor<D_> &cur) {
+template <int T, int D_>
+template <class Cur>
+__device__ __forceinline__ void MatvecSink<T, D_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
 #pragma unroll
   for (int t = 0; t < T; t++)
@@ -388,7 +435,7 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const S
     const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + ((ex[0] + ex[1]) + (ex[2] + ex[3]));
     ex[0] = ex[1] = ex[2] = ex[3] = 0.f;
     if (!whole) p[e] = sum;
-    else if (R < g.M) put_row(a, R, n, sum);
+    else if (R < M) put_row(a, R, n, sum);
   }
   if (!whole && cur.first) pend0 = cur.k;
   else if (!whole) pend1 = cur.k;
@@ -396,12 +443,12 @@ __device__ __forceinline__ void MatvecSink<T>::unit_end(const L2Geom &g, const S
 }
 
 /* After the warp's range: its parts counted, the row groups it completes written (work.cuh). */
-template <int T>
-__device__ __forceinline__ void MatvecSink<T>::done(const L2Geom &g, const Split &sp, uint32_t) const {
+template <int T, int D_>
+__device__ __forceinline__ void MatvecSink<T, D_>::done(uint32_t M, const Split &sp, uint32_t) const {
   const uint32_t ncols = a.ncols;
   finish_parts(sp, wid, pend0, pend1, a.ctr, a.part, 16 * ncols, [&](uint32_t k, uint32_t e, float sum) {
     const uint32_t row = e / ncols, R = 16 * k + row;
-    if (R < g.M) put_row(a, R, e - row * ncols, sum);
+    if (R < M) put_row(a, R, e - row * ncols, sum);
   });
 }
 
@@ -409,30 +456,34 @@ template <int T, bool FP8>
 __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_kernel(L2Geom g, Split sp, L2Matvec a) {
   using Sink = MatvecSink<T>;
   extern __shared__ uint4 smem[];
-  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * Sink::kWarpSmem;
+  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
   /* The stream's next kernel may launch now: its CTAs wait for this grid (griddepcontrol.wait). */
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   Sink sink(a, mine + ring_bytes<Sink::D>());
-  l2_stream<Sink::D, FP8>(g, sp, nullptr, mine, sink);
+  L2Source<Sink::D, FP8> src(g, mine);
+  l2_stream<Sink::D, Sink::D>(src, sp, nullptr, g.M, sink);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
  * (gather: only the requested row, to out + k * K16), then the exceptions' weights over the +0
  * the planes gave them (the same lane, so in program order). */
 struct RowsSink {
-  static constexpr int D = 4;
-  using Cur = Cursor<D>;
+  static constexpr int D = 4; /* layout 2's batch (layout 1's is kL1Batch) */
   uint16_t *out;        /* dequant: row row0 of the range; gather: the first requested row */
   const uint64_t *rows; /* NULL: dequant of rows [row0, end) */
   uint32_t row0, end, K16;
 
   /* Where row `row` of the cursor's group goes, or NULL. */
+  template <class Cur>
   __device__ __forceinline__ uint16_t *dst(const Cur &c, uint32_t row) const {
     if (!rows) return 16 * c.grp + row < end ? out + (uint64_t)(16 * c.grp + row - row0) * K16 : nullptr;
     return rows[c.k] % 16 == row ? out + (uint64_t)c.k * K16 : nullptr;
   }
+  template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &) const {}
+  template <class Cur>
   __device__ __forceinline__ void stage(const Cur &) const {}
+  template <class Cur>
   __device__ __forceinline__ void slot(int k, const Cur &c, const uint32_t A[8]) const {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * (c.s + k) + 8 * q;
     if (col >= K16) return;
@@ -440,6 +491,7 @@ struct RowsSink {
     if (d0) *reinterpret_cast<uint4 *>(d0 + col) = make_uint4(A[0], A[2], A[4], A[6]);
     if (d8) *reinterpret_cast<uint4 *>(d8 + col) = make_uint4(A[1], A[3], A[5], A[7]);
   }
+  template <class Cur>
   __device__ __forceinline__ void exceptions(const Cur &c, const ExGroup &eg) const {
 #pragma unroll
     for (uint32_t i = 0; i < kExGroup; i++) {
@@ -447,24 +499,63 @@ struct RowsSink {
       if (d) d[eg.col[i]] = (uint16_t)eg.w[i];
     }
   }
-  __device__ __forceinline__ void unit_end(const L2Geom &, const Split &, const Cur &) const {}
-  __device__ __forceinline__ void done(const L2Geom &, const Split &, uint32_t) const {}
+  template <class Cur>
+  __device__ __forceinline__ void unit_end(uint32_t, const Split &, const Cur &) const {}
+  __device__ __forceinline__ void done(uint32_t, const Split &, uint32_t) const {}
 };
 
 template <bool FP8>
 __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2Geom g, Split sp, RowsSink sink) {
   extern __shared__ uint4 smem[];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  l2_stream<RowsSink::D, FP8>(g, sp, sink.rows, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>(),
-                              sink);
+  L2Source<RowsSink::D, FP8> src(g, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>());
+  l2_stream<RowsSink::D, RowsSink::D>(src, sp, sink.rows, g.M, sink);
 }
 
-/* The cut of `groups` row groups from `first` among the warps of per_sm CTAs on every SM, in
- * granules of D slots. */
-int l2_split(const L2Geom &g, uint64_t groups, uint32_t first, uint32_t D, unsigned per_sm, Split *sp) {
+/* Layout 1 (layout1.cuh): two CTAs of 8 warps per SM, each with the 16 KB table; a warp's shared
+ * memory is its ring and stream buffers (L1Source) and its sink's. */
+constexpr unsigned kL1CtasPerSm = 2;
+constexpr unsigned kL1WarpSmem = ((228u << 10) / kL1CtasPerSm - 1024u - kTabBytes) / kL2Warps;
+
+template <int T, bool FP8>
+struct L1Matvec {
+  using Sink = MatvecSink<T, kL1Batch>;
+  using Src = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, Sink::kSinkSmem)>;
+  static constexpr unsigned kWarp = Src::kWarpSmem + Sink::kSinkSmem, kSmem = kTabBytes + kL2Warps * kWarp;
+};
+
+template <int T, bool FP8>
+__global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1Geom g, Split sp, L2Matvec a) {
+  using K = L1Matvec<T, FP8>;
+  extern __shared__ uint4 smem[];
+  uint32_t *tab = reinterpret_cast<uint32_t *>(smem);
+  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * K::kWarp;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  load_table(tab, g.tab); /* the weights' table: no kernel writes it */
+  typename K::Sink sink(a, mine + K::Src::kWarpSmem);
+  typename K::Src src(g, tab, mine);
+  l2_stream<kL1Batch, 16>(src, sp, nullptr, g.M, sink);
+}
+
+template <bool FP8>
+using L1RowsSource = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, 0)>;
+
+template <bool FP8>
+__global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_rows_kernel(L1Geom g, Split sp, RowsSink sink) {
+  extern __shared__ uint4 smem[];
+  uint32_t *tab = reinterpret_cast<uint32_t *>(smem);
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  load_table(tab, g.tab);
+  L1RowsSource<FP8> src(g, tab, reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * L1RowsSource<FP8>::kWarpSmem);
+  l2_stream<kL1Batch, 16>(src, sp, sink.rows, g.M, sink);
+}
+
+/* The cut of `groups` row groups of S slots from `first` among the warps of per_sm CTAs on every
+ * SM, in granules of G slots. */
+int l2_split(uint32_t S, uint64_t groups, uint32_t first, uint32_t G, unsigned per_sm, Split *sp) {
   const int sms = sm_count();
   if (sms < 0) return sms;
-  return make_split(groups, g.S, D, (uint64_t)sms * per_sm * kL2Warps, first, sp);
+  return make_split(groups, S, G, (uint64_t)sms * per_sm * kL2Warps, first, sp);
 }
 
 /* CTAs for sp's warps. */
@@ -486,22 +577,34 @@ int launch_pdl(void (*kernel)(P...), unsigned ctas, unsigned smem, cudaStream_t 
 
 } /* namespace */
 
+/* The shape of a tensor of layout 1 or 2 (docs/format-layouts.md §2): row groups, column blocks,
+ * K16 and slots a row group; -ENOTSUP for another layout or type, -EOVERFLOW past the kernels'
+ * 32-bit counts. */
+static int tc_shape(const nwc_k_tensor *t, unsigned layout, uint64_t *RB, uint64_t *CB, uint64_t *K16, uint64_t *S) {
+  const unsigned type = NWC_ELEM_TYPE(t->elem);
+  if (NWC_ELEM_LAYOUT(t->elem) != layout || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8)) return -ENOTSUP;
+  uint64_t lay[4];
+  int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
+  if (rc < 0) return rc;
+  if (lay[NWC_LAYOUT_BLOCKS] != t->nblocks) return -EINVAL;
+  *RB = (t->rows + 15) / 16, *CB = (t->cols + NWC_BLOCK_COLS - 1) / NWC_BLOCK_COLS;
+  *K16 = lay[NWC_LAYOUT_K16];
+  const uint64_t nl = (*K16 - NWC_BLOCK_COLS * (*CB - 1)) / 16;
+  *S = 16 * (*CB - 1) + (nl + 1) / 2;
+  if (t->nblocks >= (UINT64_C(1) << 31) || *RB * *S * 32 >= (UINT64_C(1) << 40) ||
+      *K16 >= (UINT64_C(1) << 31) || t->rows >= (UINT64_C(1) << 31))
+    return -EOVERFLOW;
+  return 0;
+}
+
 int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   if (!t || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
   /* the ring copies raw and hdr in 16-byte pieces, bases[b] in 8 */
   if ((uintptr_t)t->raw % 16 || (uintptr_t)t->hdr % 16 || (uintptr_t)t->bases % 8) return -EINVAL;
   const unsigned type = NWC_ELEM_TYPE(t->elem);
-  if (NWC_ELEM_LAYOUT(t->elem) != 2 || (type != NWC_ELEM_BF16 && type != NWC_ELEM_FP8)) return -ENOTSUP;
-  uint64_t lay[4];
-  int rc = nwc_layout(t->rows, t->cols, t->elem, lay);
+  uint64_t RB, CB, K16, S;
+  int rc = tc_shape(t, 2, &RB, &CB, &K16, &S);
   if (rc < 0) return rc;
-  if (lay[NWC_LAYOUT_BLOCKS] != t->nblocks) return -EINVAL;
-  const uint64_t RB = (t->rows + 15) / 16, CB = (t->cols + NWC_BLOCK_COLS - 1) / NWC_BLOCK_COLS;
-  const uint64_t K16 = lay[NWC_LAYOUT_K16], nl = (K16 - NWC_BLOCK_COLS * (CB - 1)) / 16;
-  const uint64_t S = 16 * (CB - 1) + (nl + 1) / 2;
-  if (t->nblocks >= (UINT64_C(1) << 31) || RB * S * 32 >= (UINT64_C(1) << 40) ||
-      K16 >= (UINT64_C(1) << 31) || t->rows >= (UINT64_C(1) << 31))
-    return -EOVERFLOW;
   g->bases = t->bases;
   g->hdr = t->hdr;
   g->data = t->data;
@@ -528,15 +631,15 @@ static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
  * x ncols floats per warp (as many warps as any column count may have: kL2CtasPerSm a SM). */
 struct L2Scratch {
   uint64_t part, total;
-  L2Scratch(const L2Geom &g, unsigned ncols, int sms) {
-    part = ((uint64_t)g.RB * 4 + 15) / 16 * 16;
+  L2Scratch(uint64_t RB, unsigned ncols, int sms) {
+    part = (RB * 4 + 15) / 16 * 16;
     total = part + (uint64_t)2 * sms * kL2CtasPerSm * kL2Warps * 16 * ncols * 4;
   }
 };
 
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
   const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g, ncols, sms).total;
+  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, ncols, sms).total;
 }
 
 /* Lets kernel use smem bytes of dynamic shared memory per CTA and asks for the smallest shared
@@ -557,29 +660,36 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
 
 template <int T, bool FP8>
 static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
-  constexpr unsigned smem = kL2Warps * MatvecSink<T>::kWarpSmem;
+  constexpr unsigned smem = kL2Warps * (ring_bytes<MatvecSink<T>::D>() + MatvecSink<T>::kSinkSmem);
   Split sp;
-  int rc = l2_split(g, g.RB, 0, MatvecSink<T>::D, matvec_ctas_per_sm(T), &sp);
+  int rc = l2_split(g.S, g.RB, 0, MatvecSink<T>::D, matvec_ctas_per_sm(T), &sp);
   if (rc < 0 || (rc = set_smem(l2_matvec_kernel<T, FP8>, smem, matvec_ctas_per_sm(T))) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
+}
+
+/* Checks a matvec's arguments (layouts 1 and 2) and fills a. */
+static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t RB, const float *x, unsigned ncols,
+                       uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch,
+                       L2Matvec *a) {
+  if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
+  if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < K || ldx % 4)) || (ncols > 1 && ldy < M) ||
+      (uintptr_t)scratch % 16)
+    return -EINVAL;
+  const int sms = sm_count();
+  if (sms < 0) return sms;
+  a->x = x, a->ldx = ldx, a->ldy = ldy, a->ncols = ncols, a->K = K, a->scale = t->scale, a->bias = bias;
+  a->y = y, a->y_bf16 = y_bf16;
+  a->ctr = static_cast<uint32_t *>(scratch);
+  a->part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + L2Scratch(RB, ncols, sms).part);
+  return 0;
 }
 
 int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
   L2Geom g;
-  int rc = l2_geom_of(t, &g);
-  if (rc < 0) return rc;
-  if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
-  if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < g.K || ldx % 4)) || (ncols > 1 && ldy < g.M) ||
-      (uintptr_t)scratch % 16)
-    return -EINVAL;
-  const int sms = sm_count();
-  if (sms < 0) return sms;
   L2Matvec a;
-  a.x = x, a.ldx = ldx, a.ldy = ldy, a.ncols = ncols, a.K = g.K, a.scale = t->scale, a.bias = bias;
-  a.y = y, a.y_bf16 = y_bf16;
-  a.ctr = static_cast<uint32_t *>(scratch);
-  a.part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + L2Scratch(g, ncols, sms).part);
+  int rc = l2_geom_of(t, &g);
+  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
   const unsigned T = tiles_of(ncols);
   if (g.fp8) {
     if (T == 1) return launch_l2_matvec<1, true>(g, a, stream);
@@ -597,7 +707,7 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
                        cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
   Split sp;
-  int rc = l2_split(g, sink.rows ? n : groups, first, RowsSink::D, kRowsCtasPerSm, &sp);
+  int rc = l2_split(g.S, sink.rows ? n : groups, first, RowsSink::D, kRowsCtasPerSm, &sp);
   auto kernel = g.fp8 ? l2_rows_kernel<true> : l2_rows_kernel<false>;
   if (rc < 0 || (rc = set_smem(kernel, smem, kRowsCtasPerSm)) < 0) return rc;
   return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
@@ -621,6 +731,97 @@ int l2_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16
   const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
   return launch_rows(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16},
                      0, stream);
+}
+
+/* ---- layout 1: the same stream and sinks on L1Source (layout1.cuh) ------------------------- */
+
+int l1_geom_of(const nwc_k_tensor *t, L1Geom *g) {
+  if (!t || !t->tab || !t->bases || !t->hdr || !t->data || !t->raw) return -EINVAL;
+  /* the copies take raw, data (from a 16-byte boundary) and the table in 16-byte pieces */
+  if ((uintptr_t)t->raw % 16 || (uintptr_t)t->data % 16 || (uintptr_t)t->tab % 16 || (uintptr_t)t->bases % 8)
+    return -EINVAL;
+  uint64_t RB, CB, K16, S;
+  int rc = tc_shape(t, 1, &RB, &CB, &K16, &S);
+  if (rc < 0) return rc;
+  g->bases = t->bases;
+  g->hdr = t->hdr;
+  g->data = t->data;
+  g->raw = t->raw;
+  g->tab = t->tab;
+  g->M = (uint32_t)t->rows;
+  g->K = (uint32_t)t->cols;
+  g->K16 = (uint32_t)K16;
+  g->CB = (uint32_t)CB;
+  g->S = (uint32_t)S;
+  g->RB = (uint32_t)RB;
+  g->nblocks = (uint32_t)t->nblocks;
+  g->fp8 = NWC_ELEM_TYPE(t->elem) == NWC_ELEM_FP8;
+  return 0;
+}
+
+int64_t l1_scratch_bytes(const L1Geom &g, unsigned ncols) {
+  const int sms = sm_count();
+  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, ncols, sms).total; /* sized for more warps than layout 1 has */
+}
+
+template <int T, bool FP8>
+static int launch_l1_matvec(const L1Geom &g, const L2Matvec &a, cudaStream_t stream) {
+  constexpr unsigned smem = L1Matvec<T, FP8>::kSmem;
+  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
+  Split sp;
+  int rc = l2_split(g.S, g.RB, 0, 16, kL1CtasPerSm, &sp); /* granules of whole blocks */
+  if (rc < 0 || (rc = set_smem(l1_matvec_kernel<T, FP8>, smem, kL1CtasPerSm)) < 0) return rc;
+  return launch_pdl(l1_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
+}
+
+int l1_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+              float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
+  L1Geom g;
+  L2Matvec a;
+  int rc = l1_geom_of(t, &g);
+  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
+  const unsigned T = tiles_of(ncols);
+  if (g.fp8) {
+    if (T == 1) return launch_l1_matvec<1, true>(g, a, stream);
+    if (T == 2) return launch_l1_matvec<2, true>(g, a, stream);
+    return launch_l1_matvec<3, true>(g, a, stream);
+  }
+  if (T == 1) return launch_l1_matvec<1, false>(g, a, stream);
+  if (T == 2) return launch_l1_matvec<2, false>(g, a, stream);
+  return launch_l1_matvec<3, false>(g, a, stream);
+}
+
+/* Dequant or gather of layout 1, as launch_rows for layout 2. */
+static int launch_l1_rows(const L1Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
+                          cudaStream_t stream) {
+  constexpr unsigned smem = kTabBytes + kL2Warps * L1RowsSource<true>::kWarpSmem;
+  static_assert(L1RowsSource<true>::kWarpSmem == L1RowsSource<false>::kWarpSmem, "one size for both types");
+  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
+  Split sp;
+  int rc = l2_split(g.S, sink.rows ? n : groups, first, 16, kL1CtasPerSm, &sp);
+  auto kernel = g.fp8 ? l1_rows_kernel<true> : l1_rows_kernel<false>;
+  if (rc < 0 || (rc = set_smem(kernel, smem, kL1CtasPerSm)) < 0) return rc;
+  return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
+}
+
+int l1_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
+  L1Geom g;
+  int rc = l1_geom_of(t, &g);
+  if (rc < 0) return rc;
+  if (!out || (uintptr_t)out % 16) return -EINVAL;
+  if (rows && n == 0) return 0;
+  return launch_l1_rows(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
+}
+
+int l1_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
+  L1Geom g;
+  int rc = l1_geom_of(t, &g);
+  if (rc < 0) return rc;
+  if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
+  if (nrows == 0) return 0;
+  const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
+  return launch_l1_rows(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16},
+                        0, stream);
 }
 
 } /* namespace nwc_k */

@@ -17,6 +17,7 @@
  */
 #include "bf16.cuh"
 #include "host.cuh"
+#include "layout1.cuh"
 #include "layout2.cuh"
 
 #include <cuda_fp8.h>
@@ -204,6 +205,11 @@ int launch_matvec(const nwc_k_tensor *t, const float *x, const float *bias, floa
 
 extern "C" int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols) {
   if (!t || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 1) {
+    nwc_k::L1Geom g;
+    int rc = nwc_k::l1_geom_of(t, &g);
+    return rc < 0 ? rc : nwc_k::l1_scratch_bytes(g, ncols);
+  }
   if (NWC_ELEM_LAYOUT(t->elem) == 2) {
     nwc_k::L2Geom g;
     int rc = nwc_k::l2_geom_of(t, &g);
@@ -218,6 +224,8 @@ extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
                                  const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
                                  void *scratch, cudaStream_t stream) {
   if (!t) return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 1)
+    return nwc_k::l1_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
   if (NWC_ELEM_LAYOUT(t->elem) == 2)
     return nwc_k::l2_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
   if (!x || ncols < 1 || ncols > NWC_K_MAX_COLS || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;

@@ -1,6 +1,6 @@
 /*
- * nwc_kernels.h - the CUDA kernels: linear/matvec, dequant and gather for layout 0 (BF16 and fp8)
- * and layout 2 (BF16; docs/format-layouts.md), dispatched on the tensor's layout, and the plain fp8
+ * nwc_kernels.h - the CUDA kernels: linear/matvec, dequant and gather for layout 0 and layouts 1
+ * and 2 (BF16 and fp8; docs/format-layouts.md), dispatched on the tensor's layout, and the plain fp8
  * matvec they are measured against.  C ABI, usable from C17.
  *
  * A tensor lives on the device as an nwc_k_tensor: the arrays of an nwc_tensor (docs/format.md)
@@ -37,7 +37,7 @@ typedef struct nwc_k_tensor {
   unsigned elem;          /* NWC_ELEM(type, 0) */
   uint64_t rows, cols;    /* M, K */
   uint64_t nblocks;
-  const uint32_t *tab;    /* 4096 words: nwc_build_tab(psym, elem) */
+  const uint32_t *tab;    /* 4096 words: nwc_build_tab(psym, elem) (layouts 0 and 1) */
   const uint64_t *bases;  /* nblocks + 1 */
   const uint8_t *hdr;     /* nblocks * 32 */
   const uint8_t *data;    /* data_bytes, NWC_DATA_SLACK zero bytes at the end */
@@ -54,12 +54,12 @@ NWC_EXTERN int nwc_k_tensor_upload(const nwc_tensor *t, nwc_k_tensor *d, cudaStr
 /* Frees what upload allocated and zeroes *d; NULL or a borrowed view frees nothing. */
 NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 
-/* Columns of x one matvec call takes: layout 2's tensor cores multiply 1..8 in one pass. */
+/* Columns of x one matvec call takes: layouts 1 and 2 multiply 1..8 in one pass on the tensor cores. */
 #define NWC_K_MAX_COLS 8
 
 /* Bytes of scratch the matvec entries need for ncols (1..8) columns of x (enough for fewer too),
- * or a negative errno.  Scratch must be zeroed once before its first call (cudaMemset): layout 2
- * keeps counters there that every call leaves at zero again.  One scratch serves one call at a
+ * or a negative errno.  Scratch must be zeroed once before its first call (cudaMemset): layouts 1
+ * and 2 keep counters there that every call leaves at zero again.  One scratch serves one call at a
  * time, of any tensor whose nwc_k_scratch_bytes it holds. */
 NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
 
@@ -69,10 +69,10 @@ NWC_EXTERN int nwc_k_last_cuda_error(void);
 /*
  * Y = scale * (W X) + bias for ncols (1..8) columns in one pass over the weights.  Column c of X
  * is x + c * ldx (16-byte aligned, ldx a multiple of 4 and >= K); layout 0 reads K16 floats of it
- * (x[K..K16) must be 0), layout 2 reads the first K.  bias: rows floats or NULL.  Column c of the
+ * (x[K..K16) must be 0), layouts 1 and 2 read the first K.  bias: rows floats or NULL.  Column c of the
  * result goes to y + c * ldy (fp32) and/or y_bf16 + c * ldy (BF16, nearest even); either may be
  * NULL, not both.  scratch: nwc_k_scratch_bytes(t, ncols) bytes (see there).  Layout 0 runs its
- * one-column kernels once per column; layout 2 multiplies all columns on the tensor cores.
+ * one-column kernels once per column; layouts 1 and 2 multiply all columns on the tensor cores.
  */
 NWC_EXTERN int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
                                  const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
@@ -94,7 +94,7 @@ NWC_EXTERN int nwc_k_dequant(const nwc_k_tensor *t, uint16_t *out, cudaStream_t 
 /*
  * Rows [row0, row0 + nrows) as nwc_k_dequant writes them: row r to out + (r - row0) * K16, so that
  * a dense weight can be made in bounded pieces.  row0 must be a multiple of NWC_K_ROW_ALIGN (the
- * row groups of every layout: 8 rows in layout 0, 16 in layout 2), nrows a multiple of it or
+ * row groups of every layout: 8 rows in layout 0, 16 in layouts 1 and 2), nrows a multiple of it or
  * reaching the last row (row0 + nrows == rows); out 16-byte aligned; else -EINVAL.  nrows 0 does
  * nothing.  -ENOTSUP where nwc_k_dequant is (a layout or type the kernels lack).
  */

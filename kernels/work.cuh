@@ -4,8 +4,9 @@
  *
  * The work is a sequence of row groups of 16 rows, each S slots of 32 columns: a range of the
  * tensor's row groups (matvec, dequant), or the row group of each requested row (gather).  It is
- * cut into granules of D slots (a row group's last granule may be shorter; D divides 16, so a
- * granule never crosses a 512-column block), Gr = ceil(S / D) a row group, Ng in all, and warp w of
+ * cut into granules of G slots (a row group's last granule may be shorter; G divides 16, so a
+ * granule never crosses a 512-column block; layout 1, whose lane streams can only be decoded from
+ * a block's start, takes G = 16, whole blocks), Gr = ceil(S / G) a row group, Ng in all, and warp w of
  * W takes granules [floor(w Ng / W), floor((w + 1) Ng / W)) (stream-K): every warp gets the same
  * work to within one granule, whatever the shape, with no tail of whole units.  A warp walks its
  * range piece by piece, a piece being the part of one row group that its range covers; only its
@@ -47,10 +48,10 @@ struct Split {
   }
 };
 
-/* groups row groups of S slots in granules of D, for at most `warps` warps; -EOVERFLOW past 2^32
+/* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
  * granules, -EINVAL for nothing to do. */
-static inline int make_split(uint64_t groups, uint32_t S, uint32_t D, uint64_t warps, uint32_t first, Split *sp) {
-  const uint64_t Gr = (S + D - 1) / D, Ng = groups * Gr;
+static inline int make_split(uint64_t groups, uint32_t S, uint32_t G, uint64_t warps, uint32_t first, Split *sp) {
+  const uint64_t Gr = (S + G - 1) / G, Ng = groups * Gr;
   if (!groups || !S || !warps) return -EINVAL;
   if (Ng >= (UINT64_C(1) << 32)) return -EOVERFLOW;
   sp->Ng = (uint32_t)Ng, sp->W = (uint32_t)(warps < Ng ? warps : Ng), sp->Gr = (uint32_t)Gr, sp->S = S;
@@ -60,9 +61,11 @@ static inline int make_split(uint64_t groups, uint32_t S, uint32_t D, uint64_t w
 
 /* A warp's position: the piece it streams (entry k of the sequence, the tensor's row group grp,
  * slots [s0, s_end), `first` when it is the warp's first piece) and the batch [s, s + D) in it;
- * valid false when the warp's range is done.  j: the granule after the piece. */
-template <int D>
+ * valid false when the warp's range is done.  j: the granule after the piece.  Granules of G
+ * slots, a multiple of D (the split's). */
+template <int D, int G = D>
 struct Cursor {
+  static_assert(G % D == 0, "a granule is whole batches");
   uint32_t j, k, grp, s, s0, s_end;
   bool first, valid;
   /* The piece that starts at granule j of the warp's range [j0, j_end); gather (rows != NULL)
@@ -75,7 +78,7 @@ struct Cursor {
       }
       k = j / sp.Gr;
       const uint32_t in = j - k * sp.Gr, end = min(j_end - k * sp.Gr, sp.Gr);
-      s0 = in * D, s_end = min(sp.S, end * D), first = j == j0;
+      s0 = in * G, s_end = min(sp.S, end * G), first = j == j0;
       j = k * sp.Gr + end;
       if (!rows) {
         grp = sp.first + k;

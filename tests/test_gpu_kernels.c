@@ -14,10 +14,12 @@
  * run, so a missing write shows as a mismatch; a tensor's calls share one scratch, zeroed once, so
  * a call that leaves layout 2's counters dirty shows as a wrong sum in the next.  Shapes: 1x1,
  * 7x13, 8x512, 9x513, 17x1040, 16x11008, 151936x64, 65536x320 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
- * all-equal, and (BF16) an escaped weight on every lane (in layout 2 most weights are exceptions
- * then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 and fp8 run in layouts 0 and
- * 2; matvec multiplies 1..3 columns at once in layout 0 and 1..8 in layout 2.  NWC_TEST_QUICK=1 keeps only the
+ * all-equal, and (BF16) an escaped weight on every lane of layouts 0 and 1 (in layout 2 most
+ * weights are exceptions then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 and fp8
+ * run in layouts 0, 1 and 2; matvec multiplies 1..3 columns at once in layout 0 and 1..8 in
+ * layouts 1 and 2.  NWC_TEST_QUICK=1 keeps only the
  * shapes below a million weights and leaves out the sample (for runs under compute-sanitizer).
+ * (tests/test_l1_decode.c runs layout 1's GPU decode on the CPU, where no GPU is.)
  */
 #include "nwc.h"
 #include "nwc_kernels.h"
@@ -62,9 +64,10 @@ static uint16_t *make_bf16(uint64_t M, uint64_t K, enum kind kind) {
       }
     }
   } else {
-    /* 15 common high bytes in exact rotation, and on every lane with at least 31 real weights one
-     * of 20 rare bytes at its first weight: each common byte outnumbers every rare one, so the
-     * rare ones have ranks >= 15 and are escaped. */
+    /* 15 common high bytes in exact rotation, and on every layout-0 lane with at least 31 real
+     * weights and at the first weight of every layout-1 lane (row 16 g + r, column 512 cb + 8 q)
+     * one of 20 rare bytes: each common byte outnumbers every rare one, so the rare ones have
+     * ranks >= 15 and are escaped. */
     uint64_t n = 0;
     for (uint64_t r = 0; r < M; r++)
       for (uint64_t c = 0; c < K; c++) {
@@ -77,6 +80,9 @@ static uint16_t *make_bf16(uint64_t M, uint64_t K, enum kind kind) {
         uint64_t rows = M - r < 8 ? M - r : 8, cols = K - c < 16 ? K - c : 16;
         if (rows * cols >= 31) w[r * K + c] = (uint16_t)((0x10u + j++ % 20) << 8 | test_below(256));
       }
+    for (uint64_t r = 0; r < M; r++)
+      for (uint64_t c = 0; c < K; c += 8)
+        if (r % 16 < 8 && c % 512 < 32) w[r * K + c] = (uint16_t)((0x10u + j++ % 20) << 8 | test_below(256));
   }
   return w;
 }
@@ -214,7 +220,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   free(rows);
 
   /* matvec (fp32) of 1..8 columns at once against fp64; linear (BF16) of one column below */
-  const unsigned maxcols = layout == 2 ? 8 : 3;
+  const unsigned maxcols = layout ? 8 : 3;
   float *x = calloc(K16 * maxcols, sizeof *x), *bias = malloc(M * sizeof *bias),
         *y = malloc(M * maxcols * sizeof *y);
   for (uint64_t i = 0; i < maxcols; i++)
@@ -301,12 +307,12 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
 }
 
 /* BF16 weights checked as BF16 (with a row scale when with_scale) and quantized to fp8, each in
- * layouts 0 and 2. */
+ * layouts 0, 1 and 2. */
 static void check_both(const char *what, const uint16_t *w, uint64_t M, uint64_t K, int with_scale) {
   char label[128];
   float *scale = malloc(M * sizeof *scale);
   for (uint64_t r = 0; r < M; r++) scale[r] = (float)exp(0.3 * normal());
-  static const unsigned layouts[] = {0, 2};
+  static const unsigned layouts[] = {0, 1, 2};
   for (unsigned l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
     snprintf(label, sizeof label, "%s %llux%llu bf16%s L%u", what, (unsigned long long)M,
              (unsigned long long)K, with_scale ? "+scale" : "", layouts[l]);
@@ -357,10 +363,10 @@ static void check_api(void) {
   float *p = (float *)&d; /* any non-NULL pointer: nothing is launched */
   CHECK(nwc_k_matvec(NULL, p, NULL, p, p, stream) == -EINVAL, "matvec(NULL tensor)");
   CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(empty tensor)");
-  d.elem = NWC_ELEM(NWC_ELEM_BF16, 1);
+  d.elem = NWC_ELEM(NWC_ELEM_BF16, 3);
   d.tab = (const uint32_t *)p, d.bases = (const uint64_t *)p;
   d.hdr = d.data = d.raw = (const uint8_t *)p, d.rows = d.cols = 8, d.nblocks = 1;
-  CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -ENOTSUP, "dequant(layout 1)");
+  CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -ENOTSUP, "dequant(layout 3)");
   d.elem = NWC_ELEM(NWC_ELEM_BF16, 0), d.nblocks = 2;
   CHECK(nwc_k_dequant(&d, (uint16_t *)p, stream) == -EINVAL, "dequant(wrong block count)");
   d.rows = 40, d.nblocks = 5;
@@ -384,10 +390,12 @@ static void check_api(void) {
   static uint4 aligned[4];
   d.tab = (const uint32_t *)aligned, d.bases = (const uint64_t *)aligned;
   d.hdr = d.data = d.raw = (const uint8_t *)aligned, d.rows = d.cols = 16, d.nblocks = 1;
-  d.elem = NWC_ELEM(NWC_ELEM_BF16, 2);
-  CHECK(nwc_k_matvec_cols(&d, (const float *)aligned, 0, 16, NULL, (float *)aligned, NULL, 16, aligned,
-                          stream) == -EINVAL,
-        "matvec_cols(layout 2, 0 columns)");
+  for (unsigned layout = 1; layout <= 2; layout++) {
+    d.elem = NWC_ELEM(NWC_ELEM_BF16, layout);
+    CHECK(nwc_k_matvec_cols(&d, (const float *)aligned, 0, 16, NULL, (float *)aligned, NULL, 16, aligned,
+                            stream) == -EINVAL,
+          "matvec_cols(layout %u, 0 columns)", layout);
+  }
 }
 
 static void check_sample(void) {
