@@ -4,7 +4,7 @@
  * through the nwc_k_* entries of nwc_kernels.h, which dispatch on the tensor's layout (l2_* below).
  *
  * Matvec design.  The row groups' slots are shared among all resident warps to within one batch
- * (work.cuh: stream-K ranges of granules of D slots).  A warp streams its range's slots (32
+ * (work.cuh: stream-K ranges of slots).  A warp streams its range's slots (32
  * columns each) in batches of D through two sets of a shared-memory ring (cp.async), the next
  * batch's copies in flight while this one is decoded (l2_stream), with its bookkeeping per batch,
  * not per slot: the planes' streaming alone reaches 94 % of the read floor, and the one-slot ring
@@ -34,7 +34,7 @@
  * Dequant streams the same way and stores each slot's rows with 16-byte stores, then the
  * exceptions' weights; gather likewise, a row group per requested row, storing that row only.
  *
- * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns) and the
+ * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (1, up to 5, up to 8 columns) and the
  * element type, l2_rows_kernel<FP8> (dequant, row ranges and gather).  fp8 differs only in the
  * low plane (three words per lane and pair of slots, whose mantissa fields fp8_low turns into low
  * bytes), its 2-byte exception entries and the per-row scale applied with the bias; its weights
@@ -121,7 +121,7 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
  * 16 low bytes of each slot and 16 nibble bytes of every second slot), then waits for this
  * batch's copies and decodes them, so that one batch is always in flight while one is decoded,
  * in no registers, and no stall of the decoder delays a load.  A batch never crosses a block
- * (granules of D slots; D divides 16), so the per-block work is per batch: a batch that starts a
+ * (Cursor::end), so the per-block work is per batch: a batch that starts a
  * block brings the block's hdr bytes (the lanes' entry counts) and bases[b], bases[b + 1] in its
  * first entry; the warp sums the counts and loads the first kWindow bytes of the block's entry
  * list, a word per lane (bases are 8-aligned; the window stops at bases[b + 1]), so that at the
@@ -143,14 +143,14 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
   /* The loader's batch into set `set` of the ring. */
   auto issue = [&](uint32_t set) {
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
-    const uint32_t dst = ring + set * D * kEntry, half = lane >> 4;
+    const uint32_t dst = ring + set * D * kEntry, half = lane >> 4, le = ld.end();
 #pragma unroll
     for (int k = 0; k < D; k++) {
-      if (!FP8 && ld.s + k < ld.s_end)
+      if (!FP8 && ld.s + k < le)
         cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + (gs + k) * 512 + 16 * lane);
-      if (FP8 && k % 2 == 0 && ld.s + k < ld.s_end && lane < 24) /* the pair's 384 bytes, in slot k's entry */
+      if (FP8 && k % 2 == 0 && ld.s + k < le && lane < 24) /* the pair's 384 bytes, in slot k's entry */
         cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + ((uint64_t)ld.grp * g.P + (ld.s + k) / 2) * 384 + 16 * lane);
-      if (k % 2 == 0 && ld.s + k + half < ld.s_end)
+      if (k % 2 == 0 && ld.s + k + half < le)
         cp_async16(dst + (k + half) * kEntry + 16 * (lane & 15u), g.nib + (gs + k + half) * 256 + 16 * (lane & 15u));
     }
     if (ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
@@ -180,6 +180,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
     cp_wait<1>();
     __syncwarp();
     const uint8_t *e = ring_mem + set * D * kEntry;
+    const uint32_t ce = c.end();
     if (c.block_start()) { /* the block's entries: counts summed, the window loaded */
       const uint64_t b0 = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       const uint64_t b1 = *reinterpret_cast<const uint64_t *>(e + kBaseOff + 8);
@@ -191,7 +192,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
       uint32_t A[8];
       const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
       uint4 low;
-      if (FP8) { /* slot k's 48 bits of its pair's three words (batches start on even slots) */
+      if (FP8) { /* slot k's 48 bits of its pair's three words (fp8 batches start on even slots) */
         const uint32_t *pw = reinterpret_cast<const uint32_t *>(e + (k & ~1) * kEntry + kLowOff) + lane;
         const uint64_t f = k % 2 == 0 ? pw[0] | (uint64_t)(pw[32] & 0xffffu) << 32 : pw[32] >> 16 | (uint64_t)pw[64] << 16;
         low = fp8_low(nib, f, g.lut[2], g.lut[3]);
@@ -199,11 +200,11 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
         low = *reinterpret_cast<const uint4 *>(e + k * kEntry + kLowOff + 16 * lane);
       }
       decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
-      if (c.s + k < c.s_end) sink.slot(k, c, A);
+      if (c.s + k < ce) sink.slot(k, c, A);
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
     if (nx.valid) ld.next(sp, j0, j_end, rows, g.M);
-    const uint32_t next = min(c.s + D, c.s_end);
+    const uint32_t next = ce;
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the piece) ends: apply its entries */
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
@@ -236,12 +237,16 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
   sink.done(g, sp, wid);
 }
 
-/* The matvec's sink for T tiles of B (up to C = 8 T / 3 columns): x's fragments a batch at a
+/* Columns of x the matvec with T tiles takes: one tile holds two columns' parts, but the
+ * registers of a second column's x would spill at 3 CTAs per SM. */
+__host__ __device__ constexpr unsigned cols_of_tiles(unsigned T) { return T == 1 ? 1 : 8 * T / kParts; }
+
+/* The matvec's sink for T tiles of B (up to C = cols_of_tiles(T) columns): x's fragments a batch at a
  * time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red: the warp's
  * piece-end table in shared memory, stg its staging of x's parts. */
 template <int T>
 struct MatvecSink {
-  static constexpr int D = batch_of(T), C = 8 * T / kParts;
+  static constexpr int D = batch_of(T), C = cols_of_tiles(T);
   /* The piece-end table, a row per row of the group: B's 8 T columns (parts 3 n .. 3 n + 2 of x's
    * column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
    * 0..3: a lane adds its own entries' products there, no other lane touches them). */
@@ -460,11 +465,11 @@ __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2G
 }
 
 /* The cut of `groups` row groups from `first` among the warps of per_sm CTAs on every SM, in
- * granules of D slots. */
-int l2_split(const L2Geom &g, uint64_t groups, uint32_t first, uint32_t D, unsigned per_sm, Split *sp) {
+ * granules of one slot (fp8: a pair, whose low plane is one piece). */
+int l2_split(const L2Geom &g, uint64_t groups, uint32_t first, unsigned per_sm, Split *sp) {
   const int sms = sm_count();
   if (sms < 0) return sms;
-  return make_split(groups, g.S, D, (uint64_t)sms * per_sm * kL2Warps, first, sp);
+  return make_split(groups, g.S, g.fp8 ? 2 : 1, (uint64_t)sms * per_sm * kL2Warps, first, sp);
 }
 
 /* CTAs for sp's warps. */
@@ -521,8 +526,8 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* B's tiles for ncols columns of x: 3 ncols columns of B, 8 a tile. */
-static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
+/* B's tiles for ncols columns of x (cols_of_tiles). */
+static unsigned tiles_of(unsigned ncols) { return ncols <= cols_of_tiles(1) ? 1 : ncols <= cols_of_tiles(2) ? 2 : 3; }
 
 /* Scratch of a matvec of up to ncols columns: a counter per row group, then two part slots of 16
  * x ncols floats per warp (as many warps as any column count may have: kL2CtasPerSm a SM). */
@@ -559,7 +564,7 @@ template <int T, bool FP8>
 static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * MatvecSink<T>::kWarpSmem;
   Split sp;
-  int rc = l2_split(g, g.RB, 0, MatvecSink<T>::D, matvec_ctas_per_sm(T), &sp);
+  int rc = l2_split(g, g.RB, 0, matvec_ctas_per_sm(T), &sp);
   if (rc < 0 || (rc = set_smem(l2_matvec_kernel<T, FP8>, smem, matvec_ctas_per_sm(T))) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
@@ -597,7 +602,7 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
                        cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
   Split sp;
-  int rc = l2_split(g, sink.rows ? n : groups, first, RowsSink::D, kRowsCtasPerSm, &sp);
+  int rc = l2_split(g, sink.rows ? n : groups, first, kRowsCtasPerSm, &sp);
   auto kernel = g.fp8 ? l2_rows_kernel<true> : l2_rows_kernel<false>;
   if (rc < 0 || (rc = set_smem(kernel, smem, kRowsCtasPerSm)) < 0) return rc;
   return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
