@@ -140,8 +140,8 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
   if (wid >= sp.W) return;
   const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
   Cursor<D> ld{}, c{};
-  /* The loader's batch into set `set` of the ring. */
-  auto issue = [&](uint32_t set) {
+  /* The loader's batch into set `set` of the ring (with its block's hdr and bases unless `bare`). */
+  auto issue = [&](uint32_t set, bool bare) {
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
     const uint32_t dst = ring + set * D * kEntry, half = lane >> 4, le = ld.end();
 #pragma unroll
@@ -153,7 +153,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
       if (k % 2 == 0 && ld.s + k + half < le)
         cp_async16(dst + (k + half) * kEntry + 16 * (lane & 15u), g.nib + (gs + k + half) * 256 + 16 * (lane & 15u));
     }
-    if (ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
+    if (!bare && ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 30) cp_async16(dst + kHdrOff + 16 * (lane - 28), g.hdr + b * 32 + 16 * (lane - 28));
       else cp_async8(dst + kBaseOff + 8 * (lane - 30), g.bases + b + (lane - 30));
@@ -163,17 +163,25 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
   ld.j = j0;
   ld.open(sp, j0, j_end, rows, g.M);
   if (!ld.valid) return;
-  issue(0);
+  issue(0, true);
   c = ld;
   ld.next(sp, j0, j_end, rows, g.M);
+  /* The first block's entries by plain loads: bases, then the window (a chain of two latencies
+   * that would otherwise follow the planes'), while the kernel before may still run. */
+  ExList ex;
+  {
+    const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16, b0 = __ldg(g.bases + b), b1 = __ldg(g.bases + b + 1);
+    ex.n = __ldg(g.hdr + b * 32 + lane), ex.p = g.data + b0;
+    ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
+    ex.pre = warp_exclusive_sum(ex.n);
+  }
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
-   * and may write what it read.  The copies above read only the weights. */
+   * and may write what it read.  Everything above reads only the weights. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
   sink.load_x(c);
-  ExList ex{0, 0, 0, nullptr};
-  for (uint32_t set = 0; c.valid; set ^= 1u) {
+  for (uint32_t set = 0, fresh = 1; c.valid; set ^= 1u, fresh = 0) {
     const Cursor<D> nx = ld; /* the next batch, started now */
-    if (nx.valid) issue(set ^ 1u);
+    if (nx.valid) issue(set ^ 1u, false);
     else cp_commit();
     sink.stage(c);
     if (nx.valid) sink.load_x(nx);
@@ -181,7 +189,7 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
     __syncwarp();
     const uint8_t *e = ring_mem + set * D * kEntry;
     const uint32_t ce = c.end();
-    if (c.block_start()) { /* the block's entries: counts summed, the window loaded */
+    if (c.block_start() && !fresh) { /* the block's entries: counts summed, the window loaded */
       const uint64_t b0 = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       const uint64_t b1 = *reinterpret_cast<const uint64_t *>(e + kBaseOff + 8);
       ex.n = e[kHdrOff + lane], ex.pre = warp_exclusive_sum(ex.n), ex.p = g.data + b0;
