@@ -224,7 +224,8 @@ __device__ __forceinline__ void l2_stream(const L2Geom &g, const Split &sp, cons
           const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
           const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
           uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-          if (k < ex.n && at + entry_bytes<FP8>() > kWindow) /* past the window */
+          const bool past = k < ex.n && at + entry_bytes<FP8>() > kWindow; /* past the window: rare */
+          if (__any_sync(0xffffffffu, past) && past)
             ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(ex.p + at + 2) << 16);
           const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
           eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the piece's part of the block */
@@ -355,7 +356,9 @@ struct MatvecSink {
    * entry order; a column's x values for the group are loaded before any is used. */
   template <int D_>
   __device__ __forceinline__ void exceptions(const Cursor<D_> &, const ExGroup &eg) const {
-    for (uint32_t n = 0; n < a.ncols; n++) {
+#pragma unroll
+    for (uint32_t n = 0; n < (uint32_t)C; n++) {
+      if (n >= a.ncols) break;
       float xe[kExGroup];
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++) xe[i] = eg.ok[i] ? __ldg(a.x + n * a.ldx + eg.col[i]) : 0.f;

@@ -5,7 +5,7 @@
  * The work is a sequence of row groups of 16 rows, each S slots of 32 columns: a range of the
  * tensor's row groups (matvec, dequant), or the row group of each requested row (gather).  It is
  * cut into granules of G slots (1; 2 where slots come in pairs: fp8's low plane), Gr = ceil(S / G)
- * a row group, Ng in all, and warp w of W takes granules [floor(w Ng / W), floor((w + 1) Ng / W))
+ * a row group, Ng in all, and warp w of W takes the next ceil(Ng / W) or floor(Ng / W) of them
  * (stream-K): every warp gets the same work to within one granule, whatever the shape, with no
  * tail of whole units.  A warp walks its range piece by piece, a piece being the part of one row
  * group that its range covers (only its first and its last piece can be less than a whole row
@@ -32,7 +32,23 @@
 
 namespace nwc_k {
 
-/* The cut of a sequence of `groups` row groups among W warps. */
+/* n / d for a divisor fixed on the host, by a multiply and a shift (the round-up method: with
+ * s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, n / d = (umulhi(n, m) + n) >> s for
+ * every 32-bit n): the kernels' per-warp arithmetic has no division loop. */
+struct Div32 {
+  uint32_t m, s;
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return (uint32_t)(((uint64_t)__umulhi(n, m) + n) >> s);
+  }
+};
+static inline Div32 make_div32(uint32_t d) {
+  uint32_t s = 0;
+  while ((UINT64_C(1) << s) < d) s++;
+  return Div32{(uint32_t)((UINT64_C(1) << 32) * ((UINT64_C(1) << s) - d) / d + 1), s};
+}
+
+/* The cut of a sequence of row groups among W warps: warp w takes q + 1 granules if w < r, else q
+ * (Ng = W q + r). */
 struct Split {
   uint32_t Ng;    /* granules in all */
   uint32_t W;     /* warps with work */
@@ -40,12 +56,17 @@ struct Split {
   uint32_t G;     /* slots a granule */
   uint32_t S;     /* slots a row group */
   uint32_t first; /* the tensor's row group of the sequence's first (dequant of a row range) */
+  uint32_t q, r;
+  Div32 by_Gr, by_q, by_q1; /* / Gr, / q, / (q + 1) */
   /* Warp w's first granule; start(W) = Ng. */
-  __host__ __device__ __forceinline__ uint32_t start(uint32_t w) const { return (uint32_t)((uint64_t)w * Ng / W); }
+  __device__ __forceinline__ uint32_t start(uint32_t w) const { return w * q + min(w, r); }
   /* The warp whose range holds granule j. */
-  __host__ __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
-    return (uint32_t)(((uint64_t)j * W + W - 1) / Ng);
+  __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
+    const uint32_t big = r * (q + 1);
+    return j < big ? by_q1.div(j) : r + by_q.div(j - big);
   }
+  /* The sequence entry (row group) of granule j. */
+  __device__ __forceinline__ uint32_t group_of(uint32_t j) const { return by_Gr.div(j); }
 };
 
 /* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
@@ -56,6 +77,8 @@ static inline int make_split(uint64_t groups, uint32_t S, uint32_t G, uint64_t w
   if (Ng >= (UINT64_C(1) << 32)) return -EOVERFLOW;
   sp->Ng = (uint32_t)Ng, sp->W = (uint32_t)(warps < Ng ? warps : Ng), sp->Gr = (uint32_t)Gr, sp->G = G, sp->S = S;
   sp->first = first;
+  sp->q = sp->Ng / sp->W, sp->r = sp->Ng % sp->W;
+  sp->by_Gr = make_div32(sp->Gr), sp->by_q = make_div32(sp->q), sp->by_q1 = make_div32(sp->q + 1);
   return 0;
 }
 
@@ -74,7 +97,7 @@ struct Cursor {
         valid = false;
         return;
       }
-      k = j / sp.Gr;
+      k = sp.group_of(j);
       const uint32_t in = j - k * sp.Gr, end = min(j_end - k * sp.Gr, sp.Gr);
       s0 = in * sp.G, s_end = min(sp.S, end * sp.G), first = j == j0;
       j = k * sp.Gr + end;
