@@ -221,7 +221,8 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   CU(cudaMalloc((void **)&s->x, s->ldx * ncols * 4));
   CU(cudaMalloc((void **)&s->bias, t->rows * 4));
   CU(cudaMalloc((void **)&s->scratch, (size_t)scratch));
-  CU(cudaMemset(s->scratch, 0, (size_t)scratch)); /* zeroed once (nwc_k_scratch_bytes) */
+  CU(cudaMemset(s->scratch, 0, (size_t)scratch)); /* zeroed once (nwc_k_scratch_bytes), */
+  CU(cudaDeviceSynchronize());                     /* before the stream's kernels */
   CU(cudaMalloc((void **)&s->y, t->rows * 2 * ncols));
   CU(cudaMemset(s->bias, 0, t->rows * 4));
 }

@@ -230,7 +230,7 @@ static void bench_call(nwc_client *c, const nwc_cuda_map *m, const uint16_t *mv)
   void *scratch = NULL;
   float *x = NULL, *y = NULL, *hx = calloc(t->k16, 4), *hy = malloc(M * 4);
   CU(cudaMalloc(&scratch, sb > 0 ? (size_t)sb : 4));
-  CU(cudaMemset(scratch, 0, sb > 0 ? (size_t)sb : 4)); /* zeroed once (nwc_k_scratch_bytes) */
+  CU(cudaMemsetAsync(scratch, 0, sb > 0 ? (size_t)sb : 4, stream)); /* zeroed once (nwc_k_scratch_bytes) */
   CU(cudaMalloc((void **)&x, t->k16 * 4));
   CU(cudaMalloc((void **)&y, M * 4));
   for (uint64_t i = 0; i < K; i++) hx[i] = (float)sin((double)i);
@@ -345,7 +345,7 @@ static void bench_step(const nwc_cuda_map *m, uint16_t *const w[MATS]) {
   }
   for (int i = 0; i < MATS; i++) nwc_tensor_release(&enc[i]);
   CU(cudaMalloc(&b.scratch, sb > 0 ? (size_t)sb : 4));
-  CU(cudaMemset(b.scratch, 0, sb > 0 ? (size_t)sb : 4)); /* zeroed once (nwc_k_scratch_bytes) */
+  CU(cudaMemsetAsync(b.scratch, 0, sb > 0 ? (size_t)sb : 4, stream)); /* zeroed once (nwc_k_scratch_bytes) */
   step_ctx s = {m, L, n, &b, NULL};
   if (cublasCreate(&s.blas) != CUBLAS_STATUS_SUCCESS) DIE("cublasCreate");
   cublasSetStream(s.blas, stream);

@@ -351,8 +351,9 @@ int grow(Ctx *c, Buf &b, size_t n, bool host) {
   free_buf(b, host);
   /* pinned buffers are mapped: the matvec kernels write y straight into hout */
   cudaError_t e = host ? cudaHostAlloc(&b.p, want, cudaHostAllocMapped) : cudaMalloc(&b.p, want);
-  /* device buffers start zeroed: the matvec's scratch must (nwc_k_scratch_bytes) */
-  if (e == cudaSuccess && !host && (e = cudaMemset(b.p, 0, want)) != cudaSuccess) cudaFree(b.p);
+  /* device buffers start zeroed, on the context's stream before its kernels: the matvec's
+   * scratch must (nwc_k_scratch_bytes) */
+  if (e == cudaSuccess && !host && (e = cudaMemsetAsync(b.p, 0, want, c->stream)) != cudaSuccess) cudaFree(b.p);
   if (e != cudaSuccess) {
     b.p = nullptr;
     return fail_cuda(e, host ? "cudaHostAlloc of a staging buffer" : "cudaMalloc of a work buffer");

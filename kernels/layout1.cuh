@@ -105,11 +105,13 @@ __host__ __device__ constexpr unsigned l1_stream_buf(unsigned per_warp, unsigned
 }
 
 /*
- * Layout 1 as l2_stream's slot source (layout2.cu): issue(cursor, set) copies a batch's raw bytes
- * into a ring set and, for a batch that starts a block, the block's streams into a stream buffer;
- * begin(cursor, set) starts the lanes' decoders at a block's start; slot(cursor, set, k, A)
- * decodes slot k; end() has nothing to do (layout 1 has no exceptions).  Shared memory per warp:
- * kWarpSmem = two ring sets and two stream buffers of SB bytes.
+ * Layout 1 as l2_stream's slot source (layout2.cu): issue(cursor, set, bare) copies a batch's raw
+ * bytes into a ring set and, for a batch that starts a block, the block's streams into a stream
+ * buffer (bare or not: the first batch needs them too); prologue() has nothing to fetch (layout 2's
+ * fetches its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
+ * fresh) starts the lanes' decoders at a block's start; slot(cursor, ce, k, A) decodes slot k if it
+ * is before the batch's end ce; end() has nothing to do.  Shared memory per warp: kWarpSmem = two
+ * ring sets and two stream buffers of SB bytes.
  */
 template <int D, bool FP8, unsigned SB>
 struct L1Source {
@@ -133,15 +135,15 @@ struct L1Source {
   }
 
   template <class Cur>
-  __device__ __forceinline__ void issue(const Cur &ld, uint32_t set) {
-    const uint32_t lane = threadIdx.x & 31u, half = lane >> 4;
+  __device__ __forceinline__ void issue(const Cur &ld, uint32_t set, bool) {
+    const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, le = ld.end();
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
     uint8_t *dst = mem + set * kSet;
     const uint32_t sdst = (uint32_t)__cvta_generic_to_shared(dst);
 #pragma unroll
     for (int k = 0; k < D; k++) {
-      if (!FP8 && ld.s + k < ld.s_end) cp_async16(sdst + k * kSlot + 16 * lane, g.raw + (gs + k) * kSlot + 16 * lane);
-      if (FP8 && k % 2 == 0 && ld.s + k + half < ld.s_end) /* lanes 0..15 slot k, 16..31 slot k + 1 */
+      if (!FP8 && ld.s + k < le) cp_async16(sdst + k * kSlot + 16 * lane, g.raw + (gs + k) * kSlot + 16 * lane);
+      if (FP8 && k % 2 == 0 && ld.s + k + half < le) /* lanes 0..15 slot k, 16..31 slot k + 1 */
         cp_async16(sdst + (k + half) * kSlot + 16 * (lane & 15u), g.raw + (gs + k + half) * kSlot + 16 * (lane & 15u));
     }
     if (ld.block_start()) {
@@ -162,14 +164,17 @@ struct L1Source {
   }
 
   template <class Cur>
-  __device__ __forceinline__ void begin(const Cur &c, uint32_t set) {
+  __device__ __forceinline__ void prologue(const Cur &) const {}
+
+  template <class Cur>
+  __device__ __forceinline__ void begin(const Cur &c, uint32_t set, bool) {
     cur = mem + set * kSet;
     if (c.block_start()) st.start(*reinterpret_cast<const uint32_t *const *>(cur + D * kSlot + 8 * (threadIdx.x & 31u)), 0);
   }
 
   template <class Cur>
-  __device__ __forceinline__ void slot(const Cur &c, uint32_t, int k, uint32_t A[8]) {
-    if (c.s + k < c.s_end) l1_decode_slot<FP8>(st, tab, cur + k * kSlot + kE * (threadIdx.x & 31u), A);
+  __device__ __forceinline__ void slot(const Cur &c, uint32_t ce, int k, uint32_t A[8]) {
+    if (c.s + k < ce) l1_decode_slot<FP8>(st, tab, cur + k * kSlot + kE * (threadIdx.x & 31u), A);
   }
 
   template <class Cur, class Sink>

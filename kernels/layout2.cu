@@ -7,7 +7,7 @@
  * the source as a template parameter, so the streaming, the mma, the sums and the stores exist once.
  *
  * Matvec design.  The row groups' slots are shared among all resident warps to within one batch
- * (work.cuh: stream-K ranges of granules of D slots).  A warp streams its range's slots (32
+ * (work.cuh: stream-K ranges of slots).  A warp streams its range's slots (32
  * columns each) in batches of D through two sets of a shared-memory ring (cp.async), the next
  * batch's copies in flight while this one is decoded (l2_stream), with its bookkeeping per batch,
  * not per slot: the planes' streaming alone reaches 94 % of the read floor, and the one-slot ring
@@ -37,8 +37,8 @@
  * Dequant streams the same way and stores each slot's rows with 16-byte stores, then the
  * exceptions' weights; gather likewise, a row group per requested row, storing that row only.
  *
- * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (up to 2, 5, 8 columns) and the
- * element type, l2_rows_kernel<FP8> (dequant, row ranges and gather); layout 1's
+ * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (1, up to 5, up to 8 columns) and
+ * the element type, l2_rows_kernel<FP8> (dequant, row ranges and gather); layout 1's
  * l1_matvec_kernel<T, FP8> and l1_rows_kernel<FP8>.  fp8 differs only in the low plane (three
  * words per lane and pair of slots, whose mantissa fields fp8_low turns into low bytes), its
  * 2-byte exception entries and the per-row scale applied with the bias; its weights
@@ -124,7 +124,7 @@ __host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
  * 16 low bytes of each slot and 16 nibble bytes of every second slot), then waits for this
  * batch's copies and decodes them, so that one batch is always in flight while one is decoded,
  * in no registers, and no stall of the decoder delays a load.  A batch never crosses a block
- * (granules of D slots; D divides 16), so the per-block work is per batch: a batch that starts a
+ * (Cursor::end), so the per-block work is per batch: a batch that starts a
  * block brings the block's hdr bytes (the lanes' entry counts) and bases[b], bases[b + 1] in its
  * first entry; the warp sums the counts and loads the first kWindow bytes of the block's entry
  * list, a word per lane (bases are 8-aligned; the window stops at bases[b + 1]), so that at the
@@ -144,22 +144,22 @@ struct L2Source {
   __device__ __forceinline__ L2Source(const L2Geom &geom, uint8_t *mem)
       : g(geom), ring_mem(mem), ring((uint32_t)__cvta_generic_to_shared(mem)), e(mem), ex{0, 0, 0, nullptr} {}
 
-  /* The loader's batch into set `set` of the ring. */
+  /* The loader's batch into set `set` of the ring (with its block's hdr and bases unless `bare`). */
   template <class Cur>
-  __device__ __forceinline__ void issue(const Cur &ld, uint32_t set) const {
+  __device__ __forceinline__ void issue(const Cur &ld, uint32_t set, bool bare) const {
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
-    const uint32_t dst = ring + set * D * kEntry, half = lane >> 4;
+    const uint32_t dst = ring + set * D * kEntry, half = lane >> 4, le = ld.end();
 #pragma unroll
     for (int k = 0; k < D; k++) {
-      if (!FP8 && ld.s + k < ld.s_end)
+      if (!FP8 && ld.s + k < le)
         cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + (gs + k) * 512 + 16 * lane);
-      if (FP8 && k % 2 == 0 && ld.s + k < ld.s_end && lane < 24) /* the pair's 384 bytes, in slot k's entry */
+      if (FP8 && k % 2 == 0 && ld.s + k < le && lane < 24) /* the pair's 384 bytes, in slot k's entry */
         cp_async16(dst + k * kEntry + kLowOff + 16 * lane, g.low + ((uint64_t)ld.grp * g.P + (ld.s + k) / 2) * 384 + 16 * lane);
-      if (k % 2 == 0 && ld.s + k + half < ld.s_end)
+      if (k % 2 == 0 && ld.s + k + half < le)
         cp_async16(dst + (k + half) * kEntry + 16 * (lane & 15u), g.nib + (gs + k + half) * 256 + 16 * (lane & 15u));
     }
-    if (ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
+    if (!bare && ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 30) cp_async16(dst + kHdrOff + 16 * (lane - 28), g.hdr + b * 32 + 16 * (lane - 28));
       else cp_async8(dst + kBaseOff + 8 * (lane - 30), g.bases + b + (lane - 30));
@@ -167,12 +167,25 @@ struct L2Source {
     cp_commit();
   }
 
-  /* This batch's set; when it starts a block, the block's entries: counts summed, the window loaded. */
+  /* Before griddepcontrol.wait, for the first batch c (issued bare): the first block's entries by
+   * plain loads, bases, then the window (a chain of two latencies that would otherwise follow the
+   * planes'), while the kernel before may still run. */
   template <class Cur>
-  __device__ __forceinline__ void begin(const Cur &c, uint32_t set) {
+  __device__ __forceinline__ void prologue(const Cur &c) {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16, b0 = __ldg(g.bases + b), b1 = __ldg(g.bases + b + 1);
+    ex.n = __ldg(g.hdr + b * 32 + lane), ex.p = g.data + b0;
+    ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
+    ex.pre = warp_exclusive_sum(ex.n);
+  }
+
+  /* This batch's set; when it starts a block (other than the prologue's: fresh), the block's
+   * entries: counts summed, the window loaded. */
+  template <class Cur>
+  __device__ __forceinline__ void begin(const Cur &c, uint32_t set, bool fresh) {
     const uint32_t lane = threadIdx.x & 31u;
     e = ring_mem + set * D * kEntry;
-    if (c.block_start()) {
+    if (c.block_start() && !fresh) {
       const uint64_t b0 = *reinterpret_cast<const uint64_t *>(e + kBaseOff);
       const uint64_t b1 = *reinterpret_cast<const uint64_t *>(e + kBaseOff + 8);
       ex.n = e[kHdrOff + lane], ex.pre = warp_exclusive_sum(ex.n), ex.p = g.data + b0;
@@ -180,13 +193,14 @@ struct L2Source {
     }
   }
 
-  /* Slot k of the batch as A fragments (decoded whether or not the slot is in the piece). */
+  /* Slot k of the batch as A fragments, decoded whether or not it is before the batch's end (the
+   * stream drops those past it). */
   template <class Cur>
   __device__ __forceinline__ void slot(const Cur &, uint32_t, int k, uint32_t A[8]) const {
     const uint32_t lane = threadIdx.x & 31u;
     const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
     uint4 low;
-    if (FP8) { /* slot k's 48 bits of its pair's three words (batches start on even slots) */
+    if (FP8) { /* slot k's 48 bits of its pair's three words (fp8 batches start on even slots) */
       const uint32_t *pw = reinterpret_cast<const uint32_t *>(e + (k & ~1) * kEntry + kLowOff) + lane;
       const uint64_t f = k % 2 == 0 ? pw[0] | (uint64_t)(pw[32] & 0xffffu) << 32 : pw[32] >> 16 | (uint64_t)pw[64] << 16;
       low = fp8_low(nib, f, g.lut[2], g.lut[3]);
@@ -196,8 +210,8 @@ struct L2Source {
     decode_bf16_slot(nib, low, g.lut[0], g.lut[1], A);
   }
 
-  /* After the batch (next: the slot after it in the piece): where the block (or the piece) ends,
-   * its exception entries, kExGroup a lane at a time, to sink.exceptions. */
+  /* After the batch (next: its end, Cursor::end): where the block (or the piece) ends, its
+   * exception entries, kExGroup a lane at a time, to sink.exceptions. */
   template <class Cur, class Sink>
   __device__ __forceinline__ void end(const Cur &c, uint32_t next, Sink &sink) const {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
@@ -212,7 +226,8 @@ struct L2Source {
           const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
           const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
           uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-          if (k < ex.n && at + entry_bytes<FP8>() > kWindow) /* past the window */
+          const bool past = k < ex.n && at + entry_bytes<FP8>() > kWindow; /* past the window: rare */
+          if (__any_sync(0xffffffffu, past) && past)
             ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(ex.p + at + 2) << 16);
           const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
           eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the piece's part of the block */
@@ -226,51 +241,55 @@ struct L2Source {
 };
 
 /*
- * Streams a warp's range (work.cuh: granules of G slots, G = D for layout 2, whole blocks for
- * layout 1) batch by batch of D slots from a slot source (L2Source above, L1Source of layout1.cuh)
- * and calls the sink: load_x(cursor) for the next batch's inputs, stage(cursor) at this batch's
- * start, slot(k, cursor, A) for slot k of the batch decoded to A fragments, exceptions(cursor,
- * group) for the entries of a block after its last slot of the piece (layout 2), unit_end(M,
- * split, cursor) after a piece and done(M, split, warp) after the range.  At the top of each batch
- * the source starts the copies of the next batch into the other set of its ring, then the warp
- * waits for this batch's copies and decodes them: one batch is always in flight while one is
- * decoded.
+ * Streams a warp's range (work.cuh: granules of the split's G slots, 1 or 2 for layout 2, whole
+ * blocks for layout 1) batch by batch (Cursor::end: up to D slots, never across a block) from a
+ * slot source (L2Source above, L1Source of layout1.cuh) and calls the sink: load_x(cursor) for the
+ * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
+ * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
+ * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
+ * warp) after the range.  At the top of each batch the source starts the copies of the next batch
+ * into the other set of its ring, then the warp waits for this batch's copies and decodes them:
+ * one batch is always in flight while one is decoded.  The first batch is issued bare and the
+ * source's prologue fetches what else it needs of the first block by plain loads, both before
+ * griddepcontrol.wait; its begin() is then told the batch is fresh.
  */
-template <int D, int G, class Src, class Sink>
+template <int D, class Src, class Sink>
 __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
   static_assert(16 % D == 0 && D >= 2, "a batch divides a block");
   const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
   if (wid >= sp.W) return;
   const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
-  Cursor<D, G> ld{}, c{};
+  Cursor<D> ld{}, c{};
   ld.j = j0;
   ld.open(sp, j0, j_end, rows, M);
   if (!ld.valid) return;
-  src.issue(ld, 0);
+  src.issue(ld, 0, true);
   c = ld;
   ld.next(sp, j0, j_end, rows, M);
+  src.prologue(c);
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
-   * and may write what it read.  The copies above read only the weights. */
+   * and may write what it read.  Everything above reads only the weights. */
   asm volatile("griddepcontrol.wait;" ::: "memory");
   sink.load_x(c);
-  for (uint32_t set = 0; c.valid; set ^= 1u) {
-    const Cursor<D, G> nx = ld; /* the next batch, started now */
-    if (nx.valid) src.issue(nx, set ^ 1u);
+  for (uint32_t set = 0, fresh = 1; c.valid; set ^= 1u, fresh = 0) {
+    const Cursor<D> nx = ld; /* the next batch, started now */
+    if (nx.valid) src.issue(nx, set ^ 1u, false);
     else cp_commit();
     sink.stage(c);
     if (nx.valid) sink.load_x(nx);
     cp_wait<1>();
     __syncwarp();
-    src.begin(c, set);
+    const uint32_t ce = c.end();
+    src.begin(c, set, fresh);
 #pragma unroll
     for (int k = 0; k < D; k++) {
       uint32_t A[8];
-      src.slot(c, set, k, A);
-      if (c.s + k < c.s_end) sink.slot(k, c, A);
+      src.slot(c, ce, k, A);
+      if (c.s + k < ce) sink.slot(k, c, A);
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
     if (nx.valid) ld.next(sp, j0, j_end, rows, M);
-    const uint32_t next = min(c.s + D, c.s_end);
+    const uint32_t next = ce;
     src.end(c, next, sink);
     if (next == c.s_end) {
       sink.unit_end(M, sp, c);
@@ -283,12 +302,16 @@ __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint6
   sink.done(M, sp, wid);
 }
 
-/* The matvec's sink for T tiles of B (up to C = 8 T / 3 columns): x's fragments a batch at a
+/* Columns of x the matvec with T tiles takes: one tile holds two columns' parts, but the
+ * registers of a second column's x would spill at 3 CTAs per SM. */
+__host__ __device__ constexpr unsigned cols_of_tiles(unsigned T) { return T == 1 ? 1 : 8 * T / kParts; }
+
+/* The matvec's sink for T tiles of B (up to C = cols_of_tiles(T) columns): x's fragments a batch at a
  * time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red: the warp's
  * piece-end table in shared memory, stg its staging of x's parts. */
 template <int T, int D_ = batch_of(T)>
 struct MatvecSink {
-  static constexpr int D = D_, C = 8 * T / kParts;
+  static constexpr int D = D_, C = cols_of_tiles(T);
   /* The piece-end table, a row per row of the group: B's 8 T columns (parts 3 n .. 3 n + 2 of x's
    * column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
    * 0..3: a lane adds its own entries' products there, no other lane touches them). */
@@ -389,7 +412,9 @@ struct MatvecSink {
    * entry order; a column's x values for the group are loaded before any is used. */
   template <class Cur>
   __device__ __forceinline__ void exceptions(const Cur &, const ExGroup &eg) const {
-    for (uint32_t n = 0; n < a.ncols; n++) {
+#pragma unroll
+    for (uint32_t n = 0; n < (uint32_t)C; n++) {
+      if (n >= a.ncols) break;
       float xe[kExGroup];
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++) xe[i] = eg.ok[i] ? __ldg(a.x + n * a.ldx + eg.col[i]) : 0.f;
@@ -461,7 +486,7 @@ __global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_k
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   Sink sink(a, mine + ring_bytes<Sink::D>());
   L2Source<Sink::D, FP8> src(g, mine);
-  l2_stream<Sink::D, Sink::D>(src, sp, nullptr, g.M, sink);
+  l2_stream<Sink::D>(src, sp, nullptr, g.M, sink);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
@@ -509,7 +534,7 @@ __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2G
   extern __shared__ uint4 smem[];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   L2Source<RowsSink::D, FP8> src(g, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>());
-  l2_stream<RowsSink::D, RowsSink::D>(src, sp, sink.rows, g.M, sink);
+  l2_stream<RowsSink::D>(src, sp, sink.rows, g.M, sink);
 }
 
 /* Layout 1 (layout1.cuh): two CTAs of 8 warps per SM, each with the 16 KB table; a warp's shared
@@ -534,7 +559,7 @@ __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1G
   load_table(tab, g.tab); /* the weights' table: no kernel writes it */
   typename K::Sink sink(a, mine + K::Src::kWarpSmem);
   typename K::Src src(g, tab, mine);
-  l2_stream<kL1Batch, 16>(src, sp, nullptr, g.M, sink);
+  l2_stream<kL1Batch>(src, sp, nullptr, g.M, sink);
 }
 
 template <bool FP8>
@@ -547,16 +572,19 @@ __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_rows_kernel(L1Geo
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   load_table(tab, g.tab);
   L1RowsSource<FP8> src(g, tab, reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * L1RowsSource<FP8>::kWarpSmem);
-  l2_stream<kL1Batch, 16>(src, sp, sink.rows, g.M, sink);
+  l2_stream<kL1Batch>(src, sp, sink.rows, g.M, sink);
 }
 
 /* The cut of `groups` row groups of S slots from `first` among the warps of per_sm CTAs on every
- * SM, in granules of G slots. */
+ * SM, in granules of G slots (l2_granule; layout 1: 16, whole blocks). */
 int l2_split(uint32_t S, uint64_t groups, uint32_t first, uint32_t G, unsigned per_sm, Split *sp) {
   const int sms = sm_count();
   if (sms < 0) return sms;
   return make_split(groups, S, G, (uint64_t)sms * per_sm * kL2Warps, first, sp);
 }
+
+/* Layout 2's granule: one slot (fp8: a pair, whose low plane is one piece). */
+uint32_t l2_granule(const L2Geom &g) { return g.fp8 ? 2 : 1; }
 
 /* CTAs for sp's warps. */
 unsigned l2_ctas(const Split &sp) { return (sp.W + kL2Warps - 1) / kL2Warps; }
@@ -624,8 +652,8 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* B's tiles for ncols columns of x: 3 ncols columns of B, 8 a tile. */
-static unsigned tiles_of(unsigned ncols) { return (kParts * ncols + 7) / 8; }
+/* B's tiles for ncols columns of x (cols_of_tiles). */
+static unsigned tiles_of(unsigned ncols) { return ncols <= cols_of_tiles(1) ? 1 : ncols <= cols_of_tiles(2) ? 2 : 3; }
 
 /* Scratch of a matvec of up to ncols columns: a counter per row group, then two part slots of 16
  * x ncols floats per warp (as many warps as any column count may have: kL2CtasPerSm a SM). */
@@ -662,7 +690,7 @@ template <int T, bool FP8>
 static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * (ring_bytes<MatvecSink<T>::D>() + MatvecSink<T>::kSinkSmem);
   Split sp;
-  int rc = l2_split(g.S, g.RB, 0, MatvecSink<T>::D, matvec_ctas_per_sm(T), &sp);
+  int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(T), &sp);
   if (rc < 0 || (rc = set_smem(l2_matvec_kernel<T, FP8>, smem, matvec_ctas_per_sm(T))) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
@@ -707,7 +735,7 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
                        cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
   Split sp;
-  int rc = l2_split(g.S, sink.rows ? n : groups, first, RowsSink::D, kRowsCtasPerSm, &sp);
+  int rc = l2_split(g.S, sink.rows ? n : groups, first, l2_granule(g), kRowsCtasPerSm, &sp);
   auto kernel = g.fp8 ? l2_rows_kernel<true> : l2_rows_kernel<false>;
   if (rc < 0 || (rc = set_smem(kernel, smem, kRowsCtasPerSm)) < 0) return rc;
   return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);

@@ -4,17 +4,18 @@
  *
  * The work is a sequence of row groups of 16 rows, each S slots of 32 columns: a range of the
  * tensor's row groups (matvec, dequant), or the row group of each requested row (gather).  It is
- * cut into granules of G slots (a row group's last granule may be shorter; G divides 16, so a
- * granule never crosses a 512-column block; layout 1, whose lane streams can only be decoded from
- * a block's start, takes G = 16, whole blocks), Gr = ceil(S / G) a row group, Ng in all, and warp w of
- * W takes granules [floor(w Ng / W), floor((w + 1) Ng / W)) (stream-K): every warp gets the same
- * work to within one granule, whatever the shape, with no tail of whole units.  A warp walks its
- * range piece by piece, a piece being the part of one row group that its range covers; only its
- * first and its last piece can be less than a whole row group.
+ * cut into granules of G slots (layout 2: 1, or 2 where slots come in pairs, fp8's low plane;
+ * layout 1, whose lane streams can only be decoded from a block's start: 16, whole blocks; G is
+ * the split's, at run time), Gr = ceil(S / G) a row group, Ng in all, and warp w of W takes the
+ * next ceil(Ng / W) or floor(Ng / W) of them (stream-K): every warp gets the same work to within
+ * one granule, whatever the shape, with no tail of whole units.  A warp walks its range piece by
+ * piece, a piece being the part of one row group that its range covers (only its first and its
+ * last piece can be less than a whole row group), and a piece batch by batch: up to D slots,
+ * never across a 512-column block (16 slots).
  *
  * Sums (the matvec): a piece that is a whole row group writes its rows.  The others are parts:
  * each writes its 16 x ncols sums to scratch at part slot 2 w (the warp's first piece) or 2 w + 1
- * (its last), and at the warp's end, after one __threadfence, counts itself in the row group's
+ * (its last), and at the warp's end, after one fence, counts itself in the row group's
  * counter (atomicInc, which wraps to 0 at the number of contributors, so the counters are zero
  * before and after every call: scratch starts zeroed and every call leaves it so).  The last
  * contributor adds the row group's parts in warp order, so the result does not depend on
@@ -33,39 +34,61 @@
 
 namespace nwc_k {
 
-/* The cut of a sequence of `groups` row groups among W warps. */
+/* n / d for a divisor fixed on the host, by a multiply and a shift (the round-up method: with
+ * s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, n / d = (umulhi(n, m) + n) >> s for
+ * every 32-bit n): the kernels' per-warp arithmetic has no division loop. */
+struct Div32 {
+  uint32_t m, s;
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return (uint32_t)(((uint64_t)__umulhi(n, m) + n) >> s);
+  }
+};
+static inline Div32 make_div32(uint32_t d) {
+  uint32_t s = 0;
+  while ((UINT64_C(1) << s) < d) s++;
+  return Div32{(uint32_t)((UINT64_C(1) << 32) * ((UINT64_C(1) << s) - d) / d + 1), s};
+}
+
+/* The cut of a sequence of row groups among W warps: warp w takes q + 1 granules if w < r, else q
+ * (Ng = W q + r). */
 struct Split {
   uint32_t Ng;    /* granules in all */
   uint32_t W;     /* warps with work */
   uint32_t Gr;    /* granules a row group */
+  uint32_t G;     /* slots a granule */
   uint32_t S;     /* slots a row group */
   uint32_t first; /* the tensor's row group of the sequence's first (dequant of a row range) */
+  uint32_t q, r;
+  Div32 by_Gr, by_q, by_q1; /* / Gr, / q, / (q + 1) */
   /* Warp w's first granule; start(W) = Ng. */
-  __host__ __device__ __forceinline__ uint32_t start(uint32_t w) const { return (uint32_t)((uint64_t)w * Ng / W); }
+  __device__ __forceinline__ uint32_t start(uint32_t w) const { return w * q + min(w, r); }
   /* The warp whose range holds granule j. */
-  __host__ __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
-    return (uint32_t)(((uint64_t)j * W + W - 1) / Ng);
+  __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
+    const uint32_t big = r * (q + 1);
+    return j < big ? by_q1.div(j) : r + by_q.div(j - big);
   }
+  /* The sequence entry (row group) of granule j. */
+  __device__ __forceinline__ uint32_t group_of(uint32_t j) const { return by_Gr.div(j); }
 };
 
 /* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
  * granules, -EINVAL for nothing to do. */
 static inline int make_split(uint64_t groups, uint32_t S, uint32_t G, uint64_t warps, uint32_t first, Split *sp) {
   const uint64_t Gr = (S + G - 1) / G, Ng = groups * Gr;
-  if (!groups || !S || !warps) return -EINVAL;
+  if (!groups || !S || !G || !warps) return -EINVAL;
   if (Ng >= (UINT64_C(1) << 32)) return -EOVERFLOW;
-  sp->Ng = (uint32_t)Ng, sp->W = (uint32_t)(warps < Ng ? warps : Ng), sp->Gr = (uint32_t)Gr, sp->S = S;
+  sp->Ng = (uint32_t)Ng, sp->W = (uint32_t)(warps < Ng ? warps : Ng), sp->Gr = (uint32_t)Gr, sp->G = G, sp->S = S;
   sp->first = first;
+  sp->q = sp->Ng / sp->W, sp->r = sp->Ng % sp->W;
+  sp->by_Gr = make_div32(sp->Gr), sp->by_q = make_div32(sp->q), sp->by_q1 = make_div32(sp->q + 1);
   return 0;
 }
 
 /* A warp's position: the piece it streams (entry k of the sequence, the tensor's row group grp,
- * slots [s0, s_end), `first` when it is the warp's first piece) and the batch [s, s + D) in it;
- * valid false when the warp's range is done.  j: the granule after the piece.  Granules of G
- * slots, a multiple of D (the split's). */
-template <int D, int G = D>
+ * slots [s0, s_end), `first` when it is the warp's first piece) and the batch [s, end()) in it;
+ * valid false when the warp's range is done.  j: the granule after the piece. */
+template <int D>
 struct Cursor {
-  static_assert(G % D == 0, "a granule is whole batches");
   uint32_t j, k, grp, s, s0, s_end;
   bool first, valid;
   /* The piece that starts at granule j of the warp's range [j0, j_end); gather (rows != NULL)
@@ -76,9 +99,9 @@ struct Cursor {
         valid = false;
         return;
       }
-      k = j / sp.Gr;
+      k = sp.group_of(j);
       const uint32_t in = j - k * sp.Gr, end = min(j_end - k * sp.Gr, sp.Gr);
-      s0 = in * G, s_end = min(sp.S, end * G), first = j == j0;
+      s0 = in * sp.G, s_end = min(sp.S, end * sp.G), first = j == j0;
       j = k * sp.Gr + end;
       if (!rows) {
         grp = sp.first + k;
@@ -93,9 +116,11 @@ struct Cursor {
     s = s0;
     valid = true;
   }
+  /* The batch's end: D slots on, the piece's end or the block's, whichever comes first. */
+  __device__ __forceinline__ uint32_t end() const { return min(min(s + D, s_end), (s | 15u) + 1); }
   /* The next batch (of the piece, or the next piece). */
   __device__ __forceinline__ void next(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
-    s += D;
+    s = end();
     if (s >= s_end) open(sp, j0, j_end, rows, M);
   }
   __device__ __forceinline__ bool whole(const Split &sp) const { return s0 == 0 && s_end == sp.S; }
@@ -117,7 +142,7 @@ template <class Put>
 __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32_t pend0, uint32_t pend1, uint32_t *ctr,
                                              const float *part, uint32_t per, Put put) {
   if (pend0 == kNoPart && pend1 == kNoPart) return;
-  __threadfence(); /* this warp's parts are visible before its counts */
+  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* this warp's parts are visible before its counts */
   const uint32_t lane = threadIdx.x & 31u;
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -128,7 +153,7 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32
     if (lane == 0) old = atomicInc(ctr + k, wl - wf);
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != wl - wf) continue;
-    __threadfence(); /* the others' parts, counted before this warp's, are visible */
+    asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
     /* the first contributor's piece is its last (slot 2 wf + 1) unless its range starts in k */
     const uint32_t slot0 = 2 * wf + (sp.start(wf) < k * sp.Gr ? 1u : 0u);
     for (uint32_t e = lane; e < per; e += 32) {

@@ -20,7 +20,7 @@
 int nwc_test_l1_decode(const nwc_tensor *t, uint32_t cap, uint16_t *out);
 
 /* The stream buffer of the matvec of one column (BF16), about what the kernels have. */
-#define KERNEL_CAP 4032
+#define KERNEL_CAP 4352
 
 static double normal(void) {
   double u = test_uniform(), v = test_uniform();
