@@ -35,9 +35,11 @@
  * loads (about 30 cycles) instead of global loads whose latency the next step would wait for.  A
  * block whose stream is larger than the slice (only with very flat symbol statistics) is decoded
  * from global memory instead.  While a block is decoded the next block's lines are prefetched into
- * L2.  Reading bounds: a lane reads at most two words past its own stream, inside the next lane's
- * stream, the block's padding or the 16 slack bytes; staging copies [base, end + 8) in 16-byte
- * pieces (see decode_block for why the last block is not staged).
+ * L2.  Reading bounds: a lane reads at most three words past its own stream (start() loads three
+ * words, and a stream that ends on a word boundary ends with a refill, whose word is never used),
+ * inside later lanes' streams, the block's padding, the next block or the 16 slack bytes: at most
+ * 12 bytes past the block's end; staging copies [base, end + 12) in 16-byte pieces (see decode_block for
+ * why the last block is not staged).
  *
  * decode_block() walks the rows of one block and hands each row's 8 pair words and 4 low-byte
  * words to a sink (the dot product, or the store of dequant and gather).
@@ -287,11 +289,12 @@ __device__ __forceinline__ void decode_block(const Geom &g, const uint32_t *tab,
     sdst += row_bytes;
     graw += g.raw_stride;
   }
-  /* The stream in 16-byte pieces from base rounded down to 16 through end + 8 rounded up: at most
-   * 15 bytes past end + 8, inside the next block or the slack, except for the tensor's last block,
-   * which is decoded from global memory. */
+  /* The stream in 16-byte pieces from base rounded down to 16 through end + 12 (the lanes' reads)
+   * rounded up: end is 8-aligned, so at most end + 24, inside the next block (at least 8 bytes) and
+   * the slack, except for the tensor's last block, which is decoded from global memory.  The
+   * slice check (stream_cap) thus covers every read. */
   const uint64_t s16 = base & ~UINT64_C(15);
-  const uint32_t copy = ((uint32_t)(end + 8 - s16) + 15u) & ~15u, head = (uint32_t)(base - s16);
+  const uint32_t copy = ((uint32_t)(end + 12 - s16) + 15u) & ~15u, head = (uint32_t)(base - s16);
   const bool staged = copy <= stream_cap && b + 1 < g.nblocks;
   if (staged) {
     const uint8_t *gs = g.data + s16 + 16 * lane;
