@@ -655,19 +655,22 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 /* B's tiles for ncols columns of x (cols_of_tiles). */
 static unsigned tiles_of(unsigned ncols) { return ncols <= cols_of_tiles(1) ? 1 : ncols <= cols_of_tiles(2) ? 2 : 3; }
 
-/* Scratch of a matvec of up to ncols columns: a counter per row group, then two part slots of 16
- * x ncols floats per warp (as many warps as any column count may have: kL2CtasPerSm a SM). */
+/* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per warp (as many warps as
+ * any column count may have: kL2CtasPerSm a SM), then a counter per row group.  The layout is the
+ * same for every tensor and column count, so that one zeroed scratch serves many tensors: the
+ * counters (left at zero) never lie where another call's parts were written (with the counters
+ * first, a tensor of more row groups found a smaller one's parts in its counters). */
 struct L2Scratch {
-  uint64_t part, total;
-  L2Scratch(uint64_t RB, unsigned ncols, int sms) {
-    part = (RB * 4 + 15) / 16 * 16;
-    total = part + (uint64_t)2 * sms * kL2CtasPerSm * kL2Warps * 16 * ncols * 4;
+  uint64_t ctr, total;
+  L2Scratch(uint64_t RB, int sms) {
+    ctr = (uint64_t)2 * sms * kL2CtasPerSm * kL2Warps * 16 * NWC_K_MAX_COLS * 4;
+    total = ctr + RB * 4;
   }
 };
 
-int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols) {
+int64_t l2_scratch_bytes(const L2Geom &g, unsigned) {
   const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, ncols, sms).total;
+  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total;
 }
 
 /* Lets kernel use smem bytes of dynamic shared memory per CTA and asks for the smallest shared
@@ -707,8 +710,8 @@ static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t R
   if (sms < 0) return sms;
   a->x = x, a->ldx = ldx, a->ldy = ldy, a->ncols = ncols, a->K = K, a->scale = t->scale, a->bias = bias;
   a->y = y, a->y_bf16 = y_bf16;
-  a->ctr = static_cast<uint32_t *>(scratch);
-  a->part = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + L2Scratch(RB, ncols, sms).part);
+  a->part = static_cast<float *>(scratch);
+  a->ctr = reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scratch) + L2Scratch(RB, sms).ctr);
   return 0;
 }
 
@@ -787,9 +790,9 @@ int l1_geom_of(const nwc_k_tensor *t, L1Geom *g) {
   return 0;
 }
 
-int64_t l1_scratch_bytes(const L1Geom &g, unsigned ncols) {
+int64_t l1_scratch_bytes(const L1Geom &g, unsigned) {
   const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, ncols, sms).total; /* sized for more warps than layout 1 has */
+  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more warps than layout 1 has */
 }
 
 template <int T, bool FP8>

@@ -11,8 +11,9 @@
  * (BF16 y) within one BF16 ulp of the fp64 reference rounded, except where the reference lies
  * inside fp32 summation noise (|y - ref| <= 2^-20 * sum |scale w x|: cancellation leaves fewer
  * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
- * run, so a missing write shows as a mismatch; a tensor's calls share one scratch, zeroed once, so
- * a call that leaves layout 2's counters dirty shows as a wrong sum in the next.  Shapes: 1x1,
+ * run, so a missing write shows as a mismatch; all tensors share one scratch, zeroed once, as in a
+ * daemon or a GPU map, so a call that leaves it unfit for the next (counters dirty, or lying where
+ * another tensor's parts go) shows as a wrong sum there.  Shapes: 1x1,
  * 7x13, 8x512, 9x513, 17x1040, 16x11008, 151936x64, 65536x320 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
  * all-equal, and (BF16) an escaped weight on every lane of layouts 0 and 1 (in layout 2 most
  * weights are exceptions then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 and fp8
@@ -121,6 +122,21 @@ static uint64_t check_bf16(const uint16_t *y, const double *ref, const double *m
 static void *dalloc(size_t bytes) {
   void *p = NULL;
   CU(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
+/* One scratch for every tensor of the run, as a daemon or a GPU map shares one among its tensors:
+ * 64 MiB (more than any tensor here needs) zeroed once, then only the calls touch it, so that a
+ * call that leaves it unfit for another tensor's (counters dirty, or where another's parts go)
+ * shows as a wrong sum there. */
+static void *shared_scratch(size_t bytes) {
+  static void *p;
+  static const size_t have = (size_t)64 << 20;
+  CHECK(bytes <= have, "a tensor needs %zu bytes of scratch, more than the test's %zu", bytes, have);
+  if (!p) {
+    p = dalloc(have);
+    CU(cudaMemsetAsync(p, 0, have, stream));
+  }
   return p;
 }
 
@@ -239,10 +255,9 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   int64_t scratch_bytes = nwc_k_scratch_bytes(&d, maxcols);
   CHECK(scratch_bytes > 0, "%s: scratch_bytes: %lld", label, (long long)scratch_bytes);
   float *d_x = dalloc(K16 * maxcols * 4), *d_bias = dalloc(M * 4), *d_y = dalloc(M * maxcols * 4),
-        *d_scratch = dalloc((size_t)scratch_bytes);
+        *d_scratch = shared_scratch((size_t)scratch_bytes);
   CU(cudaMemcpyAsync(d_x, x, K16 * maxcols * 4, cudaMemcpyHostToDevice, stream));
   CU(cudaMemcpyAsync(d_bias, bias, M * 4, cudaMemcpyHostToDevice, stream));
-  CU(cudaMemsetAsync(d_scratch, 0, (size_t)scratch_bytes, stream)); /* zeroed once, as the API asks */
   double rel = 0;
   for (unsigned ncols = 1; ncols <= maxcols; ncols++) {
     CU(cudaMemsetAsync(d_y, 0xff, M * maxcols * 4, stream));
@@ -300,7 +315,6 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CU(cudaFree(d_x));
   CU(cudaFree(d_bias));
   CU(cudaFree(d_y));
-  CU(cudaFree(d_scratch));
   free(want), free(got), free(x), free(bias), free(y), free(yb), free(wd), free(ref), free(mag);
   nwc_k_tensor_free(&d);
   nwc_tensor_release(&t);
