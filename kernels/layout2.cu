@@ -54,6 +54,8 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include <type_traits>
+
 namespace nwc_k {
 namespace {
 
@@ -715,21 +717,28 @@ static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t R
   return 0;
 }
 
+/* launch(T, FP8) with T the tiles of ncols columns and FP8 the element type, as compile-time
+ * constants (std::integral_constant), for the matvecs of layouts 1 and 2. */
+template <class Launch>
+static int by_tiles(unsigned ncols, bool fp8, Launch launch) {
+  using std::integral_constant;
+  const unsigned T = tiles_of(ncols);
+  if (fp8)
+    return T == 1 ? launch(integral_constant<int, 1>{}, std::true_type{})
+         : T == 2 ? launch(integral_constant<int, 2>{}, std::true_type{})
+                  : launch(integral_constant<int, 3>{}, std::true_type{});
+  return T == 1 ? launch(integral_constant<int, 1>{}, std::false_type{})
+       : T == 2 ? launch(integral_constant<int, 2>{}, std::false_type{})
+                : launch(integral_constant<int, 3>{}, std::false_type{});
+}
+
 int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
   L2Geom g;
   L2Matvec a;
   int rc = l2_geom_of(t, &g);
   if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
-  const unsigned T = tiles_of(ncols);
-  if (g.fp8) {
-    if (T == 1) return launch_l2_matvec<1, true>(g, a, stream);
-    if (T == 2) return launch_l2_matvec<2, true>(g, a, stream);
-    return launch_l2_matvec<3, true>(g, a, stream);
-  }
-  if (T == 1) return launch_l2_matvec<1, false>(g, a, stream);
-  if (T == 2) return launch_l2_matvec<2, false>(g, a, stream);
-  return launch_l2_matvec<3, false>(g, a, stream);
+  return by_tiles(ncols, g.fp8, [&](auto T, auto fp8) { return launch_l2_matvec<T.value, fp8.value>(g, a, stream); });
 }
 
 /* Dequant or gather: `groups` row groups from `first` (dequant) or the row group of each of n
@@ -744,24 +753,37 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
   return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
 }
 
+/* The checks and sinks of dequant or gather (rows != NULL: n requested rows) and of a range of
+ * rows, for layouts 1 and 2 alike: g has M, K16 and RB; launch(groups, first, sink, n) runs the
+ * layout's kernel. */
+template <class G, class Launch>
+static int rows_call(const G &g, const uint64_t *rows, uint64_t n, uint16_t *out, Launch launch) {
+  if (!out || (uintptr_t)out % 16) return -EINVAL;
+  if (rows && n == 0) return 0;
+  return launch(g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n);
+}
+template <class G, class Launch>
+static int range_call(const G &g, uint64_t row0, uint64_t nrows, uint16_t *out, Launch launch) {
+  if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
+  if (nrows == 0) return 0;
+  const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
+  return launch(groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16}, 0);
+}
+
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
   L2Geom g;
   int rc = l2_geom_of(t, &g);
-  if (rc < 0) return rc;
-  if (!out || (uintptr_t)out % 16) return -EINVAL;
-  if (rows && n == 0) return 0;
-  return launch_rows(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
+  return rc < 0 ? rc : rows_call(g, rows, n, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
+    return launch_rows(g, groups, first, sink, k, stream);
+  });
 }
 
 int l2_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
   L2Geom g;
   int rc = l2_geom_of(t, &g);
-  if (rc < 0) return rc;
-  if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
-  if (nrows == 0) return 0;
-  const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
-  return launch_rows(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16},
-                     0, stream);
+  return rc < 0 ? rc : range_call(g, row0, nrows, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
+    return launch_rows(g, groups, first, sink, k, stream);
+  });
 }
 
 /* ---- layout 1: the same stream and sinks on L1Source (layout1.cuh) ------------------------- */
@@ -811,15 +833,7 @@ int l1_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ld
   L2Matvec a;
   int rc = l1_geom_of(t, &g);
   if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
-  const unsigned T = tiles_of(ncols);
-  if (g.fp8) {
-    if (T == 1) return launch_l1_matvec<1, true>(g, a, stream);
-    if (T == 2) return launch_l1_matvec<2, true>(g, a, stream);
-    return launch_l1_matvec<3, true>(g, a, stream);
-  }
-  if (T == 1) return launch_l1_matvec<1, false>(g, a, stream);
-  if (T == 2) return launch_l1_matvec<2, false>(g, a, stream);
-  return launch_l1_matvec<3, false>(g, a, stream);
+  return by_tiles(ncols, g.fp8, [&](auto T, auto fp8) { return launch_l1_matvec<T.value, fp8.value>(g, a, stream); });
 }
 
 /* Dequant or gather of layout 1, as launch_rows for layout 2. */
@@ -838,21 +852,17 @@ static int launch_l1_rows(const L1Geom &g, uint64_t groups, uint32_t first, cons
 int l1_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
   L1Geom g;
   int rc = l1_geom_of(t, &g);
-  if (rc < 0) return rc;
-  if (!out || (uintptr_t)out % 16) return -EINVAL;
-  if (rows && n == 0) return 0;
-  return launch_l1_rows(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
+  return rc < 0 ? rc : rows_call(g, rows, n, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
+    return launch_l1_rows(g, groups, first, sink, k, stream);
+  });
 }
 
 int l1_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
   L1Geom g;
   int rc = l1_geom_of(t, &g);
-  if (rc < 0) return rc;
-  if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
-  if (nrows == 0) return 0;
-  const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
-  return launch_l1_rows(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16},
-                        0, stream);
+  return rc < 0 ? rc : range_call(g, row0, nrows, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
+    return launch_l1_rows(g, groups, first, sink, k, stream);
+  });
 }
 
 } /* namespace nwc_k */

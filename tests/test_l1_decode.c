@@ -10,6 +10,7 @@
  * and heavy tails, all-equal, and (BF16) an escaped weight on every lane of every block.  Shapes:
  * fixed ones with partial row groups and last column blocks of 1 .. 16 slots, and random ones.
  */
+#include "kernel_weights.h"
 #include "nwc.h"
 #include "test_util.h"
 
@@ -21,42 +22,6 @@ int nwc_test_l1_decode(const nwc_tensor *t, uint32_t cap, uint16_t *out);
 
 /* The stream buffer of the matvec of one column (BF16), about what the kernels have. */
 #define KERNEL_CAP 4352
-
-static double normal(void) {
-  double u = test_uniform(), v = test_uniform();
-  return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
-
-enum kind { REAL, EQUAL, ESCAPES };
-static const char *kind_name[] = {"real", "equal", "escapes"};
-
-static uint16_t *make_bf16(uint64_t M, uint64_t K, enum kind kind) {
-  uint16_t *w = malloc(M * K * sizeof *w);
-  if (kind == EQUAL) {
-    uint16_t v = nwc_f32_to_bf16((float)(normal() * 0.05));
-    for (uint64_t i = 0; i < M * K; i++) w[i] = v;
-  } else if (kind == REAL) {
-    for (uint64_t r = 0; r < M; r++) {
-      double s = 0.02 * exp(0.5 * normal());
-      for (uint64_t c = 0; c < K; c++) {
-        double v = normal() * s;
-        if (test_below(1000) == 0) v *= 30;
-        w[r * K + c] = nwc_f32_to_bf16((float)v);
-      }
-    }
-  } else {
-    /* 15 common high bytes in rotation; the first weight of every layout-1 lane of every block
-     * (row 16 g + r, column 512 cb + 8 q) one of 20 rare bytes, each less frequent than every
-     * common one, so that it is escaped */
-    for (uint64_t i = 0; i < M * K; i++)
-      w[i] = (uint16_t)((unsigned)test_below(2) << 15 | (0x3cu - (unsigned)(i % 15)) << 8 | (unsigned)test_below(256));
-    unsigned n = 0;
-    for (uint64_t r = 0; r < M; r++)
-      for (uint64_t c = 0; c < K; c += 8)
-        if (r % 16 < 8 && c % 512 < 32) w[r * K + c] = (uint16_t)((0x10u + n++ % 20) << 8 | test_below(256));
-  }
-  return w;
-}
 
 static void check(const char *label, const void *w, uint64_t M, uint64_t K, unsigned type, const float *scale,
                   int escapes) {
