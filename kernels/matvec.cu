@@ -104,13 +104,16 @@ matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
   }
 }
 
-__global__ void finalize_kernel(const float *scratch, uint32_t M, uint32_t CB, const float *scale,
+/* Row r's sum of its column blocks' partial sums, which it sets back to zero: one scratch serves
+ * layouts 1 and 2 too, whose counters (beyond their parts' region) must stay zero between calls
+ * (nwc_k_scratch_bytes), and a large layout-0 tensor's partial sums reach there. */
+__global__ void finalize_kernel(float *scratch, uint32_t M, uint32_t CB, const float *scale,
                                 const float *bias, float *y, uint16_t *y_bf16) {
   uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= M) return;
-  const float *p = scratch + (uint64_t)r * CB;
+  float *p = scratch + (uint64_t)r * CB;
   float s = 0.f;
-  for (uint32_t cb = 0; cb < CB; cb++) s += p[cb];
+  for (uint32_t cb = 0; cb < CB; cb++) s += p[cb], p[cb] = 0.f;
   float v = s * (scale ? scale[r] : 1.f) + (bias ? bias[r] : 0.f);
   if (y) y[r] = v;
   if (y_bf16) y_bf16[r] = bf16_rne(v);
