@@ -221,20 +221,32 @@ struct L2Source {
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
       const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
       for (uint32_t k0 = 0; k0 < most; k0 += kExGroup) { /* kExGroup entries a lane at a time */
+        constexpr uint32_t E = entry_bytes<FP8>();
+        /* the group's entries, from the window, or (rare: some lane's reach past it) all from the list */
+        const bool far = __any_sync(0xffffffffu, k0 < ex.n && E * (ex.pre + min(k0 + kExGroup, ex.n)) > kWindow);
+        uint32_t ent[kExGroup];
+        if (!far) {
+#pragma unroll
+          for (uint32_t i = 0; i < kExGroup; i++) {
+            const uint32_t at = E * (ex.pre + k0 + i); /* the entry's byte in the list */
+            const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
+            const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
+            ent[i] = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
+          }
+        } else {
+#pragma unroll
+          for (uint32_t i = 0; i < kExGroup; i++) {
+            const uint8_t *p = ex.p + E * (ex.pre + k0 + i);
+            ent[i] = k0 + i < ex.n ? __ldg(p) | (uint32_t)__ldg(p + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(p + 2) << 16) : 0;
+          }
+        }
         ExGroup eg;
 #pragma unroll
         for (uint32_t i = 0; i < kExGroup; i++) {
-          const uint32_t k = k0 + i, at = entry_bytes<FP8>() * (ex.pre + k); /* the entry's byte in the list */
-          const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
-          const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
-          uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-          const bool past = k < ex.n && at + entry_bytes<FP8>() > kWindow; /* past the window: rare */
-          if (__any_sync(0xffffffffu, past) && past)
-            ent = __ldg(ex.p + at) | (uint32_t)__ldg(ex.p + at + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(ex.p + at + 2) << 16);
-          const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
+          const uint32_t k = k0 + i, idx = ent[i] & 0xffu, j = idx & 15u, sc = idx >> 4;
           eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the piece's part of the block */
           eg.row[i] = frag_row(r, j), eg.col[i] = NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j);
-          eg.w[i] = FP8 ? fp8_to_bf16_bits((ent >> 8) & 0xffu) : (ent >> 8) & 0xffffu;
+          eg.w[i] = FP8 ? fp8_to_bf16_bits((ent[i] >> 8) & 0xffu) : (ent[i] >> 8) & 0xffffu;
         }
         sink.exceptions(c, eg);
       }
