@@ -45,56 +45,20 @@
  * words to a sink (the dot product, or the store of dequant and gather).
  *
  * Layout 1 has the same codes in other streams: its kernels (layout1.cuh) use the Lane, Low and
- * bf16_pair below.  Those are __host__ __device__ (the intrinsics have host versions, fshl, clz32,
- * byte_perm) so that tests/test_l1_decode.cu runs a lane's decode on the CPU as the GPU runs it.
+ * bf16_pair below.  Those are NWC_HD (hd.cuh: the intrinsics have host versions) so that
+ * tests/test_l1_decode runs a lane's decode on the CPU as the GPU runs it.
  */
 #ifndef NWC_DECODE_CUH
 #define NWC_DECODE_CUH
 
 #include "cp_async.cuh"
+#include "hd.cuh"
 #include "nwc.h"
 #include "warp.cuh"
 
 #include <stdint.h>
 
 namespace nwc_k {
-
-#define NWC_HD __host__ __device__ __forceinline__
-/* #pragma unroll in an NWC_HD function (the host compiler does not know it). */
-#ifdef __CUDA_ARCH__
-#define NWC_HD_UNROLL _Pragma("unroll")
-#else
-#define NWC_HD_UNROLL
-#endif
-
-/* __funnelshift_l: the upper word of (hi:lo) << (s mod 32). */
-NWC_HD uint32_t fshl(uint32_t lo, uint32_t hi, uint32_t s) {
-#ifdef __CUDA_ARCH__
-  return __funnelshift_l(lo, hi, s);
-#else
-  s &= 31u;
-  return s ? hi << s | lo >> (32u - s) : hi;
-#endif
-}
-/* __clz: leading zeros, 32 for 0. */
-NWC_HD uint32_t clz32(uint32_t x) {
-#ifdef __CUDA_ARCH__
-  return (uint32_t)__clz(x);
-#else
-  return x ? (uint32_t)__builtin_clz(x) : 32u;
-#endif
-}
-/* __byte_perm: byte i of the result is byte (s >> 4 i) & 7 of y:x (x bytes 0..3, y 4..7). */
-NWC_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
-#ifdef __CUDA_ARCH__
-  return __byte_perm(x, y, s);
-#else
-  const uint64_t v = (uint64_t)y << 32 | x;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; i++) r |= (uint32_t)(v >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
-  return r;
-#endif
-}
 
 /* The tensor as the kernels see it (device pointers, 32-bit counters checked by the callers). */
 struct Geom {

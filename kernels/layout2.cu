@@ -466,7 +466,7 @@ __device__ __forceinline__ void MatvecSink<T, D_>::unit_end(uint32_t M, const Sp
   __syncwarp();
   const bool whole = cur.whole(sp);
   const uint32_t per = 16 * a.ncols;
-  float *p = a.part + (uint64_t)(2 * wid + (cur.first ? 0 : 1)) * per;
+  float *p = a.part + (uint64_t)sp.part_slot(wid, cur.k) * per;
   for (uint32_t e = lane; e < per; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float *v = red + row * kRedCols;

@@ -29,6 +29,8 @@
 #ifndef NWC_WORK_CUH
 #define NWC_WORK_CUH
 
+#include "hd.cuh"
+
 #include <errno.h>
 #include <stdint.h>
 
@@ -39,9 +41,7 @@ namespace nwc_k {
  * every 32-bit n): the kernels' per-warp arithmetic has no division loop. */
 struct Div32 {
   uint32_t m, s;
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return (uint32_t)(((uint64_t)__umulhi(n, m) + n) >> s);
-  }
+  NWC_HD uint32_t div(uint32_t n) const { return (uint32_t)(((uint64_t)umulhi32(n, m) + n) >> s); }
 };
 static inline Div32 make_div32(uint32_t d) {
   uint32_t s = 0;
@@ -61,14 +61,21 @@ struct Split {
   uint32_t q, r;
   Div32 by_Gr, by_q, by_q1; /* / Gr, / q, / (q + 1) */
   /* Warp w's first granule; start(W) = Ng. */
-  __device__ __forceinline__ uint32_t start(uint32_t w) const { return w * q + min(w, r); }
+  NWC_HD uint32_t start(uint32_t w) const { return w * q + umin32(w, r); }
   /* The warp whose range holds granule j. */
-  __device__ __forceinline__ uint32_t warp_of(uint32_t j) const {
+  NWC_HD uint32_t warp_of(uint32_t j) const {
     const uint32_t big = r * (q + 1);
     return j < big ? by_q1.div(j) : r + by_q.div(j - big);
   }
   /* The sequence entry (row group) of granule j. */
-  __device__ __forceinline__ uint32_t group_of(uint32_t j) const { return by_Gr.div(j); }
+  NWC_HD uint32_t group_of(uint32_t j) const { return by_Gr.div(j); }
+  /* The warps whose ranges hold part of entry k: wf .. wl. */
+  NWC_HD void contributors(uint32_t k, uint32_t *wf, uint32_t *wl) const {
+    *wf = warp_of(k * Gr), *wl = warp_of(k * Gr + Gr - 1);
+  }
+  /* Warp w's part slot for its piece of entry k: 2 w for the warp's first piece (its range starts
+   * in k), 2 w + 1 for its last. */
+  NWC_HD uint32_t part_slot(uint32_t w, uint32_t k) const { return 2 * w + (start(w) < k * Gr ? 1u : 0u); }
 };
 
 /* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
@@ -93,15 +100,15 @@ struct Cursor {
   bool first, valid;
   /* The piece that starts at granule j of the warp's range [j0, j_end); gather (rows != NULL)
    * skips entries whose row is >= M. */
-  __device__ __forceinline__ void open(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
+  NWC_HD void open(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
     for (;;) {
       if (j >= j_end) {
         valid = false;
         return;
       }
       k = sp.group_of(j);
-      const uint32_t in = j - k * sp.Gr, end = min(j_end - k * sp.Gr, sp.Gr);
-      s0 = in * sp.G, s_end = min(sp.S, end * sp.G), first = j == j0;
+      const uint32_t in = j - k * sp.Gr, end = umin32(j_end - k * sp.Gr, sp.Gr);
+      s0 = in * sp.G, s_end = umin32(sp.S, end * sp.G), first = j == j0;
       j = k * sp.Gr + end;
       if (!rows) {
         grp = sp.first + k;
@@ -117,15 +124,15 @@ struct Cursor {
     valid = true;
   }
   /* The batch's end: D slots on, the piece's end or the block's, whichever comes first. */
-  __device__ __forceinline__ uint32_t end() const { return min(min(s + D, s_end), (s | 15u) + 1); }
+  NWC_HD uint32_t end() const { return umin32(umin32(s + D, s_end), (s | 15u) + 1); }
   /* The next batch (of the piece, or the next piece). */
-  __device__ __forceinline__ void next(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
+  NWC_HD void next(const Split &sp, uint32_t j0, uint32_t j_end, const uint64_t *rows, uint32_t M) {
     s = end();
     if (s >= s_end) open(sp, j0, j_end, rows, M);
   }
-  __device__ __forceinline__ bool whole(const Split &sp) const { return s0 == 0 && s_end == sp.S; }
+  NWC_HD bool whole(const Split &sp) const { return s0 == 0 && s_end == sp.S; }
   /* The batch starts a block, or the piece inside one: the block's exception entries are needed. */
-  __device__ __forceinline__ bool block_start() const { return s % 16 == 0 || s == s0; }
+  NWC_HD bool block_start() const { return s % 16 == 0 || s == s0; }
 };
 
 /* No pending part. */
@@ -133,10 +140,10 @@ constexpr uint32_t kNoPart = 0xffffffffu;
 
 /*
  * The end of warp w's sums: pend0, pend1 are the sequence entries of its first and last piece
- * where those were parts (kNoPart otherwise), already written to part slots 2 w, 2 w + 1 of `part`
- * (each `per` floats: 16 rows x ncols).  Counts them; where the warp is the row group's last
- * contributor, adds the group's parts in warp order and calls put(k, e, sum) for e = lane, lane +
- * 32, ... < per.  All lanes call it.
+ * where those were parts (kNoPart otherwise), already written to their part slots of `part`
+ * (Split::part_slot; each `per` floats: 16 rows x ncols).  Counts them; where the warp is the row
+ * group's last contributor, adds the group's parts in warp order and calls put(k, e, sum) for
+ * e = lane, lane + 32, ... < per.  All lanes call it.
  */
 template <class Put>
 __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32_t pend0, uint32_t pend1, uint32_t *ctr,
@@ -148,14 +155,13 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32
   for (int i = 0; i < 2; i++) {
     const uint32_t k = i == 0 ? pend0 : pend1;
     if (k == kNoPart) continue;
-    const uint32_t wf = sp.warp_of(k * sp.Gr), wl = sp.warp_of(k * sp.Gr + sp.Gr - 1);
-    uint32_t old = 0;
+    uint32_t wf, wl, old = 0;
+    sp.contributors(k, &wf, &wl);
     if (lane == 0) old = atomicInc(ctr + k, wl - wf);
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != wl - wf) continue;
     asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
-    /* the first contributor's piece is its last (slot 2 wf + 1) unless its range starts in k */
-    const uint32_t slot0 = 2 * wf + (sp.start(wf) < k * sp.Gr ? 1u : 0u);
+    const uint32_t slot0 = sp.part_slot(wf, k); /* the others' are 2 v: k holds their first piece */
     for (uint32_t e = lane; e < per; e += 32) {
       float sum = __ldcg(part + (uint64_t)slot0 * per + e);
       for (uint32_t v = wf + 1; v <= wl; v += 8) { /* 8 loads in flight, then their sums in order */

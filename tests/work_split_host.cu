@@ -1,0 +1,123 @@
+/*
+ * work_split_host.cu - kernels/work.cuh's split of row groups among warps run on the CPU, for
+ * test_work_split.c: make_split, Split's index arithmetic (start, warp_of, group_of by Div32,
+ * contributors, part_slot) and every warp's Cursor walk, batch by batch, exactly as the kernels
+ * run them (they are NWC_HD), against what the split promises.
+ */
+#include "work.cuh"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" int nwc_test_work_split(uint64_t groups, uint32_t S, uint32_t G, uint64_t warps, unsigned D,
+                                   char *msg, size_t len);
+
+namespace {
+
+using namespace nwc_k;
+
+int fail(char *msg, size_t len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, len, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* One warp's pieces: entry, slots, whether a part and which slot it wrote. */
+struct Piece {
+  uint32_t k, s0, s_end, slot;
+  bool part;
+};
+
+template <int Dc>
+int walk(const Split &sp, uint64_t groups, uint8_t *seen, uint32_t *owner, char *msg, size_t len) {
+  for (uint32_t w = 0; w < sp.W; w++) {
+    const uint32_t j0 = sp.start(w), j_end = sp.start(w + 1);
+    if (j_end <= j0) return fail(msg, len, "warp %u has no granule (%u .. %u)", w, j0, j_end);
+    for (uint32_t j = j0; j < j_end; j += (j_end - j0 + 7) / 8)
+      if (sp.warp_of(j) != w) return fail(msg, len, "warp_of(%u) = %u, not %u", j, sp.warp_of(j), w);
+    if (sp.warp_of(j_end - 1) != w) return fail(msg, len, "warp_of(%u) = %u, not %u", j_end - 1, sp.warp_of(j_end - 1), w);
+    Cursor<Dc> c{};
+    c.j = j0;
+    c.open(sp, j0, j_end, nullptr, 0);
+    Piece first{}, last{};
+    uint32_t np = 0, k_prev = 0, s_prev = 0;
+    while (c.valid) {
+      if (c.s == c.s0) { /* a new piece: the one before it, unless the warp's first, was a middle one */
+        if (np > 1 && last.part) return fail(msg, len, "warp %u: a middle piece (entry %u) is a part", w, last.k);
+        if (c.first != (np == 0)) return fail(msg, len, "warp %u piece %u: first is %d", w, np, c.first);
+        if (c.s0 % sp.G) return fail(msg, len, "warp %u: piece starts at slot %u, not a granule", w, c.s0);
+        last = Piece{c.k, c.s0, c.s_end, sp.part_slot(w, c.k), !c.whole(sp)};
+        if (np++ == 0) first = last;
+      }
+      const uint32_t e = c.end();
+      if (e <= c.s || e > c.s_end || e - c.s > (uint32_t)Dc || (e - 1) / 16 != c.s / 16)
+        return fail(msg, len, "warp %u: batch %u .. %u of piece %u .. %u", w, c.s, e, c.s0, c.s_end);
+      if (np + (c.s != c.s0) > 1 && (c.k < k_prev || (c.k == k_prev && c.s < s_prev)))
+        return fail(msg, len, "warp %u walks backwards", w);
+      for (uint32_t s = c.s; s < e; s++) {
+        uint8_t *v = seen + (uint64_t)c.k * sp.S + s;
+        if (*v) return fail(msg, len, "entry %u slot %u streamed twice (warp %u)", c.k, s, w);
+        *v = 1;
+      }
+      k_prev = c.k, s_prev = c.s;
+      c.next(sp, j0, j_end, nullptr, 0);
+    }
+    const Piece *ends[2] = {&first, np > 1 ? &last : nullptr};
+    for (int i = 0; i < 2; i++) {
+      const Piece *pc = ends[i];
+      if (!pc || !pc->part) continue;
+      if (pc->slot != 2 * w + (uint32_t)i) return fail(msg, len, "warp %u: part_slot %u for its %s piece", w, pc->slot,
+                                                     i ? "last" : "first");
+      if (owner[pc->slot] != UINT32_MAX) return fail(msg, len, "warp %u: two parts in slot %u", w, pc->slot);
+      owner[pc->slot] = pc->k;
+    }
+  }
+  for (uint64_t i = 0; i < groups * sp.S; i++)
+    if (!seen[i]) return fail(msg, len, "entry %llu slot %llu never streamed", (unsigned long long)(i / sp.S),
+                              (unsigned long long)(i % sp.S));
+  /* every entry's parts: exactly the warps contributors() names, in the slots the last one reads */
+  for (uint32_t k = 0; k < groups; k++) {
+    uint32_t wf, wl;
+    sp.contributors(k, &wf, &wl);
+    uint32_t n = 0;
+    for (uint32_t s = 2 * wf; s <= 2 * wl + 1; s++) n += owner[s] == k;
+    if (wf == wl) {
+      if (n) return fail(msg, len, "entry %u: one warp (%u) but %u parts", k, wf, n);
+      continue;
+    }
+    if (n != wl - wf + 1) return fail(msg, len, "entry %u: %u parts from warps %u .. %u", k, n, wf, wl);
+    if (owner[sp.part_slot(wf, k)] != k) return fail(msg, len, "entry %u: first part not in slot %u", k, sp.part_slot(wf, k));
+    for (uint32_t v = wf + 1; v <= wl; v++)
+      if (owner[2 * v] != k) return fail(msg, len, "entry %u: warp %u's part not in slot %u", k, v, 2 * v);
+  }
+  return 0;
+}
+
+} /* namespace */
+
+/* 0 when the split of `groups` row groups of S slots in granules of G among at most `warps` warps,
+ * walked in batches of D (2 or 4), keeps every promise of work.cuh; else -1 and what broke in msg. */
+extern "C" int nwc_test_work_split(uint64_t groups, uint32_t S, uint32_t G, uint64_t warps, unsigned D,
+                                   char *msg, size_t len) {
+  Split sp;
+  int rc = make_split(groups, S, G, warps, 0, &sp);
+  if (rc < 0) return fail(msg, len, "make_split: %d", rc);
+  if (sp.W > sp.Ng || sp.W > warps || sp.start(0) != 0 || sp.start(sp.W) != sp.Ng)
+    return fail(msg, len, "W %u, Ng %u, start(W) %u", sp.W, sp.Ng, sp.start(sp.W));
+  for (uint32_t j = 0; j < sp.Ng; j += 1 + sp.Ng / 4096)
+    if (sp.group_of(j) != j / sp.Gr) return fail(msg, len, "group_of(%u) = %u, Gr %u", j, sp.group_of(j), sp.Gr);
+  uint8_t *seen = static_cast<uint8_t *>(calloc(groups * S, 1));
+  uint32_t *owner = static_cast<uint32_t *>(malloc(2 * (size_t)sp.W * sizeof *owner));
+  if (!seen || !owner) {
+    free(seen), free(owner);
+    return fail(msg, len, "out of memory");
+  }
+  memset(owner, 0xff, 2 * (size_t)sp.W * sizeof *owner);
+  rc = D == 2 ? walk<2>(sp, groups, seen, owner, msg, len) : walk<4>(sp, groups, seen, owner, msg, len);
+  free(seen), free(owner);
+  return rc;
+}
