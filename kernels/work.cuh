@@ -162,16 +162,24 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32
     if (old != wl - wf) continue;
     asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
     const uint32_t slot0 = sp.part_slot(wf, k); /* the others' are 2 v: k holds their first piece */
-    for (uint32_t e = lane; e < per; e += 32) {
-      float sum = __ldcg(part + (uint64_t)slot0 * per + e);
-      for (uint32_t v = wf + 1; v <= wl; v += 8) { /* 8 loads in flight, then their sums in order */
-        float t[8];
+    /* A lane adds value e of the parts of a run of contributors, 16 loads in flight (these loads are
+     * the tail of a small matvec).  With per <= 16 (one column) lanes e and e + 16 take the first
+     * and the second half of the contributors and their sums are added after, in that order. */
+    const uint32_t span = per <= 16 ? 16 : 32, h = lane / span, mid = wf + (wl - wf + 2) / 2;
+    const uint32_t v0 = span == 32 ? wf : h ? mid : wf, v1 = span == 32 || h ? wl + 1 : mid;
+    for (uint32_t e0 = 0; e0 < per; e0 += span) {
+      const uint32_t e = e0 + lane % span;
+      float sum = 0.f;
+      for (uint32_t v = v0; e < per && v < v1; v += 16) {
+        float t[16];
 #pragma unroll
-        for (uint32_t i = 0; i < 8; i++) t[i] = v + i <= wl ? __ldcg(part + (uint64_t)(2 * (v + i)) * per + e) : 0.f;
+        for (uint32_t i = 0; i < 16; i++)
+          t[i] = v + i < v1 ? __ldcg(part + (uint64_t)(v + i == wf ? slot0 : 2 * (v + i)) * per + e) : 0.f;
 #pragma unroll
-        for (uint32_t i = 0; i < 8; i++) sum += t[i];
+        for (uint32_t i = 0; i < 16; i++) sum += t[i];
       }
-      put(k, e, sum);
+      if (span == 16) sum += __shfl_down_sync(0xffffffffu, sum, 16);
+      if (e < per && h == 0) put(k, e, sum);
     }
   }
 }
