@@ -23,6 +23,7 @@
  */
 #include "client_internal.h"
 #include "nwc_client.h"
+#include "nwc_number.h"
 
 #include "nwc_proto.h"
 
@@ -336,15 +337,8 @@ int nwc__client_shm(nwc_client *c, uint64_t need) {
   }
   uint64_t size = SHM_DEFAULT;
   const char *env = getenv("NWC_CLIENT_SHM_BYTES");
-  if (env && *env) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(env, &end, 10);
-    if (errno || *end || v < INLINE_MAX || v > (UINT64_C(1) << 40))
-      return nwc__client_fail(-EINVAL, "NWC_CLIENT_SHM_BYTES=%s: a byte count from %u to 2^40", env,
-                              INLINE_MAX);
-    size = v;
-  }
+  if (env && *env && (!nwc__u64_of(env, UINT64_C(1) << 40, &size) || size < INLINE_MAX))
+    return nwc__client_fail(-EINVAL, "NWC_CLIENT_SHM_BYTES=%s: a byte count from %u to 2^40", env, INLINE_MAX);
   if (need > size) size = need;
   size = (size + 0xfffff) & ~0xfffffull;
   int fd = memfd_create("nwc-client", MFD_CLOEXEC | MFD_ALLOW_SEALING);

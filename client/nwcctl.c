@@ -7,6 +7,7 @@
  */
 #include "nwc_client.h"
 #include "nwc_escape.h"
+#include "nwc_number.h"
 #include "size_text.h"
 
 #include <ctype.h>
@@ -102,19 +103,9 @@ static int split_tensor(const char *arg, char *model, size_t mcap, const char **
   return -1;
 }
 
-/* Whether s is a decimal number no larger than max (digits only), into *out. */
-static bool u64_of(const char *s, uint64_t max, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
-  if (s[0] < '0' || s[0] > '9' || *end || errno || v > max) return false;
-  *out = v;
-  return true;
-}
-
 /* Strict parses of a command-line value: 0, or -1 after saying what was expected (bad usage). */
 static int parse_u64(const char *what, const char *s, uint64_t max, uint64_t *out) {
-  if (!u64_of(s, max, out)) {
+  if (!nwc__u64_of(s, max, out)) {
     if (max == UINT64_MAX) fprintf(stderr, "%s: %s: %s: expected a whole number, got '%s'\n", prog, cmd, what, s);
     else fprintf(stderr, "%s: %s: %s: expected 0..%llu, got '%s'\n", prog, cmd, what, (unsigned long long)max, s);
     return -1;
@@ -514,7 +505,7 @@ static int cmd_import(int argc, char **argv) {
         return fprintf(stderr, "%s: import: --elem: expected bf16 or fp8, got '%s'\n", prog, argv[i]), 2;
     } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
       if (!strcmp(argv[++i], "auto")) o.layout = NWC_CLIENT_LAYOUT_AUTO;
-      else if (u64_of(argv[i], 2, &layout)) o.layout = (unsigned)layout;
+      else if (nwc__u64_of(argv[i], 2, &layout)) o.layout = (unsigned)layout;
       else return fprintf(stderr, "%s: import: --layout: expected auto, 0, 1 or 2, got '%s'\n", prog, argv[i]), 2;
     } else if (unknown_option(argv[i])) {
       return 2;

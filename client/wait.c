@@ -27,6 +27,7 @@
  * rest of a frame that is on its way is read sleeping, as it arrives at once.
  */
 #include "client_internal.h"
+#include "nwc_number.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -46,14 +47,8 @@ static int64_t now_us(void) {
 
 int nwc__waiter_init(nwc_waiter *w) {
   const char *env = getenv("NWC_CLIENT_SPIN_US");
-  unsigned long us = SPIN_DEFAULT_US;
-  if (env && *env) {
-    char *end;
-    errno = 0;
-    us = strtoul(env, &end, 10);
-    if (errno || *end || us > SPIN_MAX_US)
-      return -EINVAL;
-  }
+  uint64_t us = SPIN_DEFAULT_US;
+  if (env && *env && !nwc__u64_of(env, SPIN_MAX_US, &us)) return -EINVAL;
   w->spin_us = w->window_us = (uint32_t)us;
   return 0;
 }
