@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """nwc_torch_bench.py - nwc.torch on a GPU against the same model in BF16 (JSON lines).
 
-    bench/nwc_torch_bench.py BUILD_DIR [--layers N] [--layout 0|2] [--tokens T] [--prompt P]
+    bench/nwc_torch_bench.py BUILD_DIR [--layers N] [--layout 0|1|2] [--tokens T] [--prompt P]
                              [--new G] [--device N] [--seed S]
 
 A Qwen3-style model made by transformers from a config with Qwen3-4B's widths (hidden 2560, MLP
@@ -64,7 +64,7 @@ def args() -> argparse.Namespace:
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]))
     ap.add_argument("build", help="the build tree (with daemon/nwcd, client/nwcctl, python/nwc)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
-    ap.add_argument("--layout", type=int, choices=(0, 2), default=0, help="nwc layout")
+    ap.add_argument("--layout", type=int, choices=(0, 1, 2), default=0, help="nwc layout")
     ap.add_argument("--tokens", type=int, default=64, help="teacher-forced tokens (64)")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens for decoding (16)")
     ap.add_argument("--new", type=int, default=64, help="tokens decoded greedily (64)")

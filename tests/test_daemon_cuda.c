@@ -42,7 +42,7 @@
  *   6. (Then, where the machine has a second GPU.)  A tensor and then the whole sample on cuda:1:
  *      matvec and dequant right there, a load onto cuda:0 refused, cuda:1's memory back after
  *      evicting everything.
- *   8. (After 4.)  Layout 2: the sample imported with layout 2, each matrix on cuda:0 alone,
+ *   8. (After 4.)  Layouts 2 and 1: the sample imported in each, each matrix on cuda:0 alone,
  *      dequant and gather bit for bit, matvecs of 1 - 3 columns within 1e-5 of fp64.
  *   7. (After 2, on its daemon: 4 MiB per device.)  devices: the host, then one place per GPU
  *      in order, each GPU's budget the 4 MiB given and all of them together what stats sums,
@@ -683,12 +683,15 @@ static void fp8_steps(nwc_client *c) {
   fp8_model_with_bias(c);
 }
 
-/* 8. Layout 2 (the tensor-core kernels): the sample imported with layout 2, each matrix loaded
- * onto cuda:0 alone: dequant and a gather of random rows bit for bit against the original
- * weights, the matvecs of 0 (1 - 3 columns in one launch) within 1e-5 of fp64. */
-static void layout2_steps(nwc_client *c) {
-  nwc_client_import_opts l2 = {.layout = 2};
-  CHECK_RC(nwc_client_import(c, "use2", getenv("NWC_SAMPLE"), &l2, NULL));
+/* 8. Layouts 1 and 2 (the tensor-core kernels): the sample imported in the layout, each matrix
+ * loaded onto cuda:0 alone (one scratch of nwcd's serves them all in turn): dequant and a gather of
+ * random rows bit for bit against the original weights, the matvecs of 0 (1 - 3 columns in one
+ * launch) within 1e-5 of fp64. */
+static void tensor_core_steps(nwc_client *c, unsigned layout) {
+  nwc_client_import_opts o = {.layout = layout};
+  char model[16];
+  snprintf(model, sizeof model, "use%u", layout);
+  CHECK_RC(nwc_client_import(c, model, getenv("NWC_SAMPLE"), &o, NULL));
   unsigned mats = 0;
   for (size_t i = 0; i < td_nt && test_failures == 0; i++) {
     const td_tensor *t = &td_t[i];
@@ -696,15 +699,15 @@ static void layout2_steps(nwc_client *c) {
     if (M < 2) continue;
     uint16_t *want = malloc(n * 2);
     memcpy(want, t->w, n * 2); /* the sample's view is unaligned */
-    gpu_rows_check(c, "use2", t, want);
-    shared_tensor(c, "use2", t, NULL);
-    CHECK_RC(nwc_client_evict(c, "use2", t->name, NULL));
+    gpu_rows_check(c, model, t, want);
+    shared_tensor(c, model, t, NULL);
+    CHECK_RC(nwc_client_evict(c, model, t->name, NULL));
     mats++;
     free(want);
   }
-  printf("layout 2 on cuda:0: %u matrices: dequant and gather bit for bit, matvec ok\n", mats);
-  CHECK(mats > 0, "no matrix in use2");
-  CHECK_RC(nwc_client_remove(c, "use2"));
+  printf("layout %u on cuda:0: %u matrices: dequant and gather bit for bit, matvec ok\n", layout, mats);
+  CHECK(mats > 0, "no matrix in %s", model);
+  CHECK_RC(nwc_client_remove(c, model));
 }
 
 int main(int argc, char **argv) {
@@ -787,7 +790,8 @@ int main(int argc, char **argv) {
         (unsigned long long)free0, (unsigned long long)free1);
   devices_steps(c, ndev, 4u << 20);
   fp8_steps(c);
-  layout2_steps(c);
+  tensor_core_steps(c, 2);
+  tensor_core_steps(c, 1);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   /* 3. again with a budget that allows the large load (the same store) */

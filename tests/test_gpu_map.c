@@ -1,10 +1,10 @@
 /*
  * test_gpu_map.c - GPU maps (map_gpu, libnwc-cuda: docs/gpu-maps.md) on a real nwcd with
- * --backend cuda and the sample model, imported twice (layout 0 as "use", layout 2 as "use2")
- * and loaded onto cuda:0.  Exit 77 without a GPU or the sample.  Client processes are this
+ * --backend cuda and the sample model, imported three times (layout 0 as "use", layout 2 as
+ * "use2", layout 1 as "use1") and loaded onto cuda:0.  Exit 77 without a GPU or the sample.  Client processes are this
  * program re-executed with a role (argv[1]); they talk to the parent over pipes.
  *
- *   1. Two client processes ("check") map both models whole at once and check every tensor
+ *   1. Two client processes ("check") map the three models whole at once and check every tensor
  *      against the original weights: dequant, the rows from a random row group on
  *      (nwc_cuda_dequant_rows) and a gather of rows (first, last, random) bit for bit,
  *      matvecs of 1..8 columns (fp32 and BF16 in one call: BF16 the rounding of fp32)
@@ -246,8 +246,8 @@ static int role_check(const char *sock) {
   CU(cudaSetDevice(0));
   cudaStream_t st;
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const char *models[2] = {"use", "use2"};
-  for (int mi = 0; mi < 2; mi++) {
+  const char *models[3] = {"use", "use2", "use1"};
+  for (int mi = 0; mi < 3; mi++) {
     nwc_cuda_map *m = NULL;
     int rc = nwc_cuda_map_model(c, models[mi], 0, &m);
     CHECK(rc == 0, "map of %s: %d %s", models[mi], rc, nwc_cuda_last_error());
@@ -715,14 +715,16 @@ int main(int argc, char **argv) {
   if (d <= 0) return td_show_log(), 1;
   nwc_client *c;
   CHECK_RC(nwc_client_connect(td_sock, &c));
-  nwc_client_import_opts l2 = {.layout = 2};
+  nwc_client_import_opts l2 = {.layout = 2}, l1 = {.layout = 1};
   CHECK_RC(nwc_client_import(c, "use", getenv("NWC_SAMPLE"), NULL, NULL));
   CHECK_RC(nwc_client_import(c, "use2", getenv("NWC_SAMPLE"), &l2, NULL));
+  CHECK_RC(nwc_client_import(c, "use1", getenv("NWC_SAMPLE"), &l1, NULL));
   nwc_client_import_opts q8 = {.elem = 1};
   CHECK_RC(nwc_client_import(c, "use8", getenv("NWC_SAMPLE"), &q8, NULL));
   CHECK_RC(nwc_client_load_on(c, "use8", NULL, 0, NULL, NULL, NULL));
   CHECK_RC(nwc_client_load_on(c, "use", NULL, 0, NULL, NULL, NULL));
   CHECK_RC(nwc_client_load_on(c, "use2", NULL, 0, NULL, NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use1", NULL, 0, NULL, NULL, NULL));
   CU(cudaSetDevice(0));
   CU(cudaFree(0));
   /* 1. two checking processes at once */

@@ -1,7 +1,7 @@
 """test_gpu.py - the GPU half of the package against a real nwcd with --backend cuda: GPU maps
 (nwc.GpuMap through libnwc-cuda) of the sample model ($NWC_SAMPLE) and of a small model written
 here whose K is not a multiple of 16 (the sample has none: x goes through the staging buffer),
-both imported in layouts 0 and 2, and nwc.torch on CUDA.
+both imported in layouts 0, 1 and 2, and nwc.torch on CUDA.
 
   - dequant and gather bit for bit against the safetensors files' BF16 values (gather from host
     and from device indices); dequant_rows of random aligned ranges likewise;
@@ -72,7 +72,7 @@ def refs(gpu_daemon, rng):
     return {"use": (SAMPLE, read_safetensors(SAMPLE)), "pad": (path, pad)}
 
 
-@pytest.fixture(scope="module", params=[0, 2])
+@pytest.fixture(scope="module", params=[0, 1, 2])
 def maps(request, client, refs):
     """Per layout: [(GpuMap of the whole model, {name: bits as [rows, cols]})] for both models."""
     out = []
