@@ -368,9 +368,9 @@ struct MatvecSink {
       if (n >= (int)a.ncols) break;
       const float *p = a.x + n * a.ldx + col;
       if (col + D <= a.K) {
-        if (D == 4) {
+        if constexpr (D == 4) {
           const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
-          xv[n][0] = v.x, xv[n][1] = v.y, xv[n][D > 2 ? 2 : 0] = v.z, xv[n][D > 3 ? 3 : 0] = v.w;
+          xv[n][0] = v.x, xv[n][1] = v.y, xv[n][2] = v.z, xv[n][3] = v.w;
         } else {
           const float2 v = __ldg(reinterpret_cast<const float2 *>(p));
           xv[n][0] = v.x, xv[n][1] = v.y;
@@ -396,8 +396,8 @@ struct MatvecSink {
 #pragma unroll
       for (int pt = 0; pt < (int)kParts; pt++) {
         uint8_t *dst = stg + (k * kParts * C + kParts * n + pt) * 64 + off;
-        if (D == 4)
-          *reinterpret_cast<uint2 *>(dst) = make_uint2(prmt(p[0][pt], p[1][pt], 0x7632u), prmt(p[D > 2 ? 2 : 0][pt], p[D > 3 ? 3 : 1][pt], 0x7632u));
+        if constexpr (D == 4)
+          *reinterpret_cast<uint2 *>(dst) = make_uint2(prmt(p[0][pt], p[1][pt], 0x7632u), prmt(p[2][pt], p[3][pt], 0x7632u));
         else
           *reinterpret_cast<uint32_t *>(dst) = prmt(p[0][pt], p[1][pt], 0x7632u);
       }
@@ -766,36 +766,37 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
 }
 
 /* The checks and sinks of dequant or gather (rows != NULL: n requested rows) and of a range of
- * rows, for layouts 1 and 2 alike: g has M, K16 and RB; launch(groups, first, sink, n) runs the
- * layout's kernel. */
-template <class G, class Launch>
-static int rows_call(const G &g, const uint64_t *rows, uint64_t n, uint16_t *out, Launch launch) {
+ * rows, for layouts 1 and 2 alike: G has M, K16 and RB; launch(g, groups, first, sink, n, stream)
+ * runs the layout's kernel. */
+template <class G>
+using RowsLaunch = int (*)(const G &, uint64_t, uint32_t, const RowsSink &, uint64_t, cudaStream_t);
+template <class G>
+static int rows_call(const G &g, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream,
+                     RowsLaunch<G> launch) {
   if (!out || (uintptr_t)out % 16) return -EINVAL;
   if (rows && n == 0) return 0;
-  return launch(g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n);
+  return launch(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
 }
-template <class G, class Launch>
-static int range_call(const G &g, uint64_t row0, uint64_t nrows, uint16_t *out, Launch launch) {
+template <class G>
+static int range_call(const G &g, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream,
+                      RowsLaunch<G> launch) {
   if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
   if (nrows == 0) return 0;
   const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
-  return launch(groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16}, 0);
+  return launch(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16}, 0,
+                stream);
 }
 
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
   L2Geom g;
   int rc = l2_geom_of(t, &g);
-  return rc < 0 ? rc : rows_call(g, rows, n, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
-    return launch_rows(g, groups, first, sink, k, stream);
-  });
+  return rc < 0 ? rc : rows_call(g, rows, n, out, stream, launch_rows);
 }
 
 int l2_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
   L2Geom g;
   int rc = l2_geom_of(t, &g);
-  return rc < 0 ? rc : range_call(g, row0, nrows, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
-    return launch_rows(g, groups, first, sink, k, stream);
-  });
+  return rc < 0 ? rc : range_call(g, row0, nrows, out, stream, launch_rows);
 }
 
 /* ---- layout 1: the same stream and sinks on L1Source (layout1.cuh) ------------------------- */
@@ -864,17 +865,13 @@ static int launch_l1_rows(const L1Geom &g, uint64_t groups, uint32_t first, cons
 int l1_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
   L1Geom g;
   int rc = l1_geom_of(t, &g);
-  return rc < 0 ? rc : rows_call(g, rows, n, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
-    return launch_l1_rows(g, groups, first, sink, k, stream);
-  });
+  return rc < 0 ? rc : rows_call(g, rows, n, out, stream, launch_l1_rows);
 }
 
 int l1_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
   L1Geom g;
   int rc = l1_geom_of(t, &g);
-  return rc < 0 ? rc : range_call(g, row0, nrows, out, [&](uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t k) {
-    return launch_l1_rows(g, groups, first, sink, k, stream);
-  });
+  return rc < 0 ? rc : range_call(g, row0, nrows, out, stream, launch_l1_rows);
 }
 
 } /* namespace nwc_k */

@@ -26,9 +26,9 @@ int fail(char *msg, size_t len, const char *fmt, ...) {
   return -1;
 }
 
-/* One warp's pieces: entry, slots, whether a part and which slot it wrote. */
+/* A warp's piece: its entry, the part slot it would write, and whether it is a part. */
 struct Piece {
-  uint32_t k, s0, s_end, slot;
+  uint32_t k, slot;
   bool part;
 };
 
@@ -45,25 +45,26 @@ int walk(const Split &sp, uint64_t groups, uint8_t *seen, uint32_t *owner, char 
     c.open(sp, j0, j_end, nullptr, 0);
     Piece first{}, last{};
     uint32_t np = 0, k_prev = 0, s_prev = 0;
+    bool any = false; /* a batch walked before this one */
     while (c.valid) {
       if (c.s == c.s0) { /* a new piece: the one before it, unless the warp's first, was a middle one */
         if (np > 1 && last.part) return fail(msg, len, "warp %u: a middle piece (entry %u) is a part", w, last.k);
         if (c.first != (np == 0)) return fail(msg, len, "warp %u piece %u: first is %d", w, np, c.first);
         if (c.s0 % sp.G) return fail(msg, len, "warp %u: piece starts at slot %u, not a granule", w, c.s0);
-        last = Piece{c.k, c.s0, c.s_end, sp.part_slot(w, c.k), !c.whole(sp)};
+        last = Piece{c.k, sp.part_slot(w, c.k), !c.whole(sp)};
         if (np++ == 0) first = last;
       }
       const uint32_t e = c.end();
       if (e <= c.s || e > c.s_end || e - c.s > (uint32_t)Dc || (e - 1) / 16 != c.s / 16)
         return fail(msg, len, "warp %u: batch %u .. %u of piece %u .. %u", w, c.s, e, c.s0, c.s_end);
-      if (np + (c.s != c.s0) > 1 && (c.k < k_prev || (c.k == k_prev && c.s < s_prev)))
+      if (any && (c.k < k_prev || (c.k == k_prev && c.s <= s_prev)))
         return fail(msg, len, "warp %u walks backwards", w);
       for (uint32_t s = c.s; s < e; s++) {
         uint8_t *v = seen + (uint64_t)c.k * sp.S + s;
         if (*v) return fail(msg, len, "entry %u slot %u streamed twice (warp %u)", c.k, s, w);
         *v = 1;
       }
-      k_prev = c.k, s_prev = c.s;
+      any = true, k_prev = c.k, s_prev = c.s;
       c.next(sp, j0, j_end, nullptr, 0);
     }
     const Piece *ends[2] = {&first, np > 1 ? &last : nullptr};
