@@ -93,6 +93,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef __SANITIZE_THREAD__
+#include <sanitizer/tsan_interface.h> /* __tsan_acquire, __tsan_release: the rings' order below */
+#endif
+
 #define ENTRIES 64u           /* io_uring entries = the most reads in flight */
 #define DEPTH_DEFAULT 32u
 #define READ_MAX (4u << 20)   /* default largest read, and the default ring slot */
@@ -297,32 +301,38 @@ static void check_ready(struct load *L) {
 
 /* ---- engines ------------------------------------------------------------------------------ */
 
+/* liburing maps and unmaps a ring's memory by its own system calls, which ThreadSanitizer does
+ * not see: a ring made where one that another thread had closed lay looked like memory the two
+ * threads shared without synchronization (test_loader under TSan).  The kernel orders the unmap
+ * before the map; under TSan every ring's end releases (before its unmap) and every ring's start
+ * acquires (after its map) one address, so that TSan knows it too. */
 #ifdef __SANITIZE_THREAD__
-/* ThreadSanitizer's annotation (libtsan): the range is new memory, its history forgotten. */
-void AnnotateNewMemory(const char *file, int line, const volatile void *mem, long size);
-/* liburing maps a ring's memory by its own system calls, which ThreadSanitizer does not see: a
- * ring made at the address of one another thread had closed looked like memory the two threads
- * shared without synchronization (test_loader's threads under TSan). */
-static void ring_fresh(struct io_uring *u) {
-  AnnotateNewMemory(__FILE__, __LINE__, u->sq.ring_ptr, (long)u->sq.ring_sz);
-  AnnotateNewMemory(__FILE__, __LINE__, u->cq.ring_ptr, (long)u->cq.ring_sz);
-  AnnotateNewMemory(__FILE__, __LINE__, u->sq.sqes, (long)(u->sq.ring_entries * sizeof *u->sq.sqes));
-}
+static char rings_order;
+#define RINGS_RELEASE() __tsan_release(&rings_order)
+#define RINGS_ACQUIRE() __tsan_acquire(&rings_order)
 #else
-static void ring_fresh(struct io_uring *u) { (void)u; }
+#define RINGS_RELEASE() ((void)0)
+#define RINGS_ACQUIRE() ((void)0)
 #endif
 
 static int engine_init(engine *e) {
   e->broken = false;
   int rc = io_uring_queue_init(ENTRIES, &e->uring, 0);
   NWC_RETURN_IF(rc < 0, rc, "io_uring_queue_init: %s", strerror(-rc));
-  ring_fresh(&e->uring);
+  RINGS_ACQUIRE();
   return 0;
+}
+
+/* The engine's ring closed (engine_init may make a new one); the release comes first, so that it
+ * precedes the unmap that lets another thread's ring take the address. */
+static void engine_ring_exit(engine *e) {
+  RINGS_RELEASE();
+  io_uring_queue_exit(&e->uring);
 }
 
 static void engine_close(engine *e) {
   team_stop(&e->tm);
-  io_uring_queue_exit(&e->uring);
+  engine_ring_exit(e);
 }
 
 static void engine_free(void *p) {
@@ -754,7 +764,7 @@ int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts
   if (!ro.read_size) ro.read_size = r->slot_size;
   pthread_mutex_lock(&r->lock);
   if (r->eng.broken) { /* the last load's io_uring failed: a fresh one */
-    io_uring_queue_exit(&r->eng.uring);
+    engine_ring_exit(&r->eng);
     int rc = engine_init(&r->eng);
     if (rc < 0) {
       r->eng.broken = true;
