@@ -164,7 +164,9 @@ struct L1Source {
   }
 
   template <class Cur>
-  __device__ __forceinline__ void prologue(const Cur &) const {}
+  __device__ __forceinline__ uint32_t prologue(const Cur &) const {
+    return 0;
+  }
 
   template <class Cur>
   __device__ __forceinline__ void begin(const Cur &c, uint32_t set, bool) {

@@ -171,14 +171,16 @@ struct L2Source {
 
   /* Before griddepcontrol.wait, for the first batch c (issued bare): the first block's entries by
    * plain loads, bases, then the window (a chain of two latencies that would otherwise follow the
-   * planes'), while the kernel before may still run. */
+   * planes'), while the kernel before may still run.  Returns a value made of the loads' results,
+   * for grid_wait_after. */
   template <class Cur>
-  __device__ __forceinline__ void prologue(const Cur &c) {
+  __device__ __forceinline__ uint32_t prologue(const Cur &c) {
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16, b0 = __ldg(g.bases + b), b1 = __ldg(g.bases + b + 1);
     ex.n = __ldg(g.hdr + b * 32 + lane), ex.p = g.data + b0;
     ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
     ex.pre = warp_exclusive_sum(ex.n);
+    return ex.win ^ ex.pre;
   }
 
   /* This batch's set; when it starts a block (other than the prologue's: fresh), the block's
@@ -254,6 +256,16 @@ struct L2Source {
   }
 };
 
+/* griddepcontrol.wait once `token` is known.  ptxas moves loads issued before the wait
+ * (ld.global.nc, which it may reorder with the wait) to after it, where their latency follows the
+ * kernel before instead of overlapping it (seen in the SASS: the prologue's loads after ACQBULK);
+ * the wait predicated on a value made of their results, both ways so that it always runs, stays
+ * behind them. */
+__device__ __forceinline__ void grid_wait_after(uint32_t token) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(token)
+               : "memory");
+}
+
 /*
  * Streams a warp's range (work.cuh: granules of the split's G slots, 1 or 2 for layout 2, whole
  * blocks for layout 1) batch by batch (Cursor::end: up to D slots, never across a block) from a
@@ -280,10 +292,9 @@ __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint6
   src.issue(ld, 0, true);
   c = ld;
   ld.next(sp, j0, j_end, rows, M);
-  src.prologue(c);
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
    * and may write what it read.  Everything above reads only the weights. */
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  grid_wait_after(src.prologue(c));
   sink.load_x(c);
   for (uint32_t set = 0, fresh = 1; c.valid; set ^= 1u, fresh = 0) {
     const Cursor<D> nx = ld; /* the next batch, started now */
