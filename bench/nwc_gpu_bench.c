@@ -2,11 +2,13 @@
  * nwc_gpu_bench.c - the CUDA kernels (layouts 0, 1 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
- *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--token-step] [--no-shapes]
+ *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--no-shapes]
  *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
  *
  * --layout picks the tensors' layout (BF16 and fp8; fp8 with 1 column), --cols the columns of x
- * multiplied in one call, against cublasGemmEx with as many columns.  --token-step adds every
+ * multiplied in one call, against cublasGemmEx with as many columns; --x the type of x that nwc
+ * reads (fp32 by default: nwc_k_matvec_cols; bf16: nwc_k_matvec_cols_bf16x, layouts 1 and 2, the
+ * same BF16 x that cuBLAS reads).  --token-step adds every
  * linear of a Qwen3-4B-shaped model in one graph (bench_token_step); --no-shapes leaves out the
  * nine shapes and the sample.
  *
@@ -48,6 +50,7 @@ static cublasHandle_t blas;
 static double l2_bytes, floor_bps = 4.52e12, sm_clock_hz;
 static int sms, quick;
 static unsigned layout, ncols = 1; /* --layout, --cols */
+static int x_bf16;                  /* --x bf16 */
 static int token_step;             /* --token-step */
 
 /* ---- random weights ----------------------------------------------------------------------- */
@@ -167,6 +170,7 @@ typedef struct nwc_side {
   nwc_k_tensor t[MAX_COPIES];
   int copies;
   float *x, *bias, *scratch;
+  uint16_t *xb; /* x in BF16 (--x bf16) */
   uint64_t ldx; /* K16: the columns of x */
   uint16_t *y;
   double bytes; /* compressed bytes a call reads */
@@ -174,8 +178,12 @@ typedef struct nwc_side {
 
 static void nwc_linear_call(void *ctx, int c) {
   nwc_side *s = ctx;
-  NW(nwc_k_matvec_cols(&s->t[c], s->x, ncols, s->ldx, s->bias, NULL, s->y, s->t[c].rows, s->scratch,
-                       stream));
+  if (x_bf16)
+    NW(nwc_k_matvec_cols_bf16x(&s->t[c], s->xb, ncols, s->ldx, s->bias, NULL, s->y, s->t[c].rows, s->scratch,
+                               stream));
+  else
+    NW(nwc_k_matvec_cols(&s->t[c], s->x, ncols, s->ldx, s->bias, NULL, s->y, s->t[c].rows, s->scratch,
+                         stream));
 }
 
 typedef struct { nwc_side *s; uint16_t *out; } dq_ctx;
@@ -219,6 +227,7 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   int64_t scratch = nwc_k_scratch_bytes(&s->t[0], ncols);
   NW(scratch);
   CU(cudaMalloc((void **)&s->x, s->ldx * ncols * 4));
+  CU(cudaMalloc((void **)&s->xb, s->ldx * ncols * 2));
   CU(cudaMalloc((void **)&s->bias, t->rows * 4));
   CU(cudaMalloc((void **)&s->scratch, (size_t)scratch));
   CU(cudaMemset(s->scratch, 0, (size_t)scratch)); /* zeroed once (nwc_k_scratch_bytes), */
@@ -227,14 +236,19 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   CU(cudaMemset(s->bias, 0, t->rows * 4));
 }
 
-/* x: ncols columns of K16 floats */
+/* x: ncols columns of K16 floats (and as BF16) */
 static void nwc_side_set_x(nwc_side *s, const float *x, uint64_t K16) {
   CU(cudaMemcpy(s->x, x, K16 * ncols * 4, cudaMemcpyHostToDevice));
+  uint16_t *xb = malloc(K16 * ncols * 2);
+  if (!xb) DIE("out of memory");
+  for (uint64_t i = 0; i < K16 * ncols; i++) xb[i] = nwc_f32_to_bf16(x[i]);
+  CU(cudaMemcpy(s->xb, xb, K16 * ncols * 2, cudaMemcpyHostToDevice));
+  free(xb);
 }
 
 static void nwc_side_free(nwc_side *s) {
   for (int i = 0; i < s->copies; i++) nwc_k_tensor_free(&s->t[i]);
-  cudaFree(s->x), cudaFree(s->bias), cudaFree(s->scratch), cudaFree(s->y);
+  cudaFree(s->x), cudaFree(s->xb), cudaFree(s->bias), cudaFree(s->scratch), cudaFree(s->y);
 }
 
 typedef struct blas_side {
@@ -360,11 +374,11 @@ static void bench_shape(uint64_t M, uint64_t K) {
   row->floor_us = ns.bytes / floor_bps * 1e6;
   row->ratio_bytes = ns.bytes / ((double)M * K * 2);
   row->clk64 = clk64(row->nwc_us, M, K);
-  printf("{\"bench\":\"linear_bf16\",\"layout\":%u,\"cols\":%u,\"shape\":\"%s\",\"nwc_graph_us\":%.2f,\"nwc_single_us\":%.2f,"
+  printf("{\"bench\":\"linear_bf16\",\"layout\":%u,\"cols\":%u,\"x\":\"%s\",\"shape\":\"%s\",\"nwc_graph_us\":%.2f,\"nwc_single_us\":%.2f,"
          "\"cublas_graph_us\":%.2f,\"cublas_single_us\":%.2f,\"speedup_graph\":%.3f,"
          "\"nwc_bytes\":%.0f,\"bytes_ratio\":%.4f,\"floor_us\":%.2f,\"nwc_tbps\":%.3f,"
          "\"cublas_tbps\":%.3f,\"clk_per_64w\":%.2f,\"copies\":[%d,%d],\"max_rel_diff_vs_cublas\":%.2e}\n",
-         layout, ncols, row->name, row->nwc_us, row->nwc_single, row->blas_us, row->blas_single,
+         layout, ncols, x_bf16 ? "bf16" : "fp32", row->name, row->nwc_us, row->nwc_single, row->blas_us, row->blas_single,
          row->blas_us / row->nwc_us, ns.bytes, row->ratio_bytes, row->floor_us,
          ns.bytes / row->nwc_us * 1e-6, (double)M * K * 2 / row->blas_us * 1e-6, row->clk64,
          ns.copies, bs.copies, agree);
@@ -505,10 +519,10 @@ static void bench_token_step(void) {
   double nu, nsg, bu, bsg;
   time_calls(step_nwc, &m, 1, &nu, &nsg);
   time_calls(step_blas, &m, 1, &bu, &bsg);
-  printf("{\"bench\":\"token_step\",\"model\":\"qwen3-4b-shaped\",\"layout\":%u,\"cols\":%u,"
+  printf("{\"bench\":\"token_step\",\"model\":\"qwen3-4b-shaped\",\"layout\":%u,\"cols\":%u,\"x\":\"%s\","
          "\"linears\":%d,\"weights\":%.0f,\"nwc_bytes\":%.0f,\"bytes_ratio\":%.4f,\"nwc_graph_us\":%.1f,"
          "\"cublas_graph_us\":%.1f,\"speedup_graph\":%.3f,\"nwc_tbps\":%.3f,\"cublas_tbps\":%.3f}\n",
-         layout, ncols, STEP_LAYERS * (STEP_MATS - 1) + 1, weights, nbytes, nbytes / (weights * 2), nu, bu,
+         layout, ncols, x_bf16 ? "bf16" : "fp32", STEP_LAYERS * (STEP_MATS - 1) + 1, weights, nbytes, nbytes / (weights * 2), nu, bu,
          bu / nu, nbytes / nu * 1e-6, weights * 2 / bu * 1e-6);
   struct row *row = &rows[nrows++];
   snprintf(row->name, sizeof row->name, "token step (%d linears)", STEP_LAYERS * (STEP_MATS - 1) + 1);
@@ -584,14 +598,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--floor-tbps") && i + 1 < argc) floor_bps = atof(argv[++i]) * 1e12;
     else if (!strcmp(argv[i], "--layout") && i + 1 < argc) layout = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--cols") && i + 1 < argc) ncols = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--x") && i + 1 < argc && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
+      x_bf16 = !strcmp(argv[++i], "bf16");
     else if (!strcmp(argv[i], "--token-step")) token_step = 1;
     else if (!strcmp(argv[i], "--no-shapes")) nshapes = 0, sample = NULL;
-    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--token-step] [--no-shapes] "
+    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--no-shapes] "
              "[--sample FILE] [--floor-tbps T] [--shape MxK]...");
   }
   if (layout > 2 || ncols < 1 || ncols > 8) {
     DIE("--layout takes 0, 1 or 2 and --cols 1..8 (layout %u, cols %u)", layout, ncols);
   }
+  if (x_bf16 && layout == 0) DIE("--x bf16 takes layout 1 or 2: layout 0's kernels read fp32 x");
   int dev = 0, l2 = 0, clk = 0, drv = 0;
   CU(cudaGetDevice(&dev));
   struct cudaDeviceProp prop;

@@ -101,6 +101,13 @@ NWC_CUDA_API uint64_t nwc_cuda_scratch_bytes(const nwc_cuda_map *m);
 NWC_CUDA_API int nwc_cuda_matvec(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float *x,
                                  unsigned ncols, uint64_t ldx, const float *bias, float *y,
                                  uint16_t *y_bf16, uint64_t ldy, cudaStream_t stream);
+/* nwc_cuda_matvec with X in BF16, as engines hold activations (nwc_k_matvec_cols_bf16x): column
+ * c at x + c * ldx (device memory, 16-byte aligned, ldx a multiple of 8 and >= K), its first K
+ * elements read; 8 columns cost about what one does.  Layouts 1 and 2: -ENOTSUP for layout 0,
+ * whose kernels read fp32 x (use nwc_cuda_matvec). */
+NWC_CUDA_API int nwc_cuda_matvec_bf16x(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const uint16_t *x,
+                                       unsigned ncols, uint64_t ldx, const float *bias, float *y,
+                                       uint16_t *y_bf16, uint64_t ldy, cudaStream_t stream);
 /* One column, BF16 out: y (rows) = W x + bias; x k16 floats, zero from K on. */
 NWC_CUDA_API int nwc_cuda_linear(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float *x,
                                  const float *bias, uint16_t *y, cudaStream_t stream);

@@ -185,10 +185,10 @@ struct L1Source {
 
 /* The host side of layout 1 (in layout2.cu, beside layout 2's), called by the nwc_k_* entries:
  * checks and geometry of a layout-1 tensor (-ENOTSUP for another layout or type), scratch size,
- * the matvec (1..8 columns), dequant (rows == NULL) or gather, and dequant of a range of rows. */
+ * the matvec (1..8 columns of fp32 or BF16 x), dequant (rows == NULL) or gather, and dequant of a range of rows. */
 int l1_geom_of(const nwc_k_tensor *t, L1Geom *g);
 int64_t l1_scratch_bytes(const L1Geom &g, unsigned ncols);
-int l1_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream);
 int l1_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream);
 /* Rows [row0, row0 + nrows) row-major at out (row stride K16); row0 a multiple of 16. */

@@ -15,15 +15,16 @@
  * slot a lane decodes its A fragments (layout2.cuh) and multiplies them by B fragments that hold
  * x in three BF16 parts, x = hi + mid + lo exactly (hi: x's 8 leading significant bits, mid the
  * next 8 of what remains, lo the rest, which fits BF16: the products are exact, the accumulation
- * fp32).  The parts are B's columns: column 3c + p of the n = 8 T columns of T tiles is part p of
- * x's column c, so one column takes one tile and 8 take three, and a slot costs 2 T
- * mma.m16n8k16 in two accumulator chains per tile.  The warp makes the fragments itself, a batch
+ * fp32); BF16 x (nwc_k_matvec_cols_bf16x) is its own one part.  The parts are B's columns:
+ * column P c + p of the n = 8 T columns of T tiles is part p of x's column c, so one fp32 column
+ * takes one tile and 8 take three, while 8 BF16 columns fill one, and a slot costs 2 T
+ * mma.m16n8k16 in two accumulator chains per tile (the variants: variant_of).  The warp makes the fragments itself, a batch
  * at a time: each lane loads D floats of each column a batch ahead (one coalesced load), cuts them
  * into parts at the batch's start and stores them in the warp's staging area, from which each lane
  * takes its B registers of the batch's slots (MatvecSink::stage).  After a block's last slot in the
  * piece each lane adds its exception entries of the piece's slots (the weights the planes decode
  * to +0) times fp32 x on the CUDA cores, in entry order, into its own sums in a table per warp in
- * shared memory; at the piece's end the warp sums each column's three parts and its exceptions
+ * shared memory; at the piece's end the warp sums each column's parts and its exceptions
  * through that table, and writes the rows (a whole row group) or its part of them (work.cuh sums
  * the parts at the warp's end).  Scratch: the row groups' counters (zero before and after every
  * call) and the parts' sums.
@@ -62,14 +63,34 @@ namespace {
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
 constexpr unsigned kL2CtasPerSm = 3;   /* <= 85 registers */
 constexpr unsigned kRowsCtasPerSm = 4; /* dequant and gather: <= 64 registers */
-/* CTAs per SM of the matvec with T tiles: two and three tiles need more than 85 registers. */
-__host__ __device__ constexpr unsigned matvec_ctas_per_sm(unsigned T) { return T == 1 ? kL2CtasPerSm : 2; }
-/* Slots a warp has in flight: its batch of D slots is loaded while the batch before is decoded. */
-__host__ __device__ constexpr int batch_of(unsigned T) { return T == 1 ? 4 : 2; }
-constexpr unsigned kParts = 3; /* x = hi + mid + lo */
+
+/*
+ * The matvec's variants, by x's type and how many columns it takes: fp32 x is cut into three BF16
+ * parts (x = hi + mid + lo exactly), BF16 x is its own one part; B's columns are the parts of x's
+ * columns, so a variant of C columns of P parts has T = ceil(C P / 8) tiles of 8.
+ *   0: fp32, 1 column (1 tile)   1: fp32, up to 5 (2 tiles)   2: fp32, up to 8 (3 tiles)
+ *   3: BF16, 1 column (1 tile)   4: BF16, up to 8 (1 tile)
+ * (One tile could hold two fp32 columns' parts, but the second column's x registers spilled at 3
+ * CTAs per SM.)
+ */
+constexpr int kVariants = 5;
+__host__ __device__ constexpr bool bf16_x_of(int V) { return V >= 3; }
+__host__ __device__ constexpr unsigned cols_of(int V) { return V == 0 || V == 3 ? 1 : V == 1 ? 5 : 8; }
+__host__ __device__ constexpr unsigned parts_of(int V) { return bf16_x_of(V) ? 1 : 3; }
+__host__ __device__ constexpr unsigned tiles_of(int V) { return (cols_of(V) * parts_of(V) + 7) / 8; }
+/* CTAs per SM: more than one tile, or eight columns' x a batch ahead, need more than 85 registers. */
+__host__ __device__ constexpr unsigned matvec_ctas_per_sm(int V) { return V == 0 || V == 3 ? kL2CtasPerSm : 2; }
+/* Slots a warp decodes together (its batch of D slots is loaded while the batch before is decoded):
+ * the B fragments of the batch's slots are in registers, 4 slots' of one tile, 2 of more. */
+__host__ __device__ constexpr int batch_of(int V) { return tiles_of(V) == 1 ? 4 : 2; }
+/* The variant for ncols columns of fp32 or BF16 x. */
+static inline int variant_of(unsigned ncols, bool bf16_x) {
+  if (bf16_x) return ncols == 1 ? 3 : 4;
+  return ncols == 1 ? 0 : ncols <= cols_of(1) ? 1 : 2;
+}
 
 struct L2Matvec {
-  const float *x;
+  const void *x; /* fp32 or BF16 (the variant's) */
   uint64_t ldx, ldy;
   uint32_t ncols, K;
   const float *scale, *bias;
@@ -327,23 +348,21 @@ __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint6
   sink.done(M, sp, wid);
 }
 
-/* Columns of x the matvec with T tiles takes: one tile holds two columns' parts, but the
- * registers of a second column's x would spill at 3 CTAs per SM. */
-__host__ __device__ constexpr unsigned cols_of_tiles(unsigned T) { return T == 1 ? 1 : 8 * T / kParts; }
-
-/* The matvec's sink for T tiles of B (up to C = cols_of_tiles(T) columns): x's fragments a batch at a
- * time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red: the warp's
- * piece-end table in shared memory, stg its staging of x's parts. */
-template <int T, int D_ = batch_of(T)>
+/* The matvec's sink for variant V (up to C columns of P parts in T tiles of B): x's fragments a
+ * batch at a time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red:
+ * the warp's piece-end table in shared memory, stg its staging of x's parts. */
+template <int V, int D_ = batch_of(V)>
 struct MatvecSink {
-  static constexpr int D = D_, C = cols_of_tiles(T);
-  /* The piece-end table, a row per row of the group: B's 8 T columns (parts 3 n .. 3 n + 2 of x's
-   * column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
+  static constexpr int D = D_, C = cols_of(V), P = parts_of(V), T = tiles_of(V);
+  static constexpr bool kBf16X = bf16_x_of(V);
+  using X = typename std::conditional<kBf16X, uint16_t, float>::type;
+  /* The piece-end table, a row per row of the group: B's 8 T columns (parts P n .. P n + P - 1 of
+   * x's column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
    * 0..3: a lane adds its own entries' products there, no other lane touches them). */
   static constexpr unsigned kRedEx = 8 * T, kRedCols = kRedEx + 4 * C;
   /* The staging of x's parts: for slot k of the batch and B column N, 64 bytes (32 BF16, the
-   * slot's columns in order) at (k 3 C + N) 64. */
-  static constexpr unsigned kStage = D * kParts * C * 64;
+   * slot's columns in order) at (k P C + N) 64. */
+  static constexpr unsigned kStage = D * P * C * 64;
   /* Shared memory per warp beside the source's ring: its table and its staging. */
   static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStage;
   const L2Matvec &a;
@@ -353,7 +372,9 @@ struct MatvecSink {
   uint32_t pend0, pend1; /* the warp's first and last piece where they are parts (work.cuh) */
   float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
   uint4 bn[D][T];     /* B fragments of the batch's slots */
-  float xv[C][D];     /* the next batch's x: floats 32 s + D lane .. + D - 1 of each column */
+  /* the next batch's x: elements 32 s + D lane .. + D - 1 of each column, as floats or (BF16 x)
+   * as D / 2 pairs */
+  typename std::conditional<kBf16X, uint32_t[C][D / 2], float[C][D]>::type xv;
 
   __device__ __forceinline__ MatvecSink(const L2Matvec &args, uint8_t *mem) : a(args) {
     const uint32_t lane = threadIdx.x & 31u;
@@ -370,15 +391,30 @@ struct MatvecSink {
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
   }
-  /* The batch's x: one coalesced load of D floats per lane and column (zeros from K on). */
+  /* The batch's x: one coalesced load of D elements per lane and column (zeros from K on). */
   template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &c) {
     const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
+    const bool whole = col + D <= a.K;
 #pragma unroll
     for (int n = 0; n < C; n++) {
       if (n >= (int)a.ncols) break;
-      const float *p = a.x + n * a.ldx + col;
-      if (col + D <= a.K) {
+      const X *p = static_cast<const X *>(a.x) + n * a.ldx + col;
+      if constexpr (kBf16X) {
+        if (whole) {
+          if constexpr (D == 4) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+            xv[n][0] = v.x, xv[n][1] = v.y;
+          } else {
+            xv[n][0] = __ldg(reinterpret_cast<const uint32_t *>(p));
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < D / 2; i++)
+            xv[n][i] = (col + 2 * i < a.K ? (uint32_t)__ldg(p + 2 * i) : 0u) |
+                       (col + 2 * i + 1 < a.K ? (uint32_t)__ldg(p + 2 * i + 1) << 16 : 0u);
+        }
+      } else if (whole) {
         if constexpr (D == 4) {
           const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
           xv[n][0] = v.x, xv[n][1] = v.y, xv[n][2] = v.z, xv[n][3] = v.w;
@@ -392,25 +428,34 @@ struct MatvecSink {
       }
     }
   }
-  /* This batch's fragments from xv: each lane cuts its floats into parts and stores them as BF16
-   * pairs (D / 2 words per part), then lane (n, q) loads B column 8 t + n of each slot, the 8
-   * columns 8 q .. 8 q + 7 in order, as one uint4 (zero for B columns past 3 ncols). */
+  /* This batch's fragments from xv: each lane stores its elements' parts as BF16 pairs (D / 2
+   * words per part: fp32 x cut into three, BF16 x as loaded), then lane (n, q) loads B column
+   * 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4 (zero for B columns
+   * past P ncols). */
   template <class Cur>
   __device__ __forceinline__ void stage(const Cur &) {
     const uint32_t lane = threadIdx.x & 31u, k = D * lane / 32, off = 2 * (D * lane % 32);
 #pragma unroll
     for (int n = 0; n < C; n++) {
       if (n >= (int)a.ncols) break;
-      uint32_t p[D][kParts];
+      uint32_t w[P][D / 2]; /* part pt's pairs */
+      if constexpr (kBf16X) {
 #pragma unroll
-      for (int i = 0; i < D; i++) cut3(xv[n][i], p[i]);
+        for (int i = 0; i < D / 2; i++) w[0][i] = xv[n][i];
+      } else {
+        uint32_t p[D][P];
 #pragma unroll
-      for (int pt = 0; pt < (int)kParts; pt++) {
-        uint8_t *dst = stg + (k * kParts * C + kParts * n + pt) * 64 + off;
-        if constexpr (D == 4)
-          *reinterpret_cast<uint2 *>(dst) = make_uint2(prmt(p[0][pt], p[1][pt], 0x7632u), prmt(p[2][pt], p[3][pt], 0x7632u));
-        else
-          *reinterpret_cast<uint32_t *>(dst) = prmt(p[0][pt], p[1][pt], 0x7632u);
+        for (int i = 0; i < D; i++) cut3(xv[n][i], p[i]);
+#pragma unroll
+        for (int pt = 0; pt < P; pt++)
+#pragma unroll
+          for (int i = 0; i < D / 2; i++) w[pt][i] = prmt(p[2 * i][pt], p[2 * i + 1][pt], 0x7632u);
+      }
+#pragma unroll
+      for (int pt = 0; pt < P; pt++) {
+        uint8_t *dst = stg + (k * P * C + P * n + pt) * 64 + off;
+        if constexpr (D == 4) *reinterpret_cast<uint2 *>(dst) = make_uint2(w[pt][0], w[pt][1]);
+        else *reinterpret_cast<uint32_t *>(dst) = w[pt][0];
       }
     }
     __syncwarp();
@@ -420,8 +465,8 @@ struct MatvecSink {
 #pragma unroll
       for (int t = 0; t < T; t++) {
         const uint32_t N = 8 * t + N0;
-        bn[k2][t] = N < kParts * a.ncols ? *reinterpret_cast<const uint4 *>(stg + (k2 * kParts * C + N) * 64 + 16 * q)
-                                         : make_uint4(0, 0, 0, 0);
+        bn[k2][t] = N < P * a.ncols ? *reinterpret_cast<const uint4 *>(stg + (k2 * P * C + N) * 64 + 16 * q)
+                                    : make_uint4(0, 0, 0, 0);
       }
   }
   template <class Cur>
@@ -433,6 +478,13 @@ struct MatvecSink {
     }
   }
 
+  /* Element i of x's column n as a float. */
+  __device__ __forceinline__ float x_at(uint32_t n, uint32_t i) const {
+    const X *p = static_cast<const X *>(a.x) + n * a.ldx + i;
+    if constexpr (kBf16X) return bf16_to_f32(__ldg(p));
+    else return __ldg(p);
+  }
+
   /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
    * entry order; a column's x values for the group are loaded before any is used. */
   template <class Cur>
@@ -442,7 +494,7 @@ struct MatvecSink {
       if (n >= a.ncols) break;
       float xe[kExGroup];
 #pragma unroll
-      for (uint32_t i = 0; i < kExGroup; i++) xe[i] = eg.ok[i] ? __ldg(a.x + n * a.ldx + eg.col[i]) : 0.f;
+      for (uint32_t i = 0; i < kExGroup; i++) xe[i] = eg.ok[i] ? x_at(n, eg.col[i]) : 0.f;
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++)
         if (eg.ok[i]) red[eg.row[i] * kRedCols + kRedEx + 4 * n + (threadIdx.x & 3u)] += bf16_to_f32(eg.w[i]) * xe[i];
@@ -465,9 +517,9 @@ __device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t 
  * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
  * parts and its four exception sums, in that order (clearing those for the next piece), and write
  * the rows (a whole row group) or the piece's part slot, e = row ncols + n of it. */
-template <int T, int D_>
+template <int V, int D_>
 template <class Cur>
-__device__ __forceinline__ void MatvecSink<T, D_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
+__device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
 #pragma unroll
   for (int t = 0; t < T; t++)
@@ -482,7 +534,10 @@ __device__ __forceinline__ void MatvecSink<T, D_>::unit_end(uint32_t M, const Sp
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float *v = red + row * kRedCols;
     float *ex = v + kRedEx + 4 * n;
-    const float sum = v[kParts * n] + v[kParts * n + 1] + v[kParts * n + 2] + ((ex[0] + ex[1]) + (ex[2] + ex[3]));
+    float sum = v[P * n];
+#pragma unroll
+    for (int pt = 1; pt < P; pt++) sum += v[P * n + pt];
+    sum += (ex[0] + ex[1]) + (ex[2] + ex[3]);
     ex[0] = ex[1] = ex[2] = ex[3] = 0.f;
     if (!whole) p[e] = sum;
     else if (R < M) put_row(a, R, n, sum);
@@ -493,8 +548,8 @@ __device__ __forceinline__ void MatvecSink<T, D_>::unit_end(uint32_t M, const Sp
 }
 
 /* After the warp's range: its parts counted, the row groups it completes written (work.cuh). */
-template <int T, int D_>
-__device__ __forceinline__ void MatvecSink<T, D_>::done(uint32_t M, const Split &sp, uint32_t) const {
+template <int V, int D_>
+__device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split &sp, uint32_t) const {
   const uint32_t ncols = a.ncols;
   finish_parts(sp, wid, pend0, pend1, a.ctr, a.part, 16 * ncols, [&](uint32_t k, uint32_t e, float sum) {
     const uint32_t row = e / ncols, R = 16 * k + row;
@@ -502,9 +557,9 @@ __device__ __forceinline__ void MatvecSink<T, D_>::done(uint32_t M, const Split 
   });
 }
 
-template <int T, bool FP8>
-__global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(T)) l2_matvec_kernel(L2Geom g, Split sp, L2Matvec a) {
-  using Sink = MatvecSink<T>;
+template <int V, bool FP8>
+__global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(V)) l2_matvec_kernel(L2Geom g, Split sp, L2Matvec a) {
+  using Sink = MatvecSink<V>;
   extern __shared__ uint4 smem[];
   uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
   /* The stream's next kernel may launch now: its CTAs wait for this grid (griddepcontrol.wait). */
@@ -567,16 +622,16 @@ __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2G
 constexpr unsigned kL1CtasPerSm = 2;
 constexpr unsigned kL1WarpSmem = ((228u << 10) / kL1CtasPerSm - 1024u - kTabBytes) / kL2Warps;
 
-template <int T, bool FP8>
+template <int V, bool FP8>
 struct L1Matvec {
-  using Sink = MatvecSink<T, kL1Batch>;
+  using Sink = MatvecSink<V, kL1Batch>;
   using Src = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, Sink::kSinkSmem)>;
   static constexpr unsigned kWarp = Src::kWarpSmem + Sink::kSinkSmem, kSmem = kTabBytes + kL2Warps * kWarp;
 };
 
-template <int T, bool FP8>
+template <int V, bool FP8>
 __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1Geom g, Split sp, L2Matvec a) {
-  using K = L1Matvec<T, FP8>;
+  using K = L1Matvec<V, FP8>;
   extern __shared__ uint4 smem[];
   uint32_t *tab = reinterpret_cast<uint32_t *>(smem);
   uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * K::kWarp;
@@ -677,9 +732,6 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* B's tiles for ncols columns of x (cols_of_tiles). */
-static unsigned tiles_of(unsigned ncols) { return ncols <= cols_of_tiles(1) ? 1 : ncols <= cols_of_tiles(2) ? 2 : 3; }
-
 /* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per warp (as many warps as
  * any column count may have: kL2CtasPerSm a SM), then a counter per row group.  The layout is the
  * same for every tensor and column count, so that one zeroed scratch serves many tensors: the
@@ -714,21 +766,24 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
   return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
 }
 
-template <int T, bool FP8>
+template <int V, bool FP8>
 static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
-  constexpr unsigned smem = kL2Warps * (ring_bytes<MatvecSink<T>::D>() + MatvecSink<T>::kSinkSmem);
+  using Sink = MatvecSink<V>;
+  constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
+  static_assert(matvec_ctas_per_sm(V) * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
   Split sp;
-  int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(T), &sp);
-  if (rc < 0 || (rc = set_smem(l2_matvec_kernel<T, FP8>, smem, matvec_ctas_per_sm(T))) < 0) return rc;
-  return launch_pdl(l2_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
+  int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(V), &sp);
+  if (rc < 0 || (rc = set_smem(l2_matvec_kernel<V, FP8>, smem, matvec_ctas_per_sm(V))) < 0) return rc;
+  return launch_pdl(l2_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
 
-/* Checks a matvec's arguments (layouts 1 and 2) and fills a. */
-static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t RB, const float *x, unsigned ncols,
-                       uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch,
-                       L2Matvec *a) {
+/* Checks a matvec's arguments (layouts 1 and 2) and fills a: x's columns 16-byte aligned, fp32 or
+ * (bf16_x) BF16. */
+static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t RB, const void *x, bool bf16_x,
+                       unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                       void *scratch, L2Matvec *a) {
   if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
-  if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < K || ldx % 4)) || (ncols > 1 && ldy < M) ||
+  if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < K || ldx % (bf16_x ? 8 : 4))) || (ncols > 1 && ldy < M) ||
       (uintptr_t)scratch % 16)
     return -EINVAL;
   const int sms = sm_count();
@@ -740,28 +795,25 @@ static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t R
   return 0;
 }
 
-/* launch(T, FP8) with T the tiles of ncols columns and FP8 the element type, as compile-time
- * constants (std::integral_constant), for the matvecs of layouts 1 and 2. */
-template <class Launch>
-static int by_tiles(unsigned ncols, bool fp8, Launch launch) {
-  using std::integral_constant;
-  const unsigned T = tiles_of(ncols);
-  if (fp8)
-    return T == 1 ? launch(integral_constant<int, 1>{}, std::true_type{})
-         : T == 2 ? launch(integral_constant<int, 2>{}, std::true_type{})
-                  : launch(integral_constant<int, 3>{}, std::true_type{});
-  return T == 1 ? launch(integral_constant<int, 1>{}, std::false_type{})
-       : T == 2 ? launch(integral_constant<int, 2>{}, std::false_type{})
-                : launch(integral_constant<int, 3>{}, std::false_type{});
+/* launch(V, FP8) with V the variant for ncols columns of fp32 or BF16 x and FP8 the element type,
+ * as compile-time constants (std::integral_constant), for the matvecs of layouts 1 and 2. */
+template <int V = 0, class Launch>
+static int by_variant(int variant, bool fp8, Launch launch) {
+  if constexpr (V + 1 < kVariants)
+    if (variant != V) return by_variant<V + 1>(variant, fp8, launch);
+  return fp8 ? launch(std::integral_constant<int, V>{}, std::true_type{})
+             : launch(std::integral_constant<int, V>{}, std::false_type{});
 }
 
-int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+int l2_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
   L2Geom g;
   L2Matvec a;
   int rc = l2_geom_of(t, &g);
-  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
-  return by_tiles(ncols, g.fp8, [&](auto T, auto fp8) { return launch_l2_matvec<T.value, fp8.value>(g, a, stream); });
+  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
+    return rc;
+  return by_variant(variant_of(ncols, bf16_x), g.fp8,
+                    [&](auto V, auto fp8) { return launch_l2_matvec<V.value, fp8.value>(g, a, stream); });
 }
 
 /* Dequant or gather: `groups` row groups from `first` (dequant) or the row group of each of n
@@ -841,23 +893,25 @@ int64_t l1_scratch_bytes(const L1Geom &g, unsigned) {
   return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more warps than layout 1 has */
 }
 
-template <int T, bool FP8>
+template <int V, bool FP8>
 static int launch_l1_matvec(const L1Geom &g, const L2Matvec &a, cudaStream_t stream) {
-  constexpr unsigned smem = L1Matvec<T, FP8>::kSmem;
+  constexpr unsigned smem = L1Matvec<V, FP8>::kSmem;
   static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
   Split sp;
   int rc = l2_split(g.S, g.RB, 0, 16, kL1CtasPerSm, &sp); /* granules of whole blocks */
-  if (rc < 0 || (rc = set_smem(l1_matvec_kernel<T, FP8>, smem, kL1CtasPerSm)) < 0) return rc;
-  return launch_pdl(l1_matvec_kernel<T, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
+  if (rc < 0 || (rc = set_smem(l1_matvec_kernel<V, FP8>, smem, kL1CtasPerSm)) < 0) return rc;
+  return launch_pdl(l1_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
 
-int l1_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
   L1Geom g;
   L2Matvec a;
   int rc = l1_geom_of(t, &g);
-  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0) return rc;
-  return by_tiles(ncols, g.fp8, [&](auto T, auto fp8) { return launch_l1_matvec<T.value, fp8.value>(g, a, stream); });
+  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
+    return rc;
+  return by_variant(variant_of(ncols, bf16_x), g.fp8,
+                    [&](auto V, auto fp8) { return launch_l1_matvec<V.value, fp8.value>(g, a, stream); });
 }
 
 /* Dequant or gather of layout 1, as launch_rows for layout 2. */

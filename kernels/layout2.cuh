@@ -113,11 +113,11 @@ __device__ __forceinline__ uint32_t frag_col(uint32_t q, uint32_t j) {
 __device__ __forceinline__ float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
 /* The host side of layout2.cu, called by the nwc_k_* entries: checks and geometry of a layout-2
- * tensor (-ENOTSUP for another layout or type), scratch size, the matvec (1..8 columns), dequant
- * (rows == NULL) or gather, and dequant of a range of rows. */
+ * tensor (-ENOTSUP for another layout or type), scratch size, the matvec (1..8 columns of fp32 or
+ * BF16 x), dequant (rows == NULL) or gather, and dequant of a range of rows. */
 int l2_geom_of(const nwc_k_tensor *t, L2Geom *g);
 int64_t l2_scratch_bytes(const L2Geom &g, unsigned ncols);
-int l2_matvec(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx, const float *bias,
+int l2_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream);
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream);
 /* Rows [row0, row0 + nrows) row-major at out (row stride K16); row0 a multiple of 16. */

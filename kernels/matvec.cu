@@ -228,9 +228,9 @@ extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
                                  void *scratch, cudaStream_t stream) {
   if (!t) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) == 1)
-    return nwc_k::l1_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+    return nwc_k::l1_matvec(t, x, false, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
   if (NWC_ELEM_LAYOUT(t->elem) == 2)
-    return nwc_k::l2_matvec(t, x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+    return nwc_k::l2_matvec(t, x, false, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
   if (!x || ncols < 1 || ncols > NWC_K_MAX_COLS || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;
   for (unsigned c = 0; c < ncols; c++) {
     int rc = nwc_k::launch_matvec(t, x + c * ldx, bias, y ? y + c * ldy : NULL,
@@ -238,6 +238,17 @@ extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
     if (rc < 0) return rc;
   }
   return 0;
+}
+
+extern "C" int nwc_k_matvec_cols_bf16x(const nwc_k_tensor *t, const uint16_t *x, unsigned ncols, uint64_t ldx,
+                                       const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                                       void *scratch, cudaStream_t stream) {
+  if (!t) return -EINVAL;
+  if (NWC_ELEM_LAYOUT(t->elem) == 1)
+    return nwc_k::l1_matvec(t, x, true, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+  if (NWC_ELEM_LAYOUT(t->elem) == 2)
+    return nwc_k::l2_matvec(t, x, true, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+  return -ENOTSUP; /* layout 0's kernels read fp32 x */
 }
 
 extern "C" int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,

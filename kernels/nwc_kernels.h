@@ -79,6 +79,17 @@ NWC_EXTERN int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned
                                  void *scratch, cudaStream_t stream);
 
 /*
+ * nwc_k_matvec_cols with X in BF16, as inference engines hold activations: column c at x + c * ldx
+ * (16-byte aligned, ldx a multiple of 8 and >= K where ncols > 1), the first K elements read.  A
+ * BF16 element is its own exact part of the mma's B operand (fp32 x takes three), so up to 8
+ * columns fill one tile: eight cost about what one does.  Layouts 1 and 2; -ENOTSUP for layout 0,
+ * whose kernels read fp32 x (nwc_k_load_x stages it).
+ */
+NWC_EXTERN int nwc_k_matvec_cols_bf16x(const nwc_k_tensor *t, const uint16_t *x, unsigned ncols, uint64_t ldx,
+                                       const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                                       void *scratch, cudaStream_t stream);
+
+/*
  * y = scale * (W x) + bias, rounded to BF16 (nearest even): nwc_k_matvec_cols with one column.
  * x: K16 floats (K16 = K rounded up to 16), x[K..K16) must be 0.  bias: rows floats or NULL.
  * scratch: nwc_k_scratch_bytes(t, 1) bytes (layout 0: the NWC_LAYOUT_SCRATCH floats of

@@ -129,6 +129,56 @@ static void check_dequant_rows(const char *label, const nwc_k_tensor *d, const u
   free(got);
 }
 
+/* ref, mag [maxcols][M]: bias + W x in fp64 and the sum of the terms' magnitudes, for maxcols columns
+ * of x, K16 apart. */
+static void reference(const double *wd, uint64_t M, uint64_t K, uint64_t K16, const float *x, const float *bias,
+                      unsigned maxcols, double *ref, double *mag) {
+  for (uint64_t i = 0; i < maxcols; i++)
+    for (uint64_t r = 0; r < M; r++) {
+      double s = bias[r], a = fabs(bias[r]);
+      for (uint64_t c = 0; c < K; c++)
+        s += wd[r * K + c] * x[i * K16 + c], a += fabs(wd[r * K + c] * x[i * K16 + c]);
+      ref[i * M + r] = s;
+      mag[i * M + r] = a;
+    }
+}
+
+/* The matvec of 1..maxcols columns of d_x (fp32, or bf16x: BF16, K16 apart) against ref (mag: the
+ * terms' magnitudes); the largest relative error into *rel. */
+static void check_matvec_cols(const char *label, const nwc_k_tensor *d, int bf16x, const void *d_x,
+                              const float *d_bias, float *d_y, void *d_scratch, uint64_t M, uint64_t K16,
+                              unsigned maxcols, const double *ref, const double *mag, double *rel) {
+  float *y = malloc(M * maxcols * sizeof *y);
+  for (unsigned ncols = 1; ncols <= maxcols; ncols++) {
+    CU(cudaMemsetAsync(d_y, 0xff, M * maxcols * 4, stream));
+    CHECK_RC(bf16x ? nwc_k_matvec_cols_bf16x(d, d_x, ncols, K16, d_bias, d_y, NULL, M, d_scratch, stream)
+                   : nwc_k_matvec_cols(d, d_x, ncols, K16, d_bias, d_y, NULL, M, d_scratch, stream));
+    CU(cudaMemcpyAsync(y, d_y, M * maxcols * 4, cudaMemcpyDeviceToHost, stream));
+    CU(cudaStreamSynchronize(stream));
+    for (unsigned i = 0; i < ncols; i++) {
+      double num = 0, den = 0, noise = 0;
+      for (uint64_t r = 0; r < M; r++) {
+        double e = (double)y[i * M + r] - ref[i * M + r];
+        num += isfinite(y[i * M + r]) ? e * e : INFINITY;
+        den += ref[i * M + r] * ref[i * M + r];
+        noise += mag[i * M + r] * mag[i * M + r];
+      }
+      double ri = den > 0 ? sqrt(num / den) : sqrt(num);
+      *rel = ri > *rel ? ri : *rel;
+      /* A vector of a few rows can cancel to far below its terms (the sample's 1 x N tensors):
+       * then the fp32 sum's own rounding, not the decoder, sets the error, and 2^-20 of the
+       * terms' norm is the bound it is held to instead. */
+      CHECK(ri <= 1e-5 || sqrt(num) <= 0x1p-20 * sqrt(noise), "%s: matvec of %u columns (%s x): column %u: relative error %.3g",
+            label, ncols, bf16x ? "BF16" : "fp32", i, ri);
+    }
+    uint64_t untouched = 0;
+    for (uint64_t i = (uint64_t)ncols * M; i < (uint64_t)maxcols * M; i++) untouched += !isnan(y[i]);
+    CHECK(untouched == 0, "%s: matvec of %u columns (%s x) wrote %llu values past them", label, ncols,
+          bf16x ? "BF16" : "fp32", (unsigned long long)untouched);
+  }
+  free(y);
+}
+
 static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t K, unsigned type,
                          unsigned layout, const float *scale) {
   nwc_tensor t;
@@ -189,56 +239,35 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CU(cudaFree(d_rows));
   free(rows);
 
-  /* matvec (fp32) of 1..8 columns at once against fp64; linear (BF16) of one column below */
+  /* matvec of 1..8 columns at once against fp64, x in fp32 and (layouts 1 and 2) in BF16; linear
+   * (BF16 y) of one column below */
   const unsigned maxcols = layout ? 8 : 3;
-  float *x = calloc(K16 * maxcols, sizeof *x), *bias = malloc(M * sizeof *bias),
-        *y = malloc(M * maxcols * sizeof *y);
+  float *x = calloc(K16 * maxcols, sizeof *x), *bias = malloc(M * sizeof *bias);
   for (uint64_t i = 0; i < maxcols; i++)
     for (uint64_t c = 0; c < K; c++) x[i * K16 + c] = (float)normal();
   for (uint64_t r = 0; r < M; r++) bias[r] = (float)(0.1 * normal());
   double *wd = weights_f64(w, M, K, type, scale), *ref = malloc(M * maxcols * sizeof *ref),
          *mag = malloc(M * maxcols * sizeof *mag);
-  for (uint64_t i = 0; i < maxcols; i++)
-    for (uint64_t r = 0; r < M; r++) {
-      double s = bias[r], a = fabs(bias[r]);
-      for (uint64_t c = 0; c < K; c++)
-        s += wd[r * K + c] * x[i * K16 + c], a += fabs(wd[r * K + c] * x[i * K16 + c]);
-      ref[i * M + r] = s;
-      mag[i * M + r] = a;
-    }
   int64_t scratch_bytes = nwc_k_scratch_bytes(&d, maxcols);
   CHECK(scratch_bytes > 0, "%s: scratch_bytes: %lld", label, (long long)scratch_bytes);
   float *d_x = dalloc(K16 * maxcols * 4), *d_bias = dalloc(M * 4), *d_y = dalloc(M * maxcols * 4),
         *d_scratch = shared_scratch((size_t)scratch_bytes);
-  CU(cudaMemcpyAsync(d_x, x, K16 * maxcols * 4, cudaMemcpyHostToDevice, stream));
   CU(cudaMemcpyAsync(d_bias, bias, M * 4, cudaMemcpyHostToDevice, stream));
   double rel = 0;
-  for (unsigned ncols = 1; ncols <= maxcols; ncols++) {
-    CU(cudaMemsetAsync(d_y, 0xff, M * maxcols * 4, stream));
-    CHECK_RC(nwc_k_matvec_cols(&d, d_x, ncols, K16, d_bias, d_y, NULL, M, d_scratch, stream));
-    CU(cudaMemcpyAsync(y, d_y, M * maxcols * 4, cudaMemcpyDeviceToHost, stream));
+  if (layout) { /* BF16 x first: x rounded to BF16, the reference of those values */
+    uint16_t *xb = calloc(K16 * maxcols, sizeof *xb);
+    float *xr = calloc(K16 * maxcols, sizeof *xr);
+    for (uint64_t i = 0; i < K16 * maxcols; i++) xb[i] = nwc_f32_to_bf16(x[i]), xr[i] = nwc_bf16_to_f32(xb[i]);
+    reference(wd, M, K, K16, xr, bias, maxcols, ref, mag);
+    CU(cudaMemcpyAsync(d_x, xb, K16 * maxcols * 2, cudaMemcpyHostToDevice, stream));
     CU(cudaStreamSynchronize(stream));
-    for (unsigned i = 0; i < ncols; i++) {
-      double num = 0, den = 0, noise = 0;
-      for (uint64_t r = 0; r < M; r++) {
-        double e = (double)y[i * M + r] - ref[i * M + r];
-        num += isfinite(y[i * M + r]) ? e * e : INFINITY;
-        den += ref[i * M + r] * ref[i * M + r];
-        noise += mag[i * M + r] * mag[i * M + r];
-      }
-      double ri = den > 0 ? sqrt(num / den) : sqrt(num);
-      rel = ri > rel ? ri : rel;
-      /* A vector of a few rows can cancel to far below its terms (the sample's 1 x N tensors):
-       * then the fp32 sum's own rounding, not the decoder, sets the error, and 2^-20 of the
-       * terms' norm is the bound it is held to instead. */
-      CHECK(ri <= 1e-5 || sqrt(num) <= 0x1p-20 * sqrt(noise),
-            "%s: matvec of %u columns: column %u: relative error %.3g", label, ncols, i, ri);
-    }
-    uint64_t untouched = 0;
-    for (uint64_t i = (uint64_t)ncols * M; i < (uint64_t)maxcols * M; i++) untouched += !isnan(y[i]);
-    CHECK(untouched == 0, "%s: matvec of %u columns wrote %llu values past them", label, ncols,
-          (unsigned long long)untouched);
+    check_matvec_cols(label, &d, 1, d_x, d_bias, d_y, d_scratch, M, K16, maxcols, ref, mag, &rel);
+    free(xr);
+    free(xb);
   }
+  reference(wd, M, K, K16, x, bias, maxcols, ref, mag);
+  CU(cudaMemcpyAsync(d_x, x, K16 * maxcols * 4, cudaMemcpyHostToDevice, stream));
+  check_matvec_cols(label, &d, 0, d_x, d_bias, d_y, d_scratch, M, K16, maxcols, ref, mag, &rel);
 
   uint16_t *yb = malloc(M * 2);
   CU(cudaMemsetAsync(d_y, 0xff, M * 4, stream));
@@ -269,7 +298,7 @@ static void check_tensor(const char *label, const void *w, uint64_t M, uint64_t 
   CU(cudaFree(d_x));
   CU(cudaFree(d_bias));
   CU(cudaFree(d_y));
-  free(want), free(got), free(x), free(bias), free(y), free(yb), free(wd), free(ref), free(mag);
+  free(want), free(got), free(x), free(bias), free(yb), free(wd), free(ref), free(mag);
   nwc_k_tensor_free(&d);
   nwc_tensor_release(&t);
 }
@@ -363,7 +392,21 @@ static void check_api(void) {
     CHECK(nwc_k_matvec_cols(&d, (const float *)aligned, 0, 16, NULL, (float *)aligned, NULL, 16, aligned,
                             stream) == -EINVAL,
           "matvec_cols(layout %u, 0 columns)", layout);
+    const uint16_t *xb = (const uint16_t *)aligned;
+    CHECK(nwc_k_matvec_cols_bf16x(&d, xb, 9, 16, NULL, (float *)aligned, NULL, 16, aligned, stream) == -EINVAL,
+          "matvec_cols_bf16x(layout %u, 9 columns)", layout);
+    CHECK(nwc_k_matvec_cols_bf16x(&d, xb + 1, 1, 16, NULL, (float *)aligned, NULL, 16, aligned, stream) == -EINVAL,
+          "matvec_cols_bf16x(layout %u, x not 16-byte aligned)", layout);
+    CHECK(nwc_k_matvec_cols_bf16x(&d, xb, 2, 20, NULL, (float *)aligned, NULL, 16, aligned, stream) == -EINVAL,
+          "matvec_cols_bf16x(layout %u, ldx not a multiple of 8)", layout);
   }
+  d.elem = NWC_ELEM(NWC_ELEM_BF16, 0);
+  CHECK(nwc_k_matvec_cols_bf16x(&d, (const uint16_t *)aligned, 1, 16, NULL, (float *)aligned, NULL, 16, aligned,
+                                stream) == -ENOTSUP,
+        "matvec_cols_bf16x(layout 0)");
+  CHECK(nwc_k_matvec_cols_bf16x(NULL, (const uint16_t *)aligned, 1, 16, NULL, (float *)aligned, NULL, 16, aligned,
+                                stream) == -EINVAL,
+        "matvec_cols_bf16x(NULL tensor)");
 }
 
 static void check_sample(void) {

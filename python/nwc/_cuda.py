@@ -16,7 +16,9 @@ Design:
     tail zero), both layouts want 16-byte aligned columns with a stride that is a multiple of 4.
     A float32 x that already is so (K a multiple of 16) is passed as it is; any other x is copied
     into the map's staging buffer (8 columns of its widest tensor, allocated with the map, the
-    pad zeroed per call) by torch ops on the stream: no allocation per call either way.
+    pad zeroed per call) by torch ops on the stream: no allocation per call either way.  Layouts
+    1 and 2 also read BF16 x itself (nwc_cuda_matvec_bf16x: 16-byte aligned columns, a stride
+    that is a multiple of 8): matvec() passes a bfloat16 x so, with no copy and no conversion.
   - Dequant, dequant_rows and gather write BF16 rows of stride K16; results are [.., cols] views
     of them.  dequant_rows (a range of whole row groups) lets a dense weight be made piece by
     piece through a bounded buffer (nwc.torch's dense path).
@@ -63,6 +65,7 @@ _PROTOS = {
     "nwc_cuda_read_only": (c_int, [_P]),
     "nwc_cuda_scratch_bytes": (c_uint64, [_P]),
     "nwc_cuda_matvec": (c_int, [_P, _P, _P, c_uint, c_uint64, _P, _P, _P, c_uint64, _P]),
+    "nwc_cuda_matvec_bf16x": (c_int, [_P, _P, _P, c_uint, c_uint64, _P, _P, _P, c_uint64, _P]),
     "nwc_cuda_linear": (c_int, [_P, _P, _P, _P, _P, _P]),
     "nwc_cuda_dequant": (c_int, [_P, _P, _P, _P]),
     "nwc_cuda_dequant_rows": (c_int, [_P, _P, c_uint64, c_uint64, _P, _P]),
@@ -267,6 +270,20 @@ class GpuMap(_lib.Closable):
             buf[:, K:].zero_()
         return buf.data_ptr(), n, t.k16
 
+    def _x_bf16(self, t: GpuTensor, x: Any) -> Optional[Tuple[int, int, int]]:
+        """(address, columns, ldx) of a bfloat16 x [K] or [n, K] (n 1..8) that layouts 1 and 2
+        read as it is (nwc_cuda_matvec_bf16x), or None (then _x stages it as floats)."""
+        torch = self._torch
+        if (t.layout == 0 or not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or
+                x.dim() not in (1, 2) or x.shape[-1] != t.cols or x.device != self.device):
+            return None
+        x2 = x if x.dim() == 2 else x.unsqueeze(0)
+        n, ld = x2.shape[0], x2.stride(0)
+        if (not 1 <= n <= MAX_COLS or x2.stride(1) != 1 or x2.data_ptr() % 16 or
+                (n > 1 and (ld < t.cols or ld % 8))):
+            return None
+        return x2.data_ptr(), n, (ld if n > 1 else t.cols)
+
     # ---- compute ------------------------------------------------------------------------------
 
     def _call(self, fn: Any, *args: Any) -> None:
@@ -290,7 +307,8 @@ class GpuMap(_lib.Closable):
         t = self.tensor(t)
         torch = self._torch
         bp = self._bias(t, bias)
-        xp, n, ldx = self._x(t, x, MAX_COLS)
+        xb = self._x_bf16(t, x)
+        xp, n, ldx = ((xb[0],), xb[1], xb[2]) if xb else self._x(t, x, MAX_COLS)
         shape = (t.rows,) if x.dim() == 1 else (n, t.rows)
         y = y16 = None
         if isinstance(out, tuple):
@@ -307,7 +325,10 @@ class GpuMap(_lib.Closable):
                 y16 = self._out(out, "out", shape, torch.bfloat16)
             else:
                 y = self._out(out, "out", shape, torch.float32)
-        self._call(self._lib.nwc_cuda_matvec, t.ptr, xp, n, ldx, bp, y, y16, t.rows)
+        if isinstance(xp, tuple):  # BF16 x read as it is
+            self._call(self._lib.nwc_cuda_matvec_bf16x, t.ptr, xp[0], n, ldx, bp, y, y16, t.rows)
+        else:
+            self._call(self._lib.nwc_cuda_matvec, t.ptr, xp, n, ldx, bp, y, y16, t.rows)
         return out
 
     def linear(self, t: Tensorish, x: Any, bias: Any = None, out: Any = None) -> Any:

@@ -6,7 +6,8 @@ both imported in layouts 0, 1 and 2, and nwc.torch on CUDA.
   - dequant and gather bit for bit against the safetensors files' BF16 values (gather from host
     and from device indices); dequant_rows of random aligned ranges likewise;
   - matvec of 1..8 columns (1-D and 2-D x, float32 and BF16 x, a bias) within 1e-5 of each
-    output's sum |w||x| of a float64 reference; its BF16 output and linear's within one BF16 ulp
+    output's sum |w||x| of a float64 reference, BF16 x with aligned columns too (read as it is
+    by layouts 1 and 2, nwc_cuda_matvec_bf16x); its BF16 output and linear's within one BF16 ulp
     of the rounding of the float32 result;
   - every argument error raises NwcError EINVAL (ENOENT for an unknown name, EBADF once closed);
   - a map's lifetime (ps counts its maps; close releases them);
@@ -195,6 +196,14 @@ def test_matvec_and_linear(maps, rng):
                 xb = x.to(torch.bfloat16)  # staged, converted on the stream
                 yb = m.matvec(t, xb, dtype=torch.bfloat16)
                 assert yb.dtype == torch.bfloat16 and within_ulp(yb, m.matvec(t, xb.float()))
+                # BF16 x in columns 16-byte apart: layouts 1 and 2 read it as it is
+                xd = torch.zeros(n, (t.cols + 7) // 8 * 8, device=DEV, dtype=torch.bfloat16)
+                xd = xd[:, :t.cols].copy_(xb)
+                yd = m.matvec(t, xd, bias)
+                refb = xb.double() @ w64.T + bias.double()
+                boundb = xb.double().abs() @ w64.abs().T + bias.double().abs()
+                errb = (yd.double() - refb).abs()
+                assert bool((errb <= 1e-5 * boundb + 1e-7).all()), (name, n, "BF16 x", errb.max().item())
             x1 = torch.randn(2 * t.cols, device=DEV)[::2]  # 1-D, strided: staged
             y1 = m.matvec(t, x1)
             assert y1.shape == (t.rows,) and torch.equal(y1, m.matvec(t, x1.contiguous()))
