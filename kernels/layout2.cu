@@ -38,9 +38,9 @@
  * Dequant streams the same way and stores each slot's rows with 16-byte stores, then the
  * exceptions' weights; gather likewise, a row group per requested row, storing that row only.
  *
- * Variants: l2_matvec_kernel<T, FP8> for T = 1, 2, 3 tiles of B (1, up to 5, up to 8 columns) and
- * the element type, l2_rows_kernel<FP8> (dequant, row ranges and gather); layout 1's
- * l1_matvec_kernel<T, FP8> and l1_rows_kernel<FP8>.  fp8 differs only in the low plane (three
+ * Variants: l2_matvec_kernel<V, FP8> for the five variants V of x's type and columns (variant_of)
+ * and the element type, l2_rows_kernel<FP8> (dequant, row ranges and gather); layout 1's
+ * l1_matvec_kernel<V, FP8> and l1_rows_kernel<FP8>.  fp8 differs only in the low plane (three
  * words per lane and pair of slots, whose mantissa fields fp8_low turns into low bytes), its
  * 2-byte exception entries and the per-row scale applied with the bias; its weights
  * are exact in BF16, so the mma path is the same.
