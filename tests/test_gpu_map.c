@@ -9,7 +9,8 @@
  *      (nwc_cuda_dequant_rows) and a gather of rows (first, last, random) bit for bit,
  *      matvecs of 1..8 columns (fp32 and BF16 in one call: BF16 the rounding of fp32)
  *      within 1e-5 of fp64, with a bias (y + bias), and linear (BF16) equal to the matvec's
- *      rounding; each prints whether its access is read-only.  Then the sample imported as fp8
+ *      rounding, and with x in BF16 (nwc_cuda_matvec_bf16x: within 1e-5 in layouts 1 and 2,
+ *      -ENOTSUP in layout 0); each prints whether its access is read-only.  Then the sample imported as fp8
  *      ("use8": matrices quantized with per-row scales): every tensor's mapped dequant equals
  *      the daemon's (socket) bit for bit and its mapped matvec the daemon's within 1e-5.
  *   2. Device memory is used once: N = 4 processes ("hold") create their contexts, then the
@@ -155,14 +156,17 @@ static void check_dequant_gather(const nwc_cuda_map *m, const nwc_cuda_tensor *t
   cudaFree(d), cudaFree(drows), free(h);
 }
 
-/* matvecs of 1..8 columns (and 1 and 8), fp32 + BF16, a bias, linear: against fp64. */
+/* matvecs of 1..8 columns (and 1 and 8), fp32 + BF16, a bias, linear, and (layouts 1 and 2) with
+ * x in BF16: against fp64.  x is BF16-representable, so the two x types compute the same sums. */
 static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const td_tensor *s,
                           cudaStream_t st) {
   const uint64_t M = t->rows, K = t->cols, K16 = t->k16;
   const unsigned cols[3] = {1, 8, 1 + (unsigned)test_below(8)};
   float *x = calloc(8 * K16, 4), *y = malloc(8 * M * 4), *yb = malloc(8 * M * 4), *b = malloc(M * 4);
-  uint16_t *yh = malloc(8 * M * 2), *yl = malloc(M * 2);
+  uint16_t *yh = malloc(8 * M * 2), *yl = malloc(M * 2), *xh = calloc(8 * K16, 2);
   float *dx = dev_alloc(8 * K16 * 4), *dy = dev_alloc(8 * M * 4), *dyb = dev_alloc(8 * M * 4);
+  uint16_t *dxh = dev_alloc(8 * K16 * 2);
+  const int bf16x = NWC_ELEM_LAYOUT(t->elem) != 0; /* layouts 1 and 2 read BF16 x */
   float *db = dev_alloc(M * 4);
   uint16_t *dyh = dev_alloc(8 * M * 2), *dyl = dev_alloc(M * 2);
   for (uint64_t i = 0; i < M; i++) b[i] = (float)(test_uniform() - 0.5);
@@ -170,8 +174,15 @@ static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const
   for (int v = 0; v < 3 && !test_failures; v++) {
     unsigned n = cols[v];
     for (unsigned c = 0; c < n; c++)
-      for (uint64_t k = 0; k < K; k++) x[c * K16 + k] = (float)(test_uniform() * 2 - 1);
+      for (uint64_t k = 0; k < K; k++) {
+        xh[c * K16 + k] = nwc_f32_to_bf16((float)(test_uniform() * 2 - 1));
+        x[c * K16 + k] = nwc_bf16_to_f32(xh[c * K16 + k]);
+      }
     CU(cudaMemcpyAsync(dx, x, n * K16 * 4, cudaMemcpyHostToDevice, st));
+    CU(cudaMemcpyAsync(dxh, xh, n * K16 * 2, cudaMemcpyHostToDevice, st));
+    if (!bf16x)
+      CHECK(nwc_cuda_matvec_bf16x(m, t, dxh, n, K16, NULL, dy, NULL, M, st) == -ENOTSUP,
+            "matvec of %s with BF16 x: layout 0 not refused", t->name);
     CU(cudaMemsetAsync(dy, 0xff, n * M * 4, st));
     CHECK_RC(nwc_cuda_matvec(m, t, dx, n, K16, NULL, dy, dyh, M, st));
     CHECK_RC(nwc_cuda_matvec(m, t, dx, n, K16, db, dyb, NULL, M, st));
@@ -196,9 +207,20 @@ static void check_matvecs(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const
     CHECK(hb == 0 && bb == 0 && lb == 0, "matvec %s, %u columns: %zu BF16 not the rounding of "
           "fp32, %zu with bias not y + bias, %zu of linear not the rounding", t->name, n, hb, bb,
           lb);
+    if (bf16x) { /* the same x read as BF16 */
+      CU(cudaMemsetAsync(dy, 0xff, n * M * 4, st));
+      CHECK_RC(nwc_cuda_matvec_bf16x(m, t, dxh, n, K16, NULL, dy, NULL, M, st));
+      CU(cudaMemcpyAsync(y, dy, n * M * 4, cudaMemcpyDeviceToHost, st));
+      CU(cudaStreamSynchronize(st));
+      for (unsigned c = 0; c < n; c++) {
+        double e = td_matvec_err(s, x + c * K16, 1.0, NULL, y + c * M);
+        CHECK(e <= 1e-5, "matvec %s [%llux%llu] with BF16 x, col %u/%u: error %.3g", t->name,
+              (unsigned long long)M, (unsigned long long)K, c, n, e);
+      }
+    }
   }
-  cudaFree(dx), cudaFree(dy), cudaFree(dyb), cudaFree(db), cudaFree(dyh), cudaFree(dyl);
-  free(x), free(y), free(yb), free(b), free(yh), free(yl);
+  cudaFree(dx), cudaFree(dxh), cudaFree(dy), cudaFree(dyb), cudaFree(db), cudaFree(dyh), cudaFree(dyl);
+  free(x), free(xh), free(y), free(yb), free(b), free(yh), free(yl);
 }
 
 /* fp8 (or any) tensor t of model against the daemon's own socket calls: dequant bit for bit,
