@@ -344,28 +344,30 @@ static int kernel_rc(int rc, const char *what, const nwc_cuda_tensor *t) {
   const slot *s = slot_of(m, t);                                                                 \
   if (!s) return fail(-EINVAL, "the tensor is not one of this map's")
 
-int nwc_cuda_matvec(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float *x,
-                    unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16,
-                    uint64_t ldy, cudaStream_t stream) {
+/* Both matvecs: x fp32 or (bf16_x) BF16. */
+static int matvec(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const void *x, int bf16_x,
+                  unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16,
+                  uint64_t ldy, cudaStream_t stream) {
   SLOT_OR_FAIL(m, t, s);
   if (ncols < 1 || ncols > NWC_K_MAX_COLS)
     return fail(-EINVAL, "%u columns (1..%d a call)", ncols, NWC_K_MAX_COLS);
-  return kernel_rc(nwc_k_matvec_cols(&s->k, x, ncols, ldx, bias, y, y_bf16, ldy, m->scratch,
-                                     stream),
+  if (bf16_x && NWC_ELEM_LAYOUT(s->k.elem) == 0)
+    return fail(-ENOTSUP, "matvec of %s with BF16 x: layout 0's kernels read fp32 x (nwc_cuda_matvec)", t->name);
+  return kernel_rc(bf16_x ? nwc_k_matvec_cols_bf16x(&s->k, x, ncols, ldx, bias, y, y_bf16, ldy, m->scratch, stream)
+                          : nwc_k_matvec_cols(&s->k, x, ncols, ldx, bias, y, y_bf16, ldy, m->scratch, stream),
                    "matvec", t);
+}
+
+int nwc_cuda_matvec(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float *x,
+                    unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16,
+                    uint64_t ldy, cudaStream_t stream) {
+  return matvec(m, t, x, 0, ncols, ldx, bias, y, y_bf16, ldy, stream);
 }
 
 int nwc_cuda_matvec_bf16x(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const uint16_t *x,
                           unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16,
                           uint64_t ldy, cudaStream_t stream) {
-  SLOT_OR_FAIL(m, t, s);
-  if (ncols < 1 || ncols > NWC_K_MAX_COLS)
-    return fail(-EINVAL, "%u columns (1..%d a call)", ncols, NWC_K_MAX_COLS);
-  if (NWC_ELEM_LAYOUT(s->k.elem) == 0)
-    return fail(-ENOTSUP, "matvec of %s with BF16 x: layout 0's kernels read fp32 x (nwc_cuda_matvec)", t->name);
-  return kernel_rc(nwc_k_matvec_cols_bf16x(&s->k, x, ncols, ldx, bias, y, y_bf16, ldy, m->scratch,
-                                           stream),
-                   "matvec", t);
+  return matvec(m, t, x, 1, ncols, ldx, bias, y, y_bf16, ldy, stream);
 }
 
 int nwc_cuda_linear(const nwc_cuda_map *m, const nwc_cuda_tensor *t, const float *x,

@@ -223,32 +223,36 @@ extern "C" int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols) {
   return rc < 0 ? rc : (int64_t)(lay[NWC_LAYOUT_SCRATCH] * sizeof(float));
 }
 
-extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
-                                 const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
-                                 void *scratch, cudaStream_t stream) {
+/* Both matvec entries: x fp32 or (bf16_x) BF16, dispatched on the layout; layout 0 runs its
+ * one-column kernels per column and reads fp32 x only. */
+static int matvec_cols(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx,
+                       const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch,
+                       cudaStream_t stream) {
   if (!t) return -EINVAL;
   if (NWC_ELEM_LAYOUT(t->elem) == 1)
-    return nwc_k::l1_matvec(t, x, false, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+    return nwc_k::l1_matvec(t, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
   if (NWC_ELEM_LAYOUT(t->elem) == 2)
-    return nwc_k::l2_matvec(t, x, false, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+    return nwc_k::l2_matvec(t, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+  if (bf16_x) return -ENOTSUP;
   if (!x || ncols < 1 || ncols > NWC_K_MAX_COLS || (ncols > 1 && (ldx < t->cols || ldy < t->rows))) return -EINVAL;
   for (unsigned c = 0; c < ncols; c++) {
-    int rc = nwc_k::launch_matvec(t, x + c * ldx, bias, y ? y + c * ldy : NULL,
+    int rc = nwc_k::launch_matvec(t, static_cast<const float *>(x) + c * ldx, bias, y ? y + c * ldy : NULL,
                                   y_bf16 ? y_bf16 + c * ldy : NULL, static_cast<float *>(scratch), stream);
     if (rc < 0) return rc;
   }
   return 0;
 }
 
+extern "C" int nwc_k_matvec_cols(const nwc_k_tensor *t, const float *x, unsigned ncols, uint64_t ldx,
+                                 const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                                 void *scratch, cudaStream_t stream) {
+  return matvec_cols(t, x, false, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
+}
+
 extern "C" int nwc_k_matvec_cols_bf16x(const nwc_k_tensor *t, const uint16_t *x, unsigned ncols, uint64_t ldx,
                                        const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
                                        void *scratch, cudaStream_t stream) {
-  if (!t) return -EINVAL;
-  if (NWC_ELEM_LAYOUT(t->elem) == 1)
-    return nwc_k::l1_matvec(t, x, true, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
-  if (NWC_ELEM_LAYOUT(t->elem) == 2)
-    return nwc_k::l2_matvec(t, x, true, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
-  return -ENOTSUP; /* layout 0's kernels read fp32 x */
+  return matvec_cols(t, x, true, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
 }
 
 extern "C" int nwc_k_linear_bf16(const nwc_k_tensor *t, const float *x, const float *bias,
