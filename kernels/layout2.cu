@@ -18,16 +18,16 @@
  * fp32); BF16 x (nwc_k_matvec_cols_bf16x) is its own one part.  The parts are B's columns:
  * column P c + p of the n = 8 T columns of T tiles is part p of x's column c, so one fp32 column
  * takes one tile and 8 take three, while 8 BF16 columns fill one, and a slot costs 2 T
- * mma.m16n8k16 in two accumulator chains per tile (the variants: variant_of).  The warp makes the fragments itself, a batch
- * at a time: each lane loads D floats of each column a batch ahead (one coalesced load), cuts them
- * into parts at the batch's start and stores them in the warp's staging area, from which each lane
- * takes its B registers of the batch's slots (MatvecSink::stage).  After a block's last slot in the
- * piece each lane adds its exception entries of the piece's slots (the weights the planes decode
- * to +0) times fp32 x on the CUDA cores, in entry order, into its own sums in a table per warp in
- * shared memory; at the piece's end the warp sums each column's parts and its exceptions
- * through that table, and writes the rows (a whole row group) or its part of them (work.cuh sums
- * the parts at the warp's end).  Scratch: the row groups' counters (zero before and after every
- * call) and the parts' sums.
+ * mma.m16n8k16 in two accumulator chains per tile (the variants: variant_of).  The warp makes the
+ * fragments itself, a batch at a time: each lane loads D elements of each column a batch ahead
+ * (one coalesced load), cuts them into parts at the batch's start (fp32) and stores them in the
+ * warp's staging area, from which each lane takes its B registers of the batch's slots
+ * (MatvecSink::stage).  After a block's last slot in the piece each lane adds its exception
+ * entries of the piece's slots (the weights the planes decode to +0) times x on the CUDA cores,
+ * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
+ * warp sums each column's parts and its exceptions through that table, and writes the rows (a
+ * whole row group) or its part of them (work.cuh sums the parts at the warp's end).  Scratch:
+ * the row groups' counters (zero before and after every call) and the parts' sums.
  *
  * Every kernel here is launched as a programmatic dependent of the stream's kernel before it
  * (PDL) and lets the next one launch at once: its CTAs start their first copies of the weights
@@ -283,8 +283,10 @@ struct L2Source {
  * the wait predicated on a value made of their results, both ways so that it always runs, stays
  * behind them. */
 __device__ __forceinline__ void grid_wait_after(uint32_t token) {
-  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(token)
-               : "memory");
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}"
+      ::"r"(token)
+      : "memory");
 }
 
 /*
