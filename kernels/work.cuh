@@ -149,7 +149,9 @@ template <class Put>
 __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32_t pend0, uint32_t pend1, uint32_t *ctr,
                                              const float *part, uint32_t per, Put put) {
   if (pend0 == kNoPart && pend1 == kNoPart) return;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* this warp's parts are visible before its counts */
+  /* this warp's parts are visible before its counts (a release: the acquire half, which also
+   * invalidates L1, only the last contributor needs, below) */
+  asm volatile("fence.release.gpu;" ::: "memory");
   const uint32_t lane = threadIdx.x & 31u;
 #pragma unroll
   for (int i = 0; i < 2; i++) {
