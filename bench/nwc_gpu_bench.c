@@ -227,7 +227,7 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   int64_t scratch = nwc_k_scratch_bytes(&s->t[0], ncols);
   NW(scratch);
   CU(cudaMalloc((void **)&s->x, s->ldx * ncols * 4));
-  CU(cudaMalloc((void **)&s->xb, s->ldx * ncols * 2));
+  if (x_bf16) CU(cudaMalloc((void **)&s->xb, s->ldx * ncols * 2));
   CU(cudaMalloc((void **)&s->bias, t->rows * 4));
   CU(cudaMalloc((void **)&s->scratch, (size_t)scratch));
   CU(cudaMemset(s->scratch, 0, (size_t)scratch)); /* zeroed once (nwc_k_scratch_bytes), */
@@ -236,9 +236,10 @@ static void nwc_side_init(nwc_side *s, const nwc_tensor *t, int copies) {
   CU(cudaMemset(s->bias, 0, t->rows * 4));
 }
 
-/* x: ncols columns of K16 floats (and as BF16) */
+/* x: ncols columns of K16 floats (and as BF16 with --x bf16) */
 static void nwc_side_set_x(nwc_side *s, const float *x, uint64_t K16) {
   CU(cudaMemcpy(s->x, x, K16 * ncols * 4, cudaMemcpyHostToDevice));
+  if (!x_bf16) return;
   uint16_t *xb = malloc(K16 * ncols * 2);
   if (!xb) DIE("out of memory");
   for (uint64_t i = 0; i < K16 * ncols; i++) xb[i] = nwc_f32_to_bf16(x[i]);

@@ -768,8 +768,9 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
   return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
 }
 
+/* The matvec of variant V and element type FP8 for a tensor of layout 2 (L2Geom) or 1 (L1Geom). */
 template <int V, bool FP8>
-static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
+static int launch_tc_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
   using Sink = MatvecSink<V>;
   constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
   static_assert(matvec_ctas_per_sm(V) * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
@@ -777,6 +778,15 @@ static int launch_l2_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t str
   int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(V), &sp);
   if (rc < 0 || (rc = set_smem(l2_matvec_kernel<V, FP8>, smem, matvec_ctas_per_sm(V))) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
+}
+template <int V, bool FP8>
+static int launch_tc_matvec(const L1Geom &g, const L2Matvec &a, cudaStream_t stream) {
+  constexpr unsigned smem = L1Matvec<V, FP8>::kSmem;
+  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
+  Split sp;
+  int rc = l2_split(g.S, g.RB, 0, 16, kL1CtasPerSm, &sp); /* granules of whole blocks */
+  if (rc < 0 || (rc = set_smem(l1_matvec_kernel<V, FP8>, smem, kL1CtasPerSm)) < 0) return rc;
+  return launch_pdl(l1_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
 
 /* Checks a matvec's arguments (layouts 1 and 2) and fills a: x's columns 16-byte aligned, fp32 or
@@ -807,21 +817,29 @@ static int by_variant(int variant, bool fp8, Launch launch) {
              : launch(std::integral_constant<int, V>{}, std::false_type{});
 }
 
-int l2_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
-              float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
-  L2Geom g;
+/* The matvec of layouts 1 and 2: G the layout's geometry, geom_of its checks. */
+template <class G>
+static int tc_matvec(int (*geom_of)(const nwc_k_tensor *, G *), const nwc_k_tensor *t, const void *x, bool bf16_x,
+                     unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
+                     void *scratch, cudaStream_t stream) {
+  G g;
   L2Matvec a;
-  int rc = l2_geom_of(t, &g);
+  int rc = geom_of(t, &g);
   if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
     return rc;
   return by_variant(variant_of(ncols, bf16_x), g.fp8,
-                    [&](auto V, auto fp8) { return launch_l2_matvec<V.value, fp8.value>(g, a, stream); });
+                    [&](auto V, auto fp8) { return launch_tc_matvec<V.value, fp8.value>(g, a, stream); });
+}
+
+int l2_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
+              float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
+  return tc_matvec(l2_geom_of, t, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
 }
 
 /* Dequant or gather: `groups` row groups from `first` (dequant) or the row group of each of n
- * requested rows (gather). */
-static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
-                       cudaStream_t stream) {
+ * requested rows (gather), for a tensor of layout 2 (L2Geom) or 1 (L1Geom). */
+static int launch_tc_rows(const L2Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
+                          cudaStream_t stream) {
   constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
   Split sp;
   int rc = l2_split(g.S, sink.rows ? n : groups, first, l2_granule(g), kRowsCtasPerSm, &sp);
@@ -829,39 +847,49 @@ static int launch_rows(const L2Geom &g, uint64_t groups, uint32_t first, const R
   if (rc < 0 || (rc = set_smem(kernel, smem, kRowsCtasPerSm)) < 0) return rc;
   return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
 }
+static int launch_tc_rows(const L1Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
+                          cudaStream_t stream) {
+  constexpr unsigned smem = kTabBytes + kL2Warps * L1RowsSource<true>::kWarpSmem;
+  static_assert(L1RowsSource<true>::kWarpSmem == L1RowsSource<false>::kWarpSmem, "one size for both types");
+  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
+  Split sp;
+  int rc = l2_split(g.S, sink.rows ? n : groups, first, 16, kL1CtasPerSm, &sp);
+  auto kernel = g.fp8 ? l1_rows_kernel<true> : l1_rows_kernel<false>;
+  if (rc < 0 || (rc = set_smem(kernel, smem, kL1CtasPerSm)) < 0) return rc;
+  return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
+}
 
 /* The checks and sinks of dequant or gather (rows != NULL: n requested rows) and of a range of
- * rows, for layouts 1 and 2 alike: G has M, K16 and RB; launch(g, groups, first, sink, n, stream)
- * runs the layout's kernel. */
+ * rows, for layouts 1 and 2 alike: G the layout's geometry (M, K16, RB), geom_of its checks. */
 template <class G>
-using RowsLaunch = int (*)(const G &, uint64_t, uint32_t, const RowsSink &, uint64_t, cudaStream_t);
-template <class G>
-static int rows_call(const G &g, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream,
-                     RowsLaunch<G> launch) {
+static int rows_call(int (*geom_of)(const nwc_k_tensor *, G *), const nwc_k_tensor *t, const uint64_t *rows,
+                     uint64_t n, uint16_t *out, cudaStream_t stream) {
+  G g;
+  int rc = geom_of(t, &g);
+  if (rc < 0) return rc;
   if (!out || (uintptr_t)out % 16) return -EINVAL;
   if (rows && n == 0) return 0;
-  return launch(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
+  return launch_tc_rows(g, g.RB, 0, RowsSink{out, rows, 0, g.M, g.K16}, n, stream);
 }
 template <class G>
-static int range_call(const G &g, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream,
-                      RowsLaunch<G> launch) {
+static int range_call(int (*geom_of)(const nwc_k_tensor *, G *), const nwc_k_tensor *t, uint64_t row0,
+                      uint64_t nrows, uint16_t *out, cudaStream_t stream) {
+  G g;
+  int rc = geom_of(t, &g);
+  if (rc < 0) return rc;
   if (!out || (uintptr_t)out % 16 || row0 % 16 || row0 > g.M || nrows > g.M - row0) return -EINVAL;
   if (nrows == 0) return 0;
   const uint64_t first = row0 / 16, groups = (row0 + nrows + 15) / 16 - first;
-  return launch(g, groups, (uint32_t)first, RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16}, 0,
-                stream);
+  return launch_tc_rows(g, groups, (uint32_t)first,
+                        RowsSink{out, nullptr, (uint32_t)row0, (uint32_t)(row0 + nrows), g.K16}, 0, stream);
 }
 
 int l2_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
-  L2Geom g;
-  int rc = l2_geom_of(t, &g);
-  return rc < 0 ? rc : rows_call(g, rows, n, out, stream, launch_rows);
+  return rows_call(l2_geom_of, t, rows, n, out, stream);
 }
 
 int l2_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
-  L2Geom g;
-  int rc = l2_geom_of(t, &g);
-  return rc < 0 ? rc : range_call(g, row0, nrows, out, stream, launch_rows);
+  return range_call(l2_geom_of, t, row0, nrows, out, stream);
 }
 
 /* ---- layout 1: the same stream and sinks on L1Source (layout1.cuh) ------------------------- */
@@ -895,50 +923,17 @@ int64_t l1_scratch_bytes(const L1Geom &g, unsigned) {
   return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more warps than layout 1 has */
 }
 
-template <int V, bool FP8>
-static int launch_l1_matvec(const L1Geom &g, const L2Matvec &a, cudaStream_t stream) {
-  constexpr unsigned smem = L1Matvec<V, FP8>::kSmem;
-  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
-  Split sp;
-  int rc = l2_split(g.S, g.RB, 0, 16, kL1CtasPerSm, &sp); /* granules of whole blocks */
-  if (rc < 0 || (rc = set_smem(l1_matvec_kernel<V, FP8>, smem, kL1CtasPerSm)) < 0) return rc;
-  return launch_pdl(l1_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
-}
-
 int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {
-  L1Geom g;
-  L2Matvec a;
-  int rc = l1_geom_of(t, &g);
-  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
-    return rc;
-  return by_variant(variant_of(ncols, bf16_x), g.fp8,
-                    [&](auto V, auto fp8) { return launch_l1_matvec<V.value, fp8.value>(g, a, stream); });
-}
-
-/* Dequant or gather of layout 1, as launch_rows for layout 2. */
-static int launch_l1_rows(const L1Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
-                          cudaStream_t stream) {
-  constexpr unsigned smem = kTabBytes + kL2Warps * L1RowsSource<true>::kWarpSmem;
-  static_assert(L1RowsSource<true>::kWarpSmem == L1RowsSource<false>::kWarpSmem, "one size for both types");
-  static_assert(kL1CtasPerSm * (smem + 1024) <= (228u << 10), "two CTAs a SM");
-  Split sp;
-  int rc = l2_split(g.S, sink.rows ? n : groups, first, 16, kL1CtasPerSm, &sp);
-  auto kernel = g.fp8 ? l1_rows_kernel<true> : l1_rows_kernel<false>;
-  if (rc < 0 || (rc = set_smem(kernel, smem, kL1CtasPerSm)) < 0) return rc;
-  return launch_pdl(kernel, l2_ctas(sp), smem, stream, g, sp, sink);
+  return tc_matvec(l1_geom_of, t, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, stream);
 }
 
 int l1_rows(const nwc_k_tensor *t, const uint64_t *rows, uint64_t n, uint16_t *out, cudaStream_t stream) {
-  L1Geom g;
-  int rc = l1_geom_of(t, &g);
-  return rc < 0 ? rc : rows_call(g, rows, n, out, stream, launch_l1_rows);
+  return rows_call(l1_geom_of, t, rows, n, out, stream);
 }
 
 int l1_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16_t *out, cudaStream_t stream) {
-  L1Geom g;
-  int rc = l1_geom_of(t, &g);
-  return rc < 0 ? rc : range_call(g, row0, nrows, out, stream, launch_l1_rows);
+  return range_call(l1_geom_of, t, row0, nrows, out, stream);
 }
 
 } /* namespace nwc_k */
