@@ -307,8 +307,8 @@ class GpuMap(_lib.Closable):
         t = self.tensor(t)
         torch = self._torch
         bp = self._bias(t, bias)
-        xb = self._x_bf16(t, x)
-        xp, n, ldx = ((xb[0],), xb[1], xb[2]) if xb else self._x(t, x, MAX_COLS)
+        xb = self._x_bf16(t, x)  # BF16 x read as it is, else x staged as float32
+        xp, n, ldx = xb if xb else self._x(t, x, MAX_COLS)
         shape = (t.rows,) if x.dim() == 1 else (n, t.rows)
         y = y16 = None
         if isinstance(out, tuple):
@@ -325,10 +325,8 @@ class GpuMap(_lib.Closable):
                 y16 = self._out(out, "out", shape, torch.bfloat16)
             else:
                 y = self._out(out, "out", shape, torch.float32)
-        if isinstance(xp, tuple):  # BF16 x read as it is
-            self._call(self._lib.nwc_cuda_matvec_bf16x, t.ptr, xp[0], n, ldx, bp, y, y16, t.rows)
-        else:
-            self._call(self._lib.nwc_cuda_matvec, t.ptr, xp, n, ldx, bp, y, y16, t.rows)
+        fn = self._lib.nwc_cuda_matvec_bf16x if xb else self._lib.nwc_cuda_matvec
+        self._call(fn, t.ptr, xp, n, ldx, bp, y, y16, t.rows)
         return out
 
     def linear(self, t: Tensorish, x: Any, bias: Any = None, out: Any = None) -> Any:
