@@ -4,6 +4,7 @@
  * at 89 - 97 % of the full kernel's time, 2.5 TB/s on 28672 x 4096, so the streaming limits it.)
  *
  *   nwc_stream_bench [--mb N] [--reps R]
+ *   nwc_stream_bench --chain   (what a small kernel costs in a sequence: run_chain below)
  *
  * Lays out N MB (default 1024, well beyond the 60 MB L2) as layout 2 does: "row groups" of S = 128
  * slots, a slot being 256 nibble bytes and 512 low bytes of its row group's two contiguous plane
@@ -149,6 +150,51 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Planes p, uint32_t *out)
   out[blockIdx.x * kThreads + threadIdx.x] = acc ^ __float_as_uint(c0[0] + c0[1] + c0[2] + c0[3] + c1[0] + c1[1] + c1[2] + c1[3]);
 }
 
+/* --chain: the fixed cost of one small streaming kernel in a sequence (a token step's matvecs).
+ * Every warp of ctas CTAs a SM reads its equal share of n16 16-byte words (8 a lane in flight,
+ * ld.global.nc), folds them into a XOR and writes one word.  Pdl: launched as a programmatic
+ * dependent, the first 8 words a lane issued before griddepcontrol.wait, the next launch let in at
+ * once (as layout2.cu's kernels).  Tail: the warp's result goes through a part slot, one
+ * fence.acq_rel.gpu and a counter shared by 4 warps, the last of which reads the 4 parts (the
+ * matvec's sums of a row group split among warps, work.cuh). */
+template <bool Pdl, bool Tail>
+__global__ void __launch_bounds__(kThreads) chain_kernel(const uint4 *src, uint64_t n16, uint32_t *part,
+                                                         uint32_t *ctr, uint32_t *out) {
+  if (Pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const uint32_t lane = threadIdx.x & 31u, w = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  const uint64_t b = n16 * w / W, e = n16 * (w + 1) / W;
+  uint32_t acc = 0;
+  bool waited = !Pdl;
+  for (uint64_t i0 = b; i0 < e; i0 += 8 * 32) {
+    uint4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const uint64_t i = i0 + 32 * j + lane;
+      v[j] = i < e ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc = acc * 3u + (v[j].x ^ v[j].y ^ v[j].z ^ v[j].w);
+    if (!waited) {
+      asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(acc) : "memory");
+      waited = true;
+    }
+  }
+  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if (!Tail) {
+    if (lane == 0) out[w] = acc;
+    return;
+  }
+  if (lane == 0) {
+    part[w] = acc;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    if (atomicInc(ctr + w / 4, 3u) == 3u) { /* the counter wraps to 0: ready for the next launch */
+      const volatile uint32_t *pv = part + (w & ~3u);
+      out[w / 4] = pv[0] ^ pv[1] ^ pv[2] ^ pv[3];
+    }
+  }
+}
+
 bool check(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return true;
   fprintf(stderr, "nwc_stream_bench: %s: %s\n", what, cudaGetErrorString(e));
@@ -188,16 +234,104 @@ float time_kernel(K kernel, unsigned smem, unsigned ctas_per_sm, int sms, int re
   return ms[reps / 2];
 }
 
+constexpr int kChainLaunches = 40;
+
+/* Microseconds a launch of chain_kernel<Pdl, Tail> at ctas_per_sm costs in a graph of
+ * kChainLaunches launches, each reading `bytes` from the next copy of them in buf (the copies
+ * rotate over all of buf, far beyond L2); the median of 5 replays. */
+template <bool Pdl, bool Tail>
+float chain_us(const uint8_t *buf, uint64_t buf_bytes, uint64_t bytes, unsigned ctas_per_sm, int sms, uint32_t *part,
+               uint32_t *ctr, uint32_t *out, cudaStream_t st) {
+  const uint64_t stride = (bytes + 4095) & ~UINT64_C(4095), copies = buf_bytes / stride;
+  if (copies < 2) return -1;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)sms * ctas_per_sm), cfg.blockDim = dim3(kThreads), cfg.stream = st;
+  cfg.attrs = pdl, cfg.numAttrs = Pdl ? 1 : 0;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  if (!check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture")) return -1;
+  for (int i = 0; i < kChainLaunches; i++)
+    cudaLaunchKernelEx(&cfg, chain_kernel<Pdl, Tail>, reinterpret_cast<const uint4 *>(buf + i % copies * stride),
+                       (uint64_t)(bytes / 16), part, ctr, out);
+  if (!check(cudaStreamEndCapture(st, &graph), "capture") || !check(cudaGraphInstantiate(&exec, graph, 0), "instantiate"))
+    return -1;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  float ms[5];
+  cudaGraphLaunch(exec, st); /* warm-up */
+  for (int r = 0; r < 5; r++) {
+    cudaEventRecord(a, st);
+    cudaGraphLaunch(exec, st);
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms[r], a, b);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+  if (!check(cudaGetLastError(), "chain")) return -1;
+  qsort(ms, 5, sizeof ms[0], cmp_float);
+  return ms[2] * 1e3f / kChainLaunches;
+}
+
+/* The --chain table: for the matvec bench's nine shapes (and Qwen3's 1024 x 2560 k and v), what
+ * a streaming kernel of the shape's BF16 bytes and of layout 2's (0.755 of them) costs a launch
+ * in a sequence, plain and as a PDL dependent, and with the split sums' tail: the least a matvec
+ * of that shape can cost here, whatever its decode. */
+int run_chain(int sms) {
+  static const uint32_t shapes[][2] = {{6144, 2560}, {2560, 4096}, {19456, 2560}, {2560, 9728}, {151936, 2560},
+                                       {4096, 4096}, {11008, 4096}, {4096, 11008}, {28672, 4096}, {1024, 2560}};
+  const uint64_t buf_bytes = UINT64_C(2) << 30;
+  uint8_t *buf = NULL;
+  uint32_t *part = NULL, *ctr = NULL, *out = NULL;
+  const size_t warps = (size_t)sms * 4 * kWarps;
+  cudaStream_t st;
+  if (!check(cudaMalloc(&buf, buf_bytes), "cudaMalloc") || !check(cudaMemset(buf, 0x5a, buf_bytes), "cudaMemset") ||
+      !check(cudaMalloc(&part, warps * 4), "cudaMalloc") || !check(cudaMalloc(&ctr, warps * 4), "cudaMalloc") ||
+      !check(cudaMemset(ctr, 0, warps * 4), "cudaMemset") || !check(cudaMalloc(&out, warps * 4), "cudaMalloc") ||
+      !check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream"))
+    return 1;
+  fprintf(stderr, "\n%-14s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s  (us a launch; c = 0.755 of BF16's bytes; floor at 4.52 TB/s)\n",
+         "M x K", "bf16 MB", "plain", "pdl", "c MB", "floor", "plain", "pdl", "pdl 1", "pdl 2", "pdl 4", "tail");
+  for (const auto &sh : shapes) {
+    const uint64_t bb = (uint64_t)sh[0] * sh[1] * 2, cb = (uint64_t)(bb * 0.755) & ~UINT64_C(15);
+    const float r[] = {
+        chain_us<false, false>(buf, buf_bytes, bb, 3, sms, part, ctr, out, st),
+        chain_us<true, false>(buf, buf_bytes, bb, 3, sms, part, ctr, out, st),
+        chain_us<false, false>(buf, buf_bytes, cb, 3, sms, part, ctr, out, st),
+        chain_us<true, false>(buf, buf_bytes, cb, 3, sms, part, ctr, out, st),
+        chain_us<true, false>(buf, buf_bytes, cb, 1, sms, part, ctr, out, st),
+        chain_us<true, false>(buf, buf_bytes, cb, 2, sms, part, ctr, out, st),
+        chain_us<true, false>(buf, buf_bytes, cb, 4, sms, part, ctr, out, st),
+        chain_us<true, true>(buf, buf_bytes, cb, 3, sms, part, ctr, out, st),
+    };
+    printf("{\"bench\":\"stream_chain\",\"m\":%u,\"k\":%u,\"bf16_bytes\":%llu,\"c_bytes\":%llu,\"bf16_plain_us\":%.2f,"
+           "\"bf16_pdl_us\":%.2f,\"c_plain_us\":%.2f,\"c_pdl_us\":%.2f,\"c_pdl1_us\":%.2f,\"c_pdl2_us\":%.2f,"
+           "\"c_pdl4_us\":%.2f,\"c_tail_us\":%.2f}\n",
+           sh[0], sh[1], (unsigned long long)bb, (unsigned long long)cb, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
+    char name[32];
+    snprintf(name, sizeof name, "%u x %u", sh[0], sh[1]);
+    fprintf(stderr, "%-14s %8.1f %8.2f %8.2f %8.1f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, bb / 1e6, r[0], r[1],
+            cb / 1e6, cb / 4.52e6, r[2], r[3], r[4], r[5], r[6], r[7]);
+  }
+  cudaFree(buf), cudaFree(part), cudaFree(ctr), cudaFree(out), cudaStreamDestroy(st);
+  return 0;
+}
+
 } /* namespace */
 
 int main(int argc, char **argv) {
   unsigned mb = 1024;
   int reps = 9;
+  bool chain = false;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = (unsigned)strtoul(argv[++i], NULL, 10);
+    if (!strcmp(argv[i], "--chain")) chain = true;
+    else if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = (unsigned)strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: nwc_stream_bench [--mb N] [--reps R]  (R 1..63)\n");
+      fprintf(stderr, "usage: nwc_stream_bench [--mb N] [--reps R] [--chain]  (R 1..63)\n");
       return 2;
     }
   }
@@ -212,6 +346,7 @@ int main(int argc, char **argv) {
   }
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  if (chain) return run_chain(sms);
   const uint64_t group_bytes = (uint64_t)kSlots * kEntry;
   const uint32_t groups = (uint32_t)(((uint64_t)mb << 20) / group_bytes);
   uint8_t *buf = NULL;

@@ -109,8 +109,8 @@ __host__ __device__ constexpr unsigned l1_stream_buf(unsigned per_warp, unsigned
  * bytes into a ring set and, for a batch that starts a block, the block's streams into a stream
  * buffer (bare or not: the first batch needs them too); prologue() has nothing to fetch (layout 2's
  * fetches its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
- * fresh) starts the lanes' decoders at a block's start; slot(cursor, ce, k, A) decodes slot k if it
- * is before the batch's end ce; end() has nothing to do.  Shared memory per warp: kWarpSmem = two
+ * fresh) starts the lanes' decoders at a block's start; slot(cursor, k, A) decodes slot k of the
+ * batch (l2_stream asks only for those before its end); end() has nothing to do.  Shared memory per warp: kWarpSmem = two
  * ring sets and two stream buffers of SB bytes.
  */
 template <int D, bool FP8, unsigned SB>
@@ -175,8 +175,8 @@ struct L1Source {
   }
 
   template <class Cur>
-  __device__ __forceinline__ void slot(const Cur &c, uint32_t ce, int k, uint32_t A[8]) {
-    if (c.s + k < ce) l1_decode_slot<FP8>(st, tab, cur + k * kSlot + kE * (threadIdx.x & 31u), A);
+  __device__ __forceinline__ void slot(const Cur &, int k, uint32_t A[8]) {
+    l1_decode_slot<FP8>(st, tab, cur + k * kSlot + kE * (threadIdx.x & 31u), A);
   }
 
   template <class Cur, class Sink>

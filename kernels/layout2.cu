@@ -218,10 +218,9 @@ struct L2Source {
     }
   }
 
-  /* Slot k of the batch as A fragments, decoded whether or not it is before the batch's end (the
-   * stream drops those past it). */
+  /* Slot k of the batch (before its end) as A fragments. */
   template <class Cur>
-  __device__ __forceinline__ void slot(const Cur &, uint32_t, int k, uint32_t A[8]) const {
+  __device__ __forceinline__ void slot(const Cur &, int k, uint32_t A[8]) const {
     const uint32_t lane = threadIdx.x & 31u;
     const uint2 nib = *reinterpret_cast<const uint2 *>(e + k * kEntry + 8 * lane);
     uint4 low;
@@ -330,10 +329,11 @@ __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint6
     const uint32_t ce = c.end();
     src.begin(c, set, fresh);
 #pragma unroll
-    for (int k = 0; k < D; k++) {
+    for (int k = 0; k < D; k++) { /* the batch's slots only: a short batch's rest is not decoded */
+      if (k > 0 && c.s + k >= ce) break;
       uint32_t A[8];
-      src.slot(c, ce, k, A);
-      if (c.s + k < ce) sink.slot(k, c, A);
+      src.slot(c, k, A);
+      sink.slot(k, c, A);
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
     if (nx.valid) ld.next(sp, j0, j_end, rows, M);
