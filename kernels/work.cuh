@@ -153,16 +153,23 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32
    * invalidates L1, only the last contributor needs, below) */
   asm volatile("fence.release.gpu;" ::: "memory");
   const uint32_t lane = threadIdx.x & 31u;
+  /* both counts in one round trip: lane 0 counts the first piece, lane 1 the last */
+  uint32_t last = 0;
+  if (lane < 2 && (lane == 0 ? pend0 : pend1) != kNoPart) {
+    const uint32_t k = lane == 0 ? pend0 : pend1;
+    uint32_t wf, wl;
+    sp.contributors(k, &wf, &wl);
+    last = atomicInc(ctr + k, wl - wf) == wl - wf;
+  }
+  last = __ballot_sync(0xffffffffu, last);
+  if (!last) return;
+  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const uint32_t k = i == 0 ? pend0 : pend1;
-    if (k == kNoPart) continue;
-    uint32_t wf, wl, old = 0;
+    if (!(last >> i & 1u)) continue;
+    uint32_t wf, wl;
     sp.contributors(k, &wf, &wl);
-    if (lane == 0) old = atomicInc(ctr + k, wl - wf);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    if (old != wl - wf) continue;
-    asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
     const uint32_t slot0 = sp.part_slot(wf, k); /* the others' are 2 v: k holds their first piece */
     /* A lane adds value e of the parts of a run of contributors, 16 loads in flight (these loads are
      * the tail of a small matvec).  With per <= 16 (one column) lanes e and e + 16 take the first
