@@ -26,8 +26,9 @@
  * entries of the piece's slots (the weights the planes decode to +0) times x on the CUDA cores,
  * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
  * warp sums each column's parts and its exceptions through that table, and writes the rows (a
- * whole row group) or its part of them (work.cuh sums the parts at the warp's end).  Scratch:
- * the row groups' counters (zero before and after every call) and the parts' sums.
+ * whole row group) or its part of them into the warp's part table (work.cuh sums a CTA's parts
+ * after its warps' ends, then the CTAs').  Scratch: the row groups' counters (zero before and
+ * after every call) and the CTAs' parts.
  *
  * Every kernel here is launched as a programmatic dependent of the stream's kernel before it
  * (PDL) and lets the next one launch at once: its CTAs start their first copies of the weights
@@ -295,17 +296,16 @@ __device__ __forceinline__ void grid_wait_after(uint32_t token) {
  * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
  * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
  * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
- * warp) after the range.  At the top of each batch the source starts the copies of the next batch
+ * warp) after the range (l2_stream: every warp of the CTA, with work or not).  At the top of each batch the source starts the copies of the next batch
  * into the other set of its ring, then the warp waits for this batch's copies and decodes them:
  * one batch is always in flight while one is decoded.  The first batch is issued bare and the
  * source's prologue fetches what else it needs of the first block by plain loads, both before
  * griddepcontrol.wait; its begin() is then told the batch is fresh.
  */
 template <int D, class Src, class Sink>
-__device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
+__device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink,
+                                                uint32_t wid) {
   static_assert(16 % D == 0 && D >= 2, "a batch divides a block");
-  const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
-  if (wid >= sp.W) return;
   const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
   Cursor<D> ld{}, c{};
   ld.j = j0;
@@ -347,7 +347,24 @@ __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint6
     }
   }
   cp_wait<0>();
+}
+
+/* Every warp of the CTA (the sink's done() may wait for them all): its range, then done(). */
+template <int D, class Src, class Sink>
+__device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
+  const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
+  if (wid < sp.W) l2_stream_range<D>(src, sp, rows, M, sink, wid);
   sink.done(M, sp, wid);
+}
+
+/* The calling warp's part table of Bytes: the CTA's dynamic shared memory ends with its warps'
+ * tables, warp 0's first (the kernels size it so). */
+template <unsigned Bytes>
+__device__ __forceinline__ float *part_table() {
+  extern __shared__ uint4 smem[];
+  uint32_t size;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
+  return reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(smem) + size - (kL2Warps - (threadIdx.x >> 5)) * Bytes);
 }
 
 /* The matvec's sink for variant V (up to C columns of P parts in T tiles of B): x's fragments a
@@ -367,6 +384,8 @@ struct MatvecSink {
   static constexpr unsigned kStage = D * P * C * 64;
   /* Shared memory per warp beside the source's ring: its table and its staging. */
   static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStage;
+  /* and at the end of the CTA's shared memory, the warps' part tables (part_table). */
+  static constexpr unsigned kPartTab = 2 * 16 * C * 4;
   const L2Matvec &a;
   float *red;
   uint8_t *stg;
@@ -518,7 +537,8 @@ __device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t 
 /* The piece's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) beside the
  * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
  * parts and its four exception sums, in that order (clearing those for the next piece), and write
- * the rows (a whole row group) or the piece's part slot, e = row ncols + n of it. */
+ * the rows (a whole row group) or the piece's slot of the warp's part table, e = row ncols + n of
+ * it. */
 template <int V, int D_>
 template <class Cur>
 __device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
@@ -531,7 +551,7 @@ __device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Sp
   __syncwarp();
   const bool whole = cur.whole(sp);
   const uint32_t per = 16 * a.ncols;
-  float *p = a.part + (uint64_t)sp.part_slot(wid, cur.k) * per;
+  float *p = part_table<kPartTab>() + (sp.part_slot(wid, cur.k) & 1u) * per;
   for (uint32_t e = lane; e < per; e += 32) {
     const uint32_t row = e / a.ncols, n = e - row * a.ncols, R = 16 * cur.grp + row;
     float *v = red + row * kRedCols;
@@ -549,14 +569,18 @@ __device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Sp
   __syncwarp();
 }
 
-/* After the warp's range: its parts counted, the row groups it completes written (work.cuh). */
+/* After every warp's range (all the CTA's warps call it): the CTA's parts summed, counted, and the
+ * row groups they complete written (work.cuh). */
 template <int V, int D_>
 __device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split &sp, uint32_t) const {
+  __syncthreads(); /* every warp's part table written */
+  if (wid >= sp.W) return;
   const uint32_t ncols = a.ncols;
-  finish_parts(sp, wid, pend0, pend1, a.ctr, a.part, 16 * ncols, [&](uint32_t k, uint32_t e, float sum) {
-    const uint32_t row = e / ncols, R = 16 * k + row;
-    if (R < M) put_row(a, R, e - row * ncols, sum);
-  });
+  finish_parts(sp, kL2Warps, wid, pend0, pend1, part_table<kPartTab>(), kPartTab / 4, a.ctr, a.part, 16 * ncols,
+               [&](uint32_t k, uint32_t e, float sum) {
+                 const uint32_t row = e / ncols, R = 16 * k + row;
+                 if (R < M) put_row(a, R, e - row * ncols, sum);
+               });
 }
 
 template <int V, bool FP8>
@@ -627,8 +651,9 @@ constexpr unsigned kL1WarpSmem = ((228u << 10) / kL1CtasPerSm - 1024u - kTabByte
 template <int V, bool FP8>
 struct L1Matvec {
   using Sink = MatvecSink<V, kL1Batch>;
-  using Src = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, Sink::kSinkSmem)>;
-  static constexpr unsigned kWarp = Src::kWarpSmem + Sink::kSinkSmem, kSmem = kTabBytes + kL2Warps * kWarp;
+  using Src = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, Sink::kSinkSmem + Sink::kPartTab)>;
+  static constexpr unsigned kWarp = Src::kWarpSmem + Sink::kSinkSmem;
+  static constexpr unsigned kSmem = kTabBytes + kL2Warps * (kWarp + Sink::kPartTab); /* the part tables last */
 };
 
 template <int V, bool FP8>
@@ -734,15 +759,16 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per warp (as many warps as
- * any column count may have: kL2CtasPerSm a SM), then a counter per row group.  The layout is the
+/* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per CTA (as many CTAs as any
+ * column count may have: kL2CtasPerSm a SM; work.cuh's parts are a CTA's), then a counter per
+ * row group.  The layout is the
  * same for every tensor and column count, so that one zeroed scratch serves many tensors: the
  * counters (left at zero) never lie where another call's parts were written (with the counters
  * first, a tensor of more row groups found a smaller one's parts in its counters). */
 struct L2Scratch {
   uint64_t ctr, total;
   L2Scratch(uint64_t RB, int sms) {
-    ctr = (uint64_t)2 * sms * kL2CtasPerSm * kL2Warps * 16 * NWC_K_MAX_COLS * 4;
+    ctr = (uint64_t)2 * sms * kL2CtasPerSm * 16 * NWC_K_MAX_COLS * 4;
     total = ctr + RB * 4;
   }
 };
@@ -772,7 +798,7 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
 template <int V, bool FP8>
 static int launch_tc_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
   using Sink = MatvecSink<V>;
-  constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
+  constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem + Sink::kPartTab); /* the part tables last */
   static_assert(matvec_ctas_per_sm(V) * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
   Split sp;
   int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(V), &sp);

@@ -14,13 +14,17 @@
  * never across a 512-column block (16 slots).
  *
  * Sums (the matvec): a piece that is a whole row group writes its rows.  The others are parts:
- * each writes its 16 x ncols sums to scratch at part slot 2 w (the warp's first piece) or 2 w + 1
- * (its last), and at the warp's end, after one fence, counts itself in the row group's
- * counter (atomicInc, which wraps to 0 at the number of contributors, so the counters are zero
- * before and after every call: scratch starts zeroed and every call leaves it so).  The last
- * contributor adds the row group's parts in warp order, so the result does not depend on
- * scheduling, and writes the rows.  One fence per warp, at its end when no copies are in flight:
- * a fence per part waited for the copies of the warp's next batch (docs/results.md).
+ * each leaves its 16 x ncols sums in its warp's part table in shared memory, slot 0 (the warp's
+ * first piece) or 1 (its last).  At the end of the CTA's warps (one barrier) the CTA's first
+ * contributor of each such row group adds the CTA's parts of it in warp order: where the CTA
+ * holds all the row group's contributors it writes the rows; otherwise it writes the CTA's part
+ * to scratch at slot 2 c (the CTA's first piece) or 2 c + 1 (its last), and after one fence
+ * counts the CTA in the row group's counter (atomicInc, which wraps to 0 at the number of
+ * contributing CTAs, so the counters are zero before and after every call: scratch starts zeroed
+ * and every call leaves it so).  The last CTA adds the row group's CTA parts in CTA order, so the
+ * result does not depend on scheduling, and writes the rows.  The tail of a small matvec is this
+ * protocol's latencies: with parts summed a CTA at a time, a row group has a few contributing CTAs
+ * instead of ~20 warps (docs/results.md).
  *
  * Invariants: Ng < 2^32 (the host refuses larger with -EOVERFLOW); W <= Ng, so every warp with
  * work has at least one granule; the row group of a gathered row that is out of range is skipped
@@ -76,6 +80,22 @@ struct Split {
   /* Warp w's part slot for its piece of entry k: 2 w for the warp's first piece (its range starts
    * in k), 2 w + 1 for its last. */
   NWC_HD uint32_t part_slot(uint32_t w, uint32_t k) const { return 2 * w + (start(w) < k * Gr ? 1u : 0u); }
+  /* In CTAs of wpc warps (CTA c: warps wpc c ..): whether warp w is its CTA's first contributor
+   * of entry k (the one that adds the CTA's parts of k), */
+  NWC_HD bool cta_first(uint32_t wpc, uint32_t w, uint32_t k) const {
+    uint32_t wf, wl;
+    contributors(k, &wf, &wl);
+    return w == (wf > w / wpc * wpc ? wf : w / wpc * wpc);
+  }
+  /* the CTAs with parts of entry k: cf .. cl, */
+  NWC_HD void cta_contributors(uint32_t wpc, uint32_t k, uint32_t *cf, uint32_t *cl) const {
+    contributors(k, cf, cl);
+    *cf /= wpc, *cl /= wpc;
+  }
+  /* and CTA c's part slot for entry k (2 c: the CTA's first piece, 2 c + 1: its last). */
+  NWC_HD uint32_t cta_part_slot(uint32_t wpc, uint32_t c, uint32_t k) const {
+    return 2 * c + (start(wpc * c) < k * Gr ? 1u : 0u);
+  }
 };
 
 /* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
@@ -139,56 +159,76 @@ struct Cursor {
 constexpr uint32_t kNoPart = 0xffffffffu;
 
 /*
- * The end of warp w's sums: pend0, pend1 are the sequence entries of its first and last piece
- * where those were parts (kNoPart otherwise), already written to their part slots of `part`
- * (Split::part_slot; each `per` floats: 16 rows x ncols).  Counts them; where the warp is the row
- * group's last contributor, adds the group's parts in warp order and calls put(k, e, sum) for
- * e = lane, lane + 32, ... < per.  All lanes call it.
+ * The end of the sums of warp w, in a CTA of wpc warps, after the CTA's barrier: pend0, pend1 are
+ * the sequence entries of its first and last piece where those were parts (kNoPart otherwise),
+ * whose `per` floats (16 rows x ncols) the CTA's warps left in their part tables in shared memory
+ * (warp u's slot s at tab + (u - w) tab_stride + s per; s as part_slot).  For each entry whose
+ * parts it adds (Split::cta_first), the warp adds the CTA's in warp order; where the CTA holds all
+ * of the entry's contributors it calls put(k, e, sum) for e = lane, lane + 32, ... < per;
+ * otherwise it writes the CTA's part to `part` (cta_part_slot), counts the CTA in the entry's
+ * counter and, where it is the last CTA, adds the CTAs' parts in CTA order and calls put.  All
+ * lanes call it; per <= 128.
  */
 template <class Put>
-__device__ __forceinline__ void finish_parts(const Split &sp, uint32_t w, uint32_t pend0, uint32_t pend1, uint32_t *ctr,
-                                             const float *part, uint32_t per, Put put) {
-  if (pend0 == kNoPart && pend1 == kNoPart) return;
-  /* this warp's parts are visible before its counts (a release: the acquire half, which also
-   * invalidates L1, only the last contributor needs, below) */
-  asm volatile("fence.release.gpu;" ::: "memory");
-  const uint32_t lane = threadIdx.x & 31u;
-  /* both counts in one round trip: lane 0 counts the first piece, lane 1 the last */
-  uint32_t last = 0;
-  if (lane < 2 && (lane == 0 ? pend0 : pend1) != kNoPart) {
-    const uint32_t k = lane == 0 ? pend0 : pend1;
+__device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint32_t w, uint32_t pend0, uint32_t pend1,
+                                             const float *tab, uint32_t tab_stride, uint32_t *ctr, float *part,
+                                             uint32_t per, Put put) {
+  const uint32_t lane = threadIdx.x & 31u, c = w / wpc, w_last = umin32(wpc * c + wpc, sp.W) - 1;
+  const uint32_t ks[2] = {pend0, pend1};
+  uint32_t out = 0; /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i] */
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const uint32_t k = ks[i];
+    if (k == kNoPart || !sp.cta_first(wpc, w, k)) continue;
     uint32_t wf, wl;
     sp.contributors(k, &wf, &wl);
-    last = atomicInc(ctr + k, wl - wf) == wl - wf;
+    if (wf < wpc * c || wl > w_last) out |= 1u << i;
+    const uint32_t u_end = umin32(wl, w_last);
+#pragma unroll
+    for (uint32_t m = 0; m < 4; m++) {
+      const uint32_t e = lane + 32 * m;
+      float sum = 0.f;
+      for (uint32_t u = w; e < per && u <= u_end; u++) sum += tab[(u - w) * tab_stride + (sp.part_slot(u, k) & 1u) * per + e];
+      if (e < per && !(out >> i & 1u)) put(k, e, sum);
+      else if (e < per) part[(uint64_t)sp.cta_part_slot(wpc, c, k) * per + e] = sum;
+    }
+  }
+  if (!out) return;
+  /* the CTA's parts are visible before its counts (a release: the acquire half, which also
+   * invalidates L1, only the last CTA needs, below); both counts in one round trip, lane i
+   * counting ks[i] */
+  asm volatile("fence.release.gpu;" ::: "memory");
+  __syncwarp();
+  uint32_t last = 0;
+  if (lane < 2 && (out >> lane & 1u)) {
+    uint32_t cf, cl;
+    sp.cta_contributors(wpc, ks[lane], &cf, &cl);
+    last = atomicInc(ctr + ks[lane], cl - cf) == cl - cf;
   }
   last = __ballot_sync(0xffffffffu, last);
   if (!last) return;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the others' parts, counted before, are visible */
+  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the other CTAs' parts, counted before, are visible */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    const uint32_t k = i == 0 ? pend0 : pend1;
     if (!(last >> i & 1u)) continue;
-    uint32_t wf, wl;
-    sp.contributors(k, &wf, &wl);
-    const uint32_t slot0 = sp.part_slot(wf, k); /* the others' are 2 v: k holds their first piece */
-    /* A lane adds value e of the parts of a run of contributors, 16 loads in flight (these loads are
-     * the tail of a small matvec).  With per <= 16 (one column) lanes e and e + 16 take the first
-     * and the second half of the contributors and their sums are added after, in that order. */
-    const uint32_t span = per <= 16 ? 16 : 32, h = lane / span, mid = wf + (wl - wf + 2) / 2;
-    const uint32_t v0 = span == 32 ? wf : h ? mid : wf, v1 = span == 32 || h ? wl + 1 : mid;
-    for (uint32_t e0 = 0; e0 < per; e0 += span) {
-      const uint32_t e = e0 + lane % span;
+    const uint32_t k = ks[i];
+    uint32_t cf, cl;
+    sp.cta_contributors(wpc, k, &cf, &cl);
+    const uint32_t slot0 = sp.cta_part_slot(wpc, cf, k); /* the others' are 2 x: k holds their first piece */
+#pragma unroll
+    for (uint32_t m = 0; m < 4; m++) {
+      const uint32_t e = lane + 32 * m;
+      if (e >= per) break;
       float sum = 0.f;
-      for (uint32_t v = v0; e < per && v < v1; v += 16) {
-        float t[16];
+      for (uint32_t x0 = cf; x0 <= cl; x0 += 8) { /* 8 loads in flight */
+        float t[8];
 #pragma unroll
-        for (uint32_t i = 0; i < 16; i++)
-          t[i] = v + i < v1 ? __ldcg(part + (uint64_t)(v + i == wf ? slot0 : 2 * (v + i)) * per + e) : 0.f;
+        for (uint32_t j = 0; j < 8; j++)
+          t[j] = x0 + j <= cl ? __ldcg(part + (uint64_t)(x0 + j == cf ? slot0 : 2 * (x0 + j)) * per + e) : 0.f;
 #pragma unroll
-        for (uint32_t i = 0; i < 16; i++) sum += t[i];
+        for (uint32_t j = 0; j < 8; j++) sum += t[j];
       }
-      if (span == 16) sum += __shfl_down_sync(0xffffffffu, sum, 16);
-      if (e < per && h == 0) put(k, e, sum);
+      put(k, e, sum);
     }
   }
 }

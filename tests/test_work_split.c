@@ -5,7 +5,9 @@
  * layout 1's whole blocks, and for random shapes and warp counts (seed printed; NWC_SEED replays):
  * every slot streamed once, batches within their block and piece, only a warp's first and last
  * piece a part, and each row group's parts exactly those of the warps Split::contributors names,
- * in the slots the last contributor reads.  Needs no GPU.
+ * in the slots the last contributor reads; then finish_parts' sums a CTA at a time (CTAs of 8
+ * warps as the kernels', of 1 and of 3) on numbers: every part added once, every row group's rows
+ * written once with the sum of all its parts.  Needs no GPU.
  */
 #include "test_util.h"
 

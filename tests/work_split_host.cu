@@ -1,8 +1,10 @@
 /*
  * work_split_host.cu - kernels/work.cuh's split of row groups among warps run on the CPU, for
  * test_work_split.c: make_split, Split's index arithmetic (start, warp_of, group_of by Div32,
- * contributors, part_slot) and every warp's Cursor walk, batch by batch, exactly as the kernels
- * run them (they are NWC_HD), against what the split promises.
+ * contributors, part_slot, and the CTAs' sums: cta_first, cta_contributors, cta_part_slot) and
+ * every warp's Cursor walk, batch by batch, exactly as the kernels run them (they are NWC_HD),
+ * against what the split promises; then finish_parts' protocol on numbers: every row group's
+ * rows come out once, as the sum of its contributors' parts.
  */
 #include "work.cuh"
 
@@ -98,6 +100,77 @@ int walk(const Split &sp, uint64_t groups, uint8_t *seen, uint32_t *owner, char 
   return 0;
 }
 
+/* A warp's part of entry k, as a number whose sums are exact (mod 2^64). */
+uint64_t value(uint32_t w, uint32_t k) { return (uint64_t)(w + 1) * UINT64_C(0x9e3779b97f4a7c15) ^ ((uint64_t)k << 20); }
+
+/* finish_parts (work.cuh) for CTAs of wpc warps, on the parts `owner` holds (slot 2 w + i: entry
+ * of warp w's first (i = 0) or last piece, or UINT32_MAX): each CTA's first contributor of an
+ * entry adds the CTA's parts of it, writes the rows or the CTA's part slot; the last CTA adds the
+ * CTA parts.  Every part must be added once, every entry with parts written once, with the sum of
+ * all its contributors' parts. */
+int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t wpc, char *msg, size_t len) {
+  const uint32_t nctas = (sp.W + wpc - 1) / wpc;
+  uint64_t *cta_part = static_cast<uint64_t *>(calloc(2 * (size_t)nctas, sizeof(uint64_t)));
+  uint32_t *cta_k = static_cast<uint32_t *>(malloc(2 * (size_t)nctas * sizeof(uint32_t)));
+  uint64_t *rows = static_cast<uint64_t *>(calloc(groups, sizeof(uint64_t)));
+  uint8_t *written = static_cast<uint8_t *>(calloc(groups, 1)), *used = static_cast<uint8_t *>(calloc(2 * (size_t)sp.W, 1));
+  int rc = 0;
+  if (!cta_part || !cta_k || !rows || !written || !used) rc = fail(msg, len, "out of memory");
+  if (!rc) memset(cta_k, 0xff, 2 * (size_t)nctas * sizeof(uint32_t));
+  for (uint32_t w = 0; !rc && w < sp.W; w++) {
+    const uint32_t c = w / wpc, w_last = (wpc * c + wpc < sp.W ? wpc * c + wpc : sp.W) - 1;
+    for (uint32_t i = 0; !rc && i < 2; i++) {
+      const uint32_t k = owner[2 * w + i];
+      if (k == UINT32_MAX || !sp.cta_first(wpc, w, k)) continue;
+      uint32_t wf, wl;
+      sp.contributors(k, &wf, &wl);
+      uint64_t sum = 0;
+      for (uint32_t u = w; !rc && u <= (wl < w_last ? wl : w_last); u++) {
+        const uint32_t at = 2 * u + (sp.part_slot(u, k) & 1u);
+        if (owner[at] != k) rc = fail(msg, len, "wpc %u: warp %u adds warp %u's part of entry %u from slot %u (entry %d)", wpc,
+                                      w, u, k, at, (int)owner[at]);
+        else if (used[at]++) rc = fail(msg, len, "wpc %u: warp %u's part of entry %u added twice", wpc, u, k);
+        sum += value(u, k);
+      }
+      if (rc) break;
+      if (wf >= wpc * c && wl <= w_last) {
+        if (written[k]++) rc = fail(msg, len, "wpc %u: entry %u written twice (CTA %u)", wpc, k, c);
+        rows[k] = sum;
+      } else {
+        const uint32_t slot = sp.cta_part_slot(wpc, c, k);
+        if (slot >= 2 * nctas || cta_k[slot] != UINT32_MAX) rc = fail(msg, len, "wpc %u: CTA %u's part slot %u of entry %u taken", wpc, c, slot, k);
+        else cta_k[slot] = k, cta_part[slot] = sum;
+      }
+    }
+  }
+  for (uint32_t i = 0; !rc && i < 2 * sp.W; i++)
+    if (owner[i] != UINT32_MAX && !used[i]) rc = fail(msg, len, "wpc %u: warp %u's part of entry %u never added", wpc, i / 2, owner[i]);
+  for (uint32_t k = 0; !rc && k < groups; k++) {
+    uint32_t wf, wl, cf, cl;
+    sp.contributors(k, &wf, &wl);
+    sp.cta_contributors(wpc, k, &cf, &cl);
+    if (cf != cl) { /* the last CTA's sums */
+      uint64_t sum = 0;
+      for (uint32_t x = cf; !rc && x <= cl; x++) {
+        const uint32_t slot = x == cf ? sp.cta_part_slot(wpc, cf, k) : 2 * x;
+        if (cta_k[slot] != k) rc = fail(msg, len, "wpc %u: entry %u: CTA %u's part not in slot %u", wpc, k, x, slot);
+        sum += cta_part[slot];
+      }
+      if (!rc && written[k]++) rc = fail(msg, len, "wpc %u: entry %u written by a CTA and by the last CTA", wpc, k);
+      rows[k] = sum;
+    }
+    if (rc) break;
+    uint64_t want = 0;
+    for (uint32_t u = wf; u <= wl; u++) want += value(u, k);
+    if (wf == wl && written[k]) rc = fail(msg, len, "wpc %u: entry %u is one warp's whole piece but was summed", wpc, k);
+    else if (wf != wl && (!written[k] || rows[k] != want))
+      rc = fail(msg, len, "wpc %u: entry %u (warps %u .. %u, CTAs %u .. %u) %s", wpc, k, wf, wl, cf, cl,
+                written[k] ? "has the wrong sum" : "never written");
+  }
+  free(cta_part), free(cta_k), free(rows), free(written), free(used);
+  return rc;
+}
+
 } /* namespace */
 
 /* 0 when the split of `groups` row groups of S slots in granules of G among at most `warps` warps,
@@ -119,6 +192,8 @@ extern "C" int nwc_test_work_split(uint64_t groups, uint32_t S, uint32_t G, uint
   }
   memset(owner, 0xff, 2 * (size_t)sp.W * sizeof *owner);
   rc = D == 2 ? walk<2>(sp, groups, seen, owner, msg, len) : walk<4>(sp, groups, seen, owner, msg, len);
+  static const uint32_t wpcs[] = {8, 1, 3}; /* the kernels' CTAs of 8 warps; 1: a CTA per warp */
+  for (size_t i = 0; !rc && i < sizeof wpcs / sizeof wpcs[0]; i++) rc = cta_sums(sp, groups, owner, wpcs[i], msg, len);
   free(seen), free(owner);
   return rc;
 }
