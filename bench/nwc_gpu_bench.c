@@ -2,15 +2,17 @@
  * nwc_gpu_bench.c - the CUDA kernels (layouts 0, 1 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
  * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
  *
- *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--no-shapes]
+ *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--token-step-hf] [--no-shapes]
  *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
  *
  * --layout picks the tensors' layout (BF16 and fp8; fp8 with 1 column), --cols the columns of x
  * multiplied in one call, against cublasGemmEx with as many columns; --x the type of x that nwc
  * reads (fp32 by default: nwc_k_matvec_cols; bf16: nwc_k_matvec_cols_bf16x, layouts 1 and 2, the
  * same BF16 x that cuBLAS reads).  --token-step adds every
- * linear of a Qwen3-4B-shaped model in one graph (bench_token_step); --no-shapes leaves out the
- * nine shapes and the sample.
+ * linear of a Qwen3-4B-shaped model in one graph (bench_token_step), its layers' matrices fused as
+ * engines fuse them; --token-step-hf the same model with transformers' unfused linears (q, k, v,
+ * o, gate, up, down: what nwc.torch's patched model runs, bench/nwc_torch_bench.py); --no-shapes
+ * leaves out the nine shapes and the sample.
  *
  * --shape (repeatable) replaces the nine shapes and leaves out the sample model (for profiling).
  *
@@ -51,7 +53,7 @@ static double l2_bytes, floor_bps = 4.52e12, sm_clock_hz;
 static int sms, quick;
 static unsigned layout, ncols = 1; /* --layout, --cols */
 static int x_bf16;                  /* --x bf16 */
-static int token_step;             /* --token-step */
+static int token_step, token_step_hf; /* --token-step, --token-step-hf */
 
 /* ---- random weights ----------------------------------------------------------------------- */
 
@@ -469,38 +471,57 @@ static void model_blas(void *ctx, int c) {
   for (int i = 0; i < m->n; i++) blas_call(&m->bs[i], c);
 }
 
-/* The token step: every linear of a Qwen3-4B-shaped model (36 layers of fused q/k/v 6144 x 2560,
- * o 2560 x 4096, fused gate/up 19456 x 2560, down 2560 x 9728; lm_head 151936 x 2560) in one
- * graph, nwc against cuBLAS.  Each layer's matrices are their own device copies of one encoded
+/* The token step: every linear of a Qwen3-4B-shaped model in one graph, nwc against cuBLAS: 36
+ * layers, then lm_head 151936 x 2560.  Engines fuse a layer's q/k/v (6144 x 2560) and gate/up
+ * (19456 x 2560); transformers runs them apart (q 4096, k and v 1024, gate and up 9728 rows), as
+ * nwc.torch's patched model does.  Each layer's matrices are their own device copies of one encoded
  * layer (the weights repeat, the bytes read do not: 6 GB compressed, 8 GB BF16, far past L2). */
-enum { STEP_LAYERS = 36, STEP_MATS = 5 };
-static const uint64_t step_shapes[STEP_MATS][2] = {
-    {6144, 2560}, {2560, 4096}, {19456, 2560}, {2560, 9728}, {151936, 2560}};
+enum { STEP_LAYERS = 36, STEP_MAX_MATS = 8 };
+typedef struct step_model {
+  const char *name;
+  int nmats; /* the layer's matrices, then lm_head */
+  uint64_t shapes[STEP_MAX_MATS][2];
+} step_model;
+static const step_model qwen3_fused = {
+    "qwen3-4b-shaped", 5, {{6144, 2560}, {2560, 4096}, {19456, 2560}, {2560, 9728}, {151936, 2560}}};
+static const step_model qwen3_hf = {"qwen3-4b-unfused",
+                                    8,
+                                    {{4096, 2560},
+                                     {1024, 2560},
+                                     {1024, 2560},
+                                     {2560, 4096},
+                                     {9728, 2560},
+                                     {9728, 2560},
+                                     {2560, 9728},
+                                     {151936, 2560}}};
 typedef struct step_ctx {
-  nwc_side ns[STEP_MATS];
-  blas_side bs[STEP_MATS];
+  int nmats;
+  nwc_side ns[STEP_MAX_MATS];
+  blas_side bs[STEP_MAX_MATS];
 } step_ctx;
 static void step_nwc(void *ctx, int c) {
   step_ctx *m = ctx;
   (void)c;
   for (int l = 0; l < STEP_LAYERS; l++)
-    for (int i = 0; i < STEP_MATS - 1; i++) nwc_linear_call(&m->ns[i], l);
-  nwc_linear_call(&m->ns[STEP_MATS - 1], 0);
+    for (int i = 0; i < m->nmats - 1; i++) nwc_linear_call(&m->ns[i], l);
+  nwc_linear_call(&m->ns[m->nmats - 1], 0);
 }
 static void step_blas(void *ctx, int c) {
   step_ctx *m = ctx;
   (void)c;
   for (int l = 0; l < STEP_LAYERS; l++)
-    for (int i = 0; i < STEP_MATS - 1; i++) blas_call(&m->bs[i], l);
-  blas_call(&m->bs[STEP_MATS - 1], 0);
+    for (int i = 0; i < m->nmats - 1; i++) blas_call(&m->bs[i], l);
+  blas_call(&m->bs[m->nmats - 1], 0);
 }
 
-static void bench_token_step(void) {
+static void bench_token_step(const step_model *model) {
   step_ctx m;
   double nbytes = 0, weights = 0;
-  for (int i = 0; i < STEP_MATS; i++) {
-    const uint64_t M = step_shapes[i][0], K = step_shapes[i][1];
-    const int copies = i < STEP_MATS - 1 ? STEP_LAYERS : 1; /* each read once a step */
+  const int linears = STEP_LAYERS * (model->nmats - 1) + 1;
+  m.nmats = model->nmats;
+  for (int i = 0; i < m.nmats; i++) {
+    const uint64_t M = model->shapes[i][0], K = model->shapes[i][1];
+    const int copies = i < m.nmats - 1 ? STEP_LAYERS : 1; /* each read once a step */
     uint16_t *w = make_weights(M, K);
     uint64_t lay[4];
     NW(nwc_layout(M, K, NWC_ELEM(NWC_ELEM_BF16, layout), lay));
@@ -520,17 +541,17 @@ static void bench_token_step(void) {
   double nu, nsg, bu, bsg;
   time_calls(step_nwc, &m, 1, &nu, &nsg);
   time_calls(step_blas, &m, 1, &bu, &bsg);
-  printf("{\"bench\":\"token_step\",\"model\":\"qwen3-4b-shaped\",\"layout\":%u,\"cols\":%u,\"x\":\"%s\","
+  printf("{\"bench\":\"token_step\",\"model\":\"%s\",\"layout\":%u,\"cols\":%u,\"x\":\"%s\","
          "\"linears\":%d,\"weights\":%.0f,\"nwc_bytes\":%.0f,\"bytes_ratio\":%.4f,\"nwc_graph_us\":%.1f,"
          "\"cublas_graph_us\":%.1f,\"speedup_graph\":%.3f,\"nwc_tbps\":%.3f,\"cublas_tbps\":%.3f}\n",
-         layout, ncols, x_bf16 ? "bf16" : "fp32", STEP_LAYERS * (STEP_MATS - 1) + 1, weights, nbytes, nbytes / (weights * 2), nu, bu,
-         bu / nu, nbytes / nu * 1e-6, weights * 2 / bu * 1e-6);
+         model->name, layout, ncols, x_bf16 ? "bf16" : "fp32", linears, weights, nbytes, nbytes / (weights * 2), nu,
+         bu, bu / nu, nbytes / nu * 1e-6, weights * 2 / bu * 1e-6);
   struct row *row = &rows[nrows++];
-  snprintf(row->name, sizeof row->name, "token step (%d linears)", STEP_LAYERS * (STEP_MATS - 1) + 1);
+  snprintf(row->name, sizeof row->name, "token step%s (%d linears)", model == &qwen3_hf ? ", HF" : "", linears);
   row->nwc_us = nu, row->blas_us = bu, row->nwc_single = nsg, row->blas_single = bsg;
   row->ratio_bytes = nbytes / (weights * 2), row->floor_us = nbytes / floor_bps * 1e6;
   row->clk64 = clk64(nu, 1, (uint64_t)weights);
-  for (int i = 0; i < STEP_MATS; i++) nwc_side_free(&m.ns[i]), blas_side_free(&m.bs[i]);
+  for (int i = 0; i < m.nmats; i++) nwc_side_free(&m.ns[i]), blas_side_free(&m.bs[i]);
 }
 
 static void bench_sample(const char *path) {
@@ -602,8 +623,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--x") && i + 1 < argc && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
       x_bf16 = !strcmp(argv[++i], "bf16");
     else if (!strcmp(argv[i], "--token-step")) token_step = 1;
+    else if (!strcmp(argv[i], "--token-step-hf")) token_step_hf = 1;
     else if (!strcmp(argv[i], "--no-shapes")) nshapes = 0, sample = NULL;
-    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--no-shapes] "
+    else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--token-step-hf] [--no-shapes] "
              "[--sample FILE] [--floor-tbps T] [--shape MxK]...");
   }
   if (layout > 2 || ncols < 1 || ncols > 8) {
@@ -632,7 +654,8 @@ int main(int argc, char **argv) {
 
   for (int s = 0; s < nshapes; s++) bench_shape(shapes[s][0], shapes[s][1]);
   if (sample) bench_sample(sample);
-  if (token_step) bench_token_step();
+  if (token_step) bench_token_step(&qwen3_fused);
+  if (token_step_hf) bench_token_step(&qwen3_hf);
 
   double lg = 0, lg8 = 0;
   int n8 = 0;
