@@ -1,6 +1,6 @@
 /*
  * nwc_gpu_bench.c - the CUDA kernels (layouts 0, 1 and 2) against cuBLAS BF16 GEMV and the plain fp8 matvec on
- * one GPU (issue 7).  Prints one JSON object per measurement on stdout, then a table.
+ * one GPU.  Prints one JSON object per measurement on stdout, then a table.
  *
  *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--token-step-hf] [--no-shapes]
  *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...

@@ -1,7 +1,7 @@
 /*
- * nwc_stream_bench.cu - how fast can a warp stream layout 2's planes, apart from decoding them?
- * (issue 20; docs/results.md: the layout-2 matvec with its decode and mma replaced by a XOR runs
- * at 89 - 97 % of the full kernel's time, 2.5 TB/s on 28672 x 4096, so the streaming limits it.)
+ * nwc_stream_bench.cu - how fast can a warp stream layout 2's planes, apart from decoding them, and
+ * what does a small streaming kernel cost in a sequence of launches?  The least a layout-2 matvec
+ * can take on this machine, whatever its decode (measurements: docs/results.md).
  *
  *   nwc_stream_bench [--mb N] [--reps R]
  *   nwc_stream_bench --chain   (what a small kernel costs in a sequence: run_chain below)
