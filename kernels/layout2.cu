@@ -576,7 +576,7 @@ __device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split 
   __syncthreads(); /* every warp's part table written */
   if (wid >= sp.W) return;
   const uint32_t ncols = a.ncols;
-  finish_parts(sp, kL2Warps, wid, pend0, pend1, part_table<kPartTab>(), kPartTab / 4, a.ctr, a.part, 16 * ncols,
+  finish_parts<16 * C>(sp, kL2Warps, wid, pend0, pend1, part_table<kPartTab>(), kPartTab / 4, a.ctr, a.part, 16 * ncols,
                [&](uint32_t k, uint32_t e, float sum) {
                  const uint32_t row = e / ncols, R = 16 * k + row;
                  if (R < M) put_row(a, R, e - row * ncols, sum);

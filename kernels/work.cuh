@@ -167,14 +167,16 @@ constexpr uint32_t kNoPart = 0xffffffffu;
  * of the entry's contributors it calls put(k, e, sum) for e = lane, lane + 32, ... < per;
  * otherwise it writes the CTA's part to `part` (cta_part_slot), counts the CTA in the entry's
  * counter and, where it is the last CTA, adds the CTAs' parts in CTA order and calls put.  All
- * lanes call it; per <= 128.
+ * lanes call it; per <= kPer (16 x the sink's most columns, at most 128).
  */
-template <class Put>
+template <uint32_t kPer, class Put>
 __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint32_t w, uint32_t pend0, uint32_t pend1,
                                              const float *tab, uint32_t tab_stride, uint32_t *ctr, float *part,
                                              uint32_t per, Put put) {
   const uint32_t lane = threadIdx.x & 31u, c = w / wpc, w_last = umin32(wpc * c + wpc, sp.W) - 1;
   const uint32_t ks[2] = {pend0, pend1};
+  static_assert(kPer <= 128, "four values a lane at most");
+  constexpr uint32_t kM = (kPer + 31) / 32; /* values a lane */
   uint32_t out = 0; /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i] */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -185,7 +187,7 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
     if (wf < wpc * c || wl > w_last) out |= 1u << i;
     const uint32_t u_end = umin32(wl, w_last);
 #pragma unroll
-    for (uint32_t m = 0; m < 4; m++) {
+    for (uint32_t m = 0; m < kM; m++) {
       const uint32_t e = lane + 32 * m;
       float sum = 0.f;
       for (uint32_t u = w; e < per && u <= u_end; u++) sum += tab[(u - w) * tab_stride + (sp.part_slot(u, k) & 1u) * per + e];
@@ -216,7 +218,7 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
     sp.cta_contributors(wpc, k, &cf, &cl);
     const uint32_t slot0 = sp.cta_part_slot(wpc, cf, k); /* the others' are 2 x: k holds their first piece */
 #pragma unroll
-    for (uint32_t m = 0; m < 4; m++) {
+    for (uint32_t m = 0; m < kM; m++) {
       const uint32_t e = lane + 32 * m;
       if (e >= per) break;
       float sum = 0.f;
