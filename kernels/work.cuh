@@ -174,7 +174,7 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
                                              const float *tab, uint32_t tab_stride, uint32_t *ctr, float *part,
                                              uint32_t per, Put put) {
   const uint32_t lane = threadIdx.x & 31u, c = w / wpc, w_last = umin32(wpc * c + wpc, sp.W) - 1;
-  const uint32_t ks[2] = {pend0, pend1};
+  const uint32_t ks[2] = {pend0, pend1}; /* indexed by constants only (a lane's index: local memory) */
   static_assert(kPer <= 128, "four values a lane at most");
   constexpr uint32_t kM = (kPer + 31) / 32; /* values a lane */
   uint32_t out = 0; /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i] */
@@ -197,15 +197,16 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
   }
   if (!out) return;
   /* the CTA's parts are visible before its counts (a release: the acquire half, which also
-   * invalidates L1, only the last CTA needs, below); both counts in one round trip, lane i
-   * counting ks[i] */
+   * invalidates L1, only the last CTA needs, below); both counts in one round trip, lane 0
+   * counting pend0, lane 1 pend1 */
   asm volatile("fence.release.gpu;" ::: "memory");
   __syncwarp();
   uint32_t last = 0;
   if (lane < 2 && (out >> lane & 1u)) {
+    const uint32_t k = lane == 0 ? pend0 : pend1;
     uint32_t cf, cl;
-    sp.cta_contributors(wpc, ks[lane], &cf, &cl);
-    last = atomicInc(ctr + ks[lane], cl - cf) == cl - cf;
+    sp.cta_contributors(wpc, k, &cf, &cl);
+    last = atomicInc(ctr + k, cl - cf) == cl - cf;
   }
   last = __ballot_sync(0xffffffffu, last);
   if (!last) return;
