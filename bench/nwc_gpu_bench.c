@@ -478,13 +478,14 @@ static void model_blas(void *ctx, int c) {
  * layer (the weights repeat, the bytes read do not: 6 GB compressed, 8 GB BF16, far past L2). */
 enum { STEP_LAYERS = 36, STEP_MAX_MATS = 8 };
 typedef struct step_model {
-  const char *name;
-  int nmats; /* the layer's matrices, then lm_head */
+  const char *name, *label; /* in the JSON line, in the table */
+  int nmats;                /* the layer's matrices, then lm_head */
   uint64_t shapes[STEP_MAX_MATS][2];
 } step_model;
 static const step_model qwen3_fused = {
-    "qwen3-4b-shaped", 5, {{6144, 2560}, {2560, 4096}, {19456, 2560}, {2560, 9728}, {151936, 2560}}};
+    "qwen3-4b-shaped", "token step", 5, {{6144, 2560}, {2560, 4096}, {19456, 2560}, {2560, 9728}, {151936, 2560}}};
 static const step_model qwen3_hf = {"qwen3-4b-unfused",
+                                    "token step, HF",
                                     8,
                                     {{4096, 2560},
                                      {1024, 2560},
@@ -547,7 +548,7 @@ static void bench_token_step(const step_model *model) {
          model->name, layout, ncols, x_bf16 ? "bf16" : "fp32", linears, weights, nbytes, nbytes / (weights * 2), nu,
          bu, bu / nu, nbytes / nu * 1e-6, weights * 2 / bu * 1e-6);
   struct row *row = &rows[nrows++];
-  snprintf(row->name, sizeof row->name, "token step%s (%d linears)", model == &qwen3_hf ? ", HF" : "", linears);
+  snprintf(row->name, sizeof row->name, "%s (%d linears)", model->label, linears);
   row->nwc_us = nu, row->blas_us = bu, row->nwc_single = nsg, row->blas_single = bsg;
   row->ratio_bytes = nbytes / (weights * 2), row->floor_us = nbytes / floor_bps * 1e6;
   row->clk64 = clk64(nu, 1, (uint64_t)weights);

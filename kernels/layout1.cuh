@@ -110,8 +110,8 @@ __host__ __device__ constexpr unsigned l1_stream_buf(unsigned per_warp, unsigned
  * buffer (bare or not: the first batch needs them too); prologue() has nothing to fetch (layout 2's
  * fetches its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
  * fresh) starts the lanes' decoders at a block's start; slot(cursor, k, A) decodes slot k of the
- * batch (l2_stream asks only for those before its end); end() has nothing to do.  Shared memory per warp: kWarpSmem = two
- * ring sets and two stream buffers of SB bytes.
+ * batch (l2_stream asks only for those before its end); end() has nothing to do.  Shared memory
+ * per warp: kWarpSmem = two ring sets and two stream buffers of SB bytes.
  */
 template <int D, bool FP8, unsigned SB>
 struct L1Source {
@@ -185,7 +185,8 @@ struct L1Source {
 
 /* The host side of layout 1 (in layout2.cu, beside layout 2's), called by the nwc_k_* entries:
  * checks and geometry of a layout-1 tensor (-ENOTSUP for another layout or type), scratch size,
- * the matvec (1..8 columns of fp32 or BF16 x), dequant (rows == NULL) or gather, and dequant of a range of rows. */
+ * the matvec (1..8 columns of fp32 or BF16 x), dequant (rows == NULL) or gather, and dequant of
+ * a range of rows. */
 int l1_geom_of(const nwc_k_tensor *t, L1Geom *g);
 int64_t l1_scratch_bytes(const L1Geom &g, unsigned ncols);
 int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,

@@ -296,9 +296,10 @@ __device__ __forceinline__ void grid_wait_after(uint32_t token) {
  * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
  * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
  * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
- * warp) after the range (l2_stream: every warp of the CTA, with work or not).  At the top of each batch the source starts the copies of the next batch
- * into the other set of its ring, then the warp waits for this batch's copies and decodes them:
- * one batch is always in flight while one is decoded.  The first batch is issued bare and the
+ * warp) after the range (l2_stream: every warp of the CTA, with work or not).  At the top of each
+ * batch the source starts the copies of the next batch into the other set of its ring, then the
+ * warp waits for this batch's copies and decodes them: one batch is always in flight while one is
+ * decoded.  The first batch is issued bare and the
  * source's prologue fetches what else it needs of the first block by plain loads, both before
  * griddepcontrol.wait; its begin() is then told the batch is fresh.
  */
@@ -535,8 +536,8 @@ __device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t 
 }
 
 /* The piece's 16 x ncols sums: the table gets B's columns (row, 8 t + 2 q + e) beside the
- * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's three
- * parts and its four exception sums, in that order (clearing those for the next piece), and write
+ * exception sums the blocks left at (row, kRedEx + 4 n + q); then lanes add a column's P parts
+ * and its four exception sums, in that order (clearing those for the next piece), and write
  * the rows (a whole row group) or the piece's slot of the warp's part table, e = row ncols + n of
  * it. */
 template <int V, int D_>
@@ -761,9 +762,8 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 
 /* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per CTA (as many CTAs as any
  * column count may have: kL2CtasPerSm a SM; work.cuh's parts are a CTA's), then a counter per
- * row group.  The layout is the
- * same for every tensor and column count, so that one zeroed scratch serves many tensors: the
- * counters (left at zero) never lie where another call's parts were written (with the counters
+ * row group.  The layout is the same for every tensor and column count, so that one zeroed
+ * scratch serves many tensors: the counters (left at zero) never lie where another call's parts were written (with the counters
  * first, a tensor of more row groups found a smaller one's parts in its counters). */
 struct L2Scratch {
   uint64_t ctr, total;
@@ -946,7 +946,7 @@ int l1_geom_of(const nwc_k_tensor *t, L1Geom *g) {
 
 int64_t l1_scratch_bytes(const L1Geom &g, unsigned) {
   const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more warps than layout 1 has */
+  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more CTAs than layout 1 has */
 }
 
 int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,

@@ -80,23 +80,16 @@ struct Split {
   /* Warp w's part slot for its piece of entry k: 2 w for the warp's first piece (its range starts
    * in k), 2 w + 1 for its last. */
   NWC_HD uint32_t part_slot(uint32_t w, uint32_t k) const { return 2 * w + (start(w) < k * Gr ? 1u : 0u); }
-  /* In CTAs of wpc warps (CTA c: warps wpc c ..): whether warp w is its CTA's first contributor
-   * of entry k (the one that adds the CTA's parts of k), */
-  NWC_HD bool cta_first(uint32_t wpc, uint32_t w, uint32_t k) const {
-    uint32_t wf, wl;
-    contributors(k, &wf, &wl);
-    return w == (wf > w / wpc * wpc ? wf : w / wpc * wpc);
-  }
-  /* the CTAs with parts of entry k: cf .. cl, */
-  NWC_HD void cta_contributors(uint32_t wpc, uint32_t k, uint32_t *cf, uint32_t *cl) const {
-    contributors(k, cf, cl);
-    *cf /= wpc, *cl /= wpc;
-  }
-  /* and CTA c's part slot for entry k (2 c: the CTA's first piece, 2 c + 1: its last). */
+  /* In CTAs of wpc warps (CTA c: warps wpc c ..), CTA c's part slot for entry k (2 c: the CTA's
+   * first piece, 2 c + 1: its last); the CTAs with parts of k are contributors' / wpc. */
   NWC_HD uint32_t cta_part_slot(uint32_t wpc, uint32_t c, uint32_t k) const {
     return 2 * c + (start(wpc * c) < k * Gr ? 1u : 0u);
   }
 };
+
+/* The warp of warp w's CTA (of wpc warps) that adds the CTA's parts of an entry whose first
+ * contributor is wf: the CTA's first contributor of it. */
+NWC_HD uint32_t cta_adder(uint32_t wpc, uint32_t w, uint32_t wf) { return wf > w / wpc * wpc ? wf : w / wpc * wpc; }
 
 /* groups row groups of S slots in granules of G, for at most `warps` warps; -EOVERFLOW past 2^32
  * granules, -EINVAL for nothing to do. */
@@ -163,7 +156,7 @@ constexpr uint32_t kNoPart = 0xffffffffu;
  * the sequence entries of its first and last piece where those were parts (kNoPart otherwise),
  * whose `per` floats (16 rows x ncols) the CTA's warps left in their part tables in shared memory
  * (warp u's slot s at tab + (u - w) tab_stride + s per; s as part_slot).  For each entry whose
- * parts it adds (Split::cta_first), the warp adds the CTA's in warp order; where the CTA holds all
+ * parts it adds (cta_adder), the warp adds the CTA's in warp order; where the CTA holds all
  * of the entry's contributors it calls put(k, e, sum) for e = lane, lane + 32, ... < per;
  * otherwise it writes the CTA's part to `part` (cta_part_slot), counts the CTA in the entry's
  * counter and, where it is the last CTA, adds the CTAs' parts in CTA order and calls put.  All
@@ -177,14 +170,17 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
   const uint32_t ks[2] = {pend0, pend1}; /* indexed by constants only (a lane's index: local memory) */
   static_assert(kPer <= 128, "four values a lane at most");
   constexpr uint32_t kM = (kPer + 31) / 32; /* values a lane */
-  uint32_t out = 0; /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i] */
+  uint32_t out = 0;      /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i], */
+  uint32_t cf[2], cl[2]; /* cf[i] .. cl[i] */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const uint32_t k = ks[i];
-    if (k == kNoPart || !sp.cta_first(wpc, w, k)) continue;
+    if (k == kNoPart) continue;
     uint32_t wf, wl;
     sp.contributors(k, &wf, &wl);
-    if (wf < wpc * c || wl > w_last) out |= 1u << i;
+    if (w != cta_adder(wpc, w, wf)) continue;
+    cf[i] = wf / wpc, cl[i] = wl / wpc;
+    if (cf[i] != cl[i]) out |= 1u << i;
     const uint32_t u_end = umin32(wl, w_last);
 #pragma unroll
     for (uint32_t m = 0; m < kM; m++) {
@@ -203,10 +199,8 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
   __syncwarp();
   uint32_t last = 0;
   if (lane < 2 && (out >> lane & 1u)) {
-    const uint32_t k = lane == 0 ? pend0 : pend1;
-    uint32_t cf, cl;
-    sp.cta_contributors(wpc, k, &cf, &cl);
-    last = atomicInc(ctr + k, cl - cf) == cl - cf;
+    const uint32_t k = lane == 0 ? pend0 : pend1, span = lane == 0 ? cl[0] - cf[0] : cl[1] - cf[1];
+    last = atomicInc(ctr + k, span) == span;
   }
   last = __ballot_sync(0xffffffffu, last);
   if (!last) return;
@@ -215,19 +209,17 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
   for (int i = 0; i < 2; i++) {
     if (!(last >> i & 1u)) continue;
     const uint32_t k = ks[i];
-    uint32_t cf, cl;
-    sp.cta_contributors(wpc, k, &cf, &cl);
-    const uint32_t slot0 = sp.cta_part_slot(wpc, cf, k); /* the others' are 2 x: k holds their first piece */
+    const uint32_t slot0 = sp.cta_part_slot(wpc, cf[i], k); /* the others' are 2 x: k holds their first piece */
 #pragma unroll
     for (uint32_t m = 0; m < kM; m++) {
       const uint32_t e = lane + 32 * m;
       if (e >= per) break;
       float sum = 0.f;
-      for (uint32_t x0 = cf; x0 <= cl; x0 += 8) { /* 8 loads in flight */
+      for (uint32_t x0 = cf[i]; x0 <= cl[i]; x0 += 8) { /* 8 loads in flight */
         float t[8];
 #pragma unroll
         for (uint32_t j = 0; j < 8; j++)
-          t[j] = x0 + j <= cl ? __ldcg(part + (uint64_t)(x0 + j == cf ? slot0 : 2 * (x0 + j)) * per + e) : 0.f;
+          t[j] = x0 + j <= cl[i] ? __ldcg(part + (uint64_t)(x0 + j == cf[i] ? slot0 : 2 * (x0 + j)) * per + e) : 0.f;
 #pragma unroll
         for (uint32_t j = 0; j < 8; j++) sum += t[j];
       }

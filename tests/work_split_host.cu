@@ -1,7 +1,7 @@
 /*
  * work_split_host.cu - kernels/work.cuh's split of row groups among warps run on the CPU, for
  * test_work_split.c: make_split, Split's index arithmetic (start, warp_of, group_of by Div32,
- * contributors, part_slot, and the CTAs' sums: cta_first, cta_contributors, cta_part_slot) and
+ * contributors, part_slot, and the CTAs' sums: cta_adder, cta_part_slot) and
  * every warp's Cursor walk, batch by batch, exactly as the kernels run them (they are NWC_HD),
  * against what the split promises; then finish_parts' protocol on numbers: every row group's
  * rows come out once, as the sum of its contributors' parts.
@@ -121,9 +121,10 @@ int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t w
     const uint32_t c = w / wpc, w_last = (wpc * c + wpc < sp.W ? wpc * c + wpc : sp.W) - 1;
     for (uint32_t i = 0; !rc && i < 2; i++) {
       const uint32_t k = owner[2 * w + i];
-      if (k == UINT32_MAX || !sp.cta_first(wpc, w, k)) continue;
+      if (k == UINT32_MAX) continue;
       uint32_t wf, wl;
       sp.contributors(k, &wf, &wl);
+      if (w != cta_adder(wpc, w, wf)) continue;
       uint64_t sum = 0;
       for (uint32_t u = w; !rc && u <= (wl < w_last ? wl : w_last); u++) {
         const uint32_t at = 2 * u + (sp.part_slot(u, k) & 1u);
@@ -146,9 +147,9 @@ int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t w
   for (uint32_t i = 0; !rc && i < 2 * sp.W; i++)
     if (owner[i] != UINT32_MAX && !used[i]) rc = fail(msg, len, "wpc %u: warp %u's part of entry %u never added", wpc, i / 2, owner[i]);
   for (uint32_t k = 0; !rc && k < groups; k++) {
-    uint32_t wf, wl, cf, cl;
+    uint32_t wf, wl;
     sp.contributors(k, &wf, &wl);
-    sp.cta_contributors(wpc, k, &cf, &cl);
+    const uint32_t cf = wf / wpc, cl = wl / wpc;
     if (cf != cl) { /* the last CTA's sums */
       uint64_t sum = 0;
       for (uint32_t x = cf; !rc && x <= cl; x++) {
