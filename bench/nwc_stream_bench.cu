@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const uint4 *src, uint6
 #pragma unroll
     for (int j = 0; j < 8; j++) acc = acc * 3u + (v[j].x ^ v[j].y ^ v[j].z ^ v[j].w);
     if (!waited) {
-      asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(acc) : "memory");
+      nwc_k::grid_wait_after(acc); /* the first loads issued before the wait, as the matvec's */
       waited = true;
     }
   }

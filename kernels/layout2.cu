@@ -277,18 +277,6 @@ struct L2Source {
   }
 };
 
-/* griddepcontrol.wait once `token` is known.  ptxas moves loads issued before the wait
- * (ld.global.nc, which it may reorder with the wait) to after it, where their latency follows the
- * kernel before instead of overlapping it (seen in the SASS: the prologue's loads after ACQBULK);
- * the wait predicated on a value made of their results, both ways so that it always runs, stays
- * behind them. */
-__device__ __forceinline__ void grid_wait_after(uint32_t token) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}"
-      ::"r"(token)
-      : "memory");
-}
-
 /*
  * Streams a warp's range (work.cuh: granules of the split's G slots, 1 or 2 for layout 2, whole
  * blocks for layout 1) batch by batch (Cursor::end: up to D slots, never across a block) from a

@@ -1,7 +1,8 @@
 /*
  * layout2.cuh - layout 2 (docs/format-layouts.md §2, §4) as the kernels see it: the geometry, the
  * slot decoder that turns a lane's nibbles and low bytes into mma.m16n8k16 A fragments, and the
- * walk over a lane's exception entries.  Device code shared by layout2.cu's kernels.
+ * walk over a lane's exception entries, and the PDL wait the kernels use.  Device code shared by
+ * layout2.cu's kernels (and bench/nwc_stream_bench.cu).
  *
  * A slot is 16 rows x 32 columns of one row group; lane L (r = L >> 2, q = L & 3) owns its weights
  * j = 8h + 2a + e at row r + 8 (a & 1), column 8q + 4h + 2 (a >> 1) + e, which is exactly the
@@ -107,6 +108,18 @@ __device__ __forceinline__ uint32_t fp8_to_bf16_bits(uint32_t v) {
 __device__ __forceinline__ uint32_t frag_row(uint32_t r, uint32_t j) { return r + 8 * ((j >> 1) & 1); }
 __device__ __forceinline__ uint32_t frag_col(uint32_t q, uint32_t j) {
   return 8 * q + 4 * (j >> 3) + 2 * ((j >> 2) & 1) + (j & 1);
+}
+
+/* griddepcontrol.wait (the kernels are PDL dependents) once `token` is known.  ptxas moves loads issued before the wait
+ * (ld.global.nc, which it may reorder with the wait) to after it, where their latency follows the
+ * kernel before instead of overlapping it (seen in the SASS: the prologue's loads after ACQBULK);
+ * the wait predicated on a value made of their results, both ways so that it always runs, stays
+ * behind them. */
+__device__ __forceinline__ void grid_wait_after(uint32_t token) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}"
+      ::"r"(token)
+      : "memory");
 }
 
 /* bf16 bits (low half of a word) to fp32. */
