@@ -679,8 +679,21 @@ int l2_split(uint32_t S, uint64_t groups, uint32_t first, uint32_t G, unsigned p
   return make_split(groups, S, G, (uint64_t)sms * per_sm * kL2Warps, first, sp);
 }
 
-/* Layout 2's granule: one slot (fp8: a pair, whose low plane is one piece). */
+/* Layout 2's granule for dequant and gather: one slot (fp8: a pair, whose low plane is one piece). */
 uint32_t l2_granule(const L2Geom &g) { return g.fp8 ? 2 : 1; }
+
+/* Layout 2's cut for the matvec: granules of half a 512-column block (8 slots), so that a warp's
+ * range is whole batches (4 or 2 slots) and crosses no more block ends than it must; of a quarter
+ * (4) where half blocks would leave fewer warps than one CTA a SM.  Granules of one slot cost up
+ * to 10 % on the small shapes, whole blocks as much again (docs/results.md). */
+constexpr uint32_t kL2MatvecGranule = 8;
+static int l2_matvec_split(const L2Geom &g, unsigned per_sm, Split *sp) {
+  static_assert(kL2MatvecGranule / 2 % batch_of(0) == 0 && kL2MatvecGranule / 2 % batch_of(2) == 0, "whole batches");
+  const int sms = sm_count();
+  if (sms < 0) return sms;
+  const bool half = g.RB * ((g.S + kL2MatvecGranule - 1) / kL2MatvecGranule) >= (uint64_t)sms * kL2Warps;
+  return l2_split(g.S, g.RB, 0, half ? kL2MatvecGranule : kL2MatvecGranule / 2, per_sm, sp);
+}
 
 /* CTAs for sp's warps. */
 unsigned l2_ctas(const Split &sp) { return (sp.W + kL2Warps - 1) / kL2Warps; }
@@ -789,7 +802,7 @@ static int launch_tc_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t str
   constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem + Sink::kPartTab); /* the part tables last */
   static_assert(matvec_ctas_per_sm(V) * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
   Split sp;
-  int rc = l2_split(g.S, g.RB, 0, l2_granule(g), matvec_ctas_per_sm(V), &sp);
+  int rc = l2_matvec_split(g, matvec_ctas_per_sm(V), &sp);
   if (rc < 0 || (rc = set_smem(l2_matvec_kernel<V, FP8>, smem, matvec_ctas_per_sm(V))) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
