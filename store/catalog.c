@@ -411,7 +411,7 @@ static int publish_body(sqlite3 *db, const nwc__pub_model *m) {
   sqlite3_bind_int64(st, 2, model_id);
   sqlite3_bind_int64(st, 3, (sqlite3_int64)m->container_size);
   sqlite3_bind_int64(st, 4, (sqlite3_int64)m->container_header_xxh3);
-  sqlite3_bind_int64(st, 5, NWC_CONTAINER_VERSION);
+  sqlite3_bind_int64(st, 5, m->container_version);
   rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(db, "insert container");
   sqlite3_finalize(st);
   NWC_TRY(rc);
@@ -455,10 +455,10 @@ static int models_query(sqlite3 *db, const char *model, nwc_model_info **out, si
   *out = NULL, *n = 0;
   NWC_TRY(prepare(db, model ? "SELECT id, name, created, verified, tensors, source_bytes,"
                                  " raw_bytes, nwc_bytes, (SELECT count(*) FROM sources WHERE"
-                                 " model_id = models.id) FROM models WHERE name = ?"
+                                 " model_id = models.id), elem_option, layout_option FROM models WHERE name = ?"
                                : "SELECT id, name, created, verified, tensors, source_bytes,"
                                  " raw_bytes, nwc_bytes, (SELECT count(*) FROM sources WHERE"
-                                 " model_id = models.id) FROM models ORDER BY name",
+                                 " model_id = models.id), elem_option, layout_option FROM models ORDER BY name",
                   &st));
   if (model) sqlite3_bind_text(st, 1, model, -1, SQLITE_STATIC);
   size_t cap = 0;
@@ -484,6 +484,8 @@ static int models_query(sqlite3 *db, const char *model, nwc_model_info **out, si
     m->raw_bytes = (uint64_t)sqlite3_column_int64(st, 6);
     m->nwc_bytes = (uint64_t)sqlite3_column_int64(st, 7);
     m->nsources = (unsigned)sqlite3_column_int64(st, 8);
+    m->elem_option = (unsigned)sqlite3_column_int64(st, 9);
+    m->layout_option = (unsigned)sqlite3_column_int64(st, 10);
     if (!m->name) rc = -ENOMEM;
   }
   if (rc == 0 && r != SQLITE_DONE) rc = sql_fail(db, "models");

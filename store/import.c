@@ -60,7 +60,7 @@ static int publish(imp *im) {
   uint8_t hdr[NWC__CONTAINER_HEADER];
   nwc__container_header(im->cid, hdr);
   nwc__pub_model m = {im->model, im->o.elem, im->o.layout, ps, im->nsrc, pt, im->njobs,
-                      im->cid, im->file_end, XXH3_64bits(hdr, sizeof hdr)};
+                      im->cid, im->file_end, XXH3_64bits(hdr, sizeof hdr), NWC_CONTAINER_VERSION};
   if (rc == 0) {
     nwc__lock(im->s);
     rc = nwc__catalog_publish(im->s->db, &m);

@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -160,6 +161,8 @@ typedef struct nwc_model_info {
   uint64_t raw_bytes;     /* bytes the tensors take as stored elements (BF16 2, fp8 1 per weight) */
   uint64_t nwc_bytes;     /* bytes of their blobs in the containers */
   unsigned nsources;      /* source files */
+  unsigned elem_option;   /* the import's options (nwc_import_opts): elem, layout */
+  unsigned layout_option;
 } nwc_model_info;
 
 /* All models by name.  *out is an array of *n (free with nwc_model_info_free(*out, *n)). */
@@ -237,6 +240,40 @@ NWC_EXTERN int nwc_store_chunk_check(const nwc_tensor_info *ti, uint64_t i, cons
  * aligned at least): checks the blob header against the catalog and validates the tensor, but
  * not the chunk checksums (check those as the chunks arrive). */
 NWC_EXTERN int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, nwc_tensor *view);
+
+/* ---- transfer: a model's portable form (store/transfer.c; docs/oci.md) -------------------- */
+
+/* A model's config (its catalog rows as JSON) and its container with every container id 0: the
+ * same bytes in every store.  Open reads each blob's header and first chunk; close frees. */
+typedef struct nwc_store_export nwc_store_export;
+NWC_EXTERN int nwc_store_export_open(nwc_store *s, const char *model, nwc_store_export **out);
+/* The config JSON (owned by e) and the portable container's size. */
+NWC_EXTERN const char *nwc_store_export_config(const nwc_store_export *e, size_t *len);
+NWC_EXTERN uint64_t nwc_store_export_size(const nwc_store_export *e);
+/* The portable container in order, a checked chunk at a time, to fn (which returns 0 or a
+ * negative errno that stops the scan): every chunk checked against the catalog first. */
+NWC_EXTERN int nwc_store_export_scan(nwc_store_export *e,
+                                     int (*fn)(void *ctx, const void *p, size_t n), void *ctx);
+/* Up to len portable bytes at off into buf: the count, 0 at the end, or a negative errno. */
+NWC_EXTERN ssize_t nwc_store_export_read(nwc_store_export *e, uint64_t off, void *buf, size_t len);
+NWC_EXTERN void nwc_store_export_close(nwc_store_export *e);
+
+/* Receiving a model as model from its config (untrusted: checked whole at open; -EEXIST if the
+ * name is taken) and its portable container, appended in order in pieces of any size: each
+ * container chunk is checked against the config as it completes and written to a temporary
+ * file (-EBADMSG names the tensor and chunk).  have is the count of bytes taken (where a
+ * download cut short resumes).  Commit (all bytes received, their sha256 checked by the caller)
+ * gives the container its id, reads every blob back and validates it, and publishes the model
+ * with one source, `source` (e.g. the registry reference it came from); close without commit
+ * removes the temporary file. */
+typedef struct nwc_store_receive nwc_store_receive;
+NWC_EXTERN int nwc_store_receive_open(nwc_store *s, const char *model, const void *config,
+                                      size_t len, nwc_store_receive **out);
+NWC_EXTERN uint64_t nwc_store_receive_size(const nwc_store_receive *r);
+NWC_EXTERN uint64_t nwc_store_receive_have(const nwc_store_receive *r);
+NWC_EXTERN int nwc_store_receive_write(nwc_store_receive *r, const void *buf, size_t len);
+NWC_EXTERN int nwc_store_receive_commit(nwc_store_receive *r, const char *source);
+NWC_EXTERN void nwc_store_receive_close(nwc_store_receive *r);
 
 /* ---- verify ------------------------------------------------------------------------------- */
 

@@ -130,6 +130,7 @@ typedef struct nwc__pub_model {
   const nwc__pub_tensor *tensors;
   size_t ntensors;
   uint64_t container, container_size, container_header_xxh3;
+  unsigned container_version;
 } nwc__pub_model;
 
 /* One transaction: the model, its sources, its container, its tensors.  -EEXIST if the name is
