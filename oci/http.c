@@ -349,6 +349,8 @@ static int perform(nwc_oci *c, oci_req *q, int token_req) {
   curl_slist_free_all(hl);
   if (rc < 0) return nwc__fail(rc, "out of memory");
   if (q->cb_err) return q->cb_err;
+  if (cc == CURLE_PARTIAL_FILE && q->status >= 400)
+    return 0; /* an error reply cut short (registry 2.8's 416 announces the blob's length) */
   if (cc != CURLE_OK)
     return nwc__fail(curl_errno(cc), "%s %s: %s", q->method, q->url,
                      errbuf[0] ? errbuf : curl_easy_strerror(cc));
