@@ -28,8 +28,13 @@
  * Threads: a handle (nwc_oci) is one registry + repository and one curl easy handle: use it from
  * one thread at a time and open several for parallel blobs.  Everything else is thread-safe.
  *
- * skopeo 1.9 interoperability (tests/test_oci.c checks it): see docs/oci.md, "The registry
- * client"; in short, SKOPEO_FINDING.
+ * skopeo 1.9 (tests/test_oci.c checks it; docs/oci.md has the details): `skopeo inspect --raw`
+ * and `skopeo copy docker://A docker://B` handle an OCI v1.1 artifact whose config has its own
+ * media type (e.g. application/vnd.nwc.config.v1+json) and an artifactType: the manifest bytes
+ * (and digest) and every blob arrive unchanged, no --preserve-digests needed.  Only `skopeo
+ * inspect` without --raw (and --config) refuse it ("unsupported image-specific operation on
+ * artifact with type ..."); they accept application/vnd.oci.image.config.v1+json, parsing the
+ * config as an image config.
  */
 #ifndef NWC_OCI_H
 #define NWC_OCI_H
