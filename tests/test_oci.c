@@ -363,7 +363,7 @@ static char *push_artifact(nwc_oci *c, blob *config, blob *l1, blob *l2, const c
   return m;
 }
 
-static void test_manifests(nwc_oci *c, blob *blobs) {
+static void test_manifests(nwc_oci *c, const reg *r, blob *blobs) {
   blob config = {.p = (uint8_t *)strdup("{\"format\":\"nwc\",\"tensors\":2}")};
   config.n = strlen((char *)config.p);
   nwc_sha256_buf(config.p, config.n, config.digest);
@@ -385,6 +385,17 @@ static void test_manifests(nwc_oci *c, blob *blobs) {
   CHECK(rc == -EINVAL, "manifest naming a missing blob: %d %s", rc,
         nwc_oci_last_error());
   printf("manifests: artifact %s; a broken one: %s\n", d, nwc_oci_last_error());
+  nwc_oci *other = open_reg(r, "models/other", NULL, NULL);
+  uint64_t size = 0;
+  rc = other ? nwc_oci_blob_mount(other, blobs[1].digest, "models/t") : -EINVAL;
+  CHECK(rc == 1 && nwc_oci_blob_exists(other, blobs[1].digest, &size) == 1 && size == blobs[1].n,
+        "cross-repository mount: %d %s", rc, nwc_oci_last_error());
+  blob ghost2;
+  blob_make(&ghost2, 10);
+  rc = other ? nwc_oci_blob_mount(other, ghost2.digest, "models/t") : -EINVAL;
+  CHECK(rc == 0, "mount of a blob the source lacks: %d %s", rc, nwc_oci_last_error());
+  free(ghost2.p);
+  nwc_oci_close(other);
   free(bad);
   free(m);
   free(config.p);
@@ -571,6 +582,21 @@ static void test_basic(void) {
   CHECK(rc == 0 && !strcmp(user, "helperuser") && !strcmp(pass, "helperpw"), "helper: %d %s", rc,
         nwc_oci_last_error());
   if (rc == 0) free(user), free(pass);
+  rc = nwc_oci_credentials("127.0.0.2:1", &user, &pass); /* the helper knows only `key` */
+  CHECK(rc == -ENOENT, "helper without credentials: %d %s", rc, nwc_oci_last_error());
+  snprintf(script, sizeof script, "{\"auths\":{\"https://%s/v1/\":{}},\"credsStore\":"
+           "\"nwctest\"}", key);
+  write_file(path, script);
+  rc = nwc_oci_credentials(key, &user, &pass);
+  CHECK(rc == 0 && !strcmp(user, "helperuser"), "credsStore: %d %s", rc, nwc_oci_last_error());
+  if (rc == 0) free(user), free(pass);
+  snprintf(script, sizeof script, "{\"auths\":{\"http://%s\":{\"identitytoken\":\"tok\"}}}",
+           key);
+  write_file(path, script);
+  rc = nwc_oci_credentials(key, &user, &pass);
+  CHECK(rc == 0 && !strcmp(user, "<token>") && !strcmp(pass, "tok"), "identitytoken: %d %s", rc,
+        nwc_oci_last_error());
+  if (rc == 0) free(user), free(pass);
   /* REGISTRY_AUTH_FILE comes first; a malformed one is an error naming it */
   snprintf(path, sizeof path, "%s/auth.json", dir);
   write_b64_auth(path, key, "fileuser", "filepw");
@@ -651,7 +677,7 @@ int main(void) {
     nwc_oci *c = open_reg(&a, "models/t", NULL, NULL);
     if (c) {
       test_blobs(c, blobs);
-      test_manifests(c, blobs);
+      test_manifests(c, &a, blobs);
       test_tamper(c, &a);
       test_skopeo(c, &a, &b, blobs);
       test_interrupted(c, &a, &blobs[2]);
