@@ -536,34 +536,11 @@ static int roundtrip(const reg *r, const char *user, const char *pass) {
   return rc;
 }
 
-/* Basic auth: htpasswd, credentials from DOCKER_CONFIG, a helper, REGISTRY_AUTH_FILE. */
-static void test_basic(void) {
-  reg r = {0};
-  char dir[400], auth[1200], key[64], *user, *pass;
-  snprintf(dir, sizeof dir, "%s/basic-auth", tmp);
-  mkdir(dir, 0700);
-  if (sh("htpasswd -Bbn nwcuser 's3cret:pw' > %s/htpasswd", dir)) return;
-  snprintf(auth, sizeof auth, "  htpasswd:\n    realm: nwc-test\n    path: %s/htpasswd\n", dir);
-  if (reg_start(&r, "basic", auth)) return;
-  snprintf(key, sizeof key, "127.0.0.1:%d", r.port);
-  char path[600];
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  write_b64_auth(path, key, "nwcuser", "s3cret:pw");
-  setenv("DOCKER_CONFIG", dir, 1);
-  int rc = nwc_oci_credentials(key, &user, &pass);
-  CHECK(rc == 0 && !strcmp(user, "nwcuser") && !strcmp(pass, "s3cret:pw"), "DOCKER_CONFIG: %d %s",
-        rc, nwc_oci_last_error());
-  if (rc == 0) {
-    CHECK(roundtrip(&r, user, pass) == 0, "Basic auth roundtrip: %s", nwc_oci_last_error());
-    free(user), free(pass);
-  }
-  rc = roundtrip(&r, "nwcuser", "wrong");
-  CHECK(rc == -EACCES, "wrong password: %d %s", rc, nwc_oci_last_error());
-  printf("basic, wrong password: %s\n", nwc_oci_last_error());
-  rc = roundtrip(&r, NULL, NULL);
-  CHECK(rc == -EACCES, "no credentials: %d %s", rc, nwc_oci_last_error());
-  rc = nwc_oci_credentials("other.example.com", &user, &pass);
-  CHECK(rc == -ENOENT, "credentials of an unknown registry: %d", rc);
+/* Credential helpers (credHelpers, credsStore), identitytoken, REGISTRY_AUTH_FILE, bad files;
+ * dir is DOCKER_CONFIG, key the registry. */
+static void test_helpers(const char *dir, const char *key) {
+  char path[600], *user, *pass;
+  int rc;
   /* a credential helper named by credHelpers */
   snprintf(path, sizeof path, "%s/docker-credential-nwctest", dir);
   char script[600], env_path[4096];
@@ -612,6 +589,37 @@ static void test_basic(void) {
   write_file(path, script);
   rc = nwc_oci_credentials(key, &user, &pass);
   CHECK(rc == -EBADMSG, "bad base64: %d %s", rc, nwc_oci_last_error());
+}
+
+/* Basic auth: htpasswd, credentials from DOCKER_CONFIG, a helper, REGISTRY_AUTH_FILE. */
+static void test_basic(void) {
+  reg r = {0};
+  char dir[400], auth[1200], key[64], *user, *pass;
+  snprintf(dir, sizeof dir, "%s/basic-auth", tmp);
+  mkdir(dir, 0700);
+  if (sh("htpasswd -Bbn nwcuser 's3cret:pw' > %s/htpasswd", dir)) return;
+  snprintf(auth, sizeof auth, "  htpasswd:\n    realm: nwc-test\n    path: %s/htpasswd\n", dir);
+  if (reg_start(&r, "basic", auth)) return;
+  snprintf(key, sizeof key, "127.0.0.1:%d", r.port);
+  char path[600];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  write_b64_auth(path, key, "nwcuser", "s3cret:pw");
+  setenv("DOCKER_CONFIG", dir, 1);
+  int rc = nwc_oci_credentials(key, &user, &pass);
+  CHECK(rc == 0 && !strcmp(user, "nwcuser") && !strcmp(pass, "s3cret:pw"), "DOCKER_CONFIG: %d %s",
+        rc, nwc_oci_last_error());
+  if (rc == 0) {
+    CHECK(roundtrip(&r, user, pass) == 0, "Basic auth roundtrip: %s", nwc_oci_last_error());
+    free(user), free(pass);
+  }
+  rc = roundtrip(&r, "nwcuser", "wrong");
+  CHECK(rc == -EACCES, "wrong password: %d %s", rc, nwc_oci_last_error());
+  printf("basic, wrong password: %s\n", nwc_oci_last_error());
+  rc = roundtrip(&r, NULL, NULL);
+  CHECK(rc == -EACCES, "no credentials: %d %s", rc, nwc_oci_last_error());
+  rc = nwc_oci_credentials("other.example.com", &user, &pass);
+  CHECK(rc == -ENOENT, "credentials of an unknown registry: %d", rc);
+  test_helpers(dir, key);
   unsetenv("REGISTRY_AUTH_FILE");
   unsetenv("DOCKER_CONFIG");
   reap(&r.pid);
