@@ -1,7 +1,9 @@
 # common.sh - sourced by scripts/test and scripts/demo: install what the build needs on Debian 12
 # (only what is missing, so a prepared machine needs no network), then configure and build.
 # python3-numpy, -torch, -pytest and -tqdm are for the Python package's tests (tests/python), run by
-# Debian's /usr/bin/python3.
+# Debian's /usr/bin/python3.  libcurl4-openssl-dev, libgcrypt20-dev and libssl-dev build oci/
+# (nwc_oci); docker-registry, skopeo, apache2-utils (htpasswd), openssl and python3-jwt are for
+# its test (tests/test_oci.c).
 
 nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
@@ -10,7 +12,9 @@ nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # elsewhere (a machine with its own Node.js has npm without Debian's package).
 nwc_packages=(build-essential cmake pkg-config clang strace systemd scdoc man-db
   libjansson-dev libxxhash-dev libsqlite3-dev libuv1-dev liburing-dev libsystemd-dev libinih-dev
-  python3-numpy python3-torch python3-pytest python3-tqdm)
+  libcurl4-openssl-dev libgcrypt20-dev libssl-dev
+  python3-numpy python3-torch python3-pytest python3-tqdm
+  docker-registry skopeo apache2-utils openssl python3-jwt python3-cryptography)
 nwc_tools=(python3:python3 npm:npm)
 
 nwc_install_deps() {
