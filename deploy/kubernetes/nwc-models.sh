@@ -37,7 +37,8 @@ with prune = true, remove those no longer declared).  Without --once it reconcil
 then whenever FILE or the node's labels change, nwcd restarts (its pins are lost) or --resync
 seconds pass, checking every --interval seconds.
   --config FILE    models.conf (default $NWC_MODELS_CONFIG, else /etc/nwc/models.conf)
-  --state DIR      where the names it manages are remembered (default $NWC_MODELS_STATE,
+  --state DIR      where the names it manages are remembered, and the last pass's result
+                   (DIR/status: "ok TIME" or "failed N TIME"; default $NWC_MODELS_STATE,
                    else /var/lib/nwc-models)
   --labels FILE    the node's labels, key=value a line; default: read from the Kubernetes API
                    when NODE_NAME is set (in a pod with a service account), else none (only
@@ -285,6 +286,13 @@ pass() {
     2) log "pass not done: fix $config" ;;
     3) log "pass not done: nwcd not answering" ;;
   esac
+  # STATE/status: whether the declared models are in place ("models ready"), for people and
+  # probes: `ok`, or the pass's exit status, then the time.
+  if [ "$dry" = 0 ] && mkdir -p "$state" 2>/dev/null; then
+    word=ok
+    [ "$status" = 0 ] || word="failed $status"
+    echo "$word $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$state/status.tmp" && mv "$state/status.tmp" "$state/status"
+  fi
   return $status
 }
 
