@@ -226,3 +226,60 @@ int nwc_client_verify(nwc_client *c, const char *model, void (*cb)(void *, const
   if (model && nwc__client_check_names(model, NULL) < 0) return -EINVAL;
   return LOCKED(c, do_verify(c, model, cb, ctx, res));
 }
+
+static int do_registry(nwc_client *c, nwc_proto_req *req, nwc_client_progress_fn progress, void *ctx,
+                       nwc_client_result *res, char digest[73]) {
+  size_t len;
+  int rc = nwc__client_request(c, req, NULL, 0, progress, ctx, &len);
+  if (rc < 0) return rc;
+  nwc_pr r;
+  if ((rc = nwc__client_result(c, len, res, &r)) < 0) return rc;
+  char d[73];
+  if (nwc_pr_str(&r, d, sizeof d) < 0 || nwc_pr_end(&r, "registry result") < 0) return nwc__client_bad_reply();
+  if (digest) memcpy(digest, d, sizeof d);
+  return 0;
+}
+
+static int registry_req(nwc_proto_req *req, int op, const char *ref, const char *model, const char *user,
+                        const char *secret, unsigned flags) {
+  memset(req, 0, sizeof *req);
+  req->op = (uint16_t)op;
+  if (!ref || !*ref || strlen(ref) >= sizeof req->ref)
+    return nwc__client_fail(-EINVAL, "a registry reference of 1 to %zu bytes", sizeof req->ref - 1);
+  if ((model && strlen(model) >= sizeof req->model) || (user && strlen(user) >= sizeof req->user) ||
+      (secret && strlen(secret) >= sizeof req->secret))
+    return nwc__client_fail(-ENAMETOOLONG, "model name, user or secret too long");
+  if (flags & ~NWC_CLIENT_PLAIN_HTTP) return nwc__client_fail(-EINVAL, "unknown flags 0x%x", flags);
+  snprintf(req->ref, sizeof req->ref, "%s", ref);
+  snprintf(req->model, sizeof req->model, "%s", model ? model : "");
+  snprintf(req->user, sizeof req->user, "%s", user ? user : "");
+  snprintf(req->secret, sizeof req->secret, "%s", secret ? secret : "");
+  req->registry_flags = (uint8_t)flags;
+  return 0;
+}
+
+int nwc_client_pull(nwc_client *c, const char *ref, const char *model, const char *user,
+                    const char *secret, unsigned flags, nwc_client_progress_fn progress, void *ctx,
+                    nwc_client_result *res, char digest[73]) {
+  if (model && *model && nwc__client_check_names(model, NULL) < 0) return -EINVAL;
+  nwc_proto_req *req = malloc(sizeof *req);
+  if (!req) return nwc__client_fail(-ENOMEM, "out of memory");
+  int rc = registry_req(req, NWC_OP_PULL, ref, model, user, secret, flags);
+  if (rc == 0) rc = LOCKED(c, do_registry(c, req, progress, ctx, res, digest));
+  explicit_bzero(req->secret, sizeof req->secret);
+  free(req);
+  return rc;
+}
+
+int nwc_client_push(nwc_client *c, const char *model, const char *ref, const char *user,
+                    const char *secret, unsigned flags, nwc_client_progress_fn progress, void *ctx,
+                    nwc_client_result *res, char digest[73]) {
+  if (nwc__client_check_names(model, NULL) < 0) return -EINVAL;
+  nwc_proto_req *req = malloc(sizeof *req);
+  if (!req) return nwc__client_fail(-ENOMEM, "out of memory");
+  int rc = registry_req(req, NWC_OP_PUSH, ref, model, user, secret, flags);
+  if (rc == 0) rc = LOCKED(c, do_registry(c, req, progress, ctx, res, digest));
+  explicit_bzero(req->secret, sizeof req->secret);
+  free(req);
+  return rc;
+}

@@ -211,6 +211,19 @@ NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *
                                   nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
+/* pull and push through an OCI registry (docs/oci.md), run by nwcd (it owns the store).  ref:
+ * "host[:port]/repository[:tag|@sha256:...]"; user and secret: the credentials for its registry
+ * (NULL for none: nwcctl reads them as docker and podman keep them); flags NWC_CLIENT_PLAIN_HTTP.
+ * Pull stores the artifact as model (NULL: its own name); a model of that name already pulled from
+ * the same manifest is left as it is (res->skipped 1).  digest (may be NULL) receives the
+ * manifest's digest, "sha256:..." (73 bytes with the NUL).  Progress: bytes of the layer. */
+#define NWC_CLIENT_PLAIN_HTTP 1u
+NWC_CLIENT_API int nwc_client_pull(nwc_client *c, const char *ref, const char *model, const char *user,
+                                   const char *secret, unsigned flags, nwc_client_progress_fn progress,
+                                   void *ctx, nwc_client_result *res, char digest[73]);
+NWC_CLIENT_API int nwc_client_push(nwc_client *c, const char *model, const char *ref, const char *user,
+                                   const char *secret, unsigned flags, nwc_client_progress_fn progress,
+                                   void *ctx, nwc_client_result *res, char digest[73]);
 /* verify: each problem line goes to cb (may be NULL); res->problems counts them. */
 NWC_CLIENT_API int nwc_client_verify(nwc_client *c, const char *model,
                                      void (*cb)(void *ctx, const char *line), void *ctx,

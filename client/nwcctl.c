@@ -8,6 +8,7 @@
 #include "nwc_client.h"
 #include "nwc_escape.h"
 #include "nwc_number.h"
+#include "nwc_oci.h"
 #include "size_text.h"
 
 #include <ctype.h>
@@ -545,6 +546,60 @@ static int cmd_import(int argc, char **argv) {
   return 0;
 }
 
+/* The credentials for ref's registry as docker and podman keep them (*user, *secret malloc'ed,
+ * both NULL for none); -1 after saying why (a bad reference is bad usage: 2). */
+static int registry_credentials(const char *ref, char **user, char **secret) {
+  nwc_oci_ref r;
+  *user = *secret = NULL;
+  if (nwc_oci_ref_parse(ref, &r) < 0)
+    return fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_oci_last_error()), 2;
+  int rc = nwc_oci_credentials(r.registry, user, secret);
+  nwc_oci_ref_free(&r);
+  if (rc == -ENOENT) return 0;
+  if (rc < 0) return fprintf(stderr, "%s: %s: credentials: %s\n", prog, cmd, nwc_oci_last_error()), 1;
+  return 0;
+}
+
+/* pull REF [NAME] and push MODEL REF, each with --plain-http. */
+static int cmd_registry(int argc, char **argv) {
+  const bool pull = !strcmp(cmd, "pull");
+  const char *a[2] = {NULL, NULL};
+  unsigned flags = 0;
+  int n = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--plain-http")) flags |= NWC_CLIENT_PLAIN_HTTP;
+    else if (unknown_option(argv[i])) return 2;
+    else if (n < 2) a[n++] = argv[i];
+    else return fprintf(stderr, "%s: %s: unexpected '%s'\n", prog, cmd, argv[i]), 2;
+  }
+  if (n < (pull ? 1 : 2)) return missing(pull ? "REF" : n ? "REF" : "MODEL");
+  const char *ref = pull ? a[0] : a[1], *model = pull ? a[1] : a[0];
+  char *user, *secret;
+  int rc = registry_credentials(ref, &user, &secret);
+  if (rc) return rc;
+  nwc_client *c = connected();
+  nwc_client_result r = {0};
+  char digest[73] = "";
+  if (c) rc = pull ? nwc_client_pull(c, ref, model, user, secret, flags, progress_bar, (void *)cmd, &r, digest)
+                   : nwc_client_push(c, model, ref, user, secret, flags, progress_bar, (void *)cmd, &r, digest);
+  if (secret) explicit_bzero(secret, strlen(secret));
+  free(user), free(secret);
+  if (!c) return 1;
+  if (rc < 0) return die(rc);
+  char b[32];
+  if (json)
+    json_out(json_pack("{s:s,s:s,s:s,s:b,s:I,s:I,s:f}", "ref", ref, "model", model ? model : "",
+                       "digest", digest, "already", (int)r.skipped, "tensors", (json_int_t)r.tensors,
+                       "nwc_bytes", (json_int_t)r.bytes, "seconds", r.micros / 1e6));
+  else if (pull && r.skipped)
+    printf("already have %s%s%s (%s)\n", ref, model ? " as " : "", model ? model : "", digest);
+  else
+    printf("%s %s %s %s: %llu tensor%s, %s in %.2f s (%s)\n", pull ? "pulled" : "pushed", pull ? ref : model,
+           pull ? "into" : "to", pull ? (model ? model : "its own name") : ref, (unsigned long long)r.tensors,
+           plural(r.tensors), nwc_size_text(r.bytes, b), r.micros / 1e6, digest);
+  return 0;
+}
+
 static void print_line(void *ctx, const char *line) {
   (void)ctx;
   printf("  %s\n", line);
@@ -769,6 +824,13 @@ static const struct command {
                        "  more rows, 0 for the rest); the files are opened here and passed to nwcd, which\n"
                        "  reads only those; tensors of dtypes nwc does not store (integers, BOOL) and empty\n"
                        "  ones are skipped and named, or with --strict fail the import (nothing is stored)"},
+    {"pull", -1, -1, "pull REF [NAME] [--plain-http] [--json]: a model from an OCI registry into the store, as NAME\n"
+                     "  (default: the name it was pushed under); REF is host[:port]/repository[:tag|@sha256:...];\n"
+                     "  nwcd downloads it, checks every chunk and digest, and publishes it whole or not at all;\n"
+                     "  a NAME already pulled from the same manifest is left as it is; credentials as docker\n"
+                     "  and podman keep them (~/.docker/config.json, auth.json); --plain-http for http://"},
+    {"push", -1, -1, "push MODEL REF [--plain-http] [--json]: a stored model to an OCI registry as an artifact\n"
+                     "  (docs/oci.md): blobs the registry already has are not sent again"},
     {"rm", 1, 1, "rm MODEL [--json]: remove a model (refused while one of its tensors is in use)"},
     {"verify", 0, 1, "verify [MODEL] [--json]: re-read every chunk and decode every tensor; exit 1 on problems"},
     {"stats", 0, 0, "stats [--json]: the daemon's counters (requests, loads, evictions, O_DIRECT, mlock, batching)"},
@@ -824,6 +886,8 @@ static void usage(FILE *f) {
           "  evict MODEL[/TENSOR]       drop from memory\n"
           "  pin | unpin MODEL[/TENSOR] keep resident (loads first) / release\n"
           "  import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"
+          "  pull REF [NAME] [--plain-http]  a model from an OCI registry\n"
+          "  push MODEL REF [--plain-http]   a model to an OCI registry\n"
           "  rm MODEL                   remove a model from the store\n"
           "  verify [MODEL]             re-read and check every chunk and tensor\n"
           "  stats                      daemon counters\n"
@@ -887,6 +951,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd, "info")) ret = cmd_info(args[0]);
   else if (!strcmp(cmd, "import")) ret = cmd_import(nargs, args);
   else if (!strcmp(cmd, "rm")) ret = cmd_rm(args[0]);
+  else if (!strcmp(cmd, "pull") || !strcmp(cmd, "push")) ret = cmd_registry(nargs, args);
   else if (!strcmp(cmd, "verify")) ret = cmd_verify(nargs ? args[0] : NULL);
   else if (!strcmp(cmd, "stats")) ret = cmd_stats();
   else if (!strcmp(cmd, "matvec") || !strcmp(cmd, "gather") || !strcmp(cmd, "dequant")) ret = cmd_compute(nargs, args);

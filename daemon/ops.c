@@ -6,7 +6,8 @@
  * Design: every handler returns 0 after sending its reply, or a negative errno, in which case
  * nwcd_ops_run() sends the error reply with nwc_error_detail() as the message; so a handler
  * checks outside input with NWC_RETURN_IF and never aborts.  The handlers, one file per kind
- * (ops_internal.h): ops_catalog.c, ops_load.c, ops_compute.c, ops_ipc.c, ops_status.c; their
+ * (ops_internal.h): ops_catalog.c, ops_load.c, ops_compute.c, ops_ipc.c, ops_status.c,
+ * ops_registry.c; their
  * replies: ops_reply.c.
  */
 #include "ops.h"
@@ -61,6 +62,8 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_DEVICES: rc = nwcd_op_devices(j); break;
     case NWC_OP_MAP: rc = nwcd_op_map(j); break;
     case NWC_OP_MAP_GPU: rc = nwcd_op_map_gpu(j); break;
+    case NWC_OP_PULL: rc = nwcd_op_pull(j); break;
+    case NWC_OP_PUSH: rc = nwcd_op_push(j); break;
     default: rc = nwc__fail(-EOPNOTSUPP, "opcode %u is not served here", j->req.op); break;
   }
   if (rc < 0) nwcd_reply_error(j, rc);

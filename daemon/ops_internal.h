@@ -62,5 +62,8 @@ int nwcd_op_ps(nwcd_job *j);
 int nwcd_op_devices(nwcd_job *j);
 int nwcd_op_map(nwcd_job *j);
 int nwcd_op_map_gpu(nwcd_job *j);
+/* ops_registry.c: pull and push through an OCI registry. */
+int nwcd_op_pull(nwcd_job *j);
+int nwcd_op_push(nwcd_job *j);
 
 #endif

@@ -49,6 +49,7 @@
                                  * (or, strict, fails on the first) */
 #define NWC_CAP_DEVICES 512u    /* devices: budget and use of each place (host, each GPU) */
 #define NWC_CAP_MAP_GPU 1024u   /* map_gpu: device copies shared with clients (docs/gpu-maps.md) */
+#define NWC_CAP_REGISTRY 2048u  /* pull and push: models through an OCI registry (docs/oci.md) */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -75,6 +76,8 @@ enum nwc_op {
   NWC_OP_IMPORT2 = 22,
   NWC_OP_DEVICES = 23,
   NWC_OP_MAP_GPU = 24,
+  NWC_OP_PULL = 25,
+  NWC_OP_PUSH = 26,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -87,6 +90,7 @@ const char *nwc_proto_default_socket(char *buf, size_t n);
 /* Output element type and placement of bulk data. */
 enum { NWC_OUT_F32 = 0, NWC_OUT_BF16 = 1 };
 enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies of _ipc ops */ };
+#define NWC_PROTO_SECRET_MAX 8192 /* pull, push: a password or token (registry tokens run to a few KB) */
 #define NWC_PROTO_IPC_HANDLE 64 /* bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t */
 #define NWC_DEVICE_CPU (-1) /* host memory; 0.. are CUDA devices */
 /* Reply flags of compute replies. */
@@ -184,7 +188,17 @@ typedef struct nwc_proto_req {
    * the client's buffers as cudaIpcMemHandle_t bytes, and optionally an event to wait for */
   uint8_t has_event;
   uint8_t ipc_x[NWC_PROTO_IPC_HANDLE], ipc_y[NWC_PROTO_IPC_HANDLE], ipc_event[NWC_PROTO_IPC_HANDLE];
+  /* pull (ref, model: the local name, "" for the artifact's), push (model, ref): the registry
+   * reference, the client's credentials for it ("" for none) and NWC_REGISTRY_* flags */
+  char ref[NWC_PROTO_NAME_MAX];
+  char user[256];
+  char secret[NWC_PROTO_SECRET_MAX];
+  uint8_t registry_flags;
 } nwc_proto_req;
+
+/* pull and push flags. */
+#define NWC_REGISTRY_PLAIN_HTTP 1u /* http:// (a registry on localhost, tests); else https */
+#define NWC_REGISTRY_KNOWN 1u
 
 /* import2 flags. */
 #define NWC_IMPORT_STRICT 1u /* all or nothing: a tensor nwc does not store fails the import */

@@ -26,7 +26,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_STATS] = "stats",   [NWC_OP_PS] = "ps",         [NWC_OP_MAP] = "map",
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
     [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2", [NWC_OP_DEVICES] = "devices",
-    [NWC_OP_MAP_GPU] = "map_gpu",
+    [NWC_OP_MAP_GPU] = "map_gpu", [NWC_OP_PULL] = "pull", [NWC_OP_PUSH] = "push",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -238,6 +238,11 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
     case NWC_OP_MAP_GPU:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor), nwc_pw_u32(w, (uint32_t)r->device);
       break;
+    case NWC_OP_PULL:
+    case NWC_OP_PUSH:
+      nwc_pw_str(w, r->ref), nwc_pw_str(w, r->model), nwc_pw_str(w, r->user);
+      nwc_pw_str(w, r->secret), nwc_pw_u8(w, r->registry_flags);
+      break;
     case NWC_OP_IMPORT:
     case NWC_OP_IMPORT2:
       nwc_pw_str(w, r->model);
@@ -348,6 +353,19 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
       NWC_RETURN_IF(p.err, -EBADMSG, "map_gpu payload is truncated");
       NWC_RETURN_IF(r->device < 0, -EBADMSG, "map_gpu device %d (0.. a CUDA device)",
                     (int)r->device);
+      break;
+    case NWC_OP_PULL:
+    case NWC_OP_PUSH:
+      NWC_TRY(nwc_pr_str(&p, r->ref, sizeof r->ref));
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->user, sizeof r->user));
+      NWC_TRY(nwc_pr_str(&p, r->secret, sizeof r->secret));
+      r->registry_flags = nwc_pr_u8(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "%s payload is truncated", name);
+      NWC_RETURN_IF(r->registry_flags & ~NWC_REGISTRY_KNOWN, -EBADMSG, "%s flags 0x%x unknown", name,
+                    r->registry_flags);
+      NWC_RETURN_IF(!r->ref[0] || (h->op == NWC_OP_PUSH && !r->model[0]), -EBADMSG,
+                    "%s without a reference or model", name);
       break;
     case NWC_OP_IMPORT:
     case NWC_OP_IMPORT2: {

@@ -513,6 +513,24 @@ int nwc_store_model(nwc_store *s, const char *model, nwc_model_info **out) {
   return 0;
 }
 
+int nwc_store_model_source(nwc_store *s, const char *model, char **label) {
+  NWC_RETURN_IF(!s || !model || !label, -EINVAL, "nwc_store_model_source: missing argument");
+  *label = NULL;
+  sqlite3_stmt *st;
+  pthread_mutex_lock(&s->rmu);
+  int rc = prepare(s->rdb, "SELECT s.path FROM sources s JOIN models m ON s.model_id = m.id"
+                           " WHERE m.name = ? ORDER BY s.idx LIMIT 1", &st);
+  if (rc == 0) {
+    sqlite3_bind_text(st, 1, model, -1, SQLITE_STATIC);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW) rc = (*label = col_strdup(st, 0)) ? 0 : -ENOMEM;
+    else rc = r == SQLITE_DONE ? nwc__fail(-ENOENT, "model '%s' does not exist", model) : sql_fail(s->rdb, "sources");
+    sqlite3_finalize(st);
+  }
+  pthread_mutex_unlock(&s->rmu);
+  return rc;
+}
+
 void nwc_tensor_info_free(nwc_tensor_info *t, size_t n) {
   if (!t) return;
   for (size_t i = 0; i < n; i++) {

@@ -170,6 +170,9 @@ NWC_EXTERN int nwc_store_models(nwc_store *s, nwc_model_info **out, size_t *n);
 /* One model; -ENOENT if absent.  Free with nwc_model_info_free(out, 1). */
 NWC_EXTERN int nwc_store_model(nwc_store *s, const char *model, nwc_model_info **out);
 NWC_EXTERN void nwc_model_info_free(nwc_model_info *m, size_t n);
+/* The model's first source: the file it was imported from as the import named it, or where it
+ * was received from (nwc_store_receive_commit's source).  *label malloc'ed; -ENOENT if absent. */
+NWC_EXTERN int nwc_store_model_source(nwc_store *s, const char *model, char **label);
 
 /* Everything the catalog holds about one stored tensor: enough to find, check and decode it. */
 typedef struct nwc_tensor_info {
