@@ -9,7 +9,7 @@
  * the config (hashed against its digest), then the layer streamed straight into a receive of the
  * store, which checks every chunk against the config as it lands, while the layer's bytes are
  * hashed; a transfer cut short is resumed from the bytes taken (HTTP Range) up to PULL_TRIES times
- * within the request; the model is published only when the layer's sha256 matched (then the
+ * within the request, 1 to 8 s apart; the model is published only when the layer's sha256 matched (then the
  * store validates every blob), else nothing is left.  The model's one source row names where it
  * came from ("oci://REGISTRY/REPOSITORY@MANIFEST-DIGEST"), so a pull of the same digest into the
  * same name finds it there and does nothing.
@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NWC_MT_MODEL "application/vnd.nwc.model.v1"
 #define NWC_MT_CONFIG "application/vnd.nwc.config.v1+json"
@@ -124,6 +125,7 @@ static int pull_layer(nwc_oci *c, const blob_ref *layer, nwc_store_receive *rx, 
   NWC_TRY(nwc_sha256_new(&l.h));
   int rc = -EIO;
   for (int t = 0; t < PULL_TRIES && rc < 0; t++) {
+    if (t) sleep(1u << (t - 1)); /* 1, 2, 4, 8 s: a registry restarting */
     uint64_t at = nwc_store_receive_have(rx);
     rc = nwc_oci_blob_pull(c, layer->digest, at, 0, to_store, &l, pull_progress, &l);
     if (rc == -EBADMSG || rc == -ENOENT || rc == -EACCES || rc == -EFBIG) break; /* not transient */
