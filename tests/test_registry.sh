@@ -10,6 +10,7 @@
 set -u
 src=$1 b=$2
 nwcctl=$b/client/nwcctl nwcd=$b/daemon/nwcd
+. "$src/tests/registry_env.sh"
 command -v docker-registry >/dev/null || { echo "docker-registry not installed: skipped"; exit 77; }
 py=/usr/bin/python3
 $py -c 'import numpy' 2>/dev/null || { echo "python3-numpy not installed: skipped"; exit 77; }
@@ -21,36 +22,6 @@ cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/de
 trap cleanup EXIT
 fail=0
 check() { if eval "$1"; then :; else echo "FAILED: $2"; fail=1; fi; }
-free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# registry NAME PORT: starts one (storage $t/NAME), records its pid in reg_NAME
-registry() {
-  cat >"$t/$1.yml" <<EOF
-version: 0.1
-storage:
-  filesystem:
-    rootdirectory: $t/$1
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$2
-log:
-  level: info
-  accesslog:
-    disabled: false
-EOF
-  docker-registry serve "$t/$1.yml" >>"$t/$1.log" 2>&1 &
-  pids+=($!)
-  eval "reg_$1=$!"
-  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$2/v2/" >/dev/null && return 0; sleep 0.1; done
-  echo "registry $1 did not start"; cat "$t/$1.log"; exit 1
-}
-daemon() { # NAME: nwcd on store $t/NAME, socket $t/NAME.sock
-  NWCD_CONFIG= "$nwcd" --store "$t/$1" --socket "$t/$1.sock" --backend cpu --threads 2 >"$t/$1.d.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do "$nwcctl" --socket "$t/$1.sock" stats >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "nwcd $1 did not start"; cat "$t/$1.d.log"; exit 1
-}
 ctl() { local s=$1; shift; "$nwcctl" --socket "$t/$s.sock" "$@"; }
 # same MODEL_A MODEL_B: every tensor of A's model in store a equals B's in store b, bit for bit
 same() {
@@ -68,20 +39,7 @@ pa=$(free_port); registry ra "$pa"
 daemon a; daemon b
 # A model of random BF16 weights: a 64 MiB matrix (the resume test needs a transfer that takes
 # a moment), smaller ones, a bias.
-$py - "$seed" "$t/m.safetensors" <<'EOF'
-import json, struct, sys, numpy as np
-rng = np.random.default_rng(int(sys.argv[1]))
-def bf16(shape):
-    return (rng.standard_normal(shape, dtype=np.float32) * 0.02).view(np.uint32).__rshift__(16).astype(np.uint16)
-ts = {"big.weight": bf16((8192, 4096)), "small.weight": bf16((96, 512)), "small.bias": bf16((96,)), "odd": bf16((7, 9))}
-hdr, off, blobs = {}, 0, []
-for k, v in ts.items():
-    b = v.tobytes(); hdr[k] = {"dtype": "BF16", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-    off += len(b); blobs.append(b)
-h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
-with open(sys.argv[2], "wb") as f:
-    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-EOF
+make_model "$seed" "$t/m.safetensors" 8192
 check 'ctl a import m "$t/m.safetensors" >/dev/null' "import into a"
 ref=127.0.0.1:$pa/nwc/m:v1
 
