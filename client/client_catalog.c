@@ -229,6 +229,8 @@ int nwc_client_verify(nwc_client *c, const char *model, void (*cb)(void *, const
 
 static int do_registry(nwc_client *c, nwc_proto_req *req, nwc_client_progress_fn progress, void *ctx,
                        nwc_client_result *res, char digest[73]) {
+  if (!(c->hello.caps & NWC_CAP_REGISTRY))
+    return nwc__client_fail(-EOPNOTSUPP, "this nwcd (%s) does not pull or push models", c->hello.daemon);
   size_t len;
   int rc = nwc__client_request(c, req, NULL, 0, progress, ctx, &len);
   if (rc < 0) return rc;

@@ -227,6 +227,15 @@ int main(void) {
   check_request("req_import2", &r);
 
   memset(&r, 0, sizeof r);
+  r.op = NWC_OP_PULL, r.id = 31, r.registry_flags = NWC_REGISTRY_PLAIN_HTTP;
+  strcpy(r.ref, "registry.example:5000/models/qwen3-4b:v1");
+  strcpy(r.user, "alice"), strcpy(r.secret, "s3cret");
+  check_request("req_pull", &r);
+  r.op = NWC_OP_PUSH, r.id = 32, r.registry_flags = 0;
+  strcpy(r.model, "qwen3-4b"), r.user[0] = r.secret[0] = 0;
+  check_request("req_push", &r);
+
+  memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite"), strcpy(r.tensor, "emb");
   r.op = NWC_OP_DEQUANT, r.id = 21, r.out = NWC_OUT_BF16, r.where = NWC_WHERE_SHM;
   r.out_off = 4096, r.out_cap = 1u << 20;
@@ -316,6 +325,14 @@ int main(void) {
   nwc_proto_result res = {35, 9822208, 0, 22000, 35, 0, 0, 0, 0};
   nwc_proto_put_result(&w, &res);
   check_reply("rep_load", &w, NWC_OP_LOAD, 0, 0, 10);
+  nwc_pw_free(&w);
+
+  /* pull: the result, then the manifest's digest. */
+  nwc_pw_init(&w);
+  nwc_proto_result pres = {35, 10584064, 0, 310000, 0, 0, 13951690, 0, 0};
+  nwc_proto_put_result(&w, &pres);
+  nwc_pw_str(&w, "sha256:b27257e1ad4764a889fa361a043fb0bba39334fd849cbdaf189443d58d810fce");
+  check_reply("rep_pull", &w, NWC_OP_PULL, 0, 0, 31);
   nwc_pw_free(&w);
 
   /* import2: the result, then the skipped tensors. */
