@@ -6,7 +6,8 @@
  *   - anyone connected may list (models, tensors, info, ps, stats), verify and compute
  *     (dequant, gather, matvec; these may make a tensor resident under the budget's LRU);
  *   - import, remove, load, evict, pin and unpin change the store or what stays resident, and
- *     need uid 0, the daemon's own uid, or membership of the admin group (admin_group in the
+ *     pull and push make the daemon fetch from or send the store's models to a host the client
+ *     names; they need uid 0, the daemon's own uid, or membership of the admin group (admin_group in the
  *     config): the peer's primary gid from SO_PEERCRED, or one of its supplementary groups.
  * The supplementary groups are the peer process's own, taken from the socket with
  * SO_PEERGROUPS (Linux 4.13; fixed at connect like SO_PEERCRED, so no race with the pid);
@@ -57,7 +58,8 @@ int nwcd_policy_set_admin_group(const char *name) {
 static bool needs_admin(unsigned op) {
   switch (op) {
     case NWC_OP_IMPORT: case NWC_OP_IMPORT2: case NWC_OP_REMOVE: case NWC_OP_LOAD:
-    case NWC_OP_EVICT: case NWC_OP_PIN: case NWC_OP_UNPIN: case NWC_OP_LOAD_ON: return true;
+    case NWC_OP_EVICT: case NWC_OP_PIN: case NWC_OP_UNPIN: case NWC_OP_LOAD_ON:
+    case NWC_OP_PULL: case NWC_OP_PUSH: return true;
     default: return false;
   }
 }

@@ -23,8 +23,8 @@
 # when they leave the list (it remembers them in STATE/managed); models imported or pinned by
 # hand, or by nwcd.conf's [preload], are left alone.  Nothing is removed unless prune = true.
 #
-# `nwcctl pull` lands with issue 25 (OCI push/pull); until then a missing model fails its line
-# (logged, exit 1) and the rest of the pass goes on.
+# A pull that fails (registry down, credentials refused) fails its line (logged, exit 1) and the
+# rest of the pass goes on; the next pass tries again.
 set -eu
 set -f # no globbing: model lines are split on blanks
 
