@@ -6,6 +6,7 @@
 #include "client_internal.h"
 #include "nwc_client.h"
 
+#include "nwc_oci.h"
 #include "nwc_proto.h"
 
 #include <errno.h>
@@ -260,28 +261,42 @@ static int registry_req(nwc_proto_req *req, int op, const char *ref, const char 
   return 0;
 }
 
+/* pull or push: without user and secret, the caller's credentials for ref's registry as docker
+ * and podman keep them (none is fine: a public registry). */
+static int registry_call(nwc_client *c, int op, const char *ref, const char *model, const char *user,
+                         const char *secret, unsigned flags, nwc_client_progress_fn progress, void *ctx,
+                         nwc_client_result *res, char digest[73]) {
+  char *found_user = NULL, *found_secret = NULL;
+  nwc_oci_ref r;
+  int rc = nwc_oci_ref_parse(ref ? ref : "", &r);
+  if (rc < 0) return nwc__client_fail(rc, "%s", nwc_oci_last_error());
+  if (!user && !secret) {
+    rc = nwc_oci_credentials(r.registry, &found_user, &found_secret);
+    if (rc == -ENOENT) rc = 0;
+    else if (rc < 0) rc = nwc__client_fail(rc, "credentials: %s", nwc_oci_last_error());
+    user = found_user, secret = found_secret;
+  }
+  nwc_oci_ref_free(&r);
+  nwc_proto_req *req = rc == 0 ? malloc(sizeof *req) : NULL;
+  if (rc == 0 && !req) rc = nwc__client_fail(-ENOMEM, "out of memory");
+  if (rc == 0) rc = registry_req(req, op, ref, model, user, secret, flags);
+  if (rc == 0) rc = LOCKED(c, do_registry(c, req, progress, ctx, res, digest));
+  if (req) explicit_bzero(req->secret, sizeof req->secret);
+  if (found_secret) explicit_bzero(found_secret, strlen(found_secret));
+  free(req), free(found_user), free(found_secret);
+  return rc;
+}
+
 int nwc_client_pull(nwc_client *c, const char *ref, const char *model, const char *user,
                     const char *secret, unsigned flags, nwc_client_progress_fn progress, void *ctx,
                     nwc_client_result *res, char digest[73]) {
   if (model && *model && nwc__client_check_names(model, NULL) < 0) return -EINVAL;
-  nwc_proto_req *req = malloc(sizeof *req);
-  if (!req) return nwc__client_fail(-ENOMEM, "out of memory");
-  int rc = registry_req(req, NWC_OP_PULL, ref, model, user, secret, flags);
-  if (rc == 0) rc = LOCKED(c, do_registry(c, req, progress, ctx, res, digest));
-  explicit_bzero(req->secret, sizeof req->secret);
-  free(req);
-  return rc;
+  return registry_call(c, NWC_OP_PULL, ref, model, user, secret, flags, progress, ctx, res, digest);
 }
 
 int nwc_client_push(nwc_client *c, const char *model, const char *ref, const char *user,
                     const char *secret, unsigned flags, nwc_client_progress_fn progress, void *ctx,
                     nwc_client_result *res, char digest[73]) {
   if (nwc__client_check_names(model, NULL) < 0) return -EINVAL;
-  nwc_proto_req *req = malloc(sizeof *req);
-  if (!req) return nwc__client_fail(-ENOMEM, "out of memory");
-  int rc = registry_req(req, NWC_OP_PUSH, ref, model, user, secret, flags);
-  if (rc == 0) rc = LOCKED(c, do_registry(c, req, progress, ctx, res, digest));
-  explicit_bzero(req->secret, sizeof req->secret);
-  free(req);
-  return rc;
+  return registry_call(c, NWC_OP_PUSH, ref, model, user, secret, flags, progress, ctx, res, digest);
 }

@@ -212,8 +212,10 @@ NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *
 NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
 /* pull and push through an OCI registry (docs/oci.md), run by nwcd (it owns the store).  ref:
- * "host[:port]/repository[:tag|@sha256:...]"; user and secret: the credentials for its registry
- * (NULL for none: nwcctl reads them as docker and podman keep them); flags NWC_CLIENT_PLAIN_HTTP.
+ * "host[:port]/repository[:tag|@sha256:...]"; user and secret: the credentials for its registry,
+ * or both NULL for the caller's as docker and podman keep them ($REGISTRY_AUTH_FILE, podman's
+ * auth.json, $DOCKER_CONFIG or ~/.docker/config.json, credential helpers; none found: none sent);
+ * flags NWC_CLIENT_PLAIN_HTTP.
  * Pull stores the artifact as model (NULL: its own name); a model of that name already pulled from
  * the same manifest is left as it is (res->skipped 1).  digest (may be NULL) receives the
  * manifest's digest, "sha256:..." (73 bytes with the NUL).  Progress: bytes of the layer. */

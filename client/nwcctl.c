@@ -8,7 +8,6 @@
 #include "nwc_client.h"
 #include "nwc_escape.h"
 #include "nwc_number.h"
-#include "nwc_oci.h"
 #include "size_text.h"
 
 #include <ctype.h>
@@ -546,20 +545,6 @@ static int cmd_import(int argc, char **argv) {
   return 0;
 }
 
-/* The credentials for ref's registry as docker and podman keep them (*user, *secret malloc'ed,
- * both NULL for none); -1 after saying why (a bad reference is bad usage: 2). */
-static int registry_credentials(const char *ref, char **user, char **secret) {
-  nwc_oci_ref r;
-  *user = *secret = NULL;
-  if (nwc_oci_ref_parse(ref, &r) < 0)
-    return fprintf(stderr, "%s: %s: %s\n", prog, cmd, nwc_oci_last_error()), 2;
-  int rc = nwc_oci_credentials(r.registry, user, secret);
-  nwc_oci_ref_free(&r);
-  if (rc == -ENOENT) return 0;
-  if (rc < 0) return fprintf(stderr, "%s: %s: credentials: %s\n", prog, cmd, nwc_oci_last_error()), 1;
-  return 0;
-}
-
 /* pull REF [NAME] and push MODEL REF, each with --plain-http. */
 static int cmd_registry(int argc, char **argv) {
   const bool pull = !strcmp(cmd, "pull");
@@ -574,17 +559,12 @@ static int cmd_registry(int argc, char **argv) {
   }
   if (n < (pull ? 1 : 2)) return missing(pull ? "REF" : n ? "REF" : "MODEL");
   const char *ref = pull ? a[0] : a[1], *model = pull ? a[1] : a[0];
-  char *user, *secret;
-  int rc = registry_credentials(ref, &user, &secret);
-  if (rc) return rc;
   nwc_client *c = connected();
+  if (!c) return 1;
   nwc_client_result r = {0};
   char digest[73] = "";
-  if (c) rc = pull ? nwc_client_pull(c, ref, model, user, secret, flags, progress_bar, (void *)cmd, &r, digest)
-                   : nwc_client_push(c, model, ref, user, secret, flags, progress_bar, (void *)cmd, &r, digest);
-  if (secret) explicit_bzero(secret, strlen(secret));
-  free(user), free(secret);
-  if (!c) return 1;
+  int rc = pull ? nwc_client_pull(c, ref, model, NULL, NULL, flags, progress_bar, (void *)cmd, &r, digest)
+                : nwc_client_push(c, model, ref, NULL, NULL, flags, progress_bar, (void *)cmd, &r, digest);
   if (rc < 0) return die(rc);
   char b[32];
   if (json)

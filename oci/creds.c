@@ -203,7 +203,6 @@ static int from_file(const char *path, const char *registry, char **user, char *
 int nwc_oci_credentials(const char *registry, char **user, char **secret) {
   *user = *secret = NULL;
   NWC_RETURN_IF(!registry || !*registry, -EINVAL, "credentials: no registry");
-  oci__global_init();
   const char *env_file = getenv("REGISTRY_AUTH_FILE"), *xdg = getenv("XDG_RUNTIME_DIR");
   const char *home = getenv("HOME"), *dc = getenv("DOCKER_CONFIG");
   char paths[4][4200];

@@ -17,11 +17,15 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #define MAX_TOKEN (16u << 10)
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 int nwc_oci_open(const nwc_oci_ref *ref, const char *user, const char *secret, unsigned flags,
                  nwc_oci **out) {
@@ -29,7 +33,7 @@ int nwc_oci_open(const nwc_oci_ref *ref, const char *user, const char *secret, u
   NWC_RETURN_IF(!ref || !ref->registry || !ref->repository, -EINVAL, "nwc_oci_open: no reference");
   NWC_RETURN_IF(!user != !secret, -EINVAL, "nwc_oci_open: a user without a secret or the reverse");
   NWC_RETURN_IF(flags & ~NWC_OCI_PLAIN_HTTP, -EINVAL, "nwc_oci_open: unknown flags %#x", flags);
-  oci__global_init();
+  pthread_once(&curl_once, curl_init);
   nwc_oci *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->chunk = NWC_OCI_DEFAULT_CHUNK;
@@ -178,21 +182,6 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
     }
   }
   return n;
-}
-
-int oci__buf_append(oci_buf *b, const void *p, size_t n) {
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *np = realloc(b->p, cap);
-    if (!np) return -ENOMEM;
-    b->p = np;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, p, n);
-  b->len += n;
-  b->p[b->len] = 0;
-  return 0;
 }
 
 static size_t on_write(char *p, size_t size, size_t nmemb, void *ud) {

@@ -71,8 +71,6 @@ typedef struct oci_req {
 
 /* Appends n bytes and keeps a NUL after them (the bound is the caller's). Returns 0 or -ENOMEM. */
 int oci__buf_append(oci_buf *b, const void *p, size_t n);
-/* One-time setup of libgcrypt and libcurl (thread-safe). */
-void oci__global_init(void);
 
 /* Sets q->url to base + the printf-formatted path. Returns 0 or -ENOMEM. */
 int oci__url(nwc_oci *c, oci_req *q, const char *fmt, ...) NWC__PRINTF(3, 4);

@@ -1,6 +1,6 @@
 /*
- * ref.c - references ("host[:port]/repo/path[:tag][@sha256:hex]"), digest and tag syntax, the
- * sha256 helpers (libgcrypt) and the library's one-time setup.
+ * ref.c - references ("host[:port]/repo/path[:tag][@sha256:hex]"), digest and tag syntax (in the
+ * library nwc_oci_ref with creds.c: what a client needs without HTTP).
  *
  * The reference grammar is the distribution spec's (and docker's reference package): the first
  * component is a registry host only if it holds '.' or ':' or is "localhost" (we demand one: a
@@ -14,26 +14,10 @@
 #include "nwc.h" /* nwc_error_detail: the detail line nwc__fail records */
 
 #include <ctype.h>
-#include <gcrypt.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_NAME 255
-
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-
-static void init_once(void) {
-  /* An application may have set gcrypt up itself; then we leave its settings alone. */
-  if (!gcry_control(GCRYCTL_INITIALIZATION_FINISHED_P)) {
-    gcry_check_version(NULL);
-    gcry_control(GCRYCTL_DISABLE_SECMEM, 0);
-    gcry_control(GCRYCTL_INITIALIZATION_FINISHED, 0);
-  }
-  curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-void oci__global_init(void) { pthread_once(&once, init_once); }
 
 const char *nwc_oci_last_error(void) { return nwc_error_detail(); }
 
@@ -169,52 +153,18 @@ int nwc_oci_ref_parse(const char *text, nwc_oci_ref *out) {
   return rc;
 }
 
-/* ---- sha256 --------------------------------------------------------------------------------- */
-
-/* "sha256:" and the 64 hex digits of d. */
-static void format_digest(const unsigned char d[32], char out[73]) {
-  memcpy(out, "sha256:", 7);
-  for (int i = 0; i < 32; i++) {
-    out[7 + 2 * i] = "0123456789abcdef"[d[i] >> 4];
-    out[8 + 2 * i] = "0123456789abcdef"[d[i] & 15];
+/* A growing buffer (oci_internal.h): http.c's replies, creds.c's helper output. */
+int oci__buf_append(oci_buf *b, const void *p, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *np = realloc(b->p, cap);
+    if (!np) return -ENOMEM;
+    b->p = np;
+    b->cap = cap;
   }
-  out[71] = 0;
-}
-
-struct nwc_sha256 {
-  gcry_md_hd_t md;
-};
-
-int nwc_sha256_new(nwc_sha256 **out) {
-  oci__global_init();
-  *out = NULL;
-  nwc_sha256 *h = malloc(sizeof *h);
-  if (!h) return -ENOMEM;
-  if (gcry_md_open(&h->md, GCRY_MD_SHA256, 0)) {
-    free(h);
-    return nwc__fail(-ENOMEM, "sha256: gcry_md_open failed");
-  }
-  *out = h;
+  memcpy(b->p + b->len, p, n);
+  b->len += n;
+  b->p[b->len] = 0;
   return 0;
-}
-
-void nwc_sha256_update(nwc_sha256 *h, const void *p, size_t n) { gcry_md_write(h->md, p, n); }
-
-void nwc_sha256_final(nwc_sha256 *h, char digest_out[73]) {
-  const unsigned char *d = gcry_md_read(h->md, GCRY_MD_SHA256);
-  format_digest(d, digest_out);
-  gcry_md_reset(h->md);
-}
-
-void nwc_sha256_free(nwc_sha256 *h) {
-  if (!h) return;
-  gcry_md_close(h->md);
-  free(h);
-}
-
-void nwc_sha256_buf(const void *p, size_t n, char digest_out[73]) {
-  oci__global_init();
-  unsigned char d[32];
-  gcry_md_hash_buffer(GCRY_MD_SHA256, d, p, n);
-  format_digest(d, digest_out);
 }
