@@ -141,6 +141,7 @@ static int pull_layer(nwc_oci *c, const blob_ref *layer, nwc_store_receive *rx, 
                 (unsigned long long)nwc_store_receive_have(rx), (unsigned long long)layer->size);
   NWC_RETURN_IF(strcmp(got, layer->digest), -EBADMSG, "the layer's bytes hash to %s, not %s", got,
                 layer->digest);
+  nwcd_send_progress(pc, layer->size, layer->size, true); /* the last event is at the total */
   return 0;
 }
 
@@ -286,6 +287,7 @@ static int push_blobs(nwcd_job *j, nwc_oci *c, nwc_store_export *e, blob_ref *cb
   nwcd_progress pc = {j, 0};
   if (rc == 0) rc = nwc_oci_blob_push(c, cb->digest, cb->size, read_config, &cfg, NULL, NULL);
   if (rc == 0) rc = nwc_oci_blob_push(c, lb->digest, lb->size, read_export, e, push_progress, &pc);
+  if (rc == 0) nwcd_send_progress(&pc, lb->size, lb->size, true); /* also when nothing was sent */
   return rc;
 }
 

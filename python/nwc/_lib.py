@@ -102,6 +102,7 @@ STRUCTS = (nwc_client_model, nwc_client_tensor, nwc_client_tensor_info, nwc_clie
 BF16 = 1  # NWC_CLIENT_BF16
 INLINE = 2  # NWC_CLIENT_INLINE
 IMPORT_STRICT = 1  # NWC_CLIENT_IMPORT_STRICT
+PLAIN_HTTP = 1  # NWC_CLIENT_PLAIN_HTTP
 CPU = -1  # NWC_CLIENT_CPU
 MAX_COLS = 64  # NWC_CLIENT_MAX_COLS
 
@@ -128,6 +129,8 @@ _PROTOS = {
     "nwc_client_import2": (c_int, [_P, _S, _S, POINTER(nwc_client_import_opts), c_uint, _R,
                                    POINTER(POINTER(nwc_client_skipped)), POINTER(c_size_t)]),
     "nwc_client_remove": (c_int, [_P, _S]),
+    "nwc_client_pull": (c_int, [_P, _S, _S, _S, _S, c_uint, PROGRESS_FN, c_void_p, _R, c_char_p]),
+    "nwc_client_push": (c_int, [_P, _S, _S, _S, _S, c_uint, PROGRESS_FN, c_void_p, _R, c_char_p]),
     "nwc_client_load_on": (c_int, [_P, _S, _S, c_int, PROGRESS_FN, c_void_p, _R]),
     "nwc_client_load": (c_int, [_P, _S, _S, PROGRESS_FN, c_void_p, _R]),
     "nwc_client_evict": (c_int, [_P, _S, _S, _R]),

@@ -117,10 +117,11 @@ class Place:
 
 @dataclass
 class Result:
-    """What an import, load, evict, pin, unpin or verify did (the fields that apply are set,
-    as nwc_client_result says: verify counts the models it checked in ``skipped``):
-    ``skipped_tensors`` (import) lists the tensors left out as (name, shape, dtype);
-    ``problem_lines`` (verify) the problems found."""
+    """What an import, load, evict, pin, unpin, verify, pull or push did (the fields that apply
+    are set, as nwc_client_result says: verify counts the models it checked in ``skipped``, pull
+    sets it to 1 when it found the model already there): ``skipped_tensors`` (import) lists the
+    tensors left out as (name, shape, dtype); ``problem_lines`` (verify) the problems found;
+    ``digest`` (pull, push) the manifest's."""
     tensors: int = 0
     bytes: int = 0
     skipped: int = 0
@@ -132,6 +133,7 @@ class Result:
     problems: int = 0
     skipped_tensors: List[Tuple[str, Tuple[int, ...], str]] = field(default_factory=list)
     problem_lines: List[str] = field(default_factory=list)
+    digest: str = ""
 
 
 def _result(r: _lib.nwc_client_result) -> Result:
@@ -347,6 +349,46 @@ class Client(_lib.Closable):
         check(rc)
         out = _result(res)
         out.skipped_tensors = skipped
+        return out
+
+    def pull(self, ref: str, name: Optional[str] = None, *, user: Optional[str] = None,
+             secret: Optional[str] = None, plain_http: bool = False,
+             progress: Progress = True) -> Result:
+        """Pulls an nwc model from an OCI registry into the store (``nwcctl pull``; docs/oci.md):
+        ref "host[:port]/repository[:tag|@sha256:...]", stored as name (None: the name it was
+        pushed under).  user and secret: credentials for the registry; both None for the
+        caller's as docker and podman keep them.  plain_http: http:// (a local registry).  The
+        Result's ``digest`` is the manifest's; ``skipped`` is 1 when name was already pulled from
+        it (nothing done).  progress as for import_."""
+        return self._registry(lib().nwc_client_pull, ref, name, ref, user, secret, plain_http,
+                              progress, f"pull {ref}")
+
+    def push(self, model: str, ref: str, *, user: Optional[str] = None,
+             secret: Optional[str] = None, plain_http: bool = False,
+             progress: Progress = True) -> Result:
+        """Pushes a stored model to an OCI registry as an nwc artifact (``nwcctl push``): blobs
+        the registry has are not sent again.  Arguments as for pull; ``digest`` is the
+        manifest's."""
+        return self._registry(lib().nwc_client_push, model, ref, ref, user, secret, plain_http,
+                              progress, f"push {model}")
+
+    def _registry(self, fn, a: str, b: Optional[str], ref: str, user: Optional[str],
+                  secret: Optional[str], plain_http: bool, progress: Progress, what: str) -> Result:
+        if (user is None) != (secret is None):
+            raise NwcError(errno.EINVAL, "give both user and secret, or neither")
+        enc = (lambda v: None if v is None else v.encode())
+        pr = _Progress(progress, what)
+        res = _lib.nwc_client_result()
+        digest = ctypes.create_string_buffer(73)
+        try:
+            rc = fn(self.handle, enc(a), enc(b), enc(user), enc(secret),
+                    _lib.PLAIN_HTTP if plain_http else 0, pr.fn, None, byref(res), digest)
+        finally:
+            pr.close()
+        pr.reraise()
+        check(rc)
+        out = _result(res)
+        out.digest = digest.value.decode()
         return out
 
     def remove(self, model: str) -> None:

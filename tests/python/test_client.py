@@ -395,3 +395,67 @@ def test_threads_share_a_client_and_a_mapping(client, daemon, sample, rng):
         th.join()
     mp.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def registry(daemon):
+    """Debian's docker-registry on a free loopback port with its own storage (skip without it)."""
+    import shutil
+    import socket
+    import time
+    import urllib.request
+    if not shutil.which("docker-registry"):
+        pytest.skip("docker-registry is not installed")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    root = os.path.join(daemon.dir, f"registry-{port}")
+    os.makedirs(root)
+    cfg = os.path.join(root, "config.yml")
+    with open(cfg, "w") as f:
+        f.write(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+                f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
+    p = subprocess.Popen(["docker-registry", "serve", cfg], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    p.kill()
+    p.wait()
+
+
+def test_push_pull(client, sample, registry, monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no credentials: none sent
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "absent.json"))
+    if "m" not in {m.name for m in client.models()}:
+        client.import_("m", sample[0], progress=False)
+    ref = f"{registry}/py/m:v1"
+    pushed = client.push("m", ref, plain_http=True, progress=False)
+    assert pushed.digest.startswith("sha256:") and len(pushed.digest) == 71 and pushed.tensors == 4
+    assert client.push("m", ref, plain_http=True, progress=False).digest == pushed.digest
+    seen = []
+    got = client.pull(ref, "m-pulled", plain_http=True,
+                      progress=lambda done, total: seen.append((done, total)))
+    assert got.digest == pushed.digest and got.skipped == 0 and got.tensors == 4
+    assert seen and seen[-1][0] == seen[-1][1]
+    for t in ("w", "w.b", "emb", "vec"):
+        assert np.array_equal(client.dequant("m-pulled", t, "bfloat16"), client.dequant("m", t, "bfloat16")), t
+    assert client.pull(ref, "m-pulled", plain_http=True, progress=False).skipped == 1
+    with pytest.raises(nwc.NwcError) as e:
+        client.pull(ref, "m", plain_http=True, progress=False)  # m came from an import
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(nwc.NwcError) as e:
+        client.pull("no-registry-host/x", plain_http=True, progress=False)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(nwc.NwcError) as e:
+        client.pull(ref, user="u", progress=False)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(nwc.NwcError) as e:
+        client.pull(f"{registry}/py/absent:v1", "x", plain_http=True, progress=False)
+    assert e.value.errno == errno.ENOENT
+    client.remove("m-pulled")
