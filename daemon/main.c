@@ -208,6 +208,7 @@ int main(int argc, char **argv) {
     nwcd_log(NWCD_LOG_WARN, "store: removed %s", f ? f : "a file (out of memory for its name)");
   }
   pthread_mutex_init(&d.store_lock, NULL);
+  pthread_mutex_init(&d.parked_lock, NULL);
   rc = nwcd_res_create(&d, d.cfg.budget, &d.res);
   if (rc == 0) nwcd_res_set_gpu_budget(d.res, d.cfg.gpu_budget);
   if (rc == 0) rc = nwcd_pool_create(d.cfg.threads, nwcd_ops_run, nwcd_ops_can_batch, &d.pool);
@@ -217,9 +218,11 @@ int main(int argc, char **argv) {
   }
   nwcd_pool_free(d.pool);
   nwcd_res_free(d.res);
+  nwcd_registry_free(&d);
   nwc_store_close(d.store);
   nwcd_config_free();
   pthread_mutex_destroy(&d.store_lock);
+  pthread_mutex_destroy(&d.parked_lock);
   if (rc == 0) nwcd_log(NWCD_LOG_INFO, "stopped");
   return rc < 0 ? 1 : 0;
 }

@@ -52,6 +52,8 @@ typedef struct nwcd {
   struct nwcd_server *server;
   nwcd_stats stats;
   uint64_t start_ns;
+  struct nwcd_parked *parked; /* pulls that stopped part way (ops_registry.c), under parked_lock */
+  pthread_mutex_t parked_lock;
 } nwcd;
 
 #endif

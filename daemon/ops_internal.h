@@ -63,6 +63,7 @@ int nwcd_op_devices(nwcd_job *j);
 int nwcd_op_map(nwcd_job *j);
 int nwcd_op_map_gpu(nwcd_job *j);
 /* ops_registry.c: pull and push through an OCI registry. */
+typedef struct nwcd_parked nwcd_parked;
 int nwcd_op_pull(nwcd_job *j);
 int nwcd_op_push(nwcd_job *j);
 

@@ -22,6 +22,7 @@
  * Both run on the request's worker thread, outside every daemon lock: the store serializes its
  * own writes, and a pull's receive is invisible until it commits.
  */
+#include "ops.h"
 #include "ops_internal.h"
 
 #include "log.h"
@@ -100,6 +101,12 @@ static int to_mem(void *ctx, const void *p, size_t n) {
   return 0;
 }
 
+/* A failure that the same request may succeed past later: the connection, not the bytes. */
+static bool transient(int rc) {
+  return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -ECONNREFUSED || rc == -EIO ||
+         rc == -EHOSTUNREACH || rc == -EPROTO;
+}
+
 typedef struct layer_rx {
   nwc_store_receive *rx;
   nwc_sha256 *h;
@@ -119,30 +126,90 @@ static int pull_progress(void *ctx, uint64_t done, uint64_t total) {
   return 0;
 }
 
-/* The layer into rx, resumed where a failed transfer stopped; its sha256 checked. */
-static int pull_layer(nwc_oci *c, const blob_ref *layer, nwc_store_receive *rx, nwcd_progress *pc) {
-  layer_rx l = {rx, NULL, pc};
-  NWC_TRY(nwc_sha256_new(&l.h));
+/* The layer into l->rx from where it stands, resumed where a failed transfer stopped; its
+ * sha256 (l->h: of every byte taken so far) checked at the end. */
+static int pull_layer(nwc_oci *c, const blob_ref *layer, layer_rx *l) {
   int rc = -EIO;
   for (int t = 0; t < PULL_TRIES && rc < 0; t++) {
     if (t) sleep(1u << (t - 1)); /* 1, 2, 4, 8 s: a registry restarting */
-    uint64_t at = nwc_store_receive_have(rx);
-    rc = nwc_oci_blob_pull(c, layer->digest, at, 0, to_store, &l, pull_progress, &l);
-    if (rc == -EBADMSG || rc == -ENOENT || rc == -EACCES || rc == -EFBIG) break; /* not transient */
+    uint64_t at = nwc_store_receive_have(l->rx);
+    rc = nwc_oci_blob_pull(c, layer->digest, at, 0, to_store, l, pull_progress, l);
+    if (rc < 0 && !transient(rc)) break;
     if (rc < 0) nwcd_log(NWCD_LOG_WARN, "pull of %s cut at %llu bytes (%s): resuming", layer->digest,
-                         (unsigned long long)nwc_store_receive_have(rx), nwc_error_detail());
+                         (unsigned long long)nwc_store_receive_have(l->rx), nwc_error_detail());
   }
-  char got[73];
-  nwc_sha256_final(l.h, got);
-  nwc_sha256_free(l.h);
   NWC_TRY(rc);
-  NWC_RETURN_IF(nwc_store_receive_have(rx) != layer->size, -EBADMSG,
+  NWC_RETURN_IF(nwc_store_receive_have(l->rx) != layer->size, -EBADMSG,
                 "the layer has %llu bytes, its descriptor says %llu",
-                (unsigned long long)nwc_store_receive_have(rx), (unsigned long long)layer->size);
+                (unsigned long long)nwc_store_receive_have(l->rx), (unsigned long long)layer->size);
+  char got[73];
+  nwc_sha256_final(l->h, got);
   NWC_RETURN_IF(strcmp(got, layer->digest), -EBADMSG, "the layer's bytes hash to %s, not %s", got,
                 layer->digest);
-  nwcd_send_progress(pc, layer->size, layer->size, true); /* the last event is at the total */
+  nwcd_send_progress(l->pc, layer->size, layer->size, true); /* the last event is at the total */
   return 0;
+}
+
+/* ---- pulls that stopped part way ------------------------------------------------------------ */
+
+/* A pull whose registry went away keeps what it took (the receive, whose temporary file holds
+ * the checked bytes, and the sha256 of them) for the next pull of the same layer into the same
+ * name, which resumes there: at most PARKED_MAX, the oldest dropped (its file removed); nwcd's
+ * exit drops them all (a restart's sweep would remove the files anyway). */
+#define PARKED_MAX 4
+
+struct nwcd_parked {
+  struct nwcd_parked *next;
+  char digest[73], name[NWC_PROTO_NAME_MAX];
+  nwc_store_receive *rx;
+  nwc_sha256 *h;
+};
+
+static void parked_free(nwcd_parked *p) {
+  nwc_store_receive_close(p->rx);
+  nwc_sha256_free(p->h);
+  free(p);
+}
+
+/* The parked pull of layer digest into name, taken off the list; NULL if none. */
+static nwcd_parked *unpark(nwcd *d, const char *digest, const char *name) {
+  pthread_mutex_lock(&d->parked_lock);
+  nwcd_parked **pp = &d->parked, *p;
+  while ((p = *pp) && (strcmp(p->digest, digest) || strcmp(p->name, name))) pp = &p->next;
+  if (p) *pp = p->next;
+  pthread_mutex_unlock(&d->parked_lock);
+  return p;
+}
+
+static void park(nwcd *d, const char *digest, const char *name, const layer_rx *l) {
+  nwcd_parked *p = calloc(1, sizeof *p);
+  if (!p) {
+    nwc_store_receive_close(l->rx), nwc_sha256_free(l->h);
+    return;
+  }
+  snprintf(p->digest, sizeof p->digest, "%s", digest);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->rx = l->rx, p->h = l->h;
+  pthread_mutex_lock(&d->parked_lock);
+  p->next = d->parked, d->parked = p;
+  nwcd_parked *drop = NULL;
+  unsigned n = 0;
+  for (nwcd_parked *q = d->parked; q; q = q->next)
+    if (++n == PARKED_MAX && q->next) drop = q->next, q->next = NULL;
+  pthread_mutex_unlock(&d->parked_lock);
+  while (drop) {
+    nwcd_parked *next = drop->next;
+    parked_free(drop);
+    drop = next;
+  }
+}
+
+void nwcd_registry_free(nwcd *d) {
+  while (d->parked) {
+    nwcd_parked *next = d->parked->next;
+    parked_free(d->parked);
+    d->parked = next;
+  }
 }
 
 /* The local model's source label, when it came from a pull ("" otherwise). */
@@ -181,13 +248,31 @@ static int pull_into(nwcd_job *j, nwc_oci *c, const blob_ref *cb,
     snprintf(name, NWC_PROTO_NAME_MAX, "%s", n ? n : "");
     json_decref(o);
   }
-  nwc_store_receive *rx = NULL;
-  if (rc == 0) rc = nwc_store_receive_open(j->d->store, name, cfg.p, cfg.n, &rx);
-  free(cfg.p);
   nwcd_progress pc = {j, 0};
-  if (rc == 0) rc = pull_layer(c, lb, rx, &pc);
-  if (rc == 0) rc = nwc_store_receive_commit(rx, source);
-  nwc_store_receive_close(rx);
+  layer_rx l = {NULL, NULL, &pc};
+  nwcd_parked *p = rc == 0 ? unpark(j->d, lb->digest, name) : NULL;
+  if (p) {
+    l.rx = p->rx, l.h = p->h;
+    free(p);
+    nwcd_log(NWCD_LOG_INFO, "pull of %s into %s: resuming an earlier pull at %llu bytes", lb->digest,
+             name, (unsigned long long)nwc_store_receive_have(l.rx));
+  } else {
+    if (rc == 0) rc = nwc_store_receive_open(j->d->store, name, cfg.p, cfg.n, &l.rx);
+    if (rc == 0) rc = nwc_sha256_new(&l.h);
+  }
+  free(cfg.p);
+  if (rc == 0) rc = pull_layer(c, lb, &l);
+  if (rc == 0) rc = nwc_store_receive_commit(l.rx, source);
+  const uint64_t have = l.rx ? nwc_store_receive_have(l.rx) : 0;
+  if (rc < 0 && transient(rc) && have > 0) {
+    char why[NWC_PROTO_MAX_MSG];
+    snprintf(why, sizeof why, "%s", nwc_error_detail());
+    park(j->d, lb->digest, name, &l);
+    return nwc__fail(rc, "%s (the %llu bytes taken are kept: pulling again resumes there)", why,
+                     (unsigned long long)have);
+  }
+  nwc_store_receive_close(l.rx);
+  nwc_sha256_free(l.h);
   return rc;
 }
 
