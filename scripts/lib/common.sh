@@ -9,13 +9,13 @@ nwc_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
 # Debian packages the build and the tests need (strace and systemd-analyze for the service tests,
 # scdoc and man-db for the man pages, python3-yaml for test_deploy_manifests; docker-registry,
-# skopeo, htpasswd, openssl and Python's jwt for the registry client's tests), and tools
+# skopeo, htpasswd, openssl, curl and Python's jwt for the registry tests and the demo), and tools
 # (command:package) that may also come from elsewhere (a machine with its own Node.js has npm without Debian's package).
 nwc_packages=(build-essential cmake pkg-config clang strace systemd scdoc man-db
   libjansson-dev libxxhash-dev libsqlite3-dev libuv1-dev liburing-dev libsystemd-dev libinih-dev
   libcurl4-openssl-dev libgcrypt20-dev libssl-dev
   python3-numpy python3-torch python3-pytest python3-tqdm python3-yaml
-  docker-registry skopeo apache2-utils openssl python3-jwt python3-cryptography)
+  docker-registry skopeo apache2-utils openssl curl python3-jwt python3-cryptography)
 nwc_tools=(python3:python3 npm:npm)
 
 nwc_install_deps() {
