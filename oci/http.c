@@ -348,8 +348,7 @@ static int perform(nwc_oci *c, oci_req *q, int token_req) {
 
 /* ---- auth ------------------------------------------------------------------------------------- */
 
-/* The value of parameter key in a challenge's "k=v, k="v"" list, malloc'ed, or NULL. */
-static char *challenge_param(const char *s, const char *key) {
+char *oci__challenge_param(const char *s, const char *key) {
   size_t kn = strlen(key);
   while (*s) {
     while (*s == ' ' || *s == ',') s++;
@@ -442,7 +441,7 @@ static int authenticate(nwc_oci *c, const oci_req *q) {
   }
   NWC_RETURN_IF(strncasecmp(ch, "Bearer", 6), -EACCES, "registry %s: unsupported auth '%.40s'",
                 c->host, ch);
-  char *realm = challenge_param(ch + 6, "realm"), *service = challenge_param(ch + 6, "service");
+  char *realm = oci__challenge_param(ch + 6, "realm"), *service = oci__challenge_param(ch + 6, "service");
   int rc = realm ? fetch_token(c, realm, service)
                  : nwc__fail(-EBADMSG, "registry %s: Bearer challenge without a realm", c->host);
   free(realm);

@@ -72,6 +72,9 @@ typedef struct oci_req {
 /* Appends n bytes and keeps a NUL after them (the bound is the caller's). Returns 0 or -ENOMEM. */
 int oci__buf_append(oci_buf *b, const void *p, size_t n);
 
+/* The value of parameter key in a WWW-Authenticate challenge's "k=v, k=\"v\"" list (bytes from
+ * the network; tests/fuzz/fuzz_oci_challenge.c), malloc'ed, or NULL. */
+char *oci__challenge_param(const char *s, const char *key);
 /* Sets q->url to base + the printf-formatted path. Returns 0 or -ENOMEM. */
 int oci__url(nwc_oci *c, oci_req *q, const char *fmt, ...) NWC__PRINTF(3, 4);
 /* Adds a header line. Returns 0 or -ENOMEM. */
