@@ -336,10 +336,11 @@ static int rx_tensor_fields(json_t *o, rx_tensor *t) {
                             .off_raw = v[15], .off_scale = v[16]};
   /* nwc_bytes is the blob's own length (before a packed run's zeros): the end of its last
    * section rounded as import rounds it; the blob view checks the sections at commit. */
+  static const float any_scale = 1; /* the layout asks only whether there is one */
   nwc__blob_layout L;
   nwc_tensor shape = {.elem = p->elem, .rows = p->rows, .cols = p->cols, .nblocks = p->nblocks,
                       .data_bytes = p->data_bytes, .raw_bytes = p->raw_plane_bytes,
-                      .scale = p->L.off_scale ? (float *)1 : NULL};
+                      .scale = p->L.off_scale ? &any_scale : NULL};
   nwc__blob_layout_of(&shape, &L);
   NWC_RETURN_IF(L.off_bases != p->L.off_bases || L.off_hdr != p->L.off_hdr || L.off_data != p->L.off_data ||
                     L.off_raw != p->L.off_raw || L.off_scale != p->L.off_scale || L.length > p->length,
