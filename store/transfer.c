@@ -19,11 +19,12 @@
  * types, layouts, that the blobs tile the container, chunk counts) before anything is created;
  * the container's bytes are then appended in order, any cut, and written to DIR/containers/ID.tmp
  * one checked piece at a time: the container header by its own checksum, every blob chunk by the
- * config's.  So the .tmp holds only checked bytes; the receive keeps the piece being gathered,
- * and the bytes it has taken (`have`) are where a download cut short resumes.
- * Commit patches the ids to the new container's, recomputes those checksums, reads every blob
- * back through nwc_store_read_info (chunks, header, nwc_tensor_validate: what an import's blobs
- * get), then publishes as an import does: fsync, rename, fsync of the directory, one catalog
+ * config's, and a piece holding a header then given the new container's id (its checksum, and
+ * the blob's first chunk's, recomputed).  So the .tmp holds only checked bytes; the receive keeps
+ * the piece being gathered (a piece whose write failed stays pending, retried by the next write),
+ * and the bytes it has taken (`have`) are where a download cut short resumes.  Commit reads every
+ * blob back through nwc_store_read_info (chunks, header, nwc_tensor_validate: what an import's
+ * blobs get), then publishes as an import does: fsync, rename, fsync of the directory, one catalog
  * transaction.  Until then nothing is visible; a receive closed without commit deletes its .tmp,
  * and the startup sweep deletes one left by a crash.  The layer's sha256 is the caller's to check
  * (it sees the bytes first); commit is called only when it matched.
@@ -33,6 +34,7 @@
 
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -288,6 +290,10 @@ struct nwc_store_receive {
   size_t next;      /* by_off index of the blob at `have` (n: past the last) */
   uint8_t *buf;     /* the piece being gathered: [have, have + fill) */
   size_t fill;
+  bool ready;       /* buf holds the whole piece, checked and given the container's id, and
+                       piece_sum its checksum: only its write is left (a failed one is retried) */
+  uint64_t piece_sum;
+  uint64_t hdr_xxh3; /* of the container header as written */
 };
 
 /* The length of the piece that starts at `have`: the container header, or the next chunk of the
@@ -511,30 +517,34 @@ int nwc_store_receive_open(nwc_store *s, const char *model, const void *config, 
 uint64_t nwc_store_receive_size(const nwc_store_receive *r) { return r->size; }
 uint64_t nwc_store_receive_have(const nwc_store_receive *r) { return r->have + r->fill; }
 
-/* Checks the gathered piece [have, have + fill) and writes it. */
+/* The gathered piece [have, have + fill), whole: checked (the container header by its own
+ * checksum, a blob's chunk by the config's), given the new container's id where it holds a
+ * header (whose checksum, and a blob's first chunk's, are then the store's own), then written.
+ * A failed write leaves the piece ready and pending: the next write or the commit retries it. */
 static int rx_flush(nwc_store_receive *r) {
-  const char *dir = r->s->dir;
-  if (r->have == 0) {
+  nwc__pub_tensor *t = r->have < NWC__CONTAINER_HEADER ? NULL : &r->ts[r->by_off[r->next]].pub;
+  const uint64_t c = t ? (r->have - t->offset) / NWC_STORE_CHUNK : 0;
+  if (!r->ready && !t) {
     NWC_TRY(nwc__container_header_check(r->buf, 0, "transfer: the container header"));
     NWC_RETURN_IF(nwc__get64(r->buf + 16) != 0 || nwc__get32(r->buf + 8) != r->version, -EBADMSG,
                   "transfer: the container header is not the config's (version, id 0)");
-  } else {
-    const nwc__pub_tensor *t = &r->ts[r->by_off[r->next]].pub;
-    uint64_t c = (r->have - t->offset) / NWC_STORE_CHUNK;
+    set_container_id(r->buf, r->cid);
+    r->hdr_xxh3 = XXH3_64bits(r->buf, NWC__CONTAINER_HEADER);
+  } else if (!r->ready) {
     NWC_RETURN_IF(XXH3_64bits(r->buf, r->fill) != t->checksums[c], -EBADMSG,
                   "transfer: model %s tensor %s: chunk %llu (container offset %llu, %zu bytes) "
                   "does not match its checksum", r->model, t->name, (unsigned long long)c,
                   (unsigned long long)r->have, r->fill);
+    if (c == 0) set_blob_id(r->buf, r->cid), r->piece_sum = XXH3_64bits(r->buf, r->fill);
   }
+  r->ready = true;
   ssize_t w = pwrite(r->fd, r->buf, r->fill, (off_t)r->have);
   if (w != (ssize_t)r->fill)
-    return nwc__fail(w < 0 ? -errno : -EIO, "%s/containers: write: %s", dir, w < 0 ? strerror(errno) : "short");
+    return nwc__fail(w < 0 ? -errno : -EIO, "%s/containers: write: %s", r->s->dir, w < 0 ? strerror(errno) : "short");
+  if (t && c == 0) t->checksums[0] = r->piece_sum;
   r->have += r->fill;
-  r->fill = 0;
-  if (r->have > NWC__CONTAINER_HEADER) {
-    const nwc__pub_tensor *t = &r->ts[r->by_off[r->next]].pub;
-    if (r->have == t->offset + t->length) r->next++;
-  }
+  r->fill = 0, r->ready = false;
+  if (t && r->have == t->offset + t->length) r->next++;
   return 0;
 }
 
@@ -542,34 +552,13 @@ int nwc_store_receive_write(nwc_store_receive *r, const void *buf, size_t len) {
   const uint8_t *p = buf;
   NWC_RETURN_IF(len > r->size - r->have - r->fill, -EFBIG,
                 "transfer: more bytes than the container's %llu", (unsigned long long)r->size);
-  while (len) {
+  while (len) { /* a piece whose write failed is whole: its first pass takes nothing and retries it */
     const size_t piece = (size_t)piece_len(r), want = piece - r->fill, k = len < want ? len : want;
     memcpy(r->buf + r->fill, p, k);
     r->fill += k, p += k, len -= k;
     if (r->fill == piece) NWC_TRY(rx_flush(r));
   }
   return 0;
-}
-
-/* Sets the container's ids to r->cid: its header, and each blob's header and first checksum. */
-static int rx_patch(nwc_store_receive *r) {
-  uint8_t *b = r->buf;
-  int rc = nwc__pread_full(r->fd, b, NWC__CONTAINER_HEADER, 0);
-  if (rc == 0) {
-    set_container_id(b, r->cid);
-    rc = pwrite(r->fd, b, NWC__CONTAINER_HEADER, 0) == NWC__CONTAINER_HEADER ? 0 : -EIO;
-  }
-  for (size_t i = 0; rc == 0 && i < r->n; i++) {
-    nwc__pub_tensor *t = &r->ts[i].pub;
-    uint64_t len = t->length < NWC_STORE_CHUNK ? t->length : NWC_STORE_CHUNK;
-    rc = nwc__pread_full(r->fd, b, len, t->offset);
-    if (rc == 0) {
-      set_blob_id(b, r->cid);
-      t->checksums[0] = XXH3_64bits(b, len);
-      rc = pwrite(r->fd, b, NWC__BLOB_HEADER, (off_t)t->offset) == NWC__BLOB_HEADER ? 0 : -EIO;
-    }
-  }
-  return rc < 0 ? nwc__fail(rc, "%s/containers: patching the received container: %s", r->s->dir, strerror(-rc)) : 0;
 }
 
 /* Every blob read back as a reader would read it: chunks, header against the row, validation. */
@@ -596,11 +585,9 @@ static int rx_publish(nwc_store_receive *r, const char *source) {
   nwc__pub_tensor *pt = malloc(r->n * sizeof *pt);
   int rc = pt ? 0 : -ENOMEM;
   for (size_t i = 0; rc == 0 && i < r->n; i++) pt[i] = r->ts[i].pub;
-  uint8_t hdr[NWC__CONTAINER_HEADER];
-  if (rc == 0) rc = nwc__pread_full(r->fd, hdr, sizeof hdr, 0);
   nwc__pub_source src = {source, r->size, 0, 0};
   nwc__pub_model m = {r->model, r->elem_opt, r->layout_opt, &src, 1, pt, r->n, r->cid, r->size,
-                      XXH3_64bits(hdr, sizeof hdr), r->version};
+                      r->hdr_xxh3, r->version};
   if (rc == 0) {
     nwc__lock(r->s);
     rc = nwc__catalog_publish(r->s->db, &m);
@@ -611,14 +598,14 @@ static int rx_publish(nwc_store_receive *r, const char *source) {
 }
 
 int nwc_store_receive_commit(nwc_store_receive *r, const char *source) {
+  if (r->ready) NWC_TRY(rx_flush(r)); /* the last piece, whose write failed */
   NWC_RETURN_IF(r->have != r->size || r->fd < 0, -EINVAL, "transfer: %llu of %llu bytes received",
                 (unsigned long long)r->have, (unsigned long long)r->size);
   char tmp[32], fin[32], path[4096];
   nwc__container_name(r->cid, 1, tmp);
   nwc__container_name(r->cid, 0, fin);
   snprintf(path, sizeof path, "%s/containers/%s", r->s->dir, tmp);
-  int rc = rx_patch(r);
-  if (rc == 0) rc = rx_check_blobs(r, path);
+  int rc = rx_check_blobs(r, path);
   if (rc == 0 && fsync(r->fd) < 0) rc = nwc__fail(-errno, "%s: fsync: %s", path, strerror(errno));
   int renamed = 0;
   if (rc == 0) {

@@ -3,13 +3,16 @@
  * (store/transfer.c): export, then receive in pieces of random sizes; every tensor of the copy
  * reads back and decodes to the original's weights, verify is clean, and the copy exports to the
  * same config and bytes (what makes a second push upload nothing).  Also: a flipped byte anywhere
- * is refused at its chunk and leaves nothing behind; a receive closed early leaves nothing; bad
+ * is refused at its chunk and leaves nothing behind; a receive closed early leaves nothing; a
+ * failed write (the file size limit) is retried by the next write; bad
  * configs are refused before a file is made; a config that agrees with tampered bytes (checksums
  * recomputed) is caught at commit, where every blob is validated as an import's is.
  */
 #include "test_store_util.h"
 
 #include <jansson.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <xxhash.h>
 
 typedef struct membuf {
@@ -74,12 +77,12 @@ static void export_all(nwc_store *s, const char *model, char **config, size_t *c
   nwc_store_export_close(e);
 }
 
-/* Both models' tensors decode to the same weights, name by name. */
-static void same_weights(nwc_store *a, nwc_store *b, const char *model) {
+/* Model ma of store a and mb of b: their tensors decode to the same weights, name by name. */
+static void same_weights(nwc_store *a, const char *ma, nwc_store *b, const char *mb) {
   nwc_tensor_info *ta = NULL, *tb = NULL;
   size_t na = 0, nb = 0;
-  CHECK_RC(nwc_store_tensors(a, model, &ta, &na));
-  CHECK_RC(nwc_store_tensors(b, model, &tb, &nb));
+  CHECK_RC(nwc_store_tensors(a, ma, &ta, &na));
+  CHECK_RC(nwc_store_tensors(b, mb, &tb, &nb));
   CHECK(na == nb && na > 0, "%zu tensors, copy has %zu", na, nb);
   for (size_t i = 0; i < na && i < nb; i++) {
     CHECK(!strcmp(ta[i].name, tb[i].name) && !strcmp(ta[i].conversion, tb[i].conversion) &&
@@ -119,6 +122,32 @@ static char *config_edit(const char *config, const char *name, const char *key, 
   char *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(root);
   return out;
+}
+
+/* A write that fails (here: the file size limit) leaves its piece pending: writing on from `have`
+ * retries it, and the model completes. */
+static void failed_write_resumes(nwc_store *a, nwc_store *b, const char *config, size_t clen,
+                                 const uint8_t *bytes, size_t n) {
+  signal(SIGXFSZ, SIG_IGN); /* pwrite past the limit: EFBIG (or a short write), not the signal */
+  struct rlimit old, lim;
+  CHECK_RC(getrlimit(RLIMIT_FSIZE, &old));
+  nwc_store_receive *r = NULL;
+  CHECK_RC(nwc_store_receive_open(b, "m3", config, clen, &r));
+  if (!r) return;
+  lim = old;
+  lim.rlim_cur = (rlim_t)(4096 + test_below(n - 8192));
+  CHECK_RC(setrlimit(RLIMIT_FSIZE, &lim));
+  int rc = nwc_store_receive_write(r, bytes, n);
+  const uint64_t have = nwc_store_receive_have(r);
+  CHECK_RC(setrlimit(RLIMIT_FSIZE, &old));
+  printf("write with a %llu-byte file limit: %d, %llu bytes taken (%s)\n", (unsigned long long)lim.rlim_cur,
+         rc, (unsigned long long)have, nwc_error_detail());
+  CHECK(rc < 0 && have < n, "a write past the file size limit: %d, %llu of %zu bytes", rc,
+        (unsigned long long)have, n);
+  CHECK_RC(nwc_store_receive_write(r, bytes + have, n - have));
+  CHECK_RC(nwc_store_receive_commit(r, "test:resumed"));
+  nwc_store_receive_close(r);
+  same_weights(a, "m", b, "m3");
 }
 
 static void bad_configs(nwc_store *b, const char *dir, const char *config, size_t clen,
@@ -203,7 +232,7 @@ int main(void) {
   CHECK(count_containers(db) == 0, "an abandoned receive left a file");
 
   CHECK_RC(receive(b, "m", config, clen, bytes.p, bytes.n));
-  same_weights(a, b, "m");
+  same_weights(a, "m", b, "m");
   CHECK(check_store_consistent(b, db) == 1, "store b holds one model");
   CHECK(receive(b, "m", config, clen, bytes.p, bytes.n) == -EEXIST, "a second receive of m");
 
@@ -215,6 +244,8 @@ int main(void) {
   CHECK(clen2 == clen && !strcmp(config, config2), "the copy's config differs");
   CHECK(bytes2.n == bytes.n && !memcmp(bytes.p, bytes2.p, bytes.n), "the copy's bytes differ");
 
+  failed_write_resumes(a, b, config, clen, bytes.p, bytes.n);
+  CHECK_RC(nwc_store_remove(b, "m3"));
   bad_configs(b, db, config, clen, bytes.p, bytes.n);
 
   /* A blob header changed (rows) with every checksum made to agree: caught at commit. */
