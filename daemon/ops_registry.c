@@ -212,7 +212,7 @@ void nwcd_registry_free(nwcd *d) {
   }
 }
 
-/* The local model's source label, when it came from a pull ("" otherwise). */
+/* The local model's first source label: where a pull came from, or an import's file name. */
 static int origin_of(nwcd *d, const char *model, char *out, size_t cap) {
   char *label = NULL;
   int rc = nwc_store_model_source(d->store, model, &label);
@@ -359,18 +359,19 @@ static char *manifest_json(const char *model, const blob_ref *cb, const blob_ref
 }
 
 static int push_blobs(nwcd_job *j, nwc_oci *c, nwc_store_export *e, blob_ref *cb, blob_ref *lb) {
+  nwc_sha256 *h;
+  NWC_TRY(nwc_sha256_new(&h));
+  int rc = nwc_store_export_scan(e, hash_chunk, h); /* also makes the config */
+  nwc_sha256_final(h, lb->digest);
+  nwc_sha256_free(h);
+  lb->size = nwc_store_export_size(e);
+  NWC_TRY(rc);
   membuf cfg = {0};
   cfg.p = (char *)nwc_store_export_config(e, &cfg.n);
   nwc_sha256_buf(cfg.p, cfg.n, cb->digest);
   cb->size = cfg.n;
-  nwc_sha256 *h;
-  NWC_TRY(nwc_sha256_new(&h));
-  int rc = nwc_store_export_scan(e, hash_chunk, h);
-  nwc_sha256_final(h, lb->digest);
-  nwc_sha256_free(h);
-  lb->size = nwc_store_export_size(e);
   nwcd_progress pc = {j, 0};
-  if (rc == 0) rc = nwc_oci_blob_push(c, cb->digest, cb->size, read_config, &cfg, NULL, NULL);
+  rc = nwc_oci_blob_push(c, cb->digest, cb->size, read_config, &cfg, NULL, NULL);
   if (rc == 0) rc = nwc_oci_blob_push(c, lb->digest, lb->size, read_export, e, push_progress, &pc);
   if (rc == 0) nwcd_send_progress(&pc, lb->size, lb->size, true); /* also when nothing was sent */
   return rc;

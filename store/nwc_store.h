@@ -247,10 +247,11 @@ NWC_EXTERN int nwc_store_blob_view(const nwc_tensor_info *ti, const void *blob, 
 /* ---- transfer: a model's portable form (store/transfer.c; docs/oci.md) -------------------- */
 
 /* A model's config (its catalog rows as JSON) and its container with every container id 0: the
- * same bytes in every store.  Open reads each blob's header and first chunk; close frees. */
+ * same bytes in every store.  Open reads the rows and each blob's header; close frees. */
 typedef struct nwc_store_export nwc_store_export;
 NWC_EXTERN int nwc_store_export_open(nwc_store *s, const char *model, nwc_store_export **out);
-/* The config JSON (owned by e) and the portable container's size. */
+/* The config JSON (owned by e; NULL until a scan has completed: it holds each blob's first chunk's
+ * new checksum, which the scan takes) and the portable container's size. */
 NWC_EXTERN const char *nwc_store_export_config(const nwc_store_export *e, size_t *len);
 NWC_EXTERN uint64_t nwc_store_export_size(const nwc_store_export *e);
 /* The portable container in order, a checked chunk at a time, to fn (which returns 0 or a

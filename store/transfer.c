@@ -10,10 +10,11 @@
  * from a store that pulled it, uploads nothing twice.  Only the first chunk of each blob (which
  * holds its header) has a checksum other than the catalog's.
  *
- * Export (nwc_store_export_*): the config is built at open from the catalog and one read of each
- * blob's header and first chunk; scan streams a container in order, checking every chunk against
- * the catalog before handing on its portable bytes (for the sha256 a push needs before it can ask
- * the registry whether it has the blob); read gives any range of the portable bytes (the upload).
+ * Export (nwc_store_export_*): open reads the catalog rows and each blob's header; scan streams
+ * the container in order, checking every chunk against the catalog before handing on its portable
+ * bytes (for the sha256 a push needs before it can ask the registry whether it has the blob), and
+ * the first scan builds the config from the rows and the first chunks' new checksums; read gives
+ * any range of the portable bytes (the upload).
  *
  * Receive (nwc_store_receive_*): the config, untrusted, is checked field by field (names, element
  * types, layouts, that the blobs tile the container, chunk counts) before anything is created;
@@ -74,7 +75,9 @@ struct nwc_store_export {
   nwc_tensor_info **by_off;     /* ts by offset */
   uint8_t (*hdrs)[NWC__BLOB_HEADER]; /* each blob's portable header, in by_off order */
   uint8_t chdr[NWC__CONTAINER_HEADER];
-  char *config;
+  nwc_model_info *model;
+  uint64_t *first_sums;         /* each blob's portable first chunk's checksum, in ts order */
+  char *config;                 /* built by the first scan */
   size_t config_len;
 };
 
@@ -126,7 +129,8 @@ static json_t *tensor_json(const nwc_tensor_info *t, uint64_t first_sum) {
 }
 
 /* The config: {"nwc_config": 1, "model": {...}, "container": {...}, "tensors": [...]}. */
-static int build_config(nwc_store_export *e, const nwc_model_info *m, const uint64_t *first_sums) {
+static int build_config(nwc_store_export *e) {
+  const nwc_model_info *m = e->model;
   json_t *root = json_object(), *model = json_object(), *cont = json_object(), *ts = json_array();
   json_object_set_new(root, "nwc_config", json_integer(CONFIG_VERSION));
   json_object_set_new(model, "name", json_string(m->name));
@@ -137,7 +141,7 @@ static int build_config(nwc_store_export *e, const nwc_model_info *m, const uint
   json_object_set_new(cont, "version", u64(e->version));
   json_object_set_new(cont, "chunk_size", u64(NWC_STORE_CHUNK));
   json_object_set_new(root, "container", cont);
-  for (size_t i = 0; i < e->n; i++) json_array_append_new(ts, tensor_json(&e->ts[i], first_sums[i]));
+  for (size_t i = 0; i < e->n; i++) json_array_append_new(ts, tensor_json(&e->ts[i], e->first_sums[i]));
   json_object_set_new(root, "tensors", ts);
   e->config = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(root);
@@ -146,23 +150,13 @@ static int build_config(nwc_store_export *e, const nwc_model_info *m, const uint
   return 0;
 }
 
-/* Reads each blob's header and first chunk: the portable headers and first chunks' checksums
- * (the original first chunk checked against the catalog on the way). */
-static int read_headers(nwc_store_export *e, uint64_t *first_sums) {
-  uint8_t *buf = malloc(NWC_STORE_CHUNK);
-  int rc = buf ? 0 : -ENOMEM;
-  for (size_t i = 0; rc == 0 && i < e->n; i++) {
-    nwc_tensor_info *t = e->by_off[i];
-    uint64_t len = t->length < NWC_STORE_CHUNK ? t->length : NWC_STORE_CHUNK;
-    rc = nwc__pread_full(e->fd, buf, len, t->offset);
-    if (rc == 0) rc = nwc_store_chunk_check(t, 0, buf);
-    if (rc < 0) break;
-    set_blob_id(buf, 0);
-    memcpy(e->hdrs[i], buf, NWC__BLOB_HEADER);
-    first_sums[t - e->ts] = XXH3_64bits(buf, len);
+/* Each blob's header, made portable (checked with the rest of its first chunk by the scan). */
+static int read_headers(nwc_store_export *e) {
+  for (size_t i = 0; i < e->n; i++) {
+    NWC_TRY(nwc__pread_full(e->fd, e->hdrs[i], NWC__BLOB_HEADER, e->by_off[i]->offset));
+    set_blob_id(e->hdrs[i], 0);
   }
-  free(buf);
-  return rc;
+  return 0;
 }
 
 static int export_open_files(nwc_store *s, const char *model, nwc_store_export *e) {
@@ -200,23 +194,18 @@ int nwc_store_export_open(nwc_store *s, const char *model, nwc_store_export **ou
   if (!e) return -ENOMEM;
   e->fd = -1;
   int rc = export_open_files(s, model, e);
-  nwc_model_info *m = NULL;
-  uint64_t *first_sums = NULL;
   if (rc == 0) {
     e->by_off = malloc(e->n * sizeof *e->by_off);
     e->hdrs = malloc(e->n * sizeof *e->hdrs);
-    first_sums = malloc(e->n * sizeof *first_sums);
-    if (!e->by_off || !e->hdrs || !first_sums) rc = -ENOMEM;
+    e->first_sums = malloc(e->n * sizeof *e->first_sums);
+    if (!e->by_off || !e->hdrs || !e->first_sums) rc = -ENOMEM;
   }
   if (rc == 0) {
     for (size_t i = 0; i < e->n; i++) e->by_off[i] = &e->ts[i];
     qsort(e->by_off, e->n, sizeof *e->by_off, cmp_offset);
-    rc = read_headers(e, first_sums);
+    rc = read_headers(e);
   }
-  if (rc == 0) rc = nwc_store_model(s, model, &m);
-  if (rc == 0) rc = build_config(e, m, first_sums);
-  nwc_model_info_free(m, 1);
-  free(first_sums);
+  if (rc == 0) rc = nwc_store_model(s, model, &e->model);
   if (rc < 0) nwc_store_export_close(e);
   else *out = e;
   return rc;
@@ -241,8 +230,7 @@ int nwc_store_export_scan(nwc_store_export *e, int (*fn)(void *ctx, const void *
                           void *ctx) {
   uint8_t *buf = malloc(NWC_STORE_CHUNK);
   if (!buf) return -ENOMEM;
-  int rc = nwc__pread_full(e->fd, buf, NWC__CONTAINER_HEADER, 0);
-  if (rc == 0) memcpy(buf, e->chdr, NWC__CONTAINER_HEADER), rc = fn(ctx, buf, NWC__CONTAINER_HEADER);
+  int rc = fn(ctx, e->chdr, NWC__CONTAINER_HEADER); /* read and checked at open */
   /* The blobs tile the file (the catalog says so and verify checks it): chunk by chunk, in order. */
   for (size_t i = 0; rc == 0 && i < e->n; i++) {
     const nwc_tensor_info *t = e->by_off[i];
@@ -250,11 +238,15 @@ int nwc_store_export_scan(nwc_store_export *e, int (*fn)(void *ctx, const void *
       uint64_t at = c * NWC_STORE_CHUNK, len = t->length - at < NWC_STORE_CHUNK ? t->length - at : NWC_STORE_CHUNK;
       rc = nwc__pread_full(e->fd, buf, len, t->offset + at);
       if (rc == 0) rc = nwc_store_chunk_check(t, c, buf);
-      if (rc == 0 && c == 0) memcpy(buf, e->hdrs[i], NWC__BLOB_HEADER);
+      if (rc == 0 && c == 0) {
+        memcpy(buf, e->hdrs[i], NWC__BLOB_HEADER);
+        e->first_sums[t - e->ts] = XXH3_64bits(buf, len);
+      }
       if (rc == 0) rc = fn(ctx, buf, len);
     }
   }
   free(buf);
+  if (rc == 0 && !e->config) rc = build_config(e);
   return rc;
 }
 
@@ -262,6 +254,8 @@ void nwc_store_export_close(nwc_store_export *e) {
   if (!e) return;
   if (e->fd >= 0) close(e->fd);
   nwc_tensor_info_free(e->ts, e->n);
+  nwc_model_info_free(e->model, 1);
+  free(e->first_sums);
   free(e->by_off);
   free(e->hdrs);
   free(e->path);

@@ -57,12 +57,14 @@ static void export_all(nwc_store *s, const char *model, char **config, size_t *c
   nwc_store_export *e;
   CHECK_RC(nwc_store_export_open(s, model, &e));
   if (!e) exit(1);
+  CHECK(!nwc_store_export_config(e, clen) && *clen == 0, "a config before the scan");
+  b->n = 0;
+  CHECK_RC(nwc_store_export_scan(e, collect, b));
   const char *c = nwc_store_export_config(e, clen);
+  if (!c) exit(1);
   *config = malloc(*clen + 1);
   memcpy(*config, c, *clen);
   (*config)[*clen] = 0;
-  b->n = 0;
-  CHECK_RC(nwc_store_export_scan(e, collect, b));
   CHECK(b->n == nwc_store_export_size(e), "scan gave %zu bytes of %llu", b->n,
         (unsigned long long)nwc_store_export_size(e));
   for (int i = 0; i < 50; i++) { /* random reads are the scan's bytes */
