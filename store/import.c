@@ -49,7 +49,8 @@ static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off) {
   return 0;
 }
 
-static int publish(imp *im) {
+static int publish(void *ctx) {
+  imp *im = ctx;
   nwc__pub_source *ps = calloc(im->nsrc, sizeof *ps);
   nwc__pub_tensor *pt = calloc(im->njobs, sizeof *pt);
   int rc = ps && pt ? 0 : -ENOMEM;
@@ -76,9 +77,8 @@ static int run(imp *im) {
   int rc = nwc__catalog_next_container(im->s->db, &im->cid);
   nwc__unlock(im->s);
   NWC_TRY(rc);
-  char tmp[32], fin[32];
+  char tmp[32];
   nwc__container_name(im->cid, 1, tmp);
-  nwc__container_name(im->cid, 0, fin);
   im->fd = openat(im->s->cdirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
   if (im->fd < 0)
     return nwc__fail(-errno, "%s/containers/%s: cannot create: %s", im->s->dir, tmp,
@@ -94,23 +94,9 @@ static int run(imp *im) {
   im->file_end = NWC__CONTAINER_HEADER;
   if (rc < 0) rc = nwc__fail(rc, "%s/containers/%s: write: %s", im->s->dir, tmp, strerror(-rc));
   if (rc == 0) rc = nwc__imp_encode_all(im);
-  if (rc == 0 && fsync(im->fd) < 0)
-    rc = nwc__fail(-errno, "%s/containers/%s: fsync: %s", im->s->dir, tmp, strerror(errno));
-  close(im->fd);
   if (im->dfd >= 0) close(im->dfd);
+  rc = nwc__container_finish(im->s, im->cid, im->fd, rc, publish, im);
   im->fd = im->dfd = -1;
-  int renamed = 0;
-  if (rc == 0) {
-    if (renameat(im->s->cdirfd, tmp, im->s->cdirfd, fin) < 0)
-      rc = nwc__fail(-errno, "%s/containers/%s: rename: %s", im->s->dir, tmp, strerror(errno));
-    else renamed = 1;
-  }
-  if (rc == 0) rc = nwc__store_sync_dir(im->s);
-  if (rc == 0) rc = publish(im);
-  if (rc < 0) {
-    unlinkat(im->s->cdirfd, renamed ? fin : tmp, 0);
-    fsync(im->s->cdirfd);
-  }
   return rc;
 }
 

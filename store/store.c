@@ -76,6 +76,27 @@ int nwc__store_sync_dir(nwc_store *s) {
                               : 0;
 }
 
+int nwc__container_finish(nwc_store *s, uint64_t cid, int fd, int rc, int (*publish)(void *ctx), void *ctx) {
+  char tmp[32], fin[32];
+  nwc__container_name(cid, 1, tmp);
+  nwc__container_name(cid, 0, fin);
+  if (rc == 0 && fsync(fd) < 0) rc = nwc__fail(-errno, "%s/containers/%s: fsync: %s", s->dir, tmp, strerror(errno));
+  close(fd);
+  int renamed = 0;
+  if (rc == 0) {
+    if (renameat(s->cdirfd, tmp, s->cdirfd, fin) < 0)
+      rc = nwc__fail(-errno, "%s/containers/%s: rename: %s", s->dir, tmp, strerror(errno));
+    else renamed = 1;
+  }
+  if (rc == 0) rc = nwc__store_sync_dir(s);
+  if (rc == 0) rc = publish(ctx);
+  if (rc < 0) {
+    unlinkat(s->cdirfd, renamed ? fin : tmp, 0);
+    fsync(s->cdirfd);
+  }
+  return rc;
+}
+
 /* The container id of a name the store writes ("<16 hex>.nwc" or ".tmp"), with *tmp set; 0 for
  * any other name (ids start at 1). */
 static uint64_t container_id(const char *n, int *tmp) {

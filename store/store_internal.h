@@ -141,5 +141,10 @@ int nwc__catalog_publish(sqlite3 *db, const nwc__pub_model *m);
 
 /* fsync of the containers directory. */
 int nwc__store_sync_dir(nwc_store *s);
+/* The end of a new container written as DIR/containers/ID.tmp (fd, open on it, closed here), for
+ * import and receive: with rc 0 (the writer's status), fsync of the file, rename to ID.nwc, fsync
+ * of the directory, then publish(ctx), the catalog's transaction; on any failure, rc's included,
+ * the file is removed, so that only a published container stays.  Returns the first failure. */
+int nwc__container_finish(nwc_store *s, uint64_t cid, int fd, int rc, int (*publish)(void *ctx), void *ctx);
 
 #endif

@@ -288,6 +288,7 @@ struct nwc_store_receive {
                        piece_sum its checksum: only its write is left (a failed one is retried) */
   uint64_t piece_sum;
   uint64_t hdr_xxh3; /* of the container header as written */
+  const char *source; /* commit's, for its publish */
 };
 
 /* The length of the piece that starts at `have`: the container header, or the next chunk of the
@@ -575,18 +576,18 @@ static int rx_check_blobs(nwc_store_receive *r, const char *path) {
   return rc;
 }
 
-static int rx_publish(nwc_store_receive *r, const char *source) {
+/* The catalog's transaction for the received model (nwc__container_finish's publish). */
+static int rx_publish(void *ctx) {
+  nwc_store_receive *r = ctx;
   nwc__pub_tensor *pt = malloc(r->n * sizeof *pt);
-  int rc = pt ? 0 : -ENOMEM;
-  for (size_t i = 0; rc == 0 && i < r->n; i++) pt[i] = r->ts[i].pub;
-  nwc__pub_source src = {source, r->size, 0, 0};
+  if (!pt) return -ENOMEM;
+  for (size_t i = 0; i < r->n; i++) pt[i] = r->ts[i].pub;
+  nwc__pub_source src = {r->source, r->size, 0, 0};
   nwc__pub_model m = {r->model, r->elem_opt, r->layout_opt, &src, 1, pt, r->n, r->cid, r->size,
                       r->hdr_xxh3, r->version};
-  if (rc == 0) {
-    nwc__lock(r->s);
-    rc = nwc__catalog_publish(r->s->db, &m);
-    nwc__unlock(r->s);
-  }
+  nwc__lock(r->s);
+  int rc = nwc__catalog_publish(r->s->db, &m);
+  nwc__unlock(r->s);
   free(pt);
   return rc;
 }
@@ -595,27 +596,13 @@ int nwc_store_receive_commit(nwc_store_receive *r, const char *source) {
   if (r->ready) NWC_TRY(rx_flush(r)); /* the last piece, whose write failed */
   NWC_RETURN_IF(r->have != r->size || r->fd < 0, -EINVAL, "transfer: %llu of %llu bytes received",
                 (unsigned long long)r->have, (unsigned long long)r->size);
-  char tmp[32], fin[32], path[4096];
+  char tmp[32], path[4096];
   nwc__container_name(r->cid, 1, tmp);
-  nwc__container_name(r->cid, 0, fin);
   snprintf(path, sizeof path, "%s/containers/%s", r->s->dir, tmp);
-  int rc = rx_check_blobs(r, path);
-  if (rc == 0 && fsync(r->fd) < 0) rc = nwc__fail(-errno, "%s: fsync: %s", path, strerror(errno));
-  int renamed = 0;
-  if (rc == 0) {
-    if (renameat(r->s->cdirfd, tmp, r->s->cdirfd, fin) < 0)
-      rc = nwc__fail(-errno, "%s: rename: %s", path, strerror(errno));
-    else renamed = 1;
-  }
-  if (rc == 0) rc = nwc__store_sync_dir(r->s);
-  if (rc == 0) rc = rx_publish(r, source);
-  close(r->fd);
-  r->fd = -1;
-  if (rc < 0) {
-    unlinkat(r->s->cdirfd, renamed ? fin : tmp, 0);
-    fsync(r->s->cdirfd);
-  }
-  return rc;
+  r->source = source;
+  const int fd = r->fd;
+  r->fd = -1; /* closed by nwc__container_finish, whatever happens */
+  return nwc__container_finish(r->s, r->cid, fd, rx_check_blobs(r, path), rx_publish, r);
 }
 
 void nwc_store_receive_close(nwc_store_receive *r) {
