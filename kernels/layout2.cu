@@ -8,8 +8,8 @@
  *
  * Matvec design.  The row groups' slots are shared among all resident warps to within one batch
  * (work.cuh: stream-K ranges of slots).  A warp streams its range's slots (32
- * columns each) in batches of D through two sets of a shared-memory ring (cp.async), the next
- * batch's copies in flight while this one is decoded (l2_stream), with its bookkeeping per batch,
+ * columns each) in batches of D through the sets of a shared-memory ring (cp.async), the next
+ * batches' copies in flight while this one is decoded (l2_stream), with its bookkeeping per batch,
  * not per slot: the planes' streaming alone reaches 94 % of the read floor, and the one-slot ring
  * with per-slot bookkeeping that this replaced held the kernel to 55 % (docs/results.md).  Per
  * slot a lane decodes its A fragments (layout2.cuh) and multiplies them by B fragments that hold
@@ -62,8 +62,9 @@ namespace nwc_k {
 namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
-constexpr unsigned kL2CtasPerSm = 3;   /* <= 85 registers */
-constexpr unsigned kRowsCtasPerSm = 4; /* dequant and gather: <= 64 registers */
+/* Dequant and gather: two CTAs a SM, each warp with four sets of its ring (three batches in flight
+ * while one is stored): 4 % to 5 % more than four CTAs with two sets (docs/results.md). */
+constexpr unsigned kRowsCtasPerSm = 2, kRowsRingSets = 4;
 
 /*
  * The matvec's variants, by x's type and how many columns it takes: fp32 x is cut into three BF16
@@ -79,8 +80,12 @@ __host__ __device__ constexpr bool bf16_x_of(int V) { return V >= 3; }
 __host__ __device__ constexpr unsigned cols_of(int V) { return V == 0 || V == 3 ? 1 : V == 1 ? 5 : 8; }
 __host__ __device__ constexpr unsigned parts_of(int V) { return bf16_x_of(V) ? 1 : 3; }
 __host__ __device__ constexpr unsigned tiles_of(int V) { return (cols_of(V) * parts_of(V) + 7) / 8; }
-/* CTAs per SM: more than one tile, or eight columns' x a batch ahead, need more than 85 registers. */
-__host__ __device__ constexpr unsigned matvec_ctas_per_sm(int V) { return V == 0 || V == 3 ? kL2CtasPerSm : 2; }
+/* Two CTAs a SM for every variant.  One column's warps keep three sets of their ring (two batches
+ * in flight while one is decoded: 16 warps x 8 slots a SM, against 24 x 4 with three CTAs of two
+ * sets, 1.5 % faster in geometric mean, 5 % on the token step); the others keep two (a third does
+ * not fit beside their staging). */
+constexpr unsigned kMatvecCtasPerSm = 2;
+__host__ __device__ constexpr int ring_sets_of(int V) { return cols_of(V) == 1 ? 3 : 2; }
 /* Slots a warp decodes together (its batch of D slots is loaded while the batch before is decoded):
  * the B fragments of the batch's slots are in registers, 4 slots' of one tile, 2 of more. */
 __host__ __device__ constexpr int batch_of(int V) { return tiles_of(V) == 1 ? 4 : 2; }
@@ -134,20 +139,20 @@ struct ExList {
 /* A ring entry: one slot's nibbles and low bytes, and for a batch's first slot the block's hdr
  * and bases[b], bases[b + 1] when the batch starts a block (or a unit inside one). */
 constexpr unsigned kEntry = 816, kLowOff = 256, kHdrOff = 768, kBaseOff = 800;
-/* A warp's ring: two sets of D entries (the batch being decoded, the batch being loaded). */
-template <int D>
-__host__ __device__ constexpr unsigned ring_bytes() { return 2 * D * kEntry; }
+/* A warp's ring: NS sets of D entries (the batch being decoded, the NS - 1 being loaded). */
+template <int D, int NS>
+__host__ __device__ constexpr unsigned ring_bytes() { return NS * D * kEntry; }
 
 /*
  * The planes of layout 2 as l2_stream's slot source (layout 1's is L1Source, layout1.cuh): the
  * copies of a batch into a ring set (issue), what a batch needs before its slots (begin), a
  * slot's A fragments (slot), and the work after the batch (end: the block's exceptions).
  *
- * The planes go through a ring of two sets of D entries in shared memory: at the top of each
- * batch the warp starts cp.async copies of the next batch into the other set (a lane copies its
+ * The planes go through a ring of NS sets of D entries in shared memory: at the top of each
+ * batch the warp starts cp.async copies of a batch ahead into a free set (a lane copies its
  * 16 low bytes of each slot and 16 nibble bytes of every second slot), then waits for this
- * batch's copies and decodes them, so that one batch is always in flight while one is decoded,
- * in no registers, and no stall of the decoder delays a load.  A batch never crosses a block
+ * batch's copies and decodes them, so that NS - 1 batches are always in flight while one is
+ * decoded, in no registers, and no stall of the decoder delays a load.  A batch never crosses a block
  * (Cursor::end), so the per-block work is per batch: a batch that starts a
  * block brings the block's hdr bytes (the lanes' entry counts) and bases[b], bases[b + 1] in its
  * first entry; the warp sums the counts and loads the first kWindow bytes of the block's entry
@@ -284,17 +289,20 @@ struct L2Source {
  * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
  * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
  * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
- * warp) after the range (l2_stream: every warp of the CTA, with work or not).  At the top of each
- * batch the source starts the copies of the next batch into the other set of its ring, then the
- * warp waits for this batch's copies and decodes them: one batch is always in flight while one is
- * decoded.  The first batch is issued bare and the
+ * warp) after the range (l2_stream: every warp of the CTA, with work or not).  The ring has NS
+ * sets: before the loop the source starts the first NS - 1 batches, one a set; at the top of each
+ * batch it starts the copies of the batch NS - 1 ahead into the set the batch before freed, then
+ * the warp waits for this batch's copies and decodes them: NS - 1 batches are in flight while one
+ * is decoded (an empty commit group stands for a batch past the range's end, so that the wait
+ * counts the same).  The first batch is issued bare and the
  * source's prologue fetches what else it needs of the first block by plain loads, both before
  * griddepcontrol.wait; its begin() is then told the batch is fresh.
  */
-template <int D, class Src, class Sink>
+template <int D, int NS, class Src, class Sink>
 __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink,
                                                 uint32_t wid) {
   static_assert(16 % D == 0 && D >= 2, "a batch divides a block");
+  static_assert(NS >= 2, "one set decoded, the others in flight");
   const uint32_t j0 = sp.start(wid), j_end = sp.start(wid + 1);
   Cursor<D> ld{}, c{};
   ld.j = j0;
@@ -303,17 +311,23 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
   src.issue(ld, 0, true);
   c = ld;
   ld.next(sp, j0, j_end, rows, M);
+#pragma unroll
+  for (uint32_t s = 1; s + 1 < (uint32_t)NS; s++) { /* the batches after the first into sets 1 .. NS - 2 */
+    if (ld.valid) src.issue(ld, s, false), ld.next(sp, j0, j_end, rows, M);
+    else cp_commit();
+  }
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
    * and may write what it read.  Everything above reads only the weights. */
   grid_wait_after(src.prologue(c));
   sink.load_x(c);
-  for (uint32_t set = 0, fresh = 1; c.valid; set ^= 1u, fresh = 0) {
-    const Cursor<D> nx = ld; /* the next batch, started now */
-    if (nx.valid) src.issue(nx, set ^ 1u, false);
+  for (uint32_t set = 0, fresh = 1; c.valid; set = set + 1 == (uint32_t)NS ? 0 : set + 1, fresh = 0) {
+    Cursor<D> nx = ld; /* the batch after this one (with two sets, the one started now): its x */
+    if (NS > 2) nx = c, nx.next(sp, j0, j_end, rows, M);
+    if (ld.valid) src.issue(ld, set == 0 ? NS - 1 : set - 1, false);
     else cp_commit();
     sink.stage(c);
     if (nx.valid) sink.load_x(nx);
-    cp_wait<1>();
+    cp_wait<NS - 1>();
     __syncwarp();
     const uint32_t ce = c.end();
     src.begin(c, set, fresh);
@@ -325,7 +339,7 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
       sink.slot(k, c, A);
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
-    if (nx.valid) ld.next(sp, j0, j_end, rows, M);
+    if (ld.valid) ld.next(sp, j0, j_end, rows, M);
     const uint32_t next = ce;
     src.end(c, next, sink);
     if (next == c.s_end) {
@@ -339,10 +353,10 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
 }
 
 /* Every warp of the CTA (the sink's done() may wait for them all): its range, then done(). */
-template <int D, class Src, class Sink>
+template <int D, int NS, class Src, class Sink>
 __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
   const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
-  if (wid < sp.W) l2_stream_range<D>(src, sp, rows, M, sink, wid);
+  if (wid < sp.W) l2_stream_range<D, NS>(src, sp, rows, M, sink, wid);
   sink.done(M, sp, wid);
 }
 
@@ -573,15 +587,16 @@ __device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split 
 }
 
 template <int V, bool FP8>
-__global__ void __launch_bounds__(kL2Threads, matvec_ctas_per_sm(V)) l2_matvec_kernel(L2Geom g, Split sp, L2Matvec a) {
+__global__ void __launch_bounds__(kL2Threads, kMatvecCtasPerSm) l2_matvec_kernel(L2Geom g, Split sp, L2Matvec a) {
   using Sink = MatvecSink<V>;
+  constexpr int NS = ring_sets_of(V);
   extern __shared__ uint4 smem[];
-  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * (ring_bytes<Sink::D>() + Sink::kSinkSmem);
+  uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * (ring_bytes<Sink::D, NS>() + Sink::kSinkSmem);
   /* The stream's next kernel may launch now: its CTAs wait for this grid (griddepcontrol.wait). */
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  Sink sink(a, mine + ring_bytes<Sink::D>());
+  Sink sink(a, mine + ring_bytes<Sink::D, NS>());
   L2Source<Sink::D, FP8> src(g, mine);
-  l2_stream<Sink::D>(src, sp, nullptr, g.M, sink);
+  l2_stream<Sink::D, NS>(src, sp, nullptr, g.M, sink);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
@@ -626,10 +641,11 @@ struct RowsSink {
 
 template <bool FP8>
 __global__ void __launch_bounds__(kL2Threads, kRowsCtasPerSm) l2_rows_kernel(L2Geom g, Split sp, RowsSink sink) {
+  constexpr int NS = kRowsRingSets;
   extern __shared__ uint4 smem[];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  L2Source<RowsSink::D, FP8> src(g, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D>());
-  l2_stream<RowsSink::D>(src, sp, sink.rows, g.M, sink);
+  L2Source<RowsSink::D, FP8> src(g, reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * ring_bytes<RowsSink::D, NS>());
+  l2_stream<RowsSink::D, NS>(src, sp, sink.rows, g.M, sink);
 }
 
 /* Layout 1 (layout1.cuh): two CTAs of 8 warps per SM, each with the 16 KB table; a warp's shared
@@ -655,7 +671,7 @@ __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1G
   load_table(tab, g.tab); /* the weights' table: no kernel writes it */
   typename K::Sink sink(a, mine + K::Src::kWarpSmem);
   typename K::Src src(g, tab, mine);
-  l2_stream<kL1Batch>(src, sp, nullptr, g.M, sink);
+  l2_stream<kL1Batch, 2>(src, sp, nullptr, g.M, sink);
 }
 
 template <bool FP8>
@@ -668,7 +684,7 @@ __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_rows_kernel(L1Geo
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   load_table(tab, g.tab);
   L1RowsSource<FP8> src(g, tab, reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * L1RowsSource<FP8>::kWarpSmem);
-  l2_stream<kL1Batch>(src, sp, sink.rows, g.M, sink);
+  l2_stream<kL1Batch, 2>(src, sp, sink.rows, g.M, sink);
 }
 
 /* The cut of `groups` row groups of S slots from `first` among the warps of per_sm CTAs on every
@@ -762,14 +778,14 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
 }
 
 /* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per CTA (as many CTAs as any
- * column count may have: kL2CtasPerSm a SM; work.cuh's parts are a CTA's), then a counter per
+ * column count may have: the larger of layout 2's and layout 1's CTAs a SM; work.cuh's parts are a CTA's), then a counter per
  * row group.  The layout is the same for every tensor and column count, so that one zeroed
  * scratch serves many tensors: the counters (left at zero) never lie where another call's parts were written (with the counters
  * first, a tensor of more row groups found a smaller one's parts in its counters). */
 struct L2Scratch {
   uint64_t ctr, total;
   L2Scratch(uint64_t RB, int sms) {
-    ctr = (uint64_t)2 * sms * kL2CtasPerSm * 16 * NWC_K_MAX_COLS * 4;
+    ctr = (uint64_t)2 * sms * max(kMatvecCtasPerSm, kL1CtasPerSm) * 16 * NWC_K_MAX_COLS * 4;
     total = ctr + RB * 4;
   }
 };
@@ -799,11 +815,12 @@ static int set_smem(K *kernel, unsigned smem, unsigned ctas_per_sm) {
 template <int V, bool FP8>
 static int launch_tc_matvec(const L2Geom &g, const L2Matvec &a, cudaStream_t stream) {
   using Sink = MatvecSink<V>;
-  constexpr unsigned smem = kL2Warps * (ring_bytes<Sink::D>() + Sink::kSinkSmem + Sink::kPartTab); /* the part tables last */
-  static_assert(matvec_ctas_per_sm(V) * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
+  constexpr unsigned smem =
+      kL2Warps * (ring_bytes<Sink::D, ring_sets_of(V)>() + Sink::kSinkSmem + Sink::kPartTab); /* the part tables last */
+  static_assert(kMatvecCtasPerSm * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
   Split sp;
-  int rc = l2_matvec_split(g, matvec_ctas_per_sm(V), &sp);
-  if (rc < 0 || (rc = set_smem(l2_matvec_kernel<V, FP8>, smem, matvec_ctas_per_sm(V))) < 0) return rc;
+  int rc = l2_matvec_split(g, kMatvecCtasPerSm, &sp);
+  if (rc < 0 || (rc = set_smem(l2_matvec_kernel<V, FP8>, smem, kMatvecCtasPerSm)) < 0) return rc;
   return launch_pdl(l2_matvec_kernel<V, FP8>, l2_ctas(sp), smem, stream, g, sp, a);
 }
 template <int V, bool FP8>
@@ -867,7 +884,8 @@ int l2_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols,
  * requested rows (gather), for a tensor of layout 2 (L2Geom) or 1 (L1Geom). */
 static int launch_tc_rows(const L2Geom &g, uint64_t groups, uint32_t first, const RowsSink &sink, uint64_t n,
                           cudaStream_t stream) {
-  constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D>();
+  constexpr unsigned smem = kL2Warps * ring_bytes<RowsSink::D, kRowsRingSets>();
+  static_assert(kRowsCtasPerSm * (smem + 1024) <= (228u << 10), "the CTAs fit an SM");
   Split sp;
   int rc = l2_split(g.S, sink.rows ? n : groups, first, l2_granule(g), kRowsCtasPerSm, &sp);
   auto kernel = g.fp8 ? l2_rows_kernel<true> : l2_rows_kernel<false>;
