@@ -3,7 +3,7 @@
  * one GPU.  Prints one JSON object per measurement on stdout, then a table.
  *
  *   nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--token-step-hf] [--no-shapes]
- *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]...
+ *                 [--sample FILE.safetensors] [--floor-tbps T] [--shape MxK]... [--timeline FILE]
  *
  * --layout picks the tensors' layout (BF16 and fp8; fp8 with 1 column), --cols the columns of x
  * multiplied in one call, against cublasGemmEx with as many columns; --x the type of x that nwc
@@ -15,6 +15,8 @@
  * leaves out the nine shapes and the sample.
  *
  * --shape (repeatable) replaces the nine shapes and leaves out the sample model (for profiling).
+ * --timeline FILE appends each shape's per-warp timeline of the last launches of nwc's graph
+ * (nwc_k_timeline_dump: kernels built with -DNWC_KERNEL_TIMELINE=ON; scripts/timeline-summary).
  *
  * Method (../shared/DEVICE.md): each side's weights are copied several times so that the copies
  * together are at least four times the L2, and consecutive calls rotate over them; the per-call
@@ -32,6 +34,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +57,8 @@ static int sms, quick;
 static unsigned layout, ncols = 1; /* --layout, --cols */
 static int x_bf16;                  /* --x bf16 */
 static int token_step, token_step_hf; /* --token-step, --token-step-hf */
+static const char *timeline;           /* --timeline FILE */
+static const char *timeline_tag;       /* the shape whose graph time_calls records next */
 
 /* ---- random weights ----------------------------------------------------------------------- */
 
@@ -143,6 +148,10 @@ static void time_calls(call_fn fn, void *ctx, int copies, double *graph_us, doub
     t[r] *= 1000.f / (float)calls;
   }
   *graph_us = median(t, reps);
+  if (timeline_tag) { /* the graph's last launches, before the single launches below */
+    NW(nwc_k_timeline_dump(timeline, timeline_tag));
+    timeline_tag = NULL;
+  }
   int singles = quick ? 11 : 41;
   for (int r = 0; r < singles; r++) {
     CU(cudaEventRecord(a, stream));
@@ -371,6 +380,10 @@ static void bench_shape(uint64_t M, uint64_t K) {
   nwc_side_set_x(&ns, x, K16);
   blas_side bs;
   blas_side_init(&bs, w, M, K, x, K16);
+  if (timeline) { /* only nwc's graph of this shape: what ran before is dropped */
+    NW(nwc_k_timeline_dump(NULL, NULL));
+    timeline_tag = row->name;
+  }
   time_calls(nwc_linear_call, &ns, ns.copies, &row->nwc_us, &row->nwc_single);
   time_calls(blas_call, &bs, bs.copies, &row->blas_us, &row->blas_single);
   double agree = bf16_diff(ns.y, bs.y, M * ncols);
@@ -626,13 +639,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--token-step")) token_step = 1;
     else if (!strcmp(argv[i], "--token-step-hf")) token_step_hf = 1;
     else if (!strcmp(argv[i], "--no-shapes")) nshapes = 0, sample = NULL;
+    else if (!strcmp(argv[i], "--timeline") && i + 1 < argc) timeline = argv[++i];
     else DIE("usage: nwc_gpu_bench [--quick] [--layout 0|1|2] [--cols 1..8] [--x fp32|bf16] [--token-step] [--token-step-hf] [--no-shapes] "
-             "[--sample FILE] [--floor-tbps T] [--shape MxK]...");
+             "[--sample FILE] [--floor-tbps T] [--shape MxK]... [--timeline FILE]");
   }
   if (layout > 2 || ncols < 1 || ncols > 8) {
     DIE("--layout takes 0, 1 or 2 and --cols 1..8 (layout %u, cols %u)", layout, ncols);
   }
   if (x_bf16 && layout == 0) DIE("--x bf16 takes layout 1 or 2: layout 0's kernels read fp32 x");
+  if (timeline && layout == 0) DIE("--timeline takes layout 1 or 2: layout 0's kernels record none");
+  if (timeline && nwc_k_timeline_dump(NULL, NULL) == -ENOTSUP)
+    DIE("--timeline: the kernels were built without it (configure with -DNWC_KERNEL_TIMELINE=ON)");
   int dev = 0, l2 = 0, clk = 0, drv = 0;
   CU(cudaGetDevice(&dev));
   struct cudaDeviceProp prop;

@@ -51,6 +51,7 @@
 #include "host.cuh"
 #include "layout1.cuh"
 #include "layout2.cuh"
+#include "timeline.cuh"
 #include "work.cuh"
 
 #include <cuda_bf16.h>
@@ -319,6 +320,7 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
    * and may write what it read.  Everything above reads only the weights. */
   grid_wait_after(src.prologue(c));
+  tl_mark(1);
   sink.load_x(c);
   for (uint32_t set = 0, fresh = 1; c.valid; set = set + 1 == (uint32_t)NS ? 0 : set + 1, fresh = 0) {
     Cursor<D> nx = ld; /* the batch after this one (with two sets, the one started now): its x */
@@ -329,6 +331,7 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
     if (nx.valid) sink.load_x(nx);
     cp_wait<NS - 1>();
     __syncwarp();
+    if (fresh) tl_mark(2);
     const uint32_t ce = c.end();
     src.begin(c, set, fresh);
 #pragma unroll
@@ -357,7 +360,9 @@ template <int D, int NS, class Src, class Sink>
 __device__ __forceinline__ void l2_stream(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink) {
   const uint32_t wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5);
   if (wid < sp.W) l2_stream_range<D, NS>(src, sp, rows, M, sink, wid);
+  tl_mark(3);
   sink.done(M, sp, wid);
+  tl_mark(4);
 }
 
 /* The calling warp's part table of Bytes: the CTA's dynamic shared memory ends with its warps'
@@ -591,12 +596,14 @@ __global__ void __launch_bounds__(kL2Threads, kMatvecCtasPerSm) l2_matvec_kernel
   using Sink = MatvecSink<V>;
   constexpr int NS = ring_sets_of(V);
   extern __shared__ uint4 smem[];
+  const unsigned tl = tl_entry(); /* the optional timeline (timeline.cuh) */
   uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + (threadIdx.x >> 5) * (ring_bytes<Sink::D, NS>() + Sink::kSinkSmem);
   /* The stream's next kernel may launch now: its CTAs wait for this grid (griddepcontrol.wait). */
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   Sink sink(a, mine + ring_bytes<Sink::D, NS>());
   L2Source<Sink::D, FP8> src(g, mine);
   l2_stream<Sink::D, NS>(src, sp, nullptr, g.M, sink);
+  tl_exit(tl);
 }
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
@@ -665,6 +672,7 @@ template <int V, bool FP8>
 __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1Geom g, Split sp, L2Matvec a) {
   using K = L1Matvec<V, FP8>;
   extern __shared__ uint4 smem[];
+  const unsigned tl = tl_entry();
   uint32_t *tab = reinterpret_cast<uint32_t *>(smem);
   uint8_t *mine = reinterpret_cast<uint8_t *>(smem) + kTabBytes + (threadIdx.x >> 5) * K::kWarp;
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -672,6 +680,7 @@ __global__ void __launch_bounds__(kL2Threads, kL1CtasPerSm) l1_matvec_kernel(L1G
   typename K::Sink sink(a, mine + K::Src::kWarpSmem);
   typename K::Src src(g, tab, mine);
   l2_stream<kL1Batch, 2>(src, sp, nullptr, g.M, sink);
+  tl_exit(tl);
 }
 
 template <bool FP8>
@@ -982,3 +991,39 @@ int l1_dequant_rows(const nwc_k_tensor *t, uint64_t row0, uint64_t nrows, uint16
 }
 
 } /* namespace nwc_k */
+
+/* The timeline's records (timeline.cuh), appended to path as lines "tag launch cta warp sm
+ * g_entry g_exit clk0 .. clk4", then cleared; path NULL: cleared only. */
+#ifdef NWC_K_TIMELINE
+#include <stdio.h>
+#include <string.h>
+#endif
+extern "C" int nwc_k_timeline_dump(const char *path, const char *tag) {
+#ifdef NWC_K_TIMELINE
+  using namespace nwc_k;
+  static TlRecord h[kTlLaunches][kTlWarps];
+  int rc = cuda_status(cudaDeviceSynchronize());
+  if (rc == 0) rc = cuda_status(cudaMemcpyFromSymbol(h, tl_records, sizeof h));
+  if (rc < 0) return rc;
+  if (path) {
+    FILE *f = fopen(path, "a");
+    if (!f) return -errno;
+    for (unsigned l = 0; l < kTlLaunches; l++)
+      for (unsigned i = 0; i < kTlWarps; i++) {
+        const TlRecord &r = h[l][i];
+        if (!r.used) continue;
+        fprintf(f, "%s %u %u %u %u %llu %llu %lld %lld %lld %lld %lld\n", tag ? tag : "-", r.launch, r.cta,
+                i - r.cta * (kL2Threads / 32), r.sm, r.g_entry, r.g_exit, r.clk[0], r.clk[1], r.clk[2], r.clk[3],
+                r.clk[4]);
+      }
+    if (fclose(f) != 0) return -EIO;
+  }
+  memset(h, 0, sizeof h);
+  const unsigned zero = 0;
+  rc = cuda_status(cudaMemcpyToSymbol(tl_records, h, sizeof h));
+  return rc < 0 ? rc : cuda_status(cudaMemcpyToSymbol(tl_ctas_started, &zero, sizeof zero));
+#else
+  (void)path, (void)tag;
+  return -ENOTSUP;
+#endif
+}

@@ -66,6 +66,12 @@ NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
 /* The cudaError_t of the last -EIO on this thread (0 if none). */
 NWC_EXTERN int nwc_k_last_cuda_error(void);
 
+/* The per-warp timeline of the last launches of the tensor-core matvecs (kernels/timeline.cuh),
+ * appended to the file at path as text lines that begin with tag, then cleared (path NULL: cleared
+ * only).  0, -errno, -EIO, or -ENOTSUP when the kernels were built without
+ * -DNWC_KERNEL_TIMELINE=ON (scripts/timeline-summary reads the file). */
+NWC_EXTERN int nwc_k_timeline_dump(const char *path, const char *tag);
+
 /*
  * Y = scale * (W X) + bias for ncols (1..8) columns in one pass over the weights.  Column c of X
  * is x + c * ldx (16-byte aligned, ldx a multiple of 4 and >= K); layout 0 reads K16 floats of it
