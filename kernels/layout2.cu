@@ -63,6 +63,9 @@ namespace nwc_k {
 namespace {
 
 constexpr unsigned kL2Warps = 8, kL2Threads = 32 * kL2Warps;
+#ifdef NWC_K_TIMELINE
+static_assert(kL2Warps == kTlCtaWarps, "the timeline records every warp of a CTA");
+#endif
 /* Dequant and gather: two CTAs a SM, each warp with four sets of its ring (three batches in flight
  * while one is stored): 4 % to 5 % more than four CTAs with two sets (docs/results.md). */
 constexpr unsigned kRowsCtasPerSm = 2, kRowsRingSets = 4;
@@ -1011,10 +1014,9 @@ extern "C" int nwc_k_timeline_dump(const char *path, const char *tag) {
     for (unsigned l = 0; l < kTlLaunches; l++)
       for (unsigned i = 0; i < kTlWarps; i++) {
         const TlRecord &r = h[l][i];
-        if (!r.used) continue;
-        fprintf(f, "%s %u %u %u %u %llu %llu %lld %lld %lld %lld %lld\n", tag ? tag : "-", r.launch, r.cta,
-                i - r.cta * (kL2Threads / 32), r.sm, r.g_entry, r.g_exit, r.clk[0], r.clk[1], r.clk[2], r.clk[3],
-                r.clk[4]);
+        if (!r.g_entry) continue;
+        fprintf(f, "%s %u %u %u %u %llu %llu %lld %lld %lld %lld %lld\n", tag ? tag : "-", r.launch, r.cta, r.warp,
+                r.sm, r.g_entry, r.g_exit, r.clk[0], r.clk[1], r.clk[2], r.clk[3], r.clk[4]);
       }
     if (fclose(f) != 0) return -EIO;
   }

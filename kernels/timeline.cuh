@@ -25,19 +25,19 @@
 namespace nwc_k {
 
 #ifdef NWC_K_TIMELINE
-constexpr unsigned kTlLaunches = 4, kTlWarps = 8192, kTlMarks = 5;
+constexpr unsigned kTlLaunches = 4, kTlWarps = 8192, kTlMarks = 5, kTlCtaWarps = 8; /* the tensor-core kernels' CTAs */
 
-/* One warp's record: globaltimer at entry and exit (ns), clock64 at the marks, its SM, its CTA
- * and the launch it belongs to. */
+/* One warp's record: globaltimer at entry (never 0: 0 is an empty record) and exit (ns), clock64
+ * at the marks, its SM, its CTA, its warp in the CTA and the launch it belongs to. */
 struct TlRecord {
   unsigned long long g_entry, g_exit;
   long long clk[kTlMarks];
-  uint32_t sm, cta, launch, used;
+  uint32_t sm, cta, warp, launch;
 };
 
 __device__ unsigned tl_ctas_started;
 __device__ TlRecord tl_records[kTlLaunches][kTlWarps];
-__shared__ TlRecord tl_warps[8]; /* the CTA's warps' records (the tensor-core kernels' CTAs: 8 warps) */
+__shared__ TlRecord tl_warps[kTlCtaWarps]; /* the CTA's warps' records */
 
 __device__ __forceinline__ long long tl_clock() {
   long long t;
@@ -71,11 +71,11 @@ __device__ __forceinline__ void tl_exit(unsigned seq) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   const unsigned launch = seq / gridDim.x;
-  for (unsigned u = 0; u < blockDim.x / 32; u++) {
-    const unsigned at = blockIdx.x * (blockDim.x / 32) + u;
+  for (unsigned u = 0; u < kTlCtaWarps; u++) {
+    const unsigned at = blockIdx.x * kTlCtaWarps + u;
     if (at >= kTlWarps) break;
     TlRecord r = tl_warps[u];
-    r.cta = blockIdx.x, r.launch = launch, r.used = 1;
+    r.cta = blockIdx.x, r.warp = u, r.launch = launch;
     tl_records[launch % kTlLaunches][at] = r;
   }
 }
