@@ -27,8 +27,7 @@
  * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
  * warp sums each column's parts and its exceptions through that table, and writes the rows (a
  * whole row group) or its part of them into the warp's part table (work.cuh sums a CTA's parts
- * after its warps' ends, then the CTAs').  Scratch: the row groups' counters (zero before and
- * after every call) and the CTAs' parts.
+ * after its warps' ends, then the CTAs' in scratch, which every call leaves zero).
  *
  * Every kernel here is launched as a programmatic dependent of the stream's kernel before it
  * (PDL) and lets the next one launch at once: its CTAs start their first copies of the weights
@@ -106,8 +105,7 @@ struct L2Matvec {
   const float *scale, *bias;
   float *y;
   uint16_t *y_bf16;
-  uint32_t *ctr; /* a counter per row group (work.cuh) */
-  float *part;   /* 2 W x 16 x ncols sums of parts of row groups */
+  uint32_t *words; /* the CTAs' parts of row groups (work.cuh's finish_parts): 2 a CTA, 16 x ncols each */
 };
 
 /* v = hi + mid + lo exactly, each part an fp32 whose upper 16 bits are its BF16 (the lower are
@@ -587,7 +585,7 @@ __device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split 
   __syncthreads(); /* every warp's part table written */
   if (wid >= sp.W) return;
   const uint32_t ncols = a.ncols;
-  finish_parts<16 * C>(sp, kL2Warps, wid, pend0, pend1, part_table<kPartTab>(), kPartTab / 4, a.ctr, a.part, 16 * ncols,
+  finish_parts<16 * C>(sp, kL2Warps, wid, pend0, pend1, part_table<kPartTab>(), kPartTab / 4, a.words, 16 * ncols,
                [&](uint32_t k, uint32_t e, float sum) {
                  const uint32_t row = e / ncols, R = 16 * k + row;
                  if (R < M) put_row(a, R, e - row * ncols, sum);
@@ -789,23 +787,16 @@ int l2_geom_of(const nwc_k_tensor *t, L2Geom *g) {
   return 0;
 }
 
-/* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS floats per CTA (as many CTAs as any
- * column count may have: the larger of layout 2's and layout 1's CTAs a SM; work.cuh's parts are a CTA's), then a counter per
- * row group.  The layout is the same for every tensor and column count, so that one zeroed
- * scratch serves many tensors: the counters (left at zero) never lie where another call's parts were written (with the counters
- * first, a tensor of more row groups found a smaller one's parts in its counters). */
-struct L2Scratch {
-  uint64_t ctr, total;
-  L2Scratch(uint64_t RB, int sms) {
-    ctr = (uint64_t)2 * sms * max(kMatvecCtasPerSm, kL1CtasPerSm) * 16 * NWC_K_MAX_COLS * 4;
-    total = ctr + RB * 4;
-  }
-};
-
-int64_t l2_scratch_bytes(const L2Geom &g, unsigned) {
+/* Scratch of a matvec: two part slots of 16 x NWC_K_MAX_COLS words per CTA (as many CTAs as any
+ * column count may have: the larger of layout 2's and layout 1's CTAs a SM), the same for every
+ * tensor and column count, so that one zeroed scratch serves many tensors (every call leaves it
+ * zero: work.cuh's finish_parts). */
+static int64_t matvec_scratch_bytes() {
   const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total;
+  return sms < 0 ? sms : (int64_t)2 * sms * max(kMatvecCtasPerSm, kL1CtasPerSm) * 16 * NWC_K_MAX_COLS * 4;
 }
+
+int64_t l2_scratch_bytes(const L2Geom &, unsigned) { return matvec_scratch_bytes(); }
 
 /* Lets kernel use smem bytes of dynamic shared memory per CTA and asks for the smallest shared
  * memory carveout that holds ctas_per_sm such CTAs, so that the rest of the SM's 256 KB stays L1
@@ -847,19 +838,16 @@ static int launch_tc_matvec(const L1Geom &g, const L2Matvec &a, cudaStream_t str
 
 /* Checks a matvec's arguments (layouts 1 and 2) and fills a: x's columns 16-byte aligned, fp32 or
  * (bf16_x) BF16. */
-static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, uint64_t RB, const void *x, bool bf16_x,
+static int matvec_args(const nwc_k_tensor *t, uint32_t M, uint32_t K, const void *x, bool bf16_x,
                        unsigned ncols, uint64_t ldx, const float *bias, float *y, uint16_t *y_bf16, uint64_t ldy,
                        void *scratch, L2Matvec *a) {
   if (!x || !scratch || (!y && !y_bf16) || ncols < 1 || ncols > NWC_K_MAX_COLS) return -EINVAL;
   if ((uintptr_t)x % 16 || (ncols > 1 && (ldx < K || ldx % (bf16_x ? 8 : 4))) || (ncols > 1 && ldy < M) ||
       (uintptr_t)scratch % 16)
     return -EINVAL;
-  const int sms = sm_count();
-  if (sms < 0) return sms;
   a->x = x, a->ldx = ldx, a->ldy = ldy, a->ncols = ncols, a->K = K, a->scale = t->scale, a->bias = bias;
   a->y = y, a->y_bf16 = y_bf16;
-  a->part = static_cast<float *>(scratch);
-  a->ctr = reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scratch) + L2Scratch(RB, sms).ctr);
+  a->words = static_cast<uint32_t *>(scratch);
   return 0;
 }
 
@@ -881,7 +869,7 @@ static int tc_matvec(int (*geom_of)(const nwc_k_tensor *, G *), const nwc_k_tens
   G g;
   L2Matvec a;
   int rc = geom_of(t, &g);
-  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, g.RB, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
+  if (rc < 0 || (rc = matvec_args(t, g.M, g.K, x, bf16_x, ncols, ldx, bias, y, y_bf16, ldy, scratch, &a)) < 0)
     return rc;
   return by_variant(variant_of(ncols, bf16_x), g.fp8,
                     [&](auto V, auto fp8) { return launch_tc_matvec<V.value, fp8.value>(g, a, stream); });
@@ -975,10 +963,7 @@ int l1_geom_of(const nwc_k_tensor *t, L1Geom *g) {
   return 0;
 }
 
-int64_t l1_scratch_bytes(const L1Geom &g, unsigned) {
-  const int sms = sm_count();
-  return sms < 0 ? sms : (int64_t)L2Scratch(g.RB, sms).total; /* sized for more CTAs than layout 1 has */
-}
+int64_t l1_scratch_bytes(const L1Geom &, unsigned) { return matvec_scratch_bytes(); }
 
 int l1_matvec(const nwc_k_tensor *t, const void *x, bool bf16_x, unsigned ncols, uint64_t ldx, const float *bias,
               float *y, uint16_t *y_bf16, uint64_t ldy, void *scratch, cudaStream_t stream) {

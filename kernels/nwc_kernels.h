@@ -59,8 +59,9 @@ NWC_EXTERN void nwc_k_tensor_free(nwc_k_tensor *d);
 
 /* Bytes of scratch the matvec entries need for ncols (1..8) columns of x (enough for fewer too),
  * or a negative errno.  Scratch must be zeroed once before its first call (cudaMemset): layouts 1
- * and 2 keep counters there that every call of any layout leaves at zero again.  One scratch serves
- * one call at a time, of any tensor (of any layout) whose nwc_k_scratch_bytes it holds. */
+ * and 2 pass sums between CTAs there as words that are non-zero once written, and every call of any
+ * layout leaves them zero again.  One scratch serves one call at a time, of any tensor (of any
+ * layout) whose nwc_k_scratch_bytes it holds. */
 NWC_EXTERN int64_t nwc_k_scratch_bytes(const nwc_k_tensor *t, unsigned ncols);
 
 /* The cudaError_t of the last -EIO on this thread (0 if none). */

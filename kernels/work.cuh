@@ -17,14 +17,12 @@
  * each leaves its 16 x ncols sums in its warp's part table in shared memory, slot 0 (the warp's
  * first piece) or 1 (its last).  At the end of the CTA's warps (one barrier) the CTA's first
  * contributor of each such row group adds the CTA's parts of it in warp order: where the CTA
- * holds all the row group's contributors it writes the rows; otherwise it writes the CTA's part
- * to scratch at slot 2 c (the CTA's first piece) or 2 c + 1 (its last), and after one fence
- * counts the CTA in the row group's counter (atomicInc, which wraps to 0 at the number of
- * contributing CTAs, so the counters are zero before and after every call: scratch starts zeroed
- * and every call leaves it so).  The last CTA adds the row group's CTA parts in CTA order, so the
- * result does not depend on scheduling, and writes the rows.  The tail of a small matvec is this
- * protocol's latencies: with parts summed a CTA at a time, a row group has a few contributing CTAs
- * instead of ~20 warps (docs/results.md).
+ * holds all the row group's contributors it writes the rows; otherwise the row group's CTAs meet
+ * in scratch, where each but the last writes its part at slot 2 c (the CTA's first piece) or
+ * 2 c + 1 (its last) as words that are non-zero once written, and the last CTA waits for them,
+ * adds them in CTA order, its own last, so that the result does not depend on scheduling, sets
+ * them back to zero and writes the rows (finish_parts).  The tail of a small matvec is this
+ * protocol's latency: one trip of the last part to L2 and back (docs/results.md).
  *
  * Invariants: Ng < 2^32 (the host refuses larger with -EOVERFLOW); W <= Ng, so every warp with
  * work has at least one granule; the row group of a gathered row that is out of range is skipped
@@ -151,27 +149,48 @@ struct Cursor {
 /* No pending part. */
 constexpr uint32_t kNoPart = 0xffffffffu;
 
+/* A part's float as the word that carries it in scratch: its bits xor kPartKey, so that a zero word
+ * is one not written yet (a NaN part is first made the canonical NaN, whose word is not zero). */
+constexpr uint32_t kPartKey = 0x7fffffffu;
+__device__ __forceinline__ uint32_t part_word(float v) { return (v != v ? 0x7fc00000u : __float_as_uint(v)) ^ kPartKey; }
+__device__ __forceinline__ float part_value(uint32_t w) { return __uint_as_float(w ^ kPartKey); }
+__device__ __forceinline__ uint32_t load_word(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_word(uint32_t *p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 /*
  * The end of the sums of warp w, in a CTA of wpc warps, after the CTA's barrier: pend0, pend1 are
  * the sequence entries of its first and last piece where those were parts (kNoPart otherwise),
  * whose `per` floats (16 rows x ncols) the CTA's warps left in their part tables in shared memory
  * (warp u's slot s at tab + (u - w) tab_stride + s per; s as part_slot).  For each entry whose
- * parts it adds (cta_adder), the warp adds the CTA's in warp order; where the CTA holds all
- * of the entry's contributors it calls put(k, e, sum) for e = lane, lane + 32, ... < per;
- * otherwise it writes the CTA's part to `part` (cta_part_slot), counts the CTA in the entry's
- * counter and, where it is the last CTA, adds the CTAs' parts in CTA order and calls put.  All
- * lanes call it; per <= kPer (16 x the sink's most columns, at most 128).
+ * parts it adds (cta_adder), the warp adds the CTA's in warp order.  Where the CTA holds all of
+ * the entry's contributors it calls put(k, e, sum) for e = lane, lane + 32, ... < per.  Otherwise
+ * the entry's CTAs cf .. cl meet in scratch: each CTA before cl writes its part to its slot
+ * (cta_part_slot) as words (part_word), and CTA cl, having written its own parts for the CTAs
+ * after it first (so that no CTA waits on one that waits), waits for each word to be non-zero,
+ * adds the CTAs' parts in CTA order, its own last, sets the words back to zero (scratch is zero
+ * before and after every call) and calls put.  No fence or counter: a word is its own flag (a
+ * 32-bit store is seen whole or not at all), so the sum waits for one trip of the last part to L2
+ * and back.  Every CTA of the grid is resident before any waits (a launch's CTAs all start before
+ * the next launch's, which is a PDL dependent, and the grid fits the GPU).  All lanes call it;
+ * per <= kPer (16 x the sink's most columns, at most 128).
  */
 template <uint32_t kPer, class Put>
 __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint32_t w, uint32_t pend0, uint32_t pend1,
-                                             const float *tab, uint32_t tab_stride, uint32_t *ctr, float *part,
-                                             uint32_t per, Put put) {
+                                             const float *tab, uint32_t tab_stride, uint32_t *words, uint32_t per,
+                                             Put put) {
   const uint32_t lane = threadIdx.x & 31u, c = w / wpc, w_last = umin32(wpc * c + wpc, sp.W) - 1;
   const uint32_t ks[2] = {pend0, pend1}; /* indexed by constants only (a lane's index: local memory) */
   static_assert(kPer <= 128, "four values a lane at most");
   constexpr uint32_t kM = (kPer + 31) / 32; /* values a lane */
-  uint32_t out = 0;      /* bit i: the CTA's part of ks[i] goes to the other CTAs of ks[i], */
-  uint32_t cf[2], cl[2]; /* cf[i] .. cl[i] */
+  uint32_t last = 0;     /* bit i: the CTA is ks[i]'s last, which adds the other CTAs' parts */
+  uint32_t cf[2], cl[2]; /* the CTAs of ks[i] */
+  float own[2][kM];      /* where the CTA is the last: its sum */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const uint32_t k = ks[i];
@@ -180,31 +199,19 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
     sp.contributors(k, &wf, &wl);
     if (w != cta_adder(wpc, w, wf)) continue;
     cf[i] = wf / wpc, cl[i] = wl / wpc;
-    if (cf[i] != cl[i]) out |= 1u << i;
+    if (cf[i] != cl[i] && c == cl[i]) last |= 1u << i;
     const uint32_t u_end = umin32(wl, w_last);
 #pragma unroll
     for (uint32_t m = 0; m < kM; m++) {
       const uint32_t e = lane + 32 * m;
       float sum = 0.f;
       for (uint32_t u = w; e < per && u <= u_end; u++) sum += tab[(u - w) * tab_stride + (sp.part_slot(u, k) & 1u) * per + e];
-      if (e < per && !(out >> i & 1u)) put(k, e, sum);
-      else if (e < per) part[(uint64_t)sp.cta_part_slot(wpc, c, k) * per + e] = sum;
+      own[i][m] = sum;
+      if (e >= per || last >> i & 1u) continue;
+      if (cf[i] == cl[i]) put(k, e, sum);
+      else store_word(words + (uint64_t)sp.cta_part_slot(wpc, c, k) * per + e, part_word(sum));
     }
   }
-  if (!out) return;
-  /* the CTA's parts are visible before its counts (a release: the acquire half, which also
-   * invalidates L1, only the last CTA needs, below); both counts in one round trip, lane 0
-   * counting pend0, lane 1 pend1 */
-  asm volatile("fence.release.gpu;" ::: "memory");
-  __syncwarp();
-  uint32_t last = 0;
-  if (lane < 2 && (out >> lane & 1u)) {
-    const uint32_t k = lane == 0 ? pend0 : pend1, span = lane == 0 ? cl[0] - cf[0] : cl[1] - cf[1];
-    last = atomicInc(ctr + k, span) == span;
-  }
-  last = __ballot_sync(0xffffffffu, last);
-  if (!last) return;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the other CTAs' parts, counted before, are visible */
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     if (!(last >> i & 1u)) continue;
@@ -215,15 +222,23 @@ __device__ __forceinline__ void finish_parts(const Split &sp, uint32_t wpc, uint
       const uint32_t e = lane + 32 * m;
       if (e >= per) break;
       float sum = 0.f;
-      for (uint32_t x0 = cf[i]; x0 <= cl[i]; x0 += 8) { /* 8 loads in flight */
-        float t[8];
+      for (uint32_t x0 = cf[i]; x0 < cl[i]; x0 += 8) { /* 8 loads in flight */
+        uint32_t *p[8], v[8];
 #pragma unroll
-        for (uint32_t j = 0; j < 8; j++)
-          t[j] = x0 + j <= cl[i] ? __ldcg(part + (uint64_t)(x0 + j == cf[i] ? slot0 : 2 * (x0 + j)) * per + e) : 0.f;
+        for (uint32_t j = 0; j < 8; j++) {
+          p[j] = words + (uint64_t)(x0 + j == cf[i] ? slot0 : 2 * (x0 + j)) * per + e;
+          v[j] = x0 + j < cl[i] ? load_word(p[j]) : 1u;
+        }
 #pragma unroll
-        for (uint32_t j = 0; j < 8; j++) sum += t[j];
+        for (uint32_t j = 0; j < 8; j++) {
+          for (uint32_t polls = 0; v[j] == 0; polls++) {
+            if (polls == (1u << 26)) __trap(); /* a part that never comes (~a minute): an error, not a hang */
+            v[j] = load_word(p[j]);
+          }
+          if (x0 + j < cl[i]) store_word(p[j], 0), sum += part_value(v[j]);
+        }
       }
-      put(k, e, sum);
+      put(k, e, sum + own[i][m]);
     }
   }
 }

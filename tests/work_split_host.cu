@@ -4,7 +4,8 @@
  * contributors, part_slot, and the CTAs' sums: cta_adder, cta_part_slot) and
  * every warp's Cursor walk, batch by batch, exactly as the kernels run them (they are NWC_HD),
  * against what the split promises; then finish_parts' protocol on numbers: every row group's
- * rows come out once, as the sum of its contributors' parts.
+ * rows come out once, as the sum of its contributors' parts, and every part slot written is read
+ * (and so cleared) by the row group's last CTA.
  */
 #include "work.cuh"
 
@@ -105,17 +106,20 @@ uint64_t value(uint32_t w, uint32_t k) { return (uint64_t)(w + 1) * UINT64_C(0x9
 
 /* finish_parts (work.cuh) for CTAs of wpc warps, on the parts `owner` holds (slot 2 w + i: entry
  * of warp w's first (i = 0) or last piece, or UINT32_MAX): each CTA's first contributor of an
- * entry adds the CTA's parts of it, writes the rows or the CTA's part slot; the last CTA adds the
- * CTA parts.  Every part must be added once, every entry with parts written once, with the sum of
- * all its contributors' parts. */
+ * entry adds the CTA's parts of it, writes the rows, or the CTA's part slot where it is not the
+ * entry's last CTA; the last CTA adds the other CTAs' parts from their slots, clearing them, to
+ * its own.  Every part must be added once, every entry with parts written once, with the sum of
+ * all its contributors' parts, and every part slot written must be read and cleared (scratch is
+ * zero after every call). */
 int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t wpc, char *msg, size_t len) {
   const uint32_t nctas = (sp.W + wpc - 1) / wpc;
   uint64_t *cta_part = static_cast<uint64_t *>(calloc(2 * (size_t)nctas, sizeof(uint64_t)));
   uint32_t *cta_k = static_cast<uint32_t *>(malloc(2 * (size_t)nctas * sizeof(uint32_t)));
   uint64_t *rows = static_cast<uint64_t *>(calloc(groups, sizeof(uint64_t)));
+  uint64_t *own = static_cast<uint64_t *>(calloc(groups, sizeof(uint64_t))); /* the last CTA's part */
   uint8_t *written = static_cast<uint8_t *>(calloc(groups, 1)), *used = static_cast<uint8_t *>(calloc(2 * (size_t)sp.W, 1));
   int rc = 0;
-  if (!cta_part || !cta_k || !rows || !written || !used) rc = fail(msg, len, "out of memory");
+  if (!cta_part || !cta_k || !rows || !own || !written || !used) rc = fail(msg, len, "out of memory");
   if (!rc) memset(cta_k, 0xff, 2 * (size_t)nctas * sizeof(uint32_t));
   for (uint32_t w = 0; !rc && w < sp.W; w++) {
     const uint32_t c = w / wpc, w_last = (wpc * c + wpc < sp.W ? wpc * c + wpc : sp.W) - 1;
@@ -137,6 +141,8 @@ int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t w
       if (wf >= wpc * c && wl <= w_last) {
         if (written[k]++) rc = fail(msg, len, "wpc %u: entry %u written twice (CTA %u)", wpc, k, c);
         rows[k] = sum;
+      } else if (c == wl / wpc) {
+        own[k] = sum;
       } else {
         const uint32_t slot = sp.cta_part_slot(wpc, c, k);
         if (slot >= 2 * nctas || cta_k[slot] != UINT32_MAX) rc = fail(msg, len, "wpc %u: CTA %u's part slot %u of entry %u taken", wpc, c, slot, k);
@@ -152,11 +158,13 @@ int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t w
     const uint32_t cf = wf / wpc, cl = wl / wpc;
     if (cf != cl) { /* the last CTA's sums */
       uint64_t sum = 0;
-      for (uint32_t x = cf; !rc && x <= cl; x++) {
+      for (uint32_t x = cf; !rc && x < cl; x++) {
         const uint32_t slot = x == cf ? sp.cta_part_slot(wpc, cf, k) : 2 * x;
         if (cta_k[slot] != k) rc = fail(msg, len, "wpc %u: entry %u: CTA %u's part not in slot %u", wpc, k, x, slot);
         sum += cta_part[slot];
+        cta_k[slot] = UINT32_MAX - 1; /* read and cleared */
       }
+      sum += own[k];
       if (!rc && written[k]++) rc = fail(msg, len, "wpc %u: entry %u written by a CTA and by the last CTA", wpc, k);
       rows[k] = sum;
     }
@@ -168,7 +176,10 @@ int cta_sums(const Split &sp, uint64_t groups, const uint32_t *owner, uint32_t w
       rc = fail(msg, len, "wpc %u: entry %u (warps %u .. %u, CTAs %u .. %u) %s", wpc, k, wf, wl, cf, cl,
                 written[k] ? "has the wrong sum" : "never written");
   }
-  free(cta_part), free(cta_k), free(rows), free(written), free(used);
+  for (uint32_t i = 0; !rc && i < 2 * nctas; i++)
+    if (cta_k[i] != UINT32_MAX && cta_k[i] != UINT32_MAX - 1)
+      rc = fail(msg, len, "wpc %u: CTA %u's part slot %u (entry %u) written but never read", wpc, i / 2, i, cta_k[i]);
+  free(cta_part), free(cta_k), free(rows), free(own), free(written), free(used);
   return rc;
 }
 
