@@ -412,6 +412,8 @@ struct MatvecSink {
     wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5), pend0 = pend1 = kNoPart;
     for (uint32_t e = lane; e < 16 * (kRedCols - kRedEx); e += 32)
       red[(e / (kRedCols - kRedEx)) * kRedCols + kRedEx + e % (kRedCols - kRedEx)] = 0.f;
+    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage) */
+      for (uint32_t e = lane; e < kStage / 16; e += 32) reinterpret_cast<uint4 *>(stg)[e] = make_uint4(0, 0, 0, 0);
     __syncwarp();
     clear();
   }
@@ -421,53 +423,81 @@ struct MatvecSink {
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[t][0][i] = acc[t][1][i] = 0.f;
   }
-  /* The batch's x: one coalesced load of D elements per lane and column (zeros from K on). */
+  /* Whether x has all C columns (always for C = 1, and the case to be fast for more): the loops
+   * over columns then test none (All), otherwise each tests n < ncols. */
+  __device__ __forceinline__ bool all_cols() const { return C == 1 || a.ncols == C; }
+  /* The batch's x: one coalesced load of D elements per lane and column (zeros from K on), the
+   * columns a compile-time loop on a pointer stepped by ldx: every column whole (col + D <= K),
+   * or at K's end. */
   template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &c) {
     const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
-    const bool whole = col + D <= a.K;
+    const X *p = static_cast<const X *>(a.x) + col;
+    if (col + D <= a.K) {
+      if (all_cols()) load_cols<true, true>(p, col);
+      else load_cols<true, false>(p, col);
+    } else {
+      load_cols<false, C == 1>(p, col);
+    }
+  }
+  template <bool Whole, bool All>
+  __device__ __forceinline__ void load_cols(const X *p, uint32_t col) {
 #pragma unroll
-    for (int n = 0; n < C; n++) {
-      if (n >= (int)a.ncols) break;
-      const X *p = static_cast<const X *>(a.x) + n * a.ldx + col;
-      if constexpr (kBf16X) {
-        if (whole) {
-          if constexpr (D == 4) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
-            xv[n][0] = v.x, xv[n][1] = v.y;
-          } else {
-            xv[n][0] = __ldg(reinterpret_cast<const uint32_t *>(p));
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < D / 2; i++)
-            xv[n][i] = (col + 2 * i < a.K ? (uint32_t)__ldg(p + 2 * i) : 0u) |
-                       (col + 2 * i + 1 < a.K ? (uint32_t)__ldg(p + 2 * i + 1) << 16 : 0u);
-        }
-      } else if (whole) {
-        if constexpr (D == 4) {
-          const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
-          xv[n][0] = v.x, xv[n][1] = v.y, xv[n][2] = v.z, xv[n][3] = v.w;
-        } else {
-          const float2 v = __ldg(reinterpret_cast<const float2 *>(p));
-          xv[n][0] = v.x, xv[n][1] = v.y;
-        }
+    for (int n = 0; n < C; n++, p += a.ldx)
+      if (All || n < (int)a.ncols) load_col<Whole>(n, p, col);
+  }
+  /* Column n's D elements from p (x's element col): whole (col + D <= K), or each tested. */
+  template <bool Whole>
+  __device__ __forceinline__ void load_col(int n, const X *p, uint32_t col) {
+    if constexpr (kBf16X) {
+      if constexpr (Whole && D == 4) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+        xv[n][0] = v.x, xv[n][1] = v.y;
+      } else if constexpr (Whole) {
+        xv[n][0] = __ldg(reinterpret_cast<const uint32_t *>(p));
       } else {
 #pragma unroll
-        for (int i = 0; i < D; i++) xv[n][i] = col + i < a.K ? __ldg(p + i) : 0.f;
+        for (int i = 0; i < D / 2; i++)
+          xv[n][i] = (col + 2 * i < a.K ? (uint32_t)__ldg(p + 2 * i) : 0u) |
+                     (col + 2 * i + 1 < a.K ? (uint32_t)__ldg(p + 2 * i + 1) << 16 : 0u);
       }
+    } else if constexpr (Whole && D == 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
+      xv[n][0] = v.x, xv[n][1] = v.y, xv[n][2] = v.z, xv[n][3] = v.w;
+    } else if constexpr (Whole) {
+      const float2 v = __ldg(reinterpret_cast<const float2 *>(p));
+      xv[n][0] = v.x, xv[n][1] = v.y;
+    } else {
+#pragma unroll
+      for (int i = 0; i < D; i++) xv[n][i] = col + i < a.K ? __ldg(p + i) : 0.f;
     }
   }
   /* This batch's fragments from xv: each lane stores its elements' parts as BF16 pairs (D / 2
    * words per part: fp32 x cut into three, BF16 x as loaded), then lane (n, q) loads B column
-   * 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4 (zero for B columns
-   * past P ncols). */
+   * 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.  B's columns past
+   * P ncols are zero: their staging is never stored (the constructor zeroed it), and those past
+   * P C have none. */
   template <class Cur>
   __device__ __forceinline__ void stage(const Cur &) {
+    if (all_cols()) stage_cols<true>();
+    else stage_cols<false>();
+    __syncwarp();
+    const uint32_t lane = threadIdx.x & 31u, N0 = lane >> 2, q = lane & 3u;
+#pragma unroll
+    for (int k2 = 0; k2 < D; k2++)
+#pragma unroll
+      for (int t = 0; t < T; t++) {
+        const uint32_t N = 8 * t + N0;
+        bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(stg + (k2 * P * C + N) * 64 + 16 * q)
+                              : make_uint4(0, 0, 0, 0);
+      }
+  }
+  template <bool All>
+  __device__ __forceinline__ void stage_cols() {
     const uint32_t lane = threadIdx.x & 31u, k = D * lane / 32, off = 2 * (D * lane % 32);
 #pragma unroll
     for (int n = 0; n < C; n++) {
-      if (n >= (int)a.ncols) break;
+      if (!All && n >= (int)a.ncols) break;
       uint32_t w[P][D / 2]; /* part pt's pairs */
       if constexpr (kBf16X) {
 #pragma unroll
@@ -488,16 +518,6 @@ struct MatvecSink {
         else *reinterpret_cast<uint32_t *>(dst) = w[pt][0];
       }
     }
-    __syncwarp();
-    const uint32_t N0 = lane >> 2, q = lane & 3u;
-#pragma unroll
-    for (int k2 = 0; k2 < D; k2++)
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        const uint32_t N = 8 * t + N0;
-        bn[k2][t] = N < P * a.ncols ? *reinterpret_cast<const uint4 *>(stg + (k2 * P * C + N) * 64 + 16 * q)
-                                    : make_uint4(0, 0, 0, 0);
-      }
   }
   template <class Cur>
   __device__ __forceinline__ void slot(int k, const Cur &, const uint32_t A[8]) {
@@ -508,26 +528,29 @@ struct MatvecSink {
     }
   }
 
-  /* Element i of x's column n as a float. */
-  __device__ __forceinline__ float x_at(uint32_t n, uint32_t i) const {
-    const X *p = static_cast<const X *>(a.x) + n * a.ldx + i;
-    if constexpr (kBf16X) return bf16_to_f32(__ldg(p));
-    else return __ldg(p);
-  }
-
   /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
-   * entry order; a column's x values for the group are loaded before any is used. */
+   * entry order; a column's x values for the group are loaded before any is used.  Each entry's
+   * place in the table is computed once, x's column start is stepped by ldx. */
   template <class Cur>
   __device__ __forceinline__ void exceptions(const Cur &, const ExGroup &eg) const {
+    uint32_t at[kExGroup]; /* the entry's exception sum of column 0 in the table */
+    float w[kExGroup];
 #pragma unroll
-    for (uint32_t n = 0; n < (uint32_t)C; n++) {
-      if (n >= a.ncols) break;
+    for (uint32_t i = 0; i < kExGroup; i++)
+      at[i] = eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u), w[i] = bf16_to_f32(eg.w[i]);
+    const X *xn = static_cast<const X *>(a.x); /* x's column n */
+#pragma unroll
+    for (uint32_t n = 0; n < (uint32_t)C; n++, xn += a.ldx) {
+      if (!all_cols() && n >= a.ncols) break;
       float xe[kExGroup];
 #pragma unroll
-      for (uint32_t i = 0; i < kExGroup; i++) xe[i] = eg.ok[i] ? x_at(n, eg.col[i]) : 0.f;
+      for (uint32_t i = 0; i < kExGroup; i++) {
+        if constexpr (kBf16X) xe[i] = eg.ok[i] ? bf16_to_f32(__ldg(xn + eg.col[i])) : 0.f;
+        else xe[i] = eg.ok[i] ? __ldg(xn + eg.col[i]) : 0.f;
+      }
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++)
-        if (eg.ok[i]) red[eg.row[i] * kRedCols + kRedEx + 4 * n + (threadIdx.x & 3u)] += bf16_to_f32(eg.w[i]) * xe[i];
+        if (eg.ok[i]) red[at[i] + 4 * n] += w[i] * xe[i];
     }
   }
 
