@@ -328,19 +328,35 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
     if (NS > 2) nx = c, nx.next(sp, j0, j_end, rows, M);
     if (ld.valid) src.issue(ld, set == 0 ? NS - 1 : set - 1, false);
     else cp_commit();
-    sink.stage(c);
-    if (nx.valid) sink.load_x(nx);
-    cp_wait<NS - 1>();
-    __syncwarp();
-    if (fresh) tl_mark(2);
     const uint32_t ce = c.end();
-    src.begin(c, set, fresh);
+    if constexpr (Sink::kDecodeFirst) { /* the batch's A fragments, then x (in flight meanwhile) */
+      cp_wait<NS - 1>();
+      __syncwarp();
+      if (fresh) tl_mark(2);
+      src.begin(c, set, fresh);
+      uint32_t A[D][8];
 #pragma unroll
-    for (int k = 0; k < D; k++) { /* the batch's slots only: a short batch's rest is not decoded */
-      if (k > 0 && c.s + k >= ce) break;
-      uint32_t A[8];
-      src.slot(c, k, A);
-      sink.slot(k, c, A);
+      for (int k = 0; k < D; k++) /* the batch's slots only: a short batch's rest is not decoded */
+        if (k == 0 || c.s + k < ce) src.slot(c, k, A[k]);
+      sink.stage(c);
+      if (nx.valid) sink.load_x(nx);
+#pragma unroll
+      for (int k = 0; k < D; k++)
+        if (k == 0 || c.s + k < ce) sink.slot(k, c, A[k]);
+    } else { /* x staged, then slot by slot */
+      sink.stage(c);
+      if (nx.valid) sink.load_x(nx);
+      cp_wait<NS - 1>();
+      __syncwarp();
+      if (fresh) tl_mark(2);
+      src.begin(c, set, fresh);
+#pragma unroll
+      for (int k = 0; k < D; k++) {
+        if (k > 0 && c.s + k >= ce) break;
+        uint32_t A[8];
+        src.slot(c, k, A);
+        sink.slot(k, c, A);
+      }
     }
     __syncwarp(); /* every lane is done with this set before the next batch's copies reuse it */
     if (ld.valid) ld.next(sp, j0, j_end, rows, M);
@@ -383,6 +399,10 @@ template <int V, int D_ = batch_of(V)>
 struct MatvecSink {
   static constexpr int D = D_, C = cols_of(V), P = parts_of(V), T = tiles_of(V);
   static constexpr bool kBf16X = bf16_x_of(V);
+  /* One column: the stream decodes a batch's A fragments before it stages x, so that the first
+   * batch's x (loaded only after griddepcontrol.wait) arrives during the decode (D x 8 more
+   * registers: more columns have no room). */
+  static constexpr bool kDecodeFirst = C == 1;
   using X = typename std::conditional<kBf16X, uint16_t, float>::type;
   /* The piece-end table, a row per row of the group: B's 8 T columns (parts P n .. P n + P - 1 of
    * x's column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
@@ -635,6 +655,7 @@ __global__ void __launch_bounds__(kL2Threads, kMatvecCtasPerSm) l2_matvec_kernel
  * the planes gave them (the same lane, so in program order). */
 struct RowsSink {
   static constexpr int D = 4; /* layout 2's batch (layout 1's is kL1Batch) */
+  static constexpr bool kDecodeFirst = false; /* no x: each slot stored as decoded */
   uint16_t *out;        /* dequant: row row0 of the range; gather: the first requested row */
   const uint64_t *rows; /* NULL: dequant of rows [row0, end) */
   uint32_t row0, end, K16;
