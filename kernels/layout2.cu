@@ -296,7 +296,9 @@ struct L2Source {
  * batch it starts the copies of the batch NS - 1 ahead into the set the batch before freed, then
  * the warp waits for this batch's copies and decodes them: NS - 1 batches are in flight while one
  * is decoded (an empty commit group stands for a batch past the range's end, so that the wait
- * counts the same).  The first batch is issued bare and the
+ * counts the same).  A sink with kDecodeFirst has the batch's slots decoded before it stages x
+ * and multiplies them after (its x then has the decode's time to arrive; the others stage first
+ * and decode slot by slot, holding one slot's A fragments).  The first batch is issued bare and the
  * source's prologue fetches what else it needs of the first block by plain loads, both before
  * griddepcontrol.wait; its begin() is then told the batch is fresh.
  */
