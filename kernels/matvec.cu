@@ -105,8 +105,8 @@ matvec_kernel(Geom g, const uint32_t *tab, const float *x, float *scratch) {
 }
 
 /* Row r's sum of its column blocks' partial sums, which it sets back to zero: one scratch serves
- * layouts 1 and 2 too, whose counters (beyond their parts' region) must stay zero between calls
- * (nwc_k_scratch_bytes), and a large layout-0 tensor's partial sums reach there. */
+ * layouts 1 and 2 too, whose part words must be zero at every call's start (nwc_k_scratch_bytes),
+ * and a layout-0 tensor's partial sums lie where they do. */
 __global__ void finalize_kernel(float *scratch, uint32_t M, uint32_t CB, const float *scale,
                                 const float *bias, float *y, uint16_t *y_bf16) {
   uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;

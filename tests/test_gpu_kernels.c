@@ -12,8 +12,8 @@
  * inside fp32 summation noise (|y - ref| <= 2^-20 * sum |scale w x|: cancellation leaves fewer
  * significant bits than BF16 has); nwc_k_ref_fp8 likewise.  Every output is poisoned before the
  * run, so a missing write shows as a mismatch; all tensors share one scratch, zeroed once, as in a
- * daemon or a GPU map, so a call that leaves it unfit for the next (counters dirty, or lying where
- * another tensor's parts go) shows as a wrong sum there.  Shapes: 1x1,
+ * daemon or a GPU map, so a call that leaves it unfit for the next (a part word left written)
+ * shows as a wrong sum there, and at the end the whole scratch must be zero again.  Shapes: 1x1,
  * 7x13, 8x512, 9x513, 17x1040, 16x11008, 151936x64, 65536x320 and a few others; weight kinds: normal with log-normal row scales and heavy tails,
  * all-equal, and (BF16) an escaped weight on every lane of layouts 0 and 1 (in layout 2 most
  * weights are exceptions then), and a layout-2 tensor with lanes of 255 exceptions.  BF16 and fp8
@@ -81,17 +81,31 @@ static void *dalloc(size_t bytes) {
 
 /* One scratch for every tensor of the run, as a daemon or a GPU map shares one among its tensors:
  * 64 MiB (more than any tensor here needs) zeroed once, then only the calls touch it, so that a
- * call that leaves it unfit for another tensor's (counters dirty, or where another's parts go)
- * shows as a wrong sum there. */
+ * call that leaves it unfit for another tensor's (a part word left written) shows as a wrong sum
+ * there; check_scratch_zero checks what every call must leave: all of it zero. */
+static void *scratch_p;
+static const size_t scratch_have = (size_t)64 << 20;
 static void *shared_scratch(size_t bytes) {
-  static void *p;
-  static const size_t have = (size_t)64 << 20;
-  CHECK(bytes <= have, "a tensor needs %zu bytes of scratch, more than the test's %zu", bytes, have);
-  if (!p) {
-    p = dalloc(have);
-    CU(cudaMemsetAsync(p, 0, have, stream));
+  CHECK(bytes <= scratch_have, "a tensor needs %zu bytes of scratch, more than the test's %zu", bytes, scratch_have);
+  if (!scratch_p) {
+    scratch_p = dalloc(scratch_have);
+    CU(cudaMemsetAsync(scratch_p, 0, scratch_have, stream));
   }
-  return p;
+  return scratch_p;
+}
+static void check_scratch_zero(void) {
+  if (!scratch_p) return;
+  uint32_t *h = malloc(scratch_have);
+  CHECK(h != NULL, "out of memory");
+  if (!h) return;
+  CU(cudaMemcpyAsync(h, scratch_p, scratch_have, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+  size_t dirty = 0, first = 0;
+  for (size_t i = 0; i < scratch_have / 4; i++)
+    if (h[i] && !dirty++) first = i;
+  CHECK(dirty == 0, "scratch after every call: %zu words not zero (the first at word %zu: %08x)", dirty, first,
+        dirty ? h[first] : 0);
+  free(h);
 }
 
 /* Runs every kernel on one tensor; w: original weights (BF16 or fp8 bytes), scale may be NULL. */
@@ -456,6 +470,7 @@ int main(void) {
     }
   check_exceptions_255();
   if (!quick) check_sample();
+  check_scratch_zero();
   CU(cudaStreamDestroy(stream));
   return test_exit(NAME);
 }
