@@ -1,0 +1,53 @@
+#!/bin/sh
+# test_gpu_stage.sh - scripts/gpu-daemon stage, which packs what a device call runs: with
+# --kernels-only the kernels' test and benchmarks, the sample model, the script and BUILD's path,
+# and no daemon; --also NAME=FILE a second benchmark under bin/bench/NAME (the same bytes, but
+# for the debug info stripped); --tgz the same folder packed as DIR.tgz and no folder left; and
+# exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file, and a
+# --timeline build that has no benchmark.  Skips (77) where the build has no CUDA kernels or no
+# sample model.
+#   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
+src="$1" build="$2"
+stage="$src/scripts/gpu-daemon"
+if [ ! -x "$build/bench/nwc_gpu_bench" ] || [ ! -x "$build/tests/test_gpu_kernels" ]; then
+  echo "no CUDA kernels in $build: skipped"
+  exit 77
+fi
+if [ -z "$NWC_SAMPLE" ] || [ ! -r "$NWC_SAMPLE" ]; then
+  echo "no sample model (NWC_SAMPLE=$NWC_SAMPLE): skipped"
+  exit 77
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+
+"$stage" stage --kernels-only --also base="$build/bench/nwc_gpu_bench" "$build" "$tmp/d" >"$tmp/out" 2>&1 ||
+  fail "stage --kernels-only --also: exit $? ($(tail -n 1 "$tmp/out"))"
+for f in bin/tests/test_gpu_kernels bin/bench/nwc_gpu_bench bin/bench/base gpu-daemon use-lite-bf16.safetensors; do
+  [ -s "$tmp/d/$f" ] || fail "stage --kernels-only: $f missing"
+done
+[ -e "$tmp/d/bin/daemon/nwcd" ] && fail "stage --kernels-only: staged nwcd"
+[ "$(cat "$tmp/d/build-path" 2>/dev/null)" = "$(cd "$build" && pwd)" ] || fail "build-path is not $build's absolute path"
+cmp -s "$NWC_SAMPLE" "$tmp/d/use-lite-bf16.safetensors" || fail "the staged sample differs from $NWC_SAMPLE"
+cmp -s "$tmp/d/bin/bench/nwc_gpu_bench" "$tmp/d/bin/bench/base" || fail "--also base: not the benchmark it names"
+
+"$stage" stage --kernels-only --tgz "$build" "$tmp/t" >"$tmp/out" 2>&1 || fail "stage --tgz: exit $?"
+[ -e "$tmp/t" ] && fail "stage --tgz left the folder $tmp/t"
+tar -tzf "$tmp/t.tgz" >"$tmp/list" 2>/dev/null || fail "stage --tgz: $tmp/t.tgz is no gzip tar"
+for f in t/gpu-daemon t/build-path t/bin/bench/nwc_gpu_bench t/bin/tests/test_gpu_kernels; do
+  grep -qx "$f" "$tmp/list" || fail "stage --tgz: $f not in the archive"
+done
+
+refuse() { # what, then the stage's arguments: exit 2 with one line on stderr
+  what="$1"
+  shift
+  "$stage" stage "$@" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 2 ] || fail "$what: exit $rc, not 2"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "$what: not one line of error: $(cat "$tmp/err")"
+}
+refuse "--also without NAME=FILE" --also base "$build" "$tmp/r"
+refuse "--also of a missing file" --also base="$tmp/none" "$build" "$tmp/r"
+refuse "--timeline without a benchmark" --timeline "$tmp" "$build" "$tmp/r"
+exit $status
