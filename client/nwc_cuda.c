@@ -280,7 +280,7 @@ static int map(nwc_client *c, const char *model, const char *tensor, int device,
   if (rc == 0 && m->scratch_bytes && (e = cudaMalloc(&m->scratch, m->scratch_bytes)) != cudaSuccess)
     rc = fail_cuda(e, "cudaMalloc of a map's scratch");
   /* zeroed once, and done before the map is returned: the caller's stream may not wait for the
-   * default stream, and the kernels' counters there must start at zero (nwc_k_scratch_bytes) */
+   * default stream, and the kernels' part words there must start at zero (nwc_k_scratch_bytes) */
   if (rc == 0 && m->scratch && ((e = cudaMemsetAsync(m->scratch, 0, m->scratch_bytes, 0)) != cudaSuccess ||
                                 (e = cudaStreamSynchronize(0)) != cudaSuccess))
     rc = fail_cuda(e, "zeroing a map's scratch");
