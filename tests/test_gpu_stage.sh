@@ -24,7 +24,7 @@ fail() { echo "FAIL: $*"; status=1; }
 
 "$stage" stage --kernels-only --also base="$build/bench/nwc_gpu_bench" "$build" "$tmp/d" >"$tmp/out" 2>&1 ||
   fail "stage --kernels-only --also: exit $? ($(tail -n 1 "$tmp/out"))"
-for f in bin/tests/test_gpu_kernels bin/bench/nwc_gpu_bench bin/bench/base gpu-daemon use-lite-bf16.safetensors; do
+for f in bin/tests/test_gpu_kernels bin/bench/nwc_gpu_bench bin/bench/base gpu-daemon bench-compare use-lite-bf16.safetensors; do
   [ -s "$tmp/d/$f" ] || fail "stage --kernels-only: $f missing"
 done
 [ -e "$tmp/d/bin/daemon/nwcd" ] && fail "stage --kernels-only: staged nwcd"
