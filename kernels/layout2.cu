@@ -331,27 +331,29 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
     if (ld.valid) src.issue(ld, set == 0 ? NS - 1 : set - 1, false);
     else cp_commit();
     const uint32_t ce = c.end();
-    if constexpr (Sink::kDecodeFirst) { /* the batch's A fragments, then x (in flight meanwhile) */
+    const auto set_ready = [&] { /* this batch's copies landed, the source's block entries begun */
       cp_wait<NS - 1>();
       __syncwarp();
       if (fresh) tl_mark(2);
       src.begin(c, set, fresh);
+    };
+    const auto stage_x = [&] { /* this batch's x into B, the next batch's loaded */
+      sink.stage(c);
+      if (nx.valid) sink.load_x(nx);
+    };
+    if constexpr (Sink::kDecodeFirst) { /* the batch's A fragments, then x (in flight meanwhile) */
+      set_ready();
       uint32_t A[D][8];
 #pragma unroll
       for (int k = 0; k < D; k++) /* the batch's slots only: a short batch's rest is not decoded */
         if (k == 0 || c.s + k < ce) src.slot(c, k, A[k]);
-      sink.stage(c);
-      if (nx.valid) sink.load_x(nx);
+      stage_x();
 #pragma unroll
       for (int k = 0; k < D; k++)
         if (k == 0 || c.s + k < ce) sink.slot(k, c, A[k]);
     } else { /* x staged, then slot by slot */
-      sink.stage(c);
-      if (nx.valid) sink.load_x(nx);
-      cp_wait<NS - 1>();
-      __syncwarp();
-      if (fresh) tl_mark(2);
-      src.begin(c, set, fresh);
+      stage_x();
+      set_ready();
 #pragma unroll
       for (int k = 0; k < D; k++) {
         if (k > 0 && c.s + k >= ce) break;
