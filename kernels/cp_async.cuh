@@ -18,6 +18,13 @@ __device__ __forceinline__ void cp_async8(uint32_t saddr, const void *gmem) {
 __device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
 }
+/* Bytes (4 or 8) through L1 of which only the first src_bytes are read, the rest zero-filled
+ * (src_bytes 0: nothing read, gmem still a valid address). */
+template <int Bytes>
+__device__ __forceinline__ void cp_async_zfill(uint32_t saddr, const void *gmem, uint32_t src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(saddr), "l"(gmem), "n"(Bytes), "r"(src_bytes));
+}
 /* Closes the group of the copies issued since the last commit. */
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /* Waits until at most N of this thread's groups are still in flight. */

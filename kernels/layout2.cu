@@ -287,8 +287,10 @@ struct L2Source {
 /*
  * Streams a warp's range (work.cuh: granules of the split's G slots, 1 or 2 for layout 2, whole
  * blocks for layout 1) batch by batch (Cursor::end: up to D slots, never across a block) from a
- * slot source (L2Source above, L1Source of layout1.cuh) and calls the sink: load_x(cursor) for the
- * next batch's inputs, stage(cursor) at this batch's start, slot(k, cursor, A) for slot k of the
+ * slot source (L2Source above, L1Source of layout1.cuh) and calls the sink: copy_x(cursor, set)
+ * beside the source's copies of a batch into a set (a kCopyX sink copies its x there),
+ * load_x(cursor) for the next batch's inputs (the other sinks), stage(cursor, set) at this batch's
+ * start, slot(k, cursor, A) for slot k of the
  * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
  * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
  * warp) after the range (l2_stream: every warp of the CTA, with work or not).  The ring has NS
@@ -297,10 +299,13 @@ struct L2Source {
  * the warp waits for this batch's copies and decodes them: NS - 1 batches are in flight while one
  * is decoded (an empty commit group stands for a batch past the range's end, so that the wait
  * counts the same).  A sink with kDecodeFirst has the batch's slots decoded before it stages x
- * and multiplies them after (its x then has the decode's time to arrive; the others stage first
- * and decode slot by slot, holding one slot's A fragments).  The first batch is issued bare and the
- * source's prologue fetches what else it needs of the first block by plain loads, both before
- * griddepcontrol.wait; its begin() is then told the batch is fresh.
+ * and multiplies them after (the first batch's x then has the decode's time to arrive; the others
+ * stage first and decode slot by slot, holding one slot's A fragments).  The first batch is issued
+ * bare and the source's prologue fetches what else it needs of the first block by plain loads,
+ * both before griddepcontrol.wait; its begin() is then told the batch is fresh.  x may be read only
+ * after the wait: a kCopyX sink's x of the batches issued before it goes in a group of its own
+ * after theirs, which the first batch waits for before it stages (the later batches' x is in their
+ * planes' group).
  */
 template <int D, int NS, class Src, class Sink>
 __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const uint64_t *rows, uint32_t M, Sink &sink,
@@ -324,12 +329,25 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
    * and may write what it read.  Everything above reads only the weights. */
   grid_wait_after(src.prologue(c));
   tl_mark(1);
-  sink.load_x(c);
+  if constexpr (Sink::kCopyX) { /* the x of the batches issued above, into their sets: a group of its own */
+    Cursor<D> xc = c;
+#pragma unroll
+    for (uint32_t s = 0; s + 1 < (uint32_t)NS; s++)
+      if (xc.valid) sink.copy_x(xc, s), xc.next(sp, j0, j_end, rows, M);
+    cp_commit();
+  } else {
+    sink.load_x(c);
+  }
   for (uint32_t set = 0, fresh = 1; c.valid; set = set + 1 == (uint32_t)NS ? 0 : set + 1, fresh = 0) {
     Cursor<D> nx = ld; /* the batch after this one (with two sets, the one started now): its x */
-    if (NS > 2) nx = c, nx.next(sp, j0, j_end, rows, M);
-    if (ld.valid) src.issue(ld, set == 0 ? NS - 1 : set - 1, false);
-    else cp_commit();
+    if (NS > 2 && !Sink::kCopyX) nx = c, nx.next(sp, j0, j_end, rows, M);
+    if (ld.valid) {
+      const uint32_t to = set == 0 ? NS - 1 : set - 1;
+      sink.copy_x(ld, to); /* in the planes' group */
+      src.issue(ld, to, false);
+    } else {
+      cp_commit();
+    }
     const uint32_t ce = c.end();
     const auto set_ready = [&] { /* this batch's copies landed, the source's block entries begun */
       cp_wait<NS - 1>();
@@ -338,7 +356,11 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
       src.begin(c, set, fresh);
     };
     const auto stage_x = [&] { /* this batch's x into B, the next batch's loaded */
-      sink.stage(c);
+      if (Sink::kCopyX && fresh) { /* the first batch's x: the group after the planes issued before the wait */
+        cp_wait<1>();
+        __syncwarp();
+      }
+      sink.stage(c, set);
       if (nx.valid) sink.load_x(nx);
     };
     if constexpr (Sink::kDecodeFirst) { /* the batch's A fragments, then x (in flight meanwhile) */
@@ -351,9 +373,10 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
 #pragma unroll
       for (int k = 0; k < D; k++)
         if (k == 0 || c.s + k < ce) sink.slot(k, c, A[k]);
-    } else { /* x staged, then slot by slot */
-      stage_x();
+    } else { /* x staged, then slot by slot (x copied with the planes: staged once they landed) */
+      if constexpr (!Sink::kCopyX) stage_x();
       set_ready();
+      if constexpr (Sink::kCopyX) stage_x();
 #pragma unroll
       for (int k = 0; k < D; k++) {
         if (k > 0 && c.s + k >= ce) break;
@@ -396,13 +419,22 @@ __device__ __forceinline__ float *part_table() {
   return reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(smem) + size - (kL2Warps - (threadIdx.x >> 5)) * Bytes);
 }
 
-/* The matvec's sink for variant V (up to C columns of P parts in T tiles of B): x's fragments a
- * batch at a time, mma per slot, exceptions times x on the CUDA cores, the piece's sums out.  red:
- * the warp's piece-end table in shared memory, stg its staging of x's parts. */
-template <int V, int D_ = batch_of(V)>
+/* The matvec's sink for variant V (up to C columns of P parts in T tiles of B), streamed through
+ * a ring of NS sets of batches of D: x's fragments a batch at a time, mma per slot, exceptions
+ * times x on the CUDA cores, the piece's sums out.  red: the warp's piece-end table in shared
+ * memory, stg its staging of x's parts. */
+template <int V, int D_ = batch_of(V), int NS_ = ring_sets_of(V)>
 struct MatvecSink {
   static constexpr int D = D_, C = cols_of(V), P = parts_of(V), T = tiles_of(V);
   static constexpr bool kBf16X = bf16_x_of(V);
+  /* One column of BF16 x is its own part, so its staging is a copy: copy_x puts a batch's x into
+   * the staging of the batch's ring set by cp.async in the planes' group, NS - 1 batches ahead like
+   * them, and the batch finds it there when its planes have landed (loaded into registers one batch
+   * ahead instead, the store at the batch's start waited for the load: 16 % of a launch's stall
+   * samples on 28672 x 4096).  The others load x into registers a batch ahead (load_x), cut fp32 x
+   * into its parts and store them at the batch's start (stage), one staging for all sets: 8
+   * columns copied were slower (docs/results.md). */
+  static constexpr bool kCopyX = kBf16X && C == 1;
   /* One column: the stream decodes a batch's A fragments before it stages x, so that the first
    * batch's x (loaded only after griddepcontrol.wait) arrives during the decode (D x 8 more
    * registers: more columns have no room). */
@@ -415,8 +447,9 @@ struct MatvecSink {
   /* The staging of x's parts: for slot k of the batch and B column N, 64 bytes (32 BF16, the
    * slot's columns in order) at (k P C + N) 64. */
   static constexpr unsigned kStage = D * P * C * 64;
-  /* Shared memory per warp beside the source's ring: its table and its staging. */
-  static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStage;
+  static constexpr unsigned kStages = kCopyX ? NS_ : 1; /* stagings: one a ring set, or one */
+  /* Shared memory per warp beside the source's ring: its table and its stagings. */
+  static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStages * kStage;
   /* and at the end of the CTA's shared memory, the warps' part tables (part_table). */
   static constexpr unsigned kPartTab = 2 * 16 * C * 4;
   const L2Matvec &a;
@@ -426,8 +459,8 @@ struct MatvecSink {
   uint32_t pend0, pend1; /* the warp's first and last piece where they are parts (work.cuh) */
   float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
   uint4 bn[D][T];     /* B fragments of the batch's slots */
-  /* the next batch's x: elements 32 s + D lane .. + D - 1 of each column, as floats or (BF16 x)
-   * as D / 2 pairs */
+  /* without kCopyX: the next batch's x, elements 32 s + D lane .. + D - 1 of each column, as
+   * floats or (BF16 x) as D / 2 pairs */
   typename std::conditional<kBf16X, uint32_t[C][D / 2], float[C][D]>::type xv;
 
   __device__ __forceinline__ MatvecSink(const L2Matvec &args, uint8_t *mem) : a(args) {
@@ -436,8 +469,8 @@ struct MatvecSink {
     wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5), pend0 = pend1 = kNoPart;
     for (uint32_t e = lane; e < 16 * (kRedCols - kRedEx); e += 32)
       red[(e / (kRedCols - kRedEx)) * kRedCols + kRedEx + e % (kRedCols - kRedEx)] = 0.f;
-    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage) */
-      for (uint32_t e = lane; e < kStage / 16; e += 32) reinterpret_cast<uint4 *>(stg)[e] = make_uint4(0, 0, 0, 0);
+    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage, copy_x) */
+      for (uint32_t e = lane; e < kStages * kStage / 16; e += 32) reinterpret_cast<uint4 *>(stg)[e] = make_uint4(0, 0, 0, 0);
     __syncwarp();
     clear();
   }
@@ -450,18 +483,35 @@ struct MatvecSink {
   /* Whether x has all C columns (always for C = 1, and the case to be fast for more): the loops
    * over columns then test none (All), otherwise each tests n < ncols. */
   __device__ __forceinline__ bool all_cols() const { return C == 1 || a.ncols == C; }
-  /* The batch's x: one coalesced load of D elements per lane and column (zeros from K on), the
-   * columns a compile-time loop on a pointer stepped by ldx: every column whole (col + D <= K),
-   * or at K's end. */
+  /* kCopyX: the batch's x into set `set`'s staging by cp.async (the caller commits): each lane
+   * copies its D elements of each column (one coalesced copy a column, zeros from K on) to where
+   * stage's B loads take them; columns past ncols are not copied (their staging stays zero). */
+  template <class Cur>
+  __device__ __forceinline__ void copy_x(const Cur &c, uint32_t set) const {
+    if constexpr (kCopyX) {
+      const uint32_t lane = threadIdx.x & 31u, col = 32 * c.s + D * lane, k = D * lane / 32, off = 2 * (D * lane % 32);
+      const uint32_t bytes = col + D <= a.K ? 2 * D : col < a.K ? 2 * (a.K - col) : 0;
+      const X *p = static_cast<const X *>(a.x) + (bytes ? col : 0); /* nothing read past K */
+      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stg + set * kStage + k * C * 64 + off);
+#pragma unroll
+      for (int n = 0; n < C; n++, p += a.ldx)
+        if (all_cols() || n < (int)a.ncols) cp_async_zfill<2 * D>(dst + n * 64, p, bytes);
+    }
+  }
+  /* Without kCopyX: the batch's x into xv, one coalesced load of D elements per lane and column (zeros
+   * from K on), the columns a compile-time loop on a pointer stepped by ldx: every column whole
+   * (col + D <= K), or at K's end. */
   template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &c) {
-    const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
-    const X *p = static_cast<const X *>(a.x) + col;
-    if (col + D <= a.K) {
-      if (all_cols()) load_cols<true, true>(p, col);
-      else load_cols<true, false>(p, col);
-    } else {
-      load_cols<false, C == 1>(p, col);
+    if constexpr (!kCopyX) {
+      const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
+      const X *p = static_cast<const X *>(a.x) + col;
+      if (col + D <= a.K) {
+        if (all_cols()) load_cols<true, true>(p, col);
+        else load_cols<true, false>(p, col);
+      } else {
+        load_cols<false, C == 1>(p, col);
+      }
     }
   }
   template <bool Whole, bool All>
@@ -496,23 +546,29 @@ struct MatvecSink {
       for (int i = 0; i < D; i++) xv[n][i] = col + i < a.K ? __ldg(p + i) : 0.f;
     }
   }
-  /* This batch's fragments from xv: each lane stores its elements' parts as BF16 pairs (D / 2
-   * words per part: fp32 x cut into three, BF16 x as loaded), then lane (n, q) loads B column
-   * 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.  B's columns past
-   * P ncols are zero: their staging is never stored (the constructor zeroed it), and those past
-   * P C have none. */
+  /* This batch's B fragments from the staging (set `set`'s with kCopyX, where copy_x put them;
+   * otherwise each lane first stores its xv's parts as BF16 pairs, D / 2 words a part: fp32 x cut
+   * into three, BF16 x as loaded): lane
+   * (n, q) loads B column 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.
+   * B's columns past P ncols are zero: their staging is never written (the constructor zeroed it),
+   * and those past P C have none. */
   template <class Cur>
-  __device__ __forceinline__ void stage(const Cur &) {
-    if (all_cols()) stage_cols<true>();
-    else stage_cols<false>();
-    __syncwarp();
+  __device__ __forceinline__ void stage(const Cur &, uint32_t set) {
+    const uint8_t *from = stg;
+    if constexpr (kCopyX) {
+      from += set * kStage;
+    } else {
+      if (all_cols()) stage_cols<true>();
+      else stage_cols<false>();
+      __syncwarp();
+    }
     const uint32_t lane = threadIdx.x & 31u, N0 = lane >> 2, q = lane & 3u;
 #pragma unroll
     for (int k2 = 0; k2 < D; k2++)
 #pragma unroll
       for (int t = 0; t < T; t++) {
         const uint32_t N = 8 * t + N0;
-        bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(stg + (k2 * P * C + N) * 64 + 16 * q)
+        bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(from + (k2 * P * C + N) * 64 + 16 * q)
                               : make_uint4(0, 0, 0, 0);
       }
   }
@@ -595,9 +651,9 @@ __device__ __forceinline__ void put_row(const L2Matvec &a, uint32_t R, uint32_t 
  * and its four exception sums, in that order (clearing those for the next piece), and write
  * the rows (a whole row group) or the piece's slot of the warp's part table, e = row ncols + n of
  * it. */
-template <int V, int D_>
+template <int V, int D_, int NS_>
 template <class Cur>
-__device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
+__device__ __forceinline__ void MatvecSink<V, D_, NS_>::unit_end(uint32_t M, const Split &sp, const Cur &cur) {
   const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
 #pragma unroll
   for (int t = 0; t < T; t++)
@@ -627,8 +683,8 @@ __device__ __forceinline__ void MatvecSink<V, D_>::unit_end(uint32_t M, const Sp
 
 /* After every warp's range (all the CTA's warps call it): the CTA's parts summed, counted, and the
  * row groups they complete written (work.cuh). */
-template <int V, int D_>
-__device__ __forceinline__ void MatvecSink<V, D_>::done(uint32_t M, const Split &sp, uint32_t) const {
+template <int V, int D_, int NS_>
+__device__ __forceinline__ void MatvecSink<V, D_, NS_>::done(uint32_t M, const Split &sp, uint32_t) const {
   __syncthreads(); /* every warp's part table written */
   if (wid >= sp.W) return;
   const uint32_t ncols = a.ncols;
@@ -670,10 +726,13 @@ struct RowsSink {
     if (!rows) return 16 * c.grp + row < end ? out + (uint64_t)(16 * c.grp + row - row0) * K16 : nullptr;
     return rows[c.k] % 16 == row ? out + (uint64_t)c.k * K16 : nullptr;
   }
+  static constexpr bool kCopyX = false;
+  template <class Cur>
+  __device__ __forceinline__ void copy_x(const Cur &, uint32_t) const {}
   template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &) const {}
   template <class Cur>
-  __device__ __forceinline__ void stage(const Cur &) const {}
+  __device__ __forceinline__ void stage(const Cur &, uint32_t) const {}
   template <class Cur>
   __device__ __forceinline__ void slot(int k, const Cur &c, const uint32_t A[8]) const {
     const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u, col = 32 * (c.s + k) + 8 * q;
@@ -711,7 +770,7 @@ constexpr unsigned kL1WarpSmem = ((228u << 10) / kL1CtasPerSm - 1024u - kTabByte
 
 template <int V, bool FP8>
 struct L1Matvec {
-  using Sink = MatvecSink<V, kL1Batch>;
+  using Sink = MatvecSink<V, kL1Batch, 2>;
   using Src = L1Source<kL1Batch, FP8, l1_stream_buf<kL1Batch, FP8>(kL1WarpSmem, Sink::kSinkSmem + Sink::kPartTab)>;
   static constexpr unsigned kWarp = Src::kWarpSmem + Sink::kSinkSmem;
   static constexpr unsigned kSmem = kTabBytes + kL2Warps * (kWarp + Sink::kPartTab); /* the part tables last */
