@@ -178,17 +178,19 @@ struct L2Source {
   /* The loader's batch into set `set` of the ring (with its block's hdr and bases unless `bare`). */
   template <class Cur>
   __device__ __forceinline__ void issue(const Cur &ld, uint32_t set, bool bare) const {
-    const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, n = ld.end() - ld.s; /* n: 1 .. D slots */
+    const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, last = ld.end() - ld.s - 1; /* slots 0 .. last */
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
     /* the lane's bytes of the batch's first slot (pair, for fp8), and where they go */
     const uint8_t *low = FP8 ? g.low + ((uint64_t)ld.grp * g.P + ld.s / 2) * 384 + 16 * lane : g.low + gs * 512 + 16 * lane;
-    const uint8_t *nib = g.nib + gs * 256 + 256 * half + 16 * (lane & 15u);
+    const uint8_t *nib = g.nib + gs * 256 + 16 * (lane & 15u);
     const uint32_t dst = ring + set * D * kEntry, dlow = dst + kLowOff + 16 * lane, dnib = dst + half * kEntry + 16 * (lane & 15u);
+    /* Every copy of a whole batch, each from its slot; a short batch's slots past its last copy
+     * the last one's bytes again (never decoded), so that no copy depends on a branch. */
 #pragma unroll
     for (uint32_t k = 0; k < (uint32_t)D; k++) {
-      if (!FP8 && k < n) cp_async16(dlow + k * kEntry, low + k * 512);
-      if (FP8 && k % 2 == 0 && k < n && lane < 24) cp_async16(dlow + k * kEntry, low + k / 2 * 384); /* the pair's 384 bytes */
-      if (k % 2 == 0 && k + half < n) cp_async16(dnib + k * kEntry, nib + k * 256);
+      if (!FP8) cp_async16(dlow + k * kEntry, low + umin32(k, last) * 512);
+      if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + umin32(k, last) / 2 * 384); /* the pair's 384 bytes */
+      if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + umin32(k + half, last) * 256);
     }
     if (!bare && ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
