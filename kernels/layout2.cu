@@ -471,7 +471,7 @@ struct MatvecSink {
     wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5), pend0 = pend1 = kNoPart;
     for (uint32_t e = lane; e < 16 * (kRedCols - kRedEx); e += 32)
       red[(e / (kRedCols - kRedEx)) * kRedCols + kRedEx + e % (kRedCols - kRedEx)] = 0.f;
-    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage, copy_x) */
+    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage) */
       for (uint32_t e = lane; e < kStages * kStage / 16; e += 32) reinterpret_cast<uint4 *>(stg)[e] = make_uint4(0, 0, 0, 0);
     __syncwarp();
     clear();
@@ -486,18 +486,16 @@ struct MatvecSink {
    * over columns then test none (All), otherwise each tests n < ncols. */
   __device__ __forceinline__ bool all_cols() const { return C == 1 || a.ncols == C; }
   /* kCopyX: the batch's x into set `set`'s staging by cp.async (the caller commits): each lane
-   * copies its D elements of each column (one coalesced copy a column, zeros from K on) to where
-   * stage's B loads take them; columns past ncols are not copied (their staging stays zero). */
+   * copies its D elements (one coalesced copy, zeros from K on) to where stage's B loads take
+   * them. */
   template <class Cur>
   __device__ __forceinline__ void copy_x(const Cur &c, uint32_t set) const {
     if constexpr (kCopyX) {
-      const uint32_t lane = threadIdx.x & 31u, col = 32 * c.s + D * lane, k = D * lane / 32, off = 2 * (D * lane % 32);
+      static_assert(C == 1 && P == 1, "one column, its own part");
+      const uint32_t lane = threadIdx.x & 31u, col = 32 * c.s + D * lane;
       const uint32_t bytes = col + D <= a.K ? 2 * D : col < a.K ? 2 * (a.K - col) : 0;
       const X *p = static_cast<const X *>(a.x) + (bytes ? col : 0); /* nothing read past K */
-      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stg + set * kStage + k * C * 64 + off);
-#pragma unroll
-      for (int n = 0; n < C; n++, p += a.ldx)
-        if (all_cols() || n < (int)a.ncols) cp_async_zfill<2 * D>(dst + n * 64, p, bytes);
+      cp_async_zfill<2 * D>((uint32_t)__cvta_generic_to_shared(stg + set * kStage + 2 * D * lane), p, bytes);
     }
   }
   /* Without kCopyX: the batch's x into xv, one coalesced load of D elements per lane and column (zeros
