@@ -2,7 +2,8 @@
 """test_bench_compare.py - scripts/bench-compare against numbers computed here: two runs of random
 nwc_gpu_bench records (fresh seed each run, printed), with other records and table lines mixed in
 and a shape only one run has, whose per-shape times, speed-ups and geometric means the comparison
-must print as this test computes them; then bad input (a missing file, a malformed record, a run
+must print as this test computes them, and, by the runs' names (a, b and a, b, a, b), each name's
+mean times and b's over a's; then bad input (a missing file, a malformed record, a run
 without records, --names of the wrong count) must end with a one-line error and status 2.
 
   test_bench_compare.py SCRIPTS_DIR
@@ -23,6 +24,33 @@ def run(script, *args):
 def write(path, lines):
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def by_name(text, runs, shapes, names):
+    """The failures of the by-name section `text` for runs named names: each name's mean time of
+    each shape all its runs have, b's over a's, and their geometric mean over those shapes."""
+    failures, lines = [], text.splitlines()
+    if not lines or not lines[0].startswith("mean us by name"):
+        return [f"by name: no section ({text[:60]!r})"]
+    rows = {line.split()[0] if not line.startswith("token step") else "token step: m": line for line in lines[1:]}
+    ratios = []
+    for s in shapes + ["only1x1", "token step: m"]:
+        per = {n: [r[s][0] for m, r in zip(names, runs) if m == n and s in r] for n in ("a", "b")}
+        if any(len(per[n]) != names.count(n) for n in per):
+            if s in rows:
+                failures.append(f"by name: {s} printed, but not every run has it")
+            continue
+        ma, mb = (sum(per[n]) / len(per[n]) for n in ("a", "b"))
+        want = [f"{ma:.2f}", f"{mb:.2f}", f"{mb / ma:.4f}"]
+        got = rows.get(s, "")[len(s):].split()
+        if got != want:
+            failures.append(f"by name: {s} printed {got}, want {want}")
+        if not s.startswith("token"):
+            ratios.append(mb / ma)
+    want = f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}"
+    if rows.get("geomean", "").split()[1:] != [want]:
+        failures.append(f"by name: geomean {rows.get('geomean')!r}, want {want}")
+    return failures
 
 
 def main():
@@ -53,8 +81,9 @@ def main():
         p = run(script, *paths, "--names", "a,b")
         if p.returncode != 0:
             failures.append(f"exit {p.returncode}: {p.stderr.strip()}")
+        first, _, second = p.stdout.partition("\n\n")
         out = {line.split()[0] if not line.startswith("token step") else "token step: m": line
-               for line in p.stdout.splitlines()[1:]}
+               for line in first.splitlines()[1:]}
         for s in shapes + ["only1x1", "token step: m"]:
             line = out.get(s)
             if line is None:
@@ -78,6 +107,17 @@ def main():
                 failures.append(f"run {i}: geomean {got}, want {want}")
         if "a" not in p.stdout.splitlines()[0].split() or "b" not in p.stdout.splitlines()[0].split():
             failures.append(f"header {p.stdout.splitlines()[0]!r} lacks the --names")
+        failures += by_name(second, runs, shapes, ["a", "b"])
+
+        # An A/B of two runs a name (a, b, a, b): each name's mean and b's time over a's.
+        p = run(script, *paths, *paths, "--names", "a,b,a,b")
+        second = p.stdout.partition("\n\n")[2]
+        if p.returncode != 0:
+            failures.append(f"a,b,a,b: exit {p.returncode}: {p.stderr.strip()}")
+        failures += by_name(second, runs + runs, shapes, ["a", "b", "a", "b"])
+        p = run(script, paths[0], paths[0], "--names", "a,a")
+        if "\n\n" in p.stdout:
+            failures.append("one name: a by-name section printed")
 
         bad = os.path.join(tmp, "bad.jsonl")
         write(bad, ['{"bench":"linear_bf16","shape":"1x1"}'])
