@@ -4,7 +4,8 @@
 # and no daemon; --also NAME=FILE a second benchmark under bin/bench/NAME (the same bytes, but
 # for the debug info stripped); --tgz the same folder packed as DIR.tgz and no folder left; and
 # exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file, and a
-# --timeline build that has no benchmark.  Skips (77) where the build has no CUDA kernels or no
+# --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks and the
+# staged one's own name the same way, before it touches a GPU.  Skips (77) where the build has no CUDA kernels or no
 # sample model.
 #   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
 src="$1" build="$2"
@@ -50,4 +51,13 @@ refuse() { # what, then the stage's arguments: exit 2 with one line on stderr
 refuse "--also without NAME=FILE" --also base "$build" "$tmp/r"
 refuse "--also of a missing file" --also base="$tmp/none" "$build" "$tmp/r"
 refuse "--timeline without a benchmark" --timeline "$tmp" "$build" "$tmp/r"
+
+# run --ab refuses a benchmark the stage does not have (before it touches a GPU): exit 2, one line
+for names in missing nwc_gpu_bench; do
+  "$tmp/d/gpu-daemon" run --no-test --ab "$names" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 2 ] || fail "run --ab $names: exit $rc, not 2"
+  [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "^gpu-daemon: --ab $names: " "$tmp/err" ||
+    fail "run --ab $names: not one line of error: $(cat "$tmp/err")"
+done
 exit $status
