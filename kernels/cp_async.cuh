@@ -22,7 +22,7 @@ __device__ __forceinline__ void cp_async16(uint32_t saddr, const void *gmem) {
  * (src_bytes 0: nothing read, gmem still a valid address). */
 template <int Bytes>
 __device__ __forceinline__ void cp_async_zfill(uint32_t saddr, const void *gmem, uint32_t src_bytes) {
-  static_assert(Bytes == 4 || Bytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  static_assert(Bytes == 4 || Bytes == 8, "4 or 8 bytes (16: cp_async16)");
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(saddr), "l"(gmem), "n"(Bytes), "r"(src_bytes));
 }
 /* Closes the group of the copies issued since the last commit. */

@@ -375,10 +375,9 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
 #pragma unroll
       for (int k = 0; k < D; k++)
         if (k == 0 || c.s + k < ce) sink.slot(k, c, A[k]);
-    } else { /* x staged, then slot by slot (x copied with the planes: staged once they landed) */
-      if constexpr (!Sink::kCopyX) stage_x();
+    } else { /* x staged, then slot by slot */
+      stage_x();
       set_ready();
-      if constexpr (Sink::kCopyX) stage_x();
 #pragma unroll
       for (int k = 0; k < D; k++) {
         if (k > 0 && c.s + k >= ce) break;
@@ -441,6 +440,7 @@ struct MatvecSink {
    * batch's x (loaded only after griddepcontrol.wait) arrives during the decode (D x 8 more
    * registers: more columns have no room). */
   static constexpr bool kDecodeFirst = C == 1;
+  static_assert(!kCopyX || kDecodeFirst, "copied x is staged after its set has landed: the decode-first order");
   using X = typename std::conditional<kBf16X, uint16_t, float>::type;
   /* The piece-end table, a row per row of the group: B's 8 T columns (parts P n .. P n + P - 1 of
    * x's column n), then from kRedEx on each column's exception sums, one per lane of the row (q =
@@ -548,10 +548,9 @@ struct MatvecSink {
   }
   /* This batch's B fragments from the staging (set `set`'s with kCopyX, where copy_x put them;
    * otherwise each lane first stores its xv's parts as BF16 pairs, D / 2 words a part: fp32 x cut
-   * into three, BF16 x as loaded): lane
-   * (n, q) loads B column 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.
-   * B's columns past P ncols are zero: their staging is never written (the constructor zeroed it),
-   * and those past P C have none. */
+   * into three, BF16 x as loaded): lane (n, q) loads B column 8 t + n of each slot, the 8 columns
+   * 8 q .. 8 q + 7 in order, as one uint4.  B's columns past P ncols are zero: their staging is
+   * never written (the constructor zeroed it), and those past P C have none. */
   template <class Cur>
   __device__ __forceinline__ void stage(const Cur &, uint32_t set) {
     const uint8_t *from = stg;
@@ -681,8 +680,9 @@ __device__ __forceinline__ void MatvecSink<V, D_, NS_>::unit_end(uint32_t M, con
   __syncwarp();
 }
 
-/* After every warp's range (all the CTA's warps call it): the CTA's parts summed, counted, and the
- * row groups they complete written (work.cuh). */
+/* After every warp's range (all the CTA's warps call it): the CTA's parts summed, passed between
+ * CTAs as words where a row group spans several, and the row groups they complete written
+ * (work.cuh's finish_parts). */
 template <int V, int D_, int NS_>
 __device__ __forceinline__ void MatvecSink<V, D_, NS_>::done(uint32_t M, const Split &sp, uint32_t) const {
   __syncthreads(); /* every warp's part table written */
@@ -715,7 +715,7 @@ __global__ void __launch_bounds__(kL2Threads, kMatvecCtasPerSm) l2_matvec_kernel
  * the planes gave them (the same lane, so in program order). */
 struct RowsSink {
   static constexpr int D = 4; /* layout 2's batch (layout 1's is kL1Batch) */
-  static constexpr bool kDecodeFirst = false; /* no x: each slot stored as decoded */
+  static constexpr bool kDecodeFirst = false, kCopyX = false; /* no x: each slot stored as decoded */
   uint16_t *out;        /* dequant: row row0 of the range; gather: the first requested row */
   const uint64_t *rows; /* NULL: dequant of rows [row0, end) */
   uint32_t row0, end, K16;
@@ -726,7 +726,6 @@ struct RowsSink {
     if (!rows) return 16 * c.grp + row < end ? out + (uint64_t)(16 * c.grp + row - row0) * K16 : nullptr;
     return rows[c.k] % 16 == row ? out + (uint64_t)c.k * K16 : nullptr;
   }
-  static constexpr bool kCopyX = false;
   template <class Cur>
   __device__ __forceinline__ void copy_x(const Cur &, uint32_t) const {}
   template <class Cur>
