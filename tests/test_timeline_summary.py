@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """test_timeline_summary.py - scripts/timeline-summary against numbers computed here: a timeline of
 random warps (fresh seed each run, printed) in the format nwc_k_timeline_dump writes, whose marks'
-percentiles, durations, per-SM means and the middle launch's CTAs by tenths the summary must print as this test computes them
-independently; then bad input (a short line, a missing file, no records for --tag) must end with
-a one-line error and a non-zero status.
+percentiles, durations, per-SM means and the middle launch's CTAs by tenths the summary must
+print as this test computes them independently; then bad input (a short line, a missing file, no
+records for --tag) must end with a one-line error and a non-zero status.
 
   test_timeline_summary.py SCRIPTS_DIR
 """
@@ -85,7 +85,8 @@ def main():
         for t in sorted({cta * 10 // ctas for cta, *_ in recs}):
             g = [r for r in recs if r[0] * 10 // ctas == t]
             at = lambda r, i: (r[3] + (r[5][i] - r[5][0]) / per_ns - base) / 1e3
-            want = (f"   {t}: {statistics.median(at(r, 0) for r in g):7.2f} {statistics.median(at(r, 1) for r in g):7.2f}"
+            want = (f"   {t}: {statistics.median(at(r, 0) for r in g):7.2f}"
+                    f" {statistics.median(at(r, 1) for r in g):7.2f}"
                     f" {statistics.median(at(r, 3) for r in g):7.2f}"
                     f" {statistics.median((r[5][3] - r[5][1]) / per_ns / 1e3 for r in g):7.2f}")
             if want not in out.split("CTAs by tenths", 1)[-1]:
