@@ -83,10 +83,14 @@ __host__ __device__ constexpr bool bf16_x_of(int V) { return V >= 3; }
 __host__ __device__ constexpr unsigned cols_of(int V) { return V == 0 || V == 3 ? 1 : V == 1 ? 5 : 8; }
 __host__ __device__ constexpr unsigned parts_of(int V) { return bf16_x_of(V) ? 1 : 3; }
 __host__ __device__ constexpr unsigned tiles_of(int V) { return (cols_of(V) * parts_of(V) + 7) / 8; }
+/* Whether the variant's warps take B straight from x (BF16 x, more than one column: each lane's B
+ * registers are 16 bytes of one column), without a staging of x in shared memory. */
+__host__ __device__ constexpr bool direct_b_of(int V) { return bf16_x_of(V) && cols_of(V) > 1; }
 /* Two CTAs a SM for every variant.  One column's warps keep three sets of their ring (two batches
  * in flight while one is decoded: 16 warps x 8 slots a SM, against 24 x 4 with three CTAs of two
- * sets, 1.5 % faster in geometric mean, 5 % on the token step); the others keep two (a third does
- * not fit beside their staging). */
+ * sets, 1.5 % faster in geometric mean, 5 % on the token step); the others keep two: a third does
+ * not fit beside fp32 x's staging, and where it fits (direct B) it leaves L1 28 KB instead of 92
+ * and was 8 % slower (docs/results.md). */
 constexpr unsigned kMatvecCtasPerSm = 2;
 __host__ __device__ constexpr int ring_sets_of(int V) { return cols_of(V) == 1 ? 3 : 2; }
 /* Slots a warp decodes together (its batch of D slots is loaded while the batch before is decoded):
@@ -432,10 +436,14 @@ struct MatvecSink {
    * the staging of the batch's ring set by cp.async in the planes' group, NS - 1 batches ahead like
    * them, and the batch finds it there when its planes have landed (loaded into registers one batch
    * ahead instead, the store at the batch's start waited for the load: 16 % of a launch's stall
-   * samples on 28672 x 4096).  The others load x into registers a batch ahead (load_x), cut fp32 x
-   * into its parts and store them at the batch's start (stage), one staging for all sets: 8
-   * columns copied were slower (docs/results.md). */
+   * samples on 28672 x 4096).  fp32 x is loaded into registers a batch ahead (load_x), cut into its
+   * parts and stored at the batch's start (stage), one staging for all sets. */
   static constexpr bool kCopyX = kBf16X && C == 1;
+  /* More columns of BF16 x: each lane loads its B registers of the next batch's slots straight
+   * from x (load_x: 16 bytes of one column a slot, a batch ahead), which stage moves into B: no
+   * staging and no stores, and a smaller CTA leaves L1 more room for x (8 columns copied into a
+   * staging by cp.async, 8 or 16 bytes a copy, were slower: docs/results.md). */
+  static constexpr bool kDirectB = direct_b_of(V);
   /* One column: the stream decodes a batch's A fragments before it stages x, so that the first
    * batch's x (loaded only after griddepcontrol.wait) arrives during the decode (D x 8 more
    * registers: more columns have no room). */
@@ -449,7 +457,7 @@ struct MatvecSink {
   /* The staging of x's parts: for slot k of the batch and B column N, 64 bytes (32 BF16, the
    * slot's columns in order) at (k P C + N) 64. */
   static constexpr unsigned kStage = D * P * C * 64;
-  static constexpr unsigned kStages = kCopyX ? NS_ : 1; /* stagings: one a ring set, or one */
+  static constexpr unsigned kStages = kCopyX ? NS_ : kDirectB ? 0 : 1; /* stagings: one a ring set, none, or one */
   /* Shared memory per warp beside the source's ring: its table and its stagings. */
   static constexpr unsigned kSinkSmem = 16 * kRedCols * 4 + kStages * kStage;
   /* and at the end of the CTA's shared memory, the warps' part tables (part_table). */
@@ -461,9 +469,10 @@ struct MatvecSink {
   uint32_t pend0, pend1; /* the warp's first and last piece where they are parts (work.cuh) */
   float acc[T][2][4]; /* per tile, two accumulator chains: mma steps h = 0 and h = 1 */
   uint4 bn[D][T];     /* B fragments of the batch's slots */
-  /* without kCopyX: the next batch's x, elements 32 s + D lane .. + D - 1 of each column, as
-   * floats or (BF16 x) as D / 2 pairs */
-  typename std::conditional<kBf16X, uint32_t[C][D / 2], float[C][D]>::type xv;
+  /* the next batch's x: kDirectB its B registers (slot by slot), otherwise without kCopyX elements
+   * 32 s + D lane .. + D - 1 of each column, as floats or (BF16 x) as D / 2 pairs */
+  typename std::conditional<kDirectB, uint4[D],
+                            typename std::conditional<kBf16X, uint32_t[C][D / 2], float[C][D]>::type>::type xv;
 
   __device__ __forceinline__ MatvecSink(const L2Matvec &args, uint8_t *mem) : a(args) {
     const uint32_t lane = threadIdx.x & 31u;
@@ -471,7 +480,7 @@ struct MatvecSink {
     wid = blockIdx.x * kL2Warps + (threadIdx.x >> 5), pend0 = pend1 = kNoPart;
     for (uint32_t e = lane; e < 16 * (kRedCols - kRedEx); e += 32)
       red[(e / (kRedCols - kRedEx)) * kRedCols + kRedEx + e % (kRedCols - kRedEx)] = 0.f;
-    if constexpr (C > 1) /* the staging of columns past ncols stays zero (stage) */
+    if constexpr (C > 1 && !kDirectB) /* the staging of columns past ncols stays zero (stage) */
       for (uint32_t e = lane; e < kStages * kStage / 16; e += 32) reinterpret_cast<uint4 *>(stg)[e] = make_uint4(0, 0, 0, 0);
     __syncwarp();
     clear();
@@ -503,7 +512,9 @@ struct MatvecSink {
    * (col + D <= K), or at K's end. */
   template <class Cur>
   __device__ __forceinline__ void load_x(const Cur &c) {
-    if constexpr (!kCopyX) {
+    if constexpr (kDirectB) {
+      load_b(c);
+    } else if constexpr (!kCopyX) {
       const uint32_t col = 32 * c.s + D * (threadIdx.x & 31u);
       const X *p = static_cast<const X *>(a.x) + col;
       if (col + D <= a.K) {
@@ -511,6 +522,28 @@ struct MatvecSink {
         else load_cols<true, false>(p, col);
       } else {
         load_cols<false, C == 1>(p, col);
+      }
+    }
+  }
+  /* kDirectB: lane (n, q)'s B registers of the batch's slots, x's column n at 32 s + 8 q .. + 7
+   * (stage's order), zeros past K and for columns past ncols. */
+  template <class Cur>
+  __device__ __forceinline__ void load_b(const Cur &c) {
+    const uint32_t lane = threadIdx.x & 31u, n = lane >> 2, q = lane & 3u;
+    const X *p = static_cast<const X *>(a.x) + (uint64_t)n * a.ldx;
+    const bool has = all_cols() || n < a.ncols;
+#pragma unroll
+    for (int k = 0; k < D; k++) {
+      const uint32_t col = 32 * (c.s + k) + 8 * q;
+      if (has && col + 8 <= a.K) {
+        xv[k] = __ldg(reinterpret_cast<const uint4 *>(p + col));
+      } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          w[i] = (has && col + 2 * i < a.K ? (uint32_t)__ldg(p + col + 2 * i) : 0u) |
+                 (has && col + 2 * i + 1 < a.K ? (uint32_t)__ldg(p + col + 2 * i + 1) << 16 : 0u);
+        xv[k] = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
   }
@@ -546,30 +579,36 @@ struct MatvecSink {
       for (int i = 0; i < D; i++) xv[n][i] = col + i < a.K ? __ldg(p + i) : 0.f;
     }
   }
-  /* This batch's B fragments from the staging (set `set`'s with kCopyX, where copy_x put them;
-   * otherwise each lane first stores its xv's parts as BF16 pairs, D / 2 words a part: fp32 x cut
-   * into three, BF16 x as loaded): lane (n, q) loads B column 8 t + n of each slot, the 8 columns
-   * 8 q .. 8 q + 7 in order, as one uint4.  B's columns past P ncols are zero: their staging is
-   * never written (the constructor zeroed it), and those past P C have none. */
+  /* This batch's B fragments: kDirectB's as load_b loaded them; otherwise from the staging (set
+   * `set`'s with kCopyX, where copy_x put them; otherwise each lane first stores its xv's parts as
+   * BF16 pairs, D / 2 words a part: fp32 x cut into three, BF16 x as loaded): lane (n, q) loads B
+   * column 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.  B's columns
+   * past P ncols are zero: their staging is never written (the constructor zeroed it), and those
+   * past P C have none. */
   template <class Cur>
   __device__ __forceinline__ void stage(const Cur &, uint32_t set) {
-    const uint8_t *from = stg;
-    if constexpr (kCopyX) {
-      from += set * kStage;
+    if constexpr (kDirectB) {
+#pragma unroll
+      for (int k2 = 0; k2 < D; k2++) bn[k2][0] = xv[k2];
     } else {
-      if (all_cols()) stage_cols<true>();
-      else stage_cols<false>();
-      __syncwarp();
-    }
-    const uint32_t lane = threadIdx.x & 31u, N0 = lane >> 2, q = lane & 3u;
-#pragma unroll
-    for (int k2 = 0; k2 < D; k2++)
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        const uint32_t N = 8 * t + N0;
-        bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(from + (k2 * P * C + N) * 64 + 16 * q)
-                              : make_uint4(0, 0, 0, 0);
+      const uint8_t *from = stg;
+      if constexpr (kCopyX) {
+        from += set * kStage;
+      } else {
+        if (all_cols()) stage_cols<true>();
+        else stage_cols<false>();
+        __syncwarp();
       }
+      const uint32_t lane = threadIdx.x & 31u, N0 = lane >> 2, q = lane & 3u;
+#pragma unroll
+      for (int k2 = 0; k2 < D; k2++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+          const uint32_t N = 8 * t + N0;
+          bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(from + (k2 * P * C + N) * 64 + 16 * q)
+                                : make_uint4(0, 0, 0, 0);
+        }
+    }
   }
   template <bool All>
   __device__ __forceinline__ void stage_cols() {
@@ -608,28 +647,50 @@ struct MatvecSink {
   }
 
   /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
-   * entry order; a column's x values for the group are loaded before any is used.  Each entry's
-   * place in the table is computed once, x's column start is stepped by ldx. */
+   * entry order.  BF16 x in more columns: an entry at a time, its columns' x loaded together, the
+   * entries that no lane has skipped (a lane's group is its first entries of the block: most have
+   * one or two).  Otherwise column by column, a column's x values for the group loaded before any is
+   * used, each entry's place in the table computed once, x's column start stepped by ldx (for 8
+   * columns that is 8 round trips to L2 a group: entry by entry was 2 % faster with BF16 x, 7 %
+   * slower with fp32 x, docs/results.md).  A sum's terms are added in the same order either way. */
   template <class Cur>
   __device__ __forceinline__ void exceptions(const Cur &, const ExGroup &eg) const {
-    uint32_t at[kExGroup]; /* the entry's exception sum of column 0 in the table */
-    float w[kExGroup];
-#pragma unroll
-    for (uint32_t i = 0; i < kExGroup; i++)
-      at[i] = eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u), w[i] = bf16_to_f32(eg.w[i]);
-    const X *xn = static_cast<const X *>(a.x); /* x's column n */
-#pragma unroll
-    for (uint32_t n = 0; n < (uint32_t)C; n++, xn += a.ldx) {
-      if (!all_cols() && n >= a.ncols) break;
-      float xe[kExGroup];
+    if constexpr (kBf16X && C > 1) {
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++) {
-        if constexpr (kBf16X) xe[i] = eg.ok[i] ? bf16_to_f32(__ldg(xn + eg.col[i])) : 0.f;
-        else xe[i] = eg.ok[i] ? __ldg(xn + eg.col[i]) : 0.f;
+        if (!__any_sync(0xffffffffu, eg.ok[i])) continue;
+        float xe[C];
+#pragma unroll
+        for (uint32_t n = 0; n < (uint32_t)C; n++)
+          xe[n] = eg.ok[i] && (all_cols() || n < a.ncols)
+                      ? bf16_to_f32(__ldg(static_cast<const uint16_t *>(a.x) + (uint64_t)n * a.ldx + eg.col[i]))
+                      : 0.f;
+        const float w = bf16_to_f32(eg.w[i]);
+        float *sum = red + eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u); /* column n's at sum[4 n] */
+#pragma unroll
+        for (uint32_t n = 0; n < (uint32_t)C; n++)
+          if (eg.ok[i] && (all_cols() || n < a.ncols)) sum[4 * n] += w * xe[n];
       }
+    } else {
+      uint32_t at[kExGroup]; /* the entry's exception sum of column 0 in the table */
+      float w[kExGroup];
 #pragma unroll
       for (uint32_t i = 0; i < kExGroup; i++)
-        if (eg.ok[i]) red[at[i] + 4 * n] += w[i] * xe[i];
+        at[i] = eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u), w[i] = bf16_to_f32(eg.w[i]);
+      const X *xn = static_cast<const X *>(a.x); /* x's column n */
+#pragma unroll
+      for (uint32_t n = 0; n < (uint32_t)C; n++, xn += a.ldx) {
+        if (!all_cols() && n >= a.ncols) break;
+        float xe[kExGroup];
+#pragma unroll
+        for (uint32_t i = 0; i < kExGroup; i++) {
+          if constexpr (kBf16X) xe[i] = eg.ok[i] ? bf16_to_f32(__ldg(xn + eg.col[i])) : 0.f;
+          else xe[i] = eg.ok[i] ? __ldg(xn + eg.col[i]) : 0.f;
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < kExGroup; i++)
+          if (eg.ok[i]) red[at[i] + 4 * n] += w[i] * xe[i];
+      }
     }
   }
 
