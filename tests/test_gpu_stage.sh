@@ -2,9 +2,10 @@
 # test_gpu_stage.sh - scripts/gpu-daemon stage, which packs what a device call runs: with
 # --kernels-only the kernels' test and benchmarks, the sample model, the script and BUILD's path,
 # and no daemon; --also NAME=FILE a second benchmark under bin/bench/NAME (the same bytes, but
-# for the debug info stripped); --tgz the same folder packed as DIR.tgz and no folder left; and
-# exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file, and a
-# --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks and the
+# for the debug info stripped), --also NAME=BUILD that build's benchmark there and its kernels'
+# test as bin/tests/NAME; --tgz the same folder packed as DIR.tgz and no folder left; and
+# exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file or of a
+# folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks and the
 # staged one's own name the same way, before it touches a GPU.  Skips (77) where the build has no CUDA kernels or no
 # sample model.
 #   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
@@ -23,15 +24,18 @@ trap 'rm -rf "$tmp"' EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
 
-"$stage" stage --kernels-only --also base="$build/bench/nwc_gpu_bench" "$build" "$tmp/d" >"$tmp/out" 2>&1 ||
-  fail "stage --kernels-only --also: exit $? ($(tail -n 1 "$tmp/out"))"
-for f in bin/tests/test_gpu_kernels bin/bench/nwc_gpu_bench bin/bench/base gpu-daemon bench-compare use-lite-bf16.safetensors; do
+"$stage" stage --kernels-only --also base="$build/bench/nwc_gpu_bench" --also draft="$build" "$build" "$tmp/d" \
+  >"$tmp/out" 2>&1 || fail "stage --kernels-only --also: exit $? ($(tail -n 1 "$tmp/out"))"
+for f in bin/tests/test_gpu_kernels bin/bench/nwc_gpu_bench bin/bench/base bin/bench/draft bin/tests/draft gpu-daemon \
+         bench-compare use-lite-bf16.safetensors; do
   [ -s "$tmp/d/$f" ] || fail "stage --kernels-only: $f missing"
 done
 [ -e "$tmp/d/bin/daemon/nwcd" ] && fail "stage --kernels-only: staged nwcd"
 [ "$(cat "$tmp/d/build-path" 2>/dev/null)" = "$(cd "$build" && pwd)" ] || fail "build-path is not $build's absolute path"
 cmp -s "$NWC_SAMPLE" "$tmp/d/use-lite-bf16.safetensors" || fail "the staged sample differs from $NWC_SAMPLE"
 cmp -s "$tmp/d/bin/bench/nwc_gpu_bench" "$tmp/d/bin/bench/base" || fail "--also base: not the benchmark it names"
+cmp -s "$tmp/d/bin/bench/nwc_gpu_bench" "$tmp/d/bin/bench/draft" || fail "--also draft=BUILD: not its benchmark"
+cmp -s "$tmp/d/bin/tests/test_gpu_kernels" "$tmp/d/bin/tests/draft" || fail "--also draft=BUILD: not its kernels' test"
 
 "$stage" stage --kernels-only --tgz "$build" "$tmp/t" >"$tmp/out" 2>&1 || fail "stage --tgz: exit $?"
 [ -e "$tmp/t" ] && fail "stage --tgz left the folder $tmp/t"
@@ -50,6 +54,7 @@ refuse() { # what, then the stage's arguments: exit 2 with one line on stderr
 }
 refuse "--also without NAME=FILE" --also base "$build" "$tmp/r"
 refuse "--also of a missing file" --also base="$tmp/none" "$build" "$tmp/r"
+refuse "--also of a folder that is no build" --also base="$tmp" "$build" "$tmp/r"
 refuse "--timeline without a benchmark" --timeline "$tmp" "$build" "$tmp/r"
 
 # run --ab refuses a benchmark the stage does not have (before it touches a GPU): exit 2, one line
