@@ -19,10 +19,11 @@
  * column P c + p of the n = 8 T columns of T tiles is part p of x's column c, so one fp32 column
  * takes one tile and 8 take three, while 8 BF16 columns fill one, and a slot costs 2 T
  * mma.m16n8k16 in two accumulator chains per tile (the variants: variant_of).  The warp makes the
- * fragments itself, a batch at a time: each lane loads D elements of each column a batch ahead
- * (one coalesced load), cuts them into parts at the batch's start (fp32) and stores them in the
- * warp's staging area, from which each lane takes its B registers of the batch's slots
- * (MatvecSink::stage).  After a block's last slot in the piece each lane adds its exception
+ * fragments itself, a batch at a time: for fp32 x each lane loads D elements of each column a
+ * batch ahead (one coalesced load), cuts them into parts at the batch's start and stores them in
+ * the warp's staging area, from which each lane takes its B registers of the batch's slots
+ * (MatvecSink::stage); one column of BF16 x is copied into that staging with the planes
+ * (copy_x), and more columns of BF16 x are loaded straight into B registers (load_b).  After a block's last slot in the piece each lane adds its exception
  * entries of the piece's slots (the weights the planes decode to +0) times x on the CUDA cores,
  * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
  * warp sums each column's parts and its exceptions through that table, and writes the rows (a
