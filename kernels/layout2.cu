@@ -23,8 +23,9 @@
  * batch ahead (one coalesced load), cuts them into parts at the batch's start and stores them in
  * the warp's staging area, from which each lane takes its B registers of the batch's slots
  * (MatvecSink::stage); one column of BF16 x is copied into that staging with the planes
- * (copy_x), and more columns of BF16 x are loaded straight into B registers (load_b).  After a block's last slot in the piece each lane adds its exception
- * entries of the piece's slots (the weights the planes decode to +0) times x on the CUDA cores,
+ * (copy_x), and more columns of BF16 x are loaded straight into B registers (load_b).  After a
+ * block's last slot in the piece each lane adds its exception entries of the piece's slots (the
+ * weights the planes decode to +0) times x on the CUDA cores,
  * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
  * warp sums each column's parts and its exceptions through that table, and writes the rows (a
  * whole row group) or its part of them into the warp's part table (work.cuh sums a CTA's parts
