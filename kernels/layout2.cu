@@ -25,11 +25,11 @@
  * (MatvecSink::stage); one column of BF16 x is copied into that staging with the planes
  * (copy_x), and more columns of BF16 x are loaded straight into B registers (load_b).  After a
  * block's last slot in the piece each lane adds its exception entries of the piece's slots (the
- * weights the planes decode to +0) times x on the CUDA cores,
- * in entry order, into its own sums in a table per warp in shared memory; at the piece's end the
- * warp sums each column's parts and its exceptions through that table, and writes the rows (a
- * whole row group) or its part of them into the warp's part table (work.cuh sums a CTA's parts
- * after its warps' ends, then the CTAs' in scratch, which every call leaves zero).
+ * weights the planes decode to +0) times x on the CUDA cores, in entry order, into its own sums
+ * in a table per warp in shared memory; at the piece's end the warp sums each column's parts and
+ * its exceptions through that table, and writes the rows (a whole row group) or its part of them
+ * into the warp's part table (work.cuh sums a CTA's parts after its warps' ends, then the CTAs'
+ * in scratch, which every call leaves zero).
  *
  * Every kernel here is launched as a programmatic dependent of the stream's kernel before it
  * (PDL) and lets the next one launch at once: its CTAs start their first copies of the weights
