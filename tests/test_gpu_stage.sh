@@ -5,7 +5,7 @@
 # for the debug info stripped), --also NAME=BUILD that build's benchmark there and its kernels'
 # test as bin/tests/NAME; --tgz the same folder packed as DIR.tgz and no folder left; and
 # exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file or of a
-# folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks and the
+# folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks, --ab-rounds a count below 1, and the
 # staged one's own name the same way, before it touches a GPU.  Skips (77) where the build has no CUDA kernels or no
 # sample model.
 #   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
@@ -64,5 +64,12 @@ for names in missing nwc_gpu_bench; do
   [ $rc = 2 ] || fail "run --ab $names: exit $rc, not 2"
   [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "^gpu-daemon: --ab $names: " "$tmp/err" ||
     fail "run --ab $names: not one line of error: $(cat "$tmp/err")"
+done
+# and a count of rounds that is no count of at least 1
+for rounds in 0 x ""; do
+  "$tmp/d/gpu-daemon" run --no-test --ab missing --ab-rounds "$rounds" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 2 ] && grep -q "^gpu-daemon: --ab-rounds $rounds: " "$tmp/err" ||
+    fail "run --ab-rounds '$rounds': exit $rc: $(cat "$tmp/err")"
 done
 exit $status
