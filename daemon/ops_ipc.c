@@ -24,8 +24,9 @@ int nwcd_op_ipc(nwcd_job *j) {
   const nwc_tensor *t = &ref.view;
   uint64_t M = t->rows, K = t->cols, esz = r->out == NWC_OUT_BF16 ? 2 : 4;
   int rc = ref.dcopy ? 0
-                     : nwc__fail(-ENOTSUP, "%s/%s is resident in host memory, not on a device: "
-                                 "evict it, then load it onto a GPU", r->model, r->tensor);
+                     : nwc__fail(-ENOTSUP, "%s/%s is used from host memory, its home: load it "
+                                 "onto a GPU (nwcctl load --device cuda:0), which makes that its "
+                                 "home", r->model, r->tensor);
   float *bias = NULL;
   nwc_proto_compute c = {.out = r->out, .where = NWC_WHERE_DEVICE};
   const uint8_t *ev = r->has_event ? r->ipc_event : NULL;

@@ -1,9 +1,9 @@
 /*
- * residency.c - which tensors are resident in host memory, under a byte budget, with LRU
- * eviction, reference counts and client mappings.
+ * residency.c - which tensors are resident in host memory and on each device, under a byte
+ * budget per place, with LRU eviction, reference counts and client mappings.
  *
- * Each tensor the daemon has been asked about has an entry (model, tensor, its catalog info)
- * in one of three states:
+ * Each tensor the daemon has been asked about has an entry per place it was wanted at (model,
+ * tensor, place, its own copy of the catalog info), a replica, each in one of three states:
  *
  *            acquire (fits, or LRU evictions make it fit)
  *   ABSENT ─────────────────────────────────────────────► LOADING ──(io_uring read, chunks
@@ -67,11 +67,22 @@
  * with -ENOMEM.  When a device holds no tensor any more, the backend frees its idle work buffers
  * (dev_trim), so evicting everything returns all device memory but the loader's ring (pinned
  * host memory, kept).
- * A tensor's home is the place its last explicit load or pin named (load_on): a request that
- * names no place and finds it absent, such as a compute request after an LRU eviction, loads it
- * there again, not at the default place (device 0), so that a tensor an operator put in host
- * memory or on cuda:1 does not come back on cuda:0, evicting that device's own tensors and
- * making a later load onto its place fail with -EEXIST.  An explicit evict forgets the home.
+ * A tensor may be resident at several places at once, one entry (replica) per place, each
+ * fixed to its place when created: a load, pin or map naming a place (NWCD_ACQ_AT: load_on,
+ * map in host memory, map_gpu on its device) uses that place's replica, loading it there if
+ * absent, whatever other places hold.  Every replica is an entry as above, with its own state,
+ * budget charge, LRU time, references, pin and mappings; LRU evicts replicas one by one.  An
+ * explicit evict of a tensor takes all its replicas or none: if one is loading, in use, mapped
+ * or pinned it is -EBUSY naming that place and every replica stays (a model evict skips such
+ * a tensor); unpin unpins them all.
+ * A tensor's home is the place its last explicit load or pin named (load_on), kept in every
+ * replica alike (set_home).  A request that names no place (compute, a plain load or pin) uses
+ * a RESIDENT replica when there is one: the home's, else the default place's (device 0, or host
+ * memory without devices), else the lowest place's (resident_replica); when none is resident,
+ * such as after an LRU eviction, it loads the tensor at its home again, not at the default
+ * place, so that a tensor an operator put in host memory or on cuda:1 does not come back on
+ * cuda:0, evicting that device's own tensors.  Without a home it loads at the default place.
+ * An explicit evict forgets the home.
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead run on a transient
  * copy of the blob, read with pread and checked (nwc_store_read_info) and freed when the request
@@ -112,9 +123,9 @@ struct nwcd_entry {
   uint64_t hash;
   nwc_tensor_info *info; /* owned (nwc_tensor_info_free) */
   int state;
-  int loc;               /* NWCD_LOC_CPU or a device (meaningful while LOADING or RESIDENT) */
-  int home;              /* where a load naming no place puts it: NWCD_LOC_DEFAULT, or the
-                            place its last explicit load named (above, Places) */
+  int loc;               /* its place, fixed at creation: NWCD_LOC_CPU or a device */
+  int home;              /* the tensor's home (above), the same in all its entries:
+                            NWCD_LOC_DEFAULT, or the place its last explicit load named */
   void *buf;             /* host copy (loc CPU) */
   void *dcopy;           /* device copy (loc >= 0) */
   uint64_t dbytes;       /* device bytes held (reserved while LOADING) */
@@ -181,13 +192,59 @@ static uint64_t key_hash(const char *model, const char *tensor) {
   return XXH3_64bits_withSeed(tensor, strlen(tensor), XXH3_64bits(model, strlen(model)));
 }
 
-static nwcd_entry *find(nwcd_res *r, const char *model, const char *tensor) {
+/* Places an entry can be at: host memory and each device. */
+#define MAX_PLACES (1 + NWCD_MAX_DEVICES)
+
+/* The entries of model/tensor (its replicas, one per place, in any state) into out; returns
+ * how many (r->lock held). */
+static int replicas(nwcd_res *r, const char *model, const char *tensor,
+                    nwcd_entry *out[MAX_PLACES]) {
   uint64_t h = key_hash(model, tensor);
-  for (size_t i = 0; i < r->n; i++) {
+  int k = 0;
+  for (size_t i = 0; i < r->n && k < MAX_PLACES; i++) {
     nwcd_entry *e = r->e[i];
-    if (e->hash == h && !strcmp(e->model, model) && !strcmp(e->tensor, tensor)) return e;
+    if (e->hash == h && !strcmp(e->model, model) && !strcmp(e->tensor, tensor)) out[k++] = e;
   }
+  return k;
+}
+
+/* The entry of model/tensor at loc, or NULL. */
+static nwcd_entry *find(nwcd_res *r, const char *model, const char *tensor, int loc) {
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es);
+  for (int i = 0; i < n; i++)
+    if (es[i]->loc == loc) return es[i];
   return NULL;
+}
+
+/* The RESIDENT replica among es[0..n) that a request naming no place uses: the one at the
+ * tensor's home, else at the default place, else at the lowest place; NULL when none is. */
+static nwcd_entry *resident_replica(const nwcd_res *r, nwcd_entry *const *es, int n) {
+  nwcd_entry *best = NULL;
+  int best_rank = 0;
+  for (int i = 0; i < n; i++) {
+    if (es[i]->state != NWC_RES_RESIDENT) continue;
+    int loc = es[i]->loc, rank = loc == es[i]->home ? -3 : loc == r->default_loc ? -2 : loc;
+    if (!best || rank < best_rank) best = es[i], best_rank = rank;
+  }
+  return best;
+}
+
+/* The place a request naming none uses for model/tensor: its resident replica's, else its
+ * home, else the default place (r->lock held). */
+static int unnamed_place(nwcd_res *r, const char *model, const char *tensor) {
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es);
+  const nwcd_entry *e = resident_replica(r, es, n);
+  if (e) return e->loc;
+  return n && es[0]->home != NWCD_LOC_DEFAULT ? es[0]->home : r->default_loc;
+}
+
+/* Sets the home of model/tensor in all its entries. */
+static void set_home(nwcd_res *r, const char *model, const char *tensor, int home) {
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es);
+  for (int i = 0; i < n; i++) es[i]->home = home;
 }
 
 int nwcd_res_create(nwcd *d, uint64_t budget, nwcd_res **out) {
@@ -369,10 +426,11 @@ static nwc_tensor shape_view(const nwc_tensor_info *ti) {
   return v;
 }
 
-/* Finds or creates the entry of model/tensor; called with r->lock held, may drop and retake it
- * (the store lock is taken first, per the lock order). */
-static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry **out) {
-  nwcd_entry *e = find(r, model, tensor);
+/* Finds or creates the entry of model/tensor at loc (with its own catalog info); called with
+ * r->lock held, may drop and retake it (the store lock is taken first, per the lock order). */
+static int lookup(nwcd_res *r, const char *model, const char *tensor, int loc,
+                  nwcd_entry **out) {
+  nwcd_entry *e = find(r, model, tensor, loc);
   if (e) {
     *out = e;
     return 0;
@@ -381,7 +439,7 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
   pthread_mutex_lock(&r->d->store_lock);
   pthread_mutex_lock(&r->lock);
   int rc = 0;
-  if (!(e = find(r, model, tensor))) {
+  if (!(e = find(r, model, tensor, loc))) {
     nwc_tensor_info *ti = NULL;
     rc = nwc_store_tensor(r->d->store, model, tensor, &ti);
     if (rc == -ENOENT) rc = nwc__fail(-ENOENT, "no tensor %s/%s in the store", model, tensor);
@@ -401,9 +459,10 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, nwcd_entry
       }
     }
     if (rc == 0) {
-      e->hash = key_hash(model, tensor), e->info = ti, e->fd = -1;
+      nwcd_entry *sib[MAX_PLACES]; /* a new replica takes the tensor's home */
+      e->home = replicas(r, model, tensor, sib) ? sib[0]->home : NWCD_LOC_DEFAULT;
+      e->hash = key_hash(model, tensor), e->info = ti, e->fd = -1, e->loc = loc;
       e->len = (ti->length + 4095) & ~(uint64_t)4095;
-      e->home = NWCD_LOC_DEFAULT;
       r->e[r->n++] = e;
     } else {
       nwc_tensor_info_free(ti, ti ? 1 : 0);
@@ -440,13 +499,12 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
   pthread_mutex_lock(&r->lock);
   nwcd_entry *e;
   int named = (int)(flags >> 8) - 2; /* NWCD_ACQ_AT */
-  int at = named == NWCD_LOC_DEFAULT ? r->default_loc : named;
+  int at = named == NWCD_LOC_DEFAULT ? unnamed_place(r, model, tensor) : named;
   if (at >= r->d->backend->ndevices || at < NWCD_LOC_CPU) {
     pthread_mutex_unlock(&r->lock);
     return nwcd_no_device(r->d->backend, at);
   }
-  int rc = lookup(r, model, tensor, &e);
-  if (rc == 0 && named == NWCD_LOC_DEFAULT && e->home != NWCD_LOC_DEFAULT) at = e->home;
+  int rc = lookup(r, model, tensor, at, &e);
   while (rc == 0 && e->state != NWC_RES_RESIDENT) {
     if (e->state == NWC_RES_LOADING) {
       pthread_cond_wait(&r->cond, &r->lock);
@@ -472,7 +530,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       break;
     }
     e->state = NWC_RES_LOADING;
-    e->loc = at, e->dbytes = need;
+    e->dbytes = need;
     *used_at(r, at) += need;
     pthread_mutex_unlock(&r->lock);
     bool locked = false;
@@ -514,16 +572,10 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
                l.micros / 1e3);
     pthread_cond_broadcast(&r->cond);
   }
-  if (rc == 0 && named != NWCD_LOC_DEFAULT && e->loc != at) {
-    char where[16], want[16];
-    loc_name(e->loc, where), loc_name(at, want);
-    rc = nwc__fail(-EEXIST, "%s/%s is resident on %s, not %s; evict it first", model, tensor,
-                   where, want);
-  }
   if (rc == 0) {
     e->last_used = nwcd_now_ns();
     if (named != NWCD_LOC_DEFAULT && (flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* load, pin */
-      e->home = named;
+      set_home(r, model, tensor, named);
     if ((flags & NWCD_ACQ_PIN) && !e->pinned) e->pinned = true, r->pinned_bytes += e->len;
     if (li && !ref->loaded) li->direct = e->direct;
     ref->ti = e->info, ref->loc = e->loc;
@@ -549,32 +601,44 @@ void nwcd_res_release(nwcd_res *r, nwcd_ref *ref) {
   memset(ref, 0, sizeof *ref);
 }
 
+/* -EBUSY naming what stops an explicit evict of e (loading, in use, mapped, pinned), else 0
+ * (r->lock held, mappings reaped). */
+static int evict_busy(nwcd_res *r, const nwcd_entry *e) {
+  char where[16], pids[128];
+  loc_name(e->loc, where);
+  if (e->state == NWC_RES_LOADING)
+    return nwc__fail(-EBUSY, "%s/%s on %s is being loaded; not evicted", e->model, e->tensor,
+                     where);
+  if (e->refs)
+    return nwc__fail(-EBUSY, "%s/%s on %s is in use by %u request(s); not evicted", e->model,
+                     e->tensor, where, e->refs);
+  if (e->maps)
+    return nwc__fail(-EBUSY, "%s/%s on %s is mapped by %u client(s) (%s); not evicted: it can "
+                     "be once they unmap it or exit", e->model, e->tensor, where, e->maps,
+                     map_pids(r, e, pids, sizeof pids));
+  if (e->pinned)
+    return nwc__fail(-EBUSY, "%s/%s on %s is pinned; unpin it first", e->model, e->tensor, where);
+  return 0;
+}
+
 int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes) {
   *bytes = 0;
   pthread_mutex_lock(&r->lock);
   reap_maps(r);
-  nwcd_entry *e = find(r, model, tensor);
-  int rc = 0;
-  char pids[128];
-  if (e && e->state == NWC_RES_LOADING) {
-    rc = nwc__fail(-EBUSY, "%s/%s is being loaded", model, tensor);
-  } else if (e && e->refs) {
-    rc = nwc__fail(-EBUSY, "%s/%s is in use by %u request(s); not evicted", model, tensor, e->refs);
-  } else if (e && e->maps) {
-    rc = nwc__fail(-EBUSY, "%s/%s is mapped by %u client(s) (%s); not evicted: it can be once "
-                   "they unmap it or exit", model, tensor, e->maps,
-                   map_pids(r, e, pids, sizeof pids));
-  } else if (e && e->pinned) {
-    rc = nwc__fail(-EBUSY, "%s/%s is pinned; unpin it first", model, tensor);
-  } else if (e && e->state == NWC_RES_RESIDENT) {
-    *bytes = held(e);
-    entry_unload(r, e);
-    r->evictions++;
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es), rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) rc = evict_busy(r, es[i]); /* all or nothing */
+  for (int i = 0; i < n && rc == 0; i++) {
+    if (es[i]->state == NWC_RES_RESIDENT) {
+      *bytes += held(es[i]);
+      entry_unload(r, es[i]);
+      r->evictions++;
+    }
+    es[i]->home = NWCD_LOC_DEFAULT;
   }
-  if (e && rc == 0) e->home = NWCD_LOC_DEFAULT;
   /* An explicit evict gives the memory back to the system: no spares stay behind (only LRU
    * evictions, which make room for a load, keep theirs). */
-  if (e && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
+  if (n && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   pthread_mutex_unlock(&r->lock);
   return rc;
 }
@@ -621,9 +685,10 @@ uint64_t nwcd_res_budget(nwcd_res *r, int loc, char where[16]) {
 
 int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor) {
   pthread_mutex_lock(&r->lock);
-  nwcd_entry *e = find(r, model, tensor);
-  int was = e && e->pinned;
-  if (was) e->pinned = false, r->pinned_bytes -= e->len;
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es), was = 0;
+  for (int i = 0; i < n; i++)
+    if (es[i]->pinned) es[i]->pinned = false, r->pinned_bytes -= es[i]->len, was = 1;
   pthread_mutex_unlock(&r->lock);
   return was;
 }
@@ -659,18 +724,25 @@ static int64_t ago_ms(uint64_t t) {
 
 void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_proto_tensor *out) {
   pthread_mutex_lock(&r->lock);
-  nwcd_entry *e = find(r, model, tensor);
-  out->state = e ? (uint8_t)e->state : NWC_RES_ABSENT;
-  out->pinned = e && e->pinned;
-  out->refs = e ? e->refs : 0;
-  out->last_used_ms = e ? ago_ms(e->last_used) : -1;
+  nwcd_entry *es[MAX_PLACES];
+  int n = replicas(r, model, tensor, es);
+  uint64_t last = 0;
+  out->state = NWC_RES_ABSENT, out->pinned = 0, out->refs = 0;
+  for (int i = 0; i < n; i++) {
+    const nwcd_entry *e = es[i];
+    if (e->state > out->state) out->state = (uint8_t)e->state; /* RESIDENT > LOADING > ABSENT */
+    out->pinned |= e->pinned, out->refs += e->refs;
+    if (e->last_used > last) last = e->last_used;
+  }
+  out->last_used_ms = ago_ms(last);
   pthread_mutex_unlock(&r->lock);
 }
 
 uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor, int *loc) {
   pthread_mutex_lock(&r->lock);
-  nwcd_entry *e = find(r, model, tensor);
-  uint64_t n = e && e->state == NWC_RES_RESIDENT ? e->len : 0;
+  nwcd_entry *es[MAX_PLACES];
+  const nwcd_entry *e = resident_replica(r, es, replicas(r, model, tensor, es));
+  uint64_t n = e ? e->len : 0;
   if (n && loc) *loc = e->loc;
   pthread_mutex_unlock(&r->lock);
   return n;
@@ -766,7 +838,8 @@ int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, u
   pid_t pid = 0;
   NWC_TRY(check_map_socket(sock, &pid));
   nwcd_ref ref;
-  /* resident in host memory (a device copy cannot be shared: -EEXIST), or -ENOSPC */
+  /* the replica in host memory, loaded there if absent (a device replica cannot be shared as
+   * a memfd), or -ENOSPC */
   NWC_TRY(nwcd_res_acquire(r, model, tensor, NWCD_ACQ_AT(NWCD_LOC_CPU), &ref, NULL));
   nwcd_entry *e = ref.e; /* its fd stays while refs > 0 */
   int keep = -1, rc = 0;

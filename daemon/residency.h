@@ -1,7 +1,8 @@
 /*
  * residency.h - resident tensors (residency.c; its design comment says the states, budgets,
  * LRU order, reference counts, pins and client mappings): acquire and release for compute,
- * load, pin, evict, budgets per place, and the listings.
+ * load, pin, evict, budgets per place, and the listings.  A tensor has a replica per place it
+ * is resident at (host memory, each device).
  */
 #ifndef NWCD_RESIDENCY_H
 #define NWCD_RESIDENCY_H
@@ -35,8 +36,9 @@ enum {
   NWCD_ACQ_PIN = 2,    /* pin it (and keep no reference) */
   NWCD_ACQ_NOREF = 4,  /* load only (and keep no reference) */
 };
-/* Acquire flag naming where a load goes (loc: NWCD_LOC_CPU or a device; NWCD_LOC_DEFAULT is no
- * flag: the default place).  A tensor resident elsewhere than a named place is -EEXIST. */
+/* Acquire flag naming the place whose replica to use, loaded there if absent (loc: NWCD_LOC_CPU
+ * or a device).  NWCD_LOC_DEFAULT is no flag: a resident replica (the home's first), else a
+ * load at the tensor's home or the default place (residency.c). */
 #define NWCD_ACQ_AT(loc) ((unsigned)((loc) + 2) << 8)
 
 struct nwcd;
@@ -48,44 +50,55 @@ void nwcd_res_set_gpu_budget(nwcd_res *r, uint64_t per_device);
  * the backend lacks (*where gets its name: "cpu", "cuda:0"). */
 uint64_t nwcd_res_budget(nwcd_res *r, int loc, char where[16]);
 void nwcd_res_free(nwcd_res *r);
-/* Finds (loading if needed) model/tensor.  Returns 0 and *ref, -ENOENT, -ENOSPC when it cannot
- * fit (and mapping is not allowed), or a load error. */
+/* Finds (loading if needed) the replica of model/tensor that flags name (NWCD_ACQ_AT).  Returns
+ * 0 and *ref, -ENOENT, -ENODEV for a place the backend lacks, -ENOSPC when it cannot fit (and
+ * mapping is not allowed), or a load error. */
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li);
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
 /* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
 int nwcd_no_device(const nwcd_backend *b, int at);
-/* Evicts one tensor: 0, -EBUSY (in use or pinned: detail says which), -ENOENT when absent.
- * *bytes gets what was freed. */
+/* Evicts every replica of one tensor, or none: 0, or -EBUSY when one is loading, in use, mapped
+ * or pinned (detail says which and where; then none is evicted).  *bytes gets what was freed,
+ * all places together. */
 int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);
 /* New budget (reload): evicts LRU entries down to it; *used gets the bytes still resident. */
 void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used);
+/* Unpins every replica of model/tensor: 1 if one was pinned, else 0. */
 int nwcd_res_unpin(nwcd_res *r, const char *model, const char *tensor);
 /* Drops every entry of model (before removing it): -EBUSY if one is in use or loading. */
 int nwcd_res_forget_model(nwcd_res *r, const char *model);
-/* Residency of one tensor for listings. */
+/* Residency of one tensor for listings, its replicas together: the most advanced state
+ * (RESIDENT, LOADING, ABSENT), pinned if one is, their references summed, the latest use. */
 void nwcd_res_describe(nwcd_res *r, const char *model, const char *tensor, nwc_proto_tensor *out);
-/* The blob bytes of model/tensor when it is resident now (acquiring it would not load), else 0;
- * *loc (when loc is not NULL and it is resident): NWCD_LOC_CPU or its device. */
+/* The blob bytes of model/tensor when a replica is resident now (an acquire naming no place
+ * would not load), else 0; *loc (when loc is not NULL and one is resident): the place of the
+ * replica that acquire would use, NWCD_LOC_CPU or a device. */
 uint64_t nwcd_res_resident_bytes(nwcd_res *r, const char *model, const char *tensor, int *loc);
+/* The bytes model's resident replicas hold, all places together (a tensor on two places counts
+ * twice). */
 uint64_t nwcd_res_model_bytes(nwcd_res *r, const char *model);
-/* Resident tensors for ps: *out malloc'ed array of *n (free()). */
+/* Resident replicas for ps, one row per tensor and place: *out malloc'ed array of *n (free()). */
 int nwcd_res_list(nwcd_res *r, nwc_proto_ps **out, size_t *n);
+/* Counters and totals for stats: resident_tensors counts replicas (a tensor on two places
+ * twice), resident_bytes the host memory's, gpu_resident_bytes the devices' together. */
 void nwcd_res_stats(nwcd_res *r, nwc_proto_stats *s);
 /* The places for devices, in one snapshot: out[0] host memory, out[1 + n] device n, each with
- * its name, budget, resident bytes and tensors and pinned bytes as ps counts them (the memory
- * fields are left 0).  out has room for 1 + NWCD_MAX_DEVICES; returns how many it filled. */
+ * its name, budget, resident bytes and tensors (the replicas there) and pinned bytes as ps counts
+ * them (the memory fields are left 0).  out has room for 1 + NWCD_MAX_DEVICES; returns how
+ * many it filled. */
 int nwcd_res_places(nwcd_res *r, nwc_proto_place *out);
-/* Shares model/tensor with a client (map): makes it resident if needed (-ENOSPC when it cannot
- * fit), sends its sealed memfd with the token (NWC_PROTO_MAP_TOKEN bytes) over sock, a
- * connected Unix stream socket the client passed, and keeps a mapping reference, which stops
- * eviction, until the client's end of sock is closed (unmap, exit).  sock stays the caller's
- * (a duplicate is kept).  Fills *out with the decoder parameters for the reply. */
+/* Shares model/tensor's replica in host memory with a client (map): makes it resident there if
+ * needed, whatever devices hold (-ENOSPC when it cannot fit), sends its sealed memfd with the
+ * token (NWC_PROTO_MAP_TOKEN bytes) over sock, a connected Unix stream socket the client
+ * passed, and keeps a mapping reference, which stops eviction, until the client's end of sock
+ * is closed (unmap, exit).  sock stays the caller's (a duplicate is kept).  Fills *out with
+ * the decoder parameters for the reply. */
 int nwcd_res_map(nwcd_res *r, const char *model, const char *tensor, int sock, uint64_t token,
                  nwc_proto_map *out);
 /* Shares device copies with a client (map_gpu, docs/gpu-maps.md): names[0..n) of model made
- * resident on device dev if needed (-ENOSPC when they cannot all fit, -EEXIST for one resident
- * elsewhere), the device's copy pool descriptor sent with the token over sock (as map), and one
+ * resident on device dev if needed, whatever other places hold (-ENOSPC when they cannot
+ * all fit), the device's copy pool descriptor sent with the token over sock (as map), and one
  * mapping reference holding all n until the client's end of sock is closed.  *head and out[n]
  * get the reply.  -ENOTSUP from a backend without devices or a device whose pool cannot be
  * shared, -ENODEV for a device it lacks.  sock stays the caller's (the daemon keeps a dup). */
