@@ -23,7 +23,7 @@
 static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
-static const char *device_opt; /* load --device */
+static const char *device_opt; /* load --device, as given */
 static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default */
 static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
@@ -422,46 +422,117 @@ static int cmd_info(const char *arg) {
   return 0;
 }
 
+/* load --device: cpu, cuda:N or N, several of them separated by commas, or all (every GPU). */
+#define MAX_PLACES 64
+
+/* The places of --device opt into at[] (NWC_CLIENT_CPU or a device), in order: how many, 0 for
+ * all (daemon_places resolves it), or -1 after saying why it is bad usage. */
+static int parse_places(const char *opt, int at[MAX_PLACES]) {
+  if (!strcmp(opt, "all")) return 0;
+  int n = 0;
+  for (const char *p = opt;; p++) {
+    size_t len = strcspn(p, ",");
+    const char *num = len > 5 && !strncmp(p, "cuda:", 5) ? p + 5 : p;
+    char *end;
+    long v = strtol(num, &end, 10);
+    bool cpu = len == 3 && !strncmp(p, "cpu", 3);
+    if (n == MAX_PLACES || (!cpu && (num == p + len || end != p + len || v < 0 || v > 255 ||
+                                     *num < '0' || *num > '9'))) {
+      fprintf(stderr, "%s: %s: --device: expected cpu, cuda:N, a comma-separated list of them or "
+              "all, got '%.*s'\n", prog, cmd, (int)len, p);
+      return -1;
+    }
+    at[n++] = cpu ? NWC_CLIENT_CPU : (int)v;
+    p += len;
+    if (!*p) return n;
+  }
+}
+
+static void place_name(int at, char name[16]) {
+  if (at == NWC_CLIENT_CPU) snprintf(name, 16, "cpu");
+  else snprintf(name, 16, "cuda:%d", at);
+}
+
+/* Resolves --device against the places the daemon reports (nwc_client_devices): all becomes
+ * every GPU, and a list of n places is checked whole, so that one the daemon lacks fails the
+ * command before anything loads.  Returns how many places at[] holds, or -1 after saying why. */
+static int daemon_places(nwc_client *c, int at[MAX_PLACES], int n) {
+  nwc_client_place *p;
+  size_t np;
+  int rc = nwc_client_devices(c, &p, &np);
+  if (rc == -EOPNOTSUPP && n > 0) return n; /* an older daemon: each load checks its place */
+  if (rc < 0) return die(rc), -1;
+  char have[256] = "", lack[256] = "", name[16];
+  size_t hoff = 0, loff = 0;
+  for (size_t i = 0; i < np && hoff < sizeof have; i++)
+    hoff += snprintf(have + hoff, sizeof have - hoff, "%s%s", i ? ", " : "", p[i].name);
+  int k = n;
+  for (size_t i = 0; n == 0 && i < np && k < MAX_PLACES; i++)
+    if (!strncmp(p[i].name, "cuda:", 5)) at[k++] = atoi(p[i].name + 5);
+  for (int i = 0; i < n && loff < sizeof lack; i++) {
+    place_name(at[i], name);
+    size_t j = 0;
+    while (j < np && strcmp(p[j].name, name)) j++;
+    if (j == np) loff += snprintf(lack + loff, sizeof lack - loff, "%s%s", loff ? " nor " : "", name);
+  }
+  free(p);
+  if (!k)
+    fprintf(stderr, "%s: %s: --device all: nwcd has no GPU (its places: %s; --device cpu loads into "
+            "host memory)\n", prog, cmd, have);
+  else if (loff)
+    fprintf(stderr, "%s: %s: --device %s: nwcd has no %s (its places: %s); nothing loaded\n", prog,
+            cmd, device_opt, lack, have);
+  return !k || loff ? -1 : k;
+}
+
+/* Prints what cmd did to arg (at place, for a load onto several places, else place NULL): a line,
+ * or with --json an object, added to arr when there is one. */
+static void print_result(const char *arg, const char *place, const nwc_client_result *r, json_t *arr) {
+  char b[32];
+  if (json) {
+    json_t *o = json_pack("{s:I,s:I,s:I,s:f,s:I,s:I}", "tensors", (json_int_t)r->tensors, "bytes",
+                          (json_int_t)r->bytes, "skipped", (json_int_t)r->skipped, "seconds", r->micros / 1e6,
+                          "direct", (json_int_t)r->direct, "buffered", (json_int_t)r->buffered);
+    if (o && place) json_object_set_new(o, "device", json_string(place));
+    if (arr) json_push(arr, o);
+    else json_out(o);
+  } else if (!strcmp(cmd, "load")) {
+    printf("loaded %s%s%s: %llu tensor%s, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
+           place ? " on " : "", place ? place : "", (unsigned long long)r->tensors, plural(r->tensors),
+           nwc_size_text(r->bytes, b), r->micros / 1e6, r->micros ? r->bytes / (double)r->micros : 0.0,
+           (unsigned long long)r->direct, (unsigned long long)r->buffered);
+  } else {
+    printf("%s %s: %llu tensor%s, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
+           arg, (unsigned long long)r->tensors, plural(r->tensors), nwc_size_text(r->bytes, b),
+           r->skipped ? " (some in use or pinned were kept)" : "");
+  }
+}
+
 static int cmd_residency(const char *arg) {
   char model[1024];
   const char *tensor;
   if (split(arg, model, sizeof model, &tensor) < 0) return 2;
-  nwc_client_result r;
-  int rc;
-  int dev = NWC_CLIENT_CPU;
-  if (device_opt && strcmp(device_opt, "cpu")) {
-    char *end;
-    const char *num = !strncmp(device_opt, "cuda:", 5) ? device_opt + 5 : device_opt;
-    long v = strtol(num, &end, 10);
-    if (!*num || *end || v < 0 || v > 255) {
-      fprintf(stderr, "%s: %s: --device: expected cpu or cuda:N, got '%s'\n", prog, cmd, device_opt);
-      return 2;
-    }
-    dev = (int)v;
-  }
+  int at[MAX_PLACES], n = 1;
+  if (device_opt && (n = parse_places(device_opt, at)) < 0) return 2;
   nwc_client *c = connected();
   if (!c) return 1;
-  if (!strcmp(cmd, "load") && device_opt)
-    rc = nwc_client_load_on(c, model, tensor, dev, progress_bar, (void *)arg, &r);
-  else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
-  else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
-  else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
-  else rc = nwc_client_unpin(c, model, tensor, &r);
-  if (rc < 0) return die_tensor(c, rc, model, tensor);
-  char b[32];
-  if (json)
-    json_out(json_pack("{s:I,s:I,s:I,s:f,s:I,s:I}", "tensors", (json_int_t)r.tensors, "bytes",
-                       (json_int_t)r.bytes, "skipped", (json_int_t)r.skipped, "seconds", r.micros / 1e6,
-                       "direct", (json_int_t)r.direct, "buffered", (json_int_t)r.buffered));
-  else if (!strcmp(cmd, "load"))
-    printf("loaded %s: %llu tensor%s, %s in %.3f s (%.0f MB/s; %llu O_DIRECT, %llu buffered)\n", arg,
-           (unsigned long long)r.tensors, plural(r.tensors), nwc_size_text(r.bytes, b), r.micros / 1e6,
-           r.micros ? r.bytes / (double)r.micros : 0.0, (unsigned long long)r.direct,
-           (unsigned long long)r.buffered);
-  else
-    printf("%s %s: %llu tensor%s, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
-           arg, (unsigned long long)r.tensors, plural(r.tensors), nwc_size_text(r.bytes, b),
-           r.skipped ? " (some in use or pinned were kept)" : "");
+  if (device_opt && n != 1 && (n = daemon_places(c, at, n)) < 0) return 1;
+  json_t *arr = json && n > 1 ? json_array() : NULL;
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) { /* one replica per place, in order */
+    nwc_client_result r;
+    char place[16];
+    place_name(at[i], place);
+    if (!strcmp(cmd, "load") && device_opt)
+      rc = nwc_client_load_on(c, model, tensor, at[i], progress_bar, (void *)arg, &r);
+    else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
+    else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
+    else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
+    else rc = nwc_client_unpin(c, model, tensor, &r);
+    if (rc == 0) print_result(arg, n > 1 ? place : NULL, &r, arr);
+  }
+  if (rc < 0) return json_decref(arr), die_tensor(c, rc, model, tensor);
+  if (arr) json_out(arr);
   return 0;
 }
 
@@ -793,10 +864,13 @@ static const struct command {
                       "  bytes and tensors resident (used), pinned bytes, free and total memory, and on a GPU\n"
                       "  what the daemon's pool of device copies holds beyond them (pool)"},
     {"info", 1, 1, "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
-    {"load", 1, 1, "load MODEL[/TENSOR] [--device cpu|cuda:N] [--json]: read a model or one tensor into memory (io_uring,\n"
-                   "  checksums checked), host memory or a GPU (default: GPU 0 with the cuda backend);\n"
-                   "  a progress bar on a TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
-    {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory (tensors in use or pinned are kept and counted)"},
+    {"load", 1, 1, "load MODEL[/TENSOR] [--device PLACES] [--json]: read a model or one tensor into memory (io_uring,\n"
+                   "  checksums checked), host memory or a GPU (default: where it is resident, else its last\n"
+                   "  place, else GPU 0 with the cuda backend); PLACES is cpu, cuda:N, a comma-separated list\n"
+                   "  of them (one replica on each, loaded in order) or all (every GPU); a progress bar on a\n"
+                   "  TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
+    {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory, every place (tensors in use or pinned somewhere are\n"
+                    "  kept whole and counted)"},
     {"pin", 1, 1, "pin MODEL[/TENSOR] [--json]: load and keep resident (never evicted by LRU)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
     {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"

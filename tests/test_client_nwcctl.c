@@ -12,6 +12,8 @@
  * values that are not numbers, --layout out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1), a socket
  * path that is a file or a directory (exit 1, said so), an X.npy that does not exist (exit 3),
  * MODEL/ left out of a tensor's name (exit 3, "no model"), --device cuda:0 on the cpu backend,
+ * --device lists (cpu,cpu: a result each; cuda:0,cuda:1 and all on the cpu backend: refused
+ * naming the places, nothing loaded),
  * and imports of a file that is not safetensors and of the sample cut short.
  */
 #include "test_daemon_util.h"
@@ -310,7 +312,7 @@ int main(void) {
   run_fails(2, "import: --elem: expected bf16 or fp8, got 'f16'",
             (const char *[]){"import", "m", "f.safetensors", "--elem", "f16", NULL});
   run_fails(2, "info: expected MODEL/TENSOR, got 'm'", (const char *[]){"info", "m", NULL});
-  run_fails(2, "load: --device: expected cpu or cuda:N, got 'gpu'",
+  run_fails(2, "load: --device: expected cpu, cuda:N, a comma-separated list of them or all, got 'gpu'",
             (const char *[]){"load", "m", "--device", "gpu", NULL});
   run_fails(3, "matvec: cannot open no-such-x.npy: No such file", /* 3 with a daemon or without */
             (const char *[]){"matvec", "m/t", "no-such-x.npy", "-o", "y.npy", NULL});
@@ -546,10 +548,31 @@ int main(void) {
   run_fails(2, "unknown option '--frob'", (const char *[]){"import", "m2", idx, "--frob", NULL});
   run_fails(2, "unknown option '--bogus'", (const char *[]){"ls", "--bogus", NULL});
   run_fails(2, "unknown option '--device'", (const char *[]){"load", "use", "--device", NULL});
-  run_fails(2, "load: --device: expected cpu or cuda:N, got 'gpu'",
+  run_fails(2, "load: --device: expected cpu, cuda:N, a comma-separated list of them or all, got 'gpu'",
             (const char *[]){"load", "use", "--device", "gpu", NULL});
   run_fails(1, "no device cuda:0: backend cpu has no GPU (--device cpu, or nwcd --backend cuda",
             (const char *[]){"load", "use", "--device", "cuda:0", NULL});
+  /* Several places: checked whole against the daemon's before anything loads; all is every GPU. */
+  run_fails(2, "load: --device: expected cpu, cuda:N, a comma-separated list of them or all, got 'gpu'",
+            (const char *[]){"load", "use", "--device", "cuda:0,gpu", NULL});
+  run_fails(2, "got ''", (const char *[]){"load", "use", "--device", "cpu,", NULL});
+  run_fails(1, "load: --device cuda:0,cuda:1: nwcd has no cuda:0 nor cuda:1 (its places: cpu); nothing "
+               "loaded", (const char *[]){"load", "use", "--device", "cuda:0,cuda:1", NULL});
+  run_fails(1, "load: --device all: nwcd has no GPU (its places: cpu; --device cpu loads into host memory)",
+            (const char *[]){"load", "use", "--device", "all", NULL});
+  /* A list naming one place twice loads (finds) its one replica there twice, a result each. */
+  json_t *jl = run_json((const char *[]){"load", name, "--device", "cpu,cpu", "--json", NULL});
+  CHECK(json_array_size(jl) == 2, "load --device cpu,cpu --json: %zu results", json_array_size(jl));
+  for (size_t i = 0; i < json_array_size(jl); i++) {
+    const char *dev = json_string_value(json_object_get(json_array_get(jl, i), "device"));
+    CHECK(dev && !strcmp(dev, "cpu") && json_u64(json_array_get(jl, i), "tensors") == 1,
+          "load --device cpu,cpu --json: result %zu on %s", i, dev ? dev : "(none)");
+  }
+  json_decref(jl);
+  CHECK(run(&out, (const char *[]){"load", name, "--device", "cpu,cpu", NULL}) == 0 &&
+            strstr(out, " on cpu: 1 tensor, ") && strstr(strstr(out, " on cpu: ") + 1, " on cpu: 1 tensor, "),
+        "load --device cpu,cpu: %s", out);
+  free(out);
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
   run_fails(2, "load: unexpected 'extra' (nwcctl load --help says what it takes)",
