@@ -195,25 +195,26 @@ static uint64_t key_hash(const char *model, const char *tensor) {
 /* Places an entry can be at: host memory and each device. */
 #define MAX_PLACES (1 + NWCD_MAX_DEVICES)
 
+static bool entry_of(const nwcd_entry *e, uint64_t h, const char *model, const char *tensor) {
+  return e->hash == h && !strcmp(e->model, model) && !strcmp(e->tensor, tensor);
+}
+
 /* The entries of model/tensor (its replicas, one per place, in any state) into out; returns
  * how many (r->lock held). */
 static int replicas(nwcd_res *r, const char *model, const char *tensor,
                     nwcd_entry *out[MAX_PLACES]) {
   uint64_t h = key_hash(model, tensor);
   int k = 0;
-  for (size_t i = 0; i < r->n && k < MAX_PLACES; i++) {
-    nwcd_entry *e = r->e[i];
-    if (e->hash == h && !strcmp(e->model, model) && !strcmp(e->tensor, tensor)) out[k++] = e;
-  }
+  for (size_t i = 0; i < r->n && k < MAX_PLACES; i++)
+    if (entry_of(r->e[i], h, model, tensor)) out[k++] = r->e[i];
   return k;
 }
 
 /* The entry of model/tensor at loc, or NULL. */
 static nwcd_entry *find(nwcd_res *r, const char *model, const char *tensor, int loc) {
-  nwcd_entry *es[MAX_PLACES];
-  int n = replicas(r, model, tensor, es);
-  for (int i = 0; i < n; i++)
-    if (es[i]->loc == loc) return es[i];
+  uint64_t h = key_hash(model, tensor);
+  for (size_t i = 0; i < r->n; i++)
+    if (r->e[i]->loc == loc && entry_of(r->e[i], h, model, tensor)) return r->e[i];
   return NULL;
 }
 
