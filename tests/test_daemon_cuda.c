@@ -13,7 +13,7 @@
  *      (which the daemon keeps open for the connection); BF16 output with a scale bit-equal to rounding
  *      the fp32 result; dequant into its own buffer, BF16 bit for bit and fp32 exactly; and the
  *      refusals: a garbage handle, a buffer too small, an offset past the allocation, a tensor
- *      resident in host memory.
+ *      used from host memory; then that tensor loaded onto cuda:0 too (two replicas in ps).
  *   2. A device budget (4 MiB) smaller than the model (9.4 MiB): loads onto cuda:0 and into host
  *      memory, evictions and requests interleaved at random, every reply checked, ps showing
  *      where each tensor lives, the device never over its budget; then after evicting everything
@@ -40,8 +40,12 @@
  *      and pushed out by LRU loads comes back there for a matvec (its home), not onto cuda:0; after
  *      an explicit evict a matvec loads it onto cuda:0.
  *   6. (Then, where the machine has a second GPU.)  A tensor and then the whole sample on cuda:1:
- *      matvec and dequant right there, a load onto cuda:0 refused, cuda:1's memory back after
- *      evicting everything.
+ *      matvec and dequant right there, a load onto cuda:0 a second replica, cuda:1's memory back
+ *      after evicting everything.
+ *   9. (After 5, on its daemon.)  Replicas: a tensor in host memory and on cuda:0 at once, both in
+ *      ps and devices, matvecs from each, the host one mapped (its mapping refusing an evict
+ *      of the tensor, naming cpu), one evict dropping both; with a second GPU, the same on
+ *      cuda:0 and cuda:1 with a pin on cuda:1, and both devices' memory back after the evict.
  *   8. (After 4.)  Layouts 2 and 1: the sample imported in each, each matrix on cuda:0 alone,
  *      dequant and gather bit for bit, matvecs of 1 - 3 columns within 1e-5 of fp64.
  *   7. (After 2, on its daemon: 4 MiB per device.)  devices: the host, then one place per GPU
@@ -135,6 +139,20 @@ static int ps_device(nwc_client *c, const char *model, const char *tensor) {
     if (!strcmp(p[k].model, model) && !strcmp(p[k].tensor, tensor)) dev = p[k].device;
   free(p);
   return dev;
+}
+
+/* The places of model/tensor's replicas in ps: bit 0 host memory, bit 1 + n cuda:n. */
+static unsigned ps_places(nwc_client *c, const char *model, const char *tensor) {
+  nwc_client_resident *p = NULL;
+  size_t n = 0;
+  unsigned places = 0;
+  CHECK_RC(nwc_client_ps(c, &p, &n));
+  for (size_t k = 0; k < n; k++)
+    if (!strcmp(p[k].model, model) && !strcmp(p[k].tensor, tensor) && p[k].device >= -1 &&
+        p[k].device < 31)
+      places |= 1u << (p[k].device + 1);
+  free(p);
+  return places;
 }
 
 /* The shared-region matvecs on the sample's largest matrix and, since the sample has no matrix
@@ -293,12 +311,18 @@ static int ipc_child(const char *sock) {
   int rc = nwc_client_dequant_cuda(c, "use", h->name, NWC_CLIENT_BF16, &z, NULL, NULL, NULL);
   CHECK(rc == -ENOTSUP, "dequant_cuda of a host-resident tensor: %d %s", rc, nwc_client_last_error());
   printf("host-resident: %s\n", nwc_client_last_error());
-  rc = nwc_client_load_on(c, "use", h->name, 0, NULL, NULL, NULL);
-  CHECK(rc == -EEXIST, "load onto cuda:0 of a tensor in host memory: %d %s", rc,
-        nwc_client_last_error());
-  rc = nwc_client_load_on(c, "use", h->name, 7, NULL, NULL, NULL);
-  CHECK(rc == -ENODEV || rc == -EEXIST, "load onto cuda:7: %d %s", rc, nwc_client_last_error());
+  CHECK_RC(nwc_client_load_on(c, "use", h->name, 0, NULL, NULL, NULL)); /* a second replica */
+  CHECK(ps_places(c, "use", h->name) == 3, "%s after loads into host memory and onto cuda:0: "
+        "places 0x%x in ps", h->name, ps_places(c, "use", h->name));
+  int ndev = 0;
+  cudaGetDeviceCount(&ndev);
+  if (ndev < 8) {
+    rc = nwc_client_load_on(c, "use", h->name, 7, NULL, NULL, NULL);
+    CHECK(rc == -ENODEV, "load onto cuda:7: %d %s", rc, nwc_client_last_error());
+  }
   CHECK_RC(nwc_client_evict(c, "use", h->name, NULL));
+  CHECK(ps_places(c, "use", h->name) == 0, "%s resident after evict: places 0x%x", h->name,
+        ps_places(c, "use", h->name));
   nwc_client_free(c);
   return test_failures ? 1 : 0;
 }
@@ -359,7 +383,7 @@ static void home_steps(nwc_client *c) {
 
 /* 6. A second device, where the machine has one (else a line says it was skipped): the sample's
  * largest matrix loaded onto cuda:1 (ps says so) matvecs within 1e-5 of fp64 and dequantizes bit
- * for bit there, a load of it onto cuda:0 is refused (EEXIST: it lives in one place), a whole
+ * for bit there, a load of it onto cuda:0 makes a second replica (ps lists both), a whole
  * model loads onto cuda:1 in lanes and every tensor of it dequantizes right, and evicting
  * everything gives cuda:1's memory back. */
 static void second_device_steps(nwc_client *c) {
@@ -375,14 +399,15 @@ static void second_device_steps(nwc_client *c) {
   CHECK(ps_device(c, "use", t->name) == 1, "%s on device %d, not cuda:1", t->name,
         ps_device(c, "use", t->name));
   budget_step_matvec(c, t->name);
-  int rc = nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL);
-  CHECK(rc == -EEXIST, "load onto cuda:0 of a tensor on cuda:1: %d %s", rc,
-        nwc_client_last_error());
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL));
+  CHECK(ps_places(c, "use", t->name) == 6, "%s loaded onto cuda:1 and cuda:0: places 0x%x in ps",
+        t->name, ps_places(c, "use", t->name));
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
   CHECK_RC(nwc_client_load_on(c, "use", NULL, 1, NULL, NULL, NULL));
   for (size_t i = 0; i < td_nt; i++) {
     size_t n = td_t[i].rows * td_t[i].cols;
     uint16_t *b = malloc(n * 2);
-    rc = nwc_client_dequant(c, "use", td_t[i].name, NWC_CLIENT_BF16, b, n * 2, NULL, NULL, NULL);
+    int rc = nwc_client_dequant(c, "use", td_t[i].name, NWC_CLIENT_BF16, b, n * 2, NULL, NULL, NULL);
     CHECK(rc == 0 && !memcmp(b, td_t[i].w, n * 2) && ps_device(c, "use", td_t[i].name) == 1,
           "dequant %s on cuda:1: %d %s", td_t[i].name, rc,
           rc ? nwc_client_last_error() : "bytes differ or not on cuda:1");
@@ -490,18 +515,91 @@ static void devices_steps(nwc_client *c, int ndev, uint64_t gpu_budget) {
   devices_match(c, ndev, gpu_budget, true, "after evicting everything");
 }
 
-/* One random step of the budget workload; checks the reply. */
+/* A matvec on mapping m of t (nwc_client_map_matvec, decoded in this process), checked against
+ * fp64. */
+static void map_matvec(const nwc_client_mapping *m, const td_tensor *t) {
+  float *x = malloc(t->cols * 4), *y = malloc(t->rows * 4);
+  for (uint64_t k = 0; k < t->cols; k++) x[k] = (float)(test_uniform() * 2 - 1);
+  int rc = nwc_client_map_matvec(m, NULL, 1.0f, x, 1, 0, y, t->rows * 4);
+  CHECK(rc == 0 && td_matvec_err(t, x, 1.0, NULL, y) <= 1e-5, "matvec on the map of %s: %d %s",
+        t->name, rc, rc ? nwc_client_last_error() : "wrong values");
+  free(x), free(y);
+}
+
+/* 9. Replicas (on the second daemon: 1 GiB per device): the sample's largest matrix loaded into
+ * host memory and onto cuda:0 at once (ps lists both, devices counts it at both places); a
+ * matvec within 1e-5 of fp64 from each (the last explicit load names the one used); a map of
+ * the host replica while the device one exists, its matvec right too, the mapping stopping an
+ * evict of the tensor (-EBUSY naming cpu, both replicas kept); once unmapped, one evict drops
+ * both.  With a second GPU the same on cuda:0 and cuda:1 (each device's resident bytes count
+ * its own replica), a pin of the one in use (cuda:1, the home) refusing the evict naming
+ * cuda:1, and after unpin and evict both devices' free memory back where it was. */
+static void replica_steps(nwc_client *c, int ndev) {
+  const td_tensor *t = find_tensor(true);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL));
+  CHECK(ps_places(c, "use", t->name) == 3, "%s loaded into host memory and onto cuda:0: places "
+        "0x%x in ps", t->name, ps_places(c, "use", t->name));
+  devices_match(c, ndev, 1u << 30, false, "with replicas in host memory and on cuda:0");
+  budget_step_matvec(c, t->name); /* on cuda:0 */
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, NULL));
+  budget_step_matvec(c, t->name); /* in host memory */
+  nwc_client_mapping *m = NULL;
+  CHECK_RC(nwc_client_map(c, "use", t->name, &m));
+  if (m) map_matvec(m, t);
+  int rc = nwc_client_evict(c, "use", t->name, NULL);
+  CHECK(rc == -EBUSY && strstr(nwc_client_last_error(), " on cpu is mapped by 1"),
+        "evict of a tensor whose host replica is mapped: %d %s", rc, nwc_client_last_error());
+  CHECK(ps_places(c, "use", t->name) == 3, "an evict refused left places 0x%x",
+        ps_places(c, "use", t->name));
+  nwc_client_unmap(m);
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  CHECK(ps_places(c, "use", t->name) == 0, "%s resident after evict: places 0x%x", t->name,
+        ps_places(c, "use", t->name));
+  printf("replicas: %s in host memory and on cuda:0, mapped, evicted together\n", t->name);
+  if (ndev < 2) {
+    printf("replicas: this machine has %d GPU, the steps on cuda:0 and cuda:1 were skipped\n",
+           ndev);
+    return;
+  }
+  uint64_t f0 = gpu_free_on(0, NULL), g0 = gpu_free_on(1, NULL);
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL));
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 1, NULL, NULL, NULL));
+  CHECK(ps_places(c, "use", t->name) == 6, "%s loaded onto cuda:0 and cuda:1: places 0x%x in ps",
+        t->name, ps_places(c, "use", t->name));
+  devices_match(c, ndev, 1u << 30, false, "with replicas on cuda:0 and cuda:1");
+  budget_step_matvec(c, t->name); /* on cuda:1 */
+  CHECK_RC(nwc_client_pin(c, "use", t->name, NULL));
+  rc = nwc_client_evict(c, "use", t->name, NULL);
+  CHECK(rc == -EBUSY && strstr(nwc_client_last_error(), " on cuda:1 is pinned"),
+        "evict of a tensor pinned on cuda:1: %d %s", rc, nwc_client_last_error());
+  CHECK(ps_places(c, "use", t->name) == 6, "an evict refused left places 0x%x",
+        ps_places(c, "use", t->name));
+  CHECK_RC(nwc_client_unpin(c, "use", t->name, NULL));
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  uint64_t f1 = gpu_free_on(0, NULL), g1 = gpu_free_on(1, NULL);
+  CHECK(ps_places(c, "use", t->name) == 0 && f1 == f0 && g1 == g0, "after evicting the replicas "
+        "on cuda:0 and cuda:1: places 0x%x, free memory %llu -> %llu and %llu -> %llu",
+        ps_places(c, "use", t->name), (unsigned long long)f0, (unsigned long long)f1,
+        (unsigned long long)g0, (unsigned long long)g1);
+  printf("replicas: %s on cuda:0 and cuda:1, pinned, evicted together\n", t->name);
+}
+
+/* One random step of the budget workload; checks the reply.  on_cpu[i]: tensor i has a replica
+ * in host memory (loaded there explicitly; the host budget holds them all), beside which it may
+ * have one on cuda:0. */
 static void budget_step(nwc_client *c, bool *on_cpu) {
   size_t ti = test_below(td_nt);
   const td_tensor *t = &td_t[ti];
   int op = (int)test_below(8), rc;
   if (op == 0) {
     rc = nwc_client_load_on(c, "use", t->name, 0, NULL, NULL, NULL);
-    CHECK(rc == 0 || (rc == -EEXIST && on_cpu[ti]) || rc == -ENOSPC, "load cuda:0 %s: %d %s",
-          t->name, rc, nwc_client_last_error());
+    CHECK(rc == 0 || rc == -ENOSPC, "load cuda:0 %s: %d %s", t->name, rc,
+          nwc_client_last_error());
   } else if (op == 1) {
     rc = nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, NULL);
-    CHECK(rc == 0 || rc == -EEXIST, "load cpu %s: %d %s", t->name, rc, nwc_client_last_error());
+    CHECK(rc == 0, "load cpu %s: %d %s", t->name, rc, nwc_client_last_error());
     if (rc == 0) on_cpu[ti] = true;
   } else if (op == 2) {
     CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
@@ -765,12 +863,17 @@ int main(int argc, char **argv) {
       nwc_client_resident *p;
       size_t n;
       CHECK_RC(nwc_client_ps(c, &p, &n));
+      size_t host = 0, want_host = 0;
       for (size_t k = 0; k < n; k++) {
         size_t ti = 0;
         while (ti < td_nt && strcmp(td_t[ti].name, p[k].tensor)) ti++;
-        CHECK(ti < td_nt && p[k].device == (on_cpu[ti] ? -1 : 0), "ps: %s on device %d",
-              p[k].tensor, p[k].device);
+        CHECK(ti < td_nt && (p[k].device == 0 || (p[k].device == -1 && on_cpu[ti])),
+              "ps: %s on device %d", p[k].tensor, p[k].device);
+        host += p[k].device == -1;
       }
+      for (size_t i = 0; i < td_nt; i++) want_host += on_cpu[i];
+      CHECK(host == want_host, "ps: %zu tensors in host memory, loaded there %zu", host,
+            want_host);
       free(p);
     }
   }
@@ -802,6 +905,7 @@ int main(int argc, char **argv) {
   CHECK_RC(nwc_client_connect(td_sock, &c));
   oom_steps(c);
   home_steps(c);
+  replica_steps(c, ndev);
   second_device_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
