@@ -100,6 +100,7 @@ typedef struct nwc_client_tensor_info {
   unsigned format_version;
 } nwc_client_tensor_info;
 
+/* A resident replica (nwc_client_ps): a tensor resident on several places has one per place. */
 typedef struct nwc_client_resident {
   char model[1024], tensor[1024];
   uint64_t bytes;
@@ -201,7 +202,8 @@ NWC_CLIENT_API int nwc_client_load(nwc_client *c, const char *model, const char 
                                    nwc_client_progress_fn progress, void *ctx,
                                    nwc_client_result *res);
 /* load onto a given place: device NWC_CLIENT_CPU (host memory) or a CUDA device 0..; a tensor
- * already resident elsewhere is -EEXIST, a device the daemon lacks -ENODEV. */
+ * resident elsewhere gets a replica there too (one per place; evict drops them all), and that
+ * place becomes where requests naming none load it again; a device the daemon lacks -ENODEV. */
 NWC_CLIENT_API int nwc_client_load_on(nwc_client *c, const char *model, const char *tensor,
                                       int device, nwc_client_progress_fn progress, void *ctx,
                                       nwc_client_result *res);
@@ -292,7 +294,8 @@ typedef struct nwc_client_map_info {
   int locked;          /* the daemon's copy is mlock'ed */
 } nwc_client_map_info;
 
-/* Maps model/tensor: free with nwc_client_unmap.  -ENOSPC when it cannot be made resident
+/* Maps model/tensor's replica in host memory (loaded there if needed, beside any on GPUs): free
+ * with nwc_client_unmap.  -ENOSPC when it cannot be made resident
  * within the daemon's budget, -ENOTSUP from a backend whose copies cannot be shared,
  * -EOPNOTSUPP from a daemon without map (hello capability 16). */
 NWC_CLIENT_API int nwc_client_map(nwc_client *c, const char *model, const char *tensor,
@@ -332,9 +335,9 @@ NWC_CLIENT_API int nwc_client_map_matvec(const nwc_client_mapping *m, const floa
  * their model; nwc_client_gpu_map_free, or the end of this process, releases them.  Free the
  * imported pointers in every process first (a tensor evicted after the release may be reused).
  * -EOPNOTSUPP from a daemon without map_gpu (hello capability 1024), -ENOTSUP from a device whose
- * pools cannot be shared, -ENODEV for a device the daemon lacks, -EEXIST for a tensor resident
- * elsewhere (in host memory, on another GPU), -ENOSPC when the tensors do not fit the device's
- * budget together. */
+ * pools cannot be shared, -ENODEV for a device the daemon lacks, -ENOSPC when the tensors do not
+ * fit the device's budget together.  A tensor resident elsewhere (in host memory, on another
+ * GPU) gets a replica on cuda:device, which is the one shared. */
 typedef struct nwc_client_gpu_tensor {
   char name[1024];
   unsigned elem;                /* NWC_ELEM(type, layout) */

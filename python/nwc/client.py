@@ -398,7 +398,8 @@ class Client(_lib.Closable):
     def load(self, model: str, tensor: Optional[str] = None, device: Device = None,
              progress: Progress = True) -> Result:
         """Makes model's tensors (or one) resident (``nwcctl load``): device None for the
-        daemon's default place, "cpu", or "cuda:N"; progress as for import_."""
+        tensor's resident replica or home (else the daemon's default place), or "cpu" or
+        "cuda:N" for a replica there (one per place); progress as for import_."""
         pr = _Progress(progress, f"load {model}")
         res = _lib.nwc_client_result()
         try:
