@@ -211,6 +211,11 @@ NWC_CLIENT_API int nwc_client_evict(nwc_client *c, const char *model, const char
                                     nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *tensor,
                                   nwc_client_result *res);
+/* pin onto a given place (as load_on, then pinned there: that replica is never evicted by LRU;
+ * unpin releases every replica). */
+NWC_CLIENT_API int nwc_client_pin_on(nwc_client *c, const char *model, const char *tensor,
+                                     int device, nwc_client_progress_fn progress, void *ctx,
+                                     nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
 /* pull and push through an OCI registry (docs/oci.md), run by nwcd (it owns the store).  ref:

@@ -23,7 +23,7 @@
 static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
-static const char *device_opt; /* load --device, as given */
+static const char *device_opt; /* load and pin --device, as given */
 static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default */
 static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
@@ -502,9 +502,10 @@ static void print_result(const char *arg, const char *place, const nwc_client_re
            nwc_size_text(r->bytes, b), r->micros / 1e6, r->micros ? r->bytes / (double)r->micros : 0.0,
            (unsigned long long)r->direct, (unsigned long long)r->buffered);
   } else {
-    printf("%s %s: %llu tensor%s, %s%s\n", !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned",
-           arg, (unsigned long long)r->tensors, plural(r->tensors), nwc_size_text(r->bytes, b),
-           r->skipped ? " (some in use or pinned were kept)" : "");
+    printf("%s %s%s%s: %llu tensor%s, %s%s\n",
+           !strcmp(cmd, "evict") ? "evicted" : !strcmp(cmd, "pin") ? "pinned" : "unpinned", arg,
+           place ? " on " : "", place ? place : "", (unsigned long long)r->tensors, plural(r->tensors),
+           nwc_size_text(r->bytes, b), r->skipped ? " (some in use or pinned were kept)" : "");
   }
 }
 
@@ -525,6 +526,8 @@ static int cmd_residency(const char *arg) {
     place_name(at[i], place);
     if (!strcmp(cmd, "load") && device_opt)
       rc = nwc_client_load_on(c, model, tensor, at[i], progress_bar, (void *)arg, &r);
+    else if (!strcmp(cmd, "pin") && device_opt)
+      rc = nwc_client_pin_on(c, model, tensor, at[i], progress_bar, (void *)arg, &r);
     else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
     else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
     else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
@@ -871,7 +874,8 @@ static const struct command {
                    "  TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
     {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory, every place (tensors in use or pinned somewhere are\n"
                     "  kept whole and counted)"},
-    {"pin", 1, 1, "pin MODEL[/TENSOR] [--json]: load and keep resident (never evicted by LRU)"},
+    {"pin", 1, 1, "pin MODEL[/TENSOR] [--device PLACES] [--json]: load and keep resident (never evicted by LRU);\n"
+                  "  with --device the replica on each place named (as load --device)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
     {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"
                        "  [--json]: encode into the store (layout auto, the default: 2 for BF16 matrices of 16 or\n"
@@ -978,7 +982,8 @@ int main(int argc, char **argv) {
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock_path = argv[++i];
-    else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(cmd, "load")) device_opt = argv[++i];
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc && (!strcmp(cmd, "load") || !strcmp(cmd, "pin")))
+      device_opt = argv[++i];
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
       return printf("usage: %s [--socket PATH] %s\n", prog, spec->help), free(args), 0;
     else args[nargs++] = argv[i];

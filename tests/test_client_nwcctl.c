@@ -12,6 +12,7 @@
  * values that are not numbers, --layout out of range), bad .npy inputs and an unwritable output (exit 1), no daemon (exit 1), a socket
  * path that is a file or a directory (exit 1, said so), an X.npy that does not exist (exit 3),
  * MODEL/ left out of a tensor's name (exit 3, "no model"), --device cuda:0 on the cpu backend,
+ * pin --device cpu (evict then refused, naming the place; cuda:0 on the cpu backend refused),
  * --device lists (cpu,cpu: a result each; cuda:0,cuda:1 and all on the cpu backend: refused
  * naming the places, nothing loaded),
  * and imports of a file that is not safetensors and of the sample cut short.
@@ -573,6 +574,14 @@ int main(void) {
             strstr(out, " on cpu: 1 tensor, ") && strstr(strstr(out, " on cpu: ") + 1, " on cpu: 1 tensor, "),
         "load --device cpu,cpu: %s", out);
   free(out);
+  /* pin --device: the replica on that place pinned (evict refused, naming it), unpin releases it. */
+  CHECK(run(&out, (const char *[]){"pin", name, "--device", "cpu", NULL}) == 0 && strstr(out, "pinned ") &&
+            strstr(out, ": 1 tensor, "),
+        "pin --device cpu: %s", out);
+  free(out);
+  run_fails(1, "on cpu is pinned; unpin it first", (const char *[]){"evict", name, NULL});
+  run_fails(1, "no device cuda:0: backend cpu has no GPU", (const char *[]){"pin", "use", "--device", "cuda:0", NULL});
+  CHECK(run(NULL, (const char *[]){"unpin", name, NULL}) == 0, "unpin after pin --device cpu");
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
   run_fails(2, "load: unexpected 'extra' (nwcctl load --help says what it takes)",

@@ -400,15 +400,20 @@ class Client(_lib.Closable):
         """Makes model's tensors (or one) resident (``nwcctl load``): device None for the
         tensor's resident replica or home (else the daemon's default place), or "cpu" or
         "cuda:N" for a replica there (one per place); progress as for import_."""
-        pr = _Progress(progress, f"load {model}")
+        return self._on_place("load", model, tensor, device, progress)
+
+    def _on_place(self, what: str, model: str, tensor: Optional[str], device: Device,
+                  progress: Progress) -> Result:
+        pr = _Progress(progress, f"{what} {model}")
         res = _lib.nwc_client_result()
         try:
-            if device is None:
+            if device is None and what == "load":
                 rc = lib().nwc_client_load(self.handle, model.encode(), _enc(tensor), pr.fn, None,
                                            byref(res))
             else:
-                rc = lib().nwc_client_load_on(self.handle, model.encode(), _enc(tensor),
-                                              device_index(device), pr.fn, None, byref(res))
+                fn = lib().nwc_client_load_on if what == "load" else lib().nwc_client_pin_on
+                rc = fn(self.handle, model.encode(), _enc(tensor), device_index(device), pr.fn,
+                        None, byref(res))
         finally:
             pr.close()
         pr.reraise()
@@ -424,9 +429,12 @@ class Client(_lib.Closable):
         """Drops model's resident tensors (or one) (``nwcctl evict``)."""
         return self._residency(lib().nwc_client_evict, model, tensor)
 
-    def pin(self, model: str, tensor: Optional[str] = None) -> Result:
-        """Loads and pins (never evicted by the budget) (``nwcctl pin``)."""
-        return self._residency(lib().nwc_client_pin, model, tensor)
+    def pin(self, model: str, tensor: Optional[str] = None, device: Device = None) -> Result:
+        """Loads and pins (never evicted by the budget) (``nwcctl pin``): device None for the
+        replica a request would use, or "cpu" or "cuda:N" for the replica there."""
+        if device is None:
+            return self._residency(lib().nwc_client_pin, model, tensor)
+        return self._on_place("pin", model, tensor, device, False)
 
     def unpin(self, model: str, tensor: Optional[str] = None) -> Result:
         """Unpins (``nwcctl unpin``)."""

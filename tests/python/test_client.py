@@ -106,6 +106,15 @@ def test_load_ps_devices_stats_pin(client, sample):
     assert client.tensors("m")[0].state in ("absent", "resident")
     r = client.load("m", "w", device="cpu", progress=False)
     assert r.tensors == 1
+    # pin onto a place: that replica pinned (evict refused, naming the place); none on cuda:0 here
+    assert client.pin("m", "w", device="cpu").tensors == 1
+    with pytest.raises(nwc.NwcError) as e:
+        client.evict("m", "w")
+    assert e.value.errno == errno.EBUSY and "on cpu is pinned" in e.value.message
+    with pytest.raises(nwc.NwcError) as e:
+        client.pin("m", "w", device="cuda:0")
+    assert e.value.errno == errno.ENODEV
+    client.unpin("m", "w")
 
 
 def test_dequant_gather_matvec(client, sample, rng):
