@@ -176,10 +176,10 @@ int nwc_client_load(nwc_client *c, const char *model, const char *tensor,
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;
   return LOCKED(c, do_simple(c, NWC_OP_LOAD, model, tensor, progress, ctx, res));
 }
-static int do_load_on(nwc_client *c, const char *model, const char *tensor, int device, bool pin,
-                      nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
+static int do_on_place(nwc_client *c, unsigned op, const char *model, const char *tensor, int device,
+                       bool pin, nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
   nwc_proto_req req = {0};
-  nwc__client_names(&req, NWC_OP_LOAD_ON, model, tensor);
+  nwc__client_names(&req, op, model, tensor);
   req.device = device, req.pin = pin;
   size_t len;
   int rc = nwc__client_request(c, &req, NULL, 0, progress, ctx, &len);
@@ -188,21 +188,25 @@ static int do_load_on(nwc_client *c, const char *model, const char *tensor, int 
   if ((rc = nwc__client_result(c, len, res, &r)) < 0) return rc;
   return nwc_pr_end(&r, "result") < 0 ? nwc__client_bad_reply() : 0;
 }
-/* load_on's request: load or pin onto device. */
-static int place_request(nwc_client *c, const char *model, const char *tensor, int device, bool pin,
-                         nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
+/* A request naming a place (load_on: load or pin onto device; evict_on: its replica there). */
+static int place_request(nwc_client *c, unsigned op, const char *model, const char *tensor, int device,
+                         bool pin, nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;
   if (device < NWC_CLIENT_CPU)
     return nwc__client_fail(-EINVAL, "device %d (-1 host, 0.. CUDA)", device);
-  return LOCKED(c, do_load_on(c, model, tensor, device, pin, progress, ctx, res));
+  return LOCKED(c, do_on_place(c, op, model, tensor, device, pin, progress, ctx, res));
 }
 int nwc_client_load_on(nwc_client *c, const char *model, const char *tensor, int device,
                        nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
-  return place_request(c, model, tensor, device, false, progress, ctx, res);
+  return place_request(c, NWC_OP_LOAD_ON, model, tensor, device, false, progress, ctx, res);
 }
 int nwc_client_pin_on(nwc_client *c, const char *model, const char *tensor, int device,
                       nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
-  return place_request(c, model, tensor, device, true, progress, ctx, res);
+  return place_request(c, NWC_OP_LOAD_ON, model, tensor, device, true, progress, ctx, res);
+}
+int nwc_client_evict_on(nwc_client *c, const char *model, const char *tensor, int device,
+                        nwc_client_result *res) {
+  return place_request(c, NWC_OP_EVICT_ON, model, tensor, device, false, NULL, NULL, res);
 }
 int nwc_client_evict(nwc_client *c, const char *model, const char *tensor, nwc_client_result *res) {
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;

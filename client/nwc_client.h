@@ -209,6 +209,10 @@ NWC_CLIENT_API int nwc_client_load_on(nwc_client *c, const char *model, const ch
                                       nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_evict(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
+/* evict the replica on one place only (the others stay); -EOPNOTSUPP from a daemon older than
+ * the op. */
+NWC_CLIENT_API int nwc_client_evict_on(nwc_client *c, const char *model, const char *tensor,
+                                       int device, nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_pin(nwc_client *c, const char *model, const char *tensor,
                                   nwc_client_result *res);
 /* pin onto a given place (as load_on, then pinned there: that replica is never evicted by LRU;

@@ -23,7 +23,7 @@
 static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
-static const char *device_opt; /* load and pin --device, as given */
+static const char *device_opt; /* load, pin and evict --device, as given */
 static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default */
 static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
@@ -477,10 +477,10 @@ static int daemon_places(nwc_client *c, int at[MAX_PLACES], int n) {
   }
   free(p);
   if (!k)
-    fprintf(stderr, "%s: %s: --device all: nwcd has no GPU (its places: %s; --device cpu loads into "
-            "host memory)\n", prog, cmd, have);
+    fprintf(stderr, "%s: %s: --device all: nwcd has no GPU (its places: %s%s)\n", prog, cmd, have,
+            strcmp(cmd, "evict") ? "; --device cpu loads into host memory" : "");
   else if (loff)
-    fprintf(stderr, "%s: %s: --device %s: nwcd has no %s (its places: %s); nothing loaded\n", prog,
+    fprintf(stderr, "%s: %s: --device %s: nwcd has no %s (its places: %s); nothing done\n", prog,
             cmd, device_opt, lack, have);
   return !k || loff ? -1 : k;
 }
@@ -528,6 +528,7 @@ static int cmd_residency(const char *arg) {
       rc = nwc_client_load_on(c, model, tensor, at[i], progress_bar, (void *)arg, &r);
     else if (!strcmp(cmd, "pin") && device_opt)
       rc = nwc_client_pin_on(c, model, tensor, at[i], progress_bar, (void *)arg, &r);
+    else if (!strcmp(cmd, "evict") && device_opt) rc = nwc_client_evict_on(c, model, tensor, at[i], &r);
     else if (!strcmp(cmd, "load")) rc = nwc_client_load(c, model, tensor, progress_bar, (void *)arg, &r);
     else if (!strcmp(cmd, "evict")) rc = nwc_client_evict(c, model, tensor, &r);
     else if (!strcmp(cmd, "pin")) rc = nwc_client_pin(c, model, tensor, &r);
@@ -872,8 +873,8 @@ static const struct command {
                    "  place, else GPU 0 with the cuda backend); PLACES is cpu, cuda:N, a comma-separated list\n"
                    "  of them (one replica on each, loaded in order) or all (every GPU); a progress bar on a\n"
                    "  TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
-    {"evict", 1, 1, "evict MODEL[/TENSOR] [--json]: drop from memory, every place (tensors in use or pinned somewhere are\n"
-                    "  kept whole and counted)"},
+    {"evict", 1, 1, "evict MODEL[/TENSOR] [--device PLACES] [--json]: drop from memory, every place, or with --device\n"
+                    "  the replicas on the places named (tensors in use or pinned there are kept whole and counted)"},
     {"pin", 1, 1, "pin MODEL[/TENSOR] [--device PLACES] [--json]: load and keep resident (never evicted by LRU);\n"
                   "  with --device the replica on each place named (as load --device)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
@@ -982,7 +983,8 @@ int main(int argc, char **argv) {
   for (; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock_path = argv[++i];
-    else if (!strcmp(argv[i], "--device") && i + 1 < argc && (!strcmp(cmd, "load") || !strcmp(cmd, "pin")))
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc &&
+             (!strcmp(cmd, "load") || !strcmp(cmd, "pin") || !strcmp(cmd, "evict")))
       device_opt = argv[++i];
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
       return printf("usage: %s [--socket PATH] %s\n", prog, spec->help), free(args), 0;

@@ -113,12 +113,12 @@ static void load_lane(void *ctx, uint64_t lane) {
 }
 
 /* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "";
- * load_on is load or pin onto the place it names. */
+ * load_on is load or pin onto the place it names, evict_on evict of that place's replicas. */
 int nwcd_op_residency(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
-  int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op;
-  int loc = r->op == NWC_OP_LOAD_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
+  int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op == NWC_OP_EVICT_ON ? NWC_OP_EVICT : r->op;
+  int loc = r->op == NWC_OP_LOAD_ON || r->op == NWC_OP_EVICT_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
   if (loc >= d->backend->ndevices) return nwcd_no_device(d->backend, loc);
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
@@ -208,7 +208,7 @@ int nwcd_op_residency(nwcd_job *j) {
       }
     } else if (op == NWC_OP_EVICT) {
       uint64_t b = 0;
-      rc = nwcd_res_evict(d->res, r->model, tn, &b);
+      rc = nwcd_res_evict(d->res, r->model, tn, loc, &b);
       if (rc == -EBUSY && n > 1) rc = 0, res.skipped++;
       else if (rc == 0 && b) res.tensors++, res.bytes += b;
     } else {

@@ -72,9 +72,9 @@
  * map in host memory, map_gpu on its device) uses that place's replica, loading it there if
  * absent, whatever other places hold.  Every replica is an entry as above, with its own state,
  * budget charge, LRU time, references, pin and mappings; LRU evicts replicas one by one.  An
- * explicit evict of a tensor takes all its replicas or none: if one is loading, in use, mapped
- * or pinned it is -EBUSY naming that place and every replica stays (a model evict skips such
- * a tensor); unpin unpins them all.
+ * explicit evict of a tensor takes all its replicas (evict) or the one at a place (evict_on), or
+ * none: if one is loading, in use, mapped or pinned it is -EBUSY naming that place and every
+ * replica stays (a model evict skips such a tensor); unpin unpins them all.
  * A tensor's home is the place its last explicit load or pin named (load_on), kept in every
  * replica alike (set_home).  A request that names no place (compute, a plain load or pin) uses
  * a RESIDENT replica when there is one: the home's, else the default place's (device 0, or host
@@ -82,7 +82,7 @@
  * such as after an LRU eviction, it loads the tensor at its home again, not at the default
  * place, so that a tensor an operator put in host memory or on cuda:1 does not come back on
  * cuda:0, evicting that device's own tensors.  Without a home it loads at the default place.
- * An explicit evict forgets the home.
+ * An explicit evict of every replica, or of the one at the home, forgets the home.
  * What cannot fit (larger than the budget, or the budget held by pinned, mapped and in-use
  * tensors) is -ENOSPC for a load, pin or map; a compute request may instead run on a transient
  * copy of the blob, read with pread and checked (nwc_store_read_info) and freed when the request
@@ -622,12 +622,18 @@ static int evict_busy(nwcd_res *r, const nwcd_entry *e) {
   return 0;
 }
 
-int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes) {
+int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, int loc, uint64_t *bytes) {
   *bytes = 0;
   pthread_mutex_lock(&r->lock);
   reap_maps(r);
   nwcd_entry *es[MAX_PLACES];
-  int n = replicas(r, model, tensor, es), rc = 0;
+  int n = replicas(r, model, tensor, es), rc = 0, home = n ? es[0]->home : NWCD_LOC_DEFAULT;
+  if (loc != NWCD_LOC_DEFAULT) { /* one place's replica: the others stay */
+    int k = 0;
+    for (int i = 0; i < n; i++)
+      if (es[i]->loc == loc) es[k++] = es[i];
+    n = k;
+  }
   for (int i = 0; i < n && rc == 0; i++) rc = evict_busy(r, es[i]); /* all or nothing */
   for (int i = 0; i < n && rc == 0; i++) {
     if (es[i]->state == NWC_RES_RESIDENT) {
@@ -635,8 +641,9 @@ int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t 
       entry_unload(r, es[i]);
       r->evictions++;
     }
-    es[i]->home = NWCD_LOC_DEFAULT;
   }
+  /* the home is forgotten when its replica goes (every replica's, or the one at the home) */
+  if (rc == 0 && n && (loc == NWCD_LOC_DEFAULT || loc == home)) set_home(r, model, tensor, NWCD_LOC_DEFAULT);
   /* An explicit evict gives the memory back to the system: no spares stay behind (only LRU
    * evictions, which make room for a load, keep theirs). */
   if (n && r->d->backend->host_trim) r->d->backend->host_trim(0, 0);

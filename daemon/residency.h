@@ -58,10 +58,10 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
 /* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
 int nwcd_no_device(const nwcd_backend *b, int at);
-/* Evicts every replica of one tensor, or none: 0, or -EBUSY when one is loading, in use, mapped
- * or pinned (detail says which and where; then none is evicted).  *bytes gets what was freed,
- * all places together. */
-int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, uint64_t *bytes);
+/* Evicts every replica of one tensor (loc NWCD_LOC_DEFAULT) or its replica at loc, or none: 0, or
+ * -EBUSY when one is loading, in use, mapped or pinned (detail says which and where; then none is
+ * evicted).  *bytes gets what was freed, all places together. */
+int nwcd_res_evict(nwcd_res *r, const char *model, const char *tensor, int loc, uint64_t *bytes);
 /* New budget (reload): evicts LRU entries down to it; *used gets the bytes still resident. */
 void nwcd_res_set_budget(nwcd_res *r, uint64_t budget, uint64_t *used);
 /* Unpins every replica of model/tensor: 1 if one was pinned, else 0. */

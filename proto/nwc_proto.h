@@ -78,6 +78,7 @@ enum nwc_op {
   NWC_OP_MAP_GPU = 24,
   NWC_OP_PULL = 25,
   NWC_OP_PUSH = 26,
+  NWC_OP_EVICT_ON = 27,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -180,8 +181,8 @@ typedef struct nwc_proto_req {
   uint32_t ncols;           /* matvec */
   const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
   uint64_t x_bytes;
-  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device);
-   * map_gpu: the CUDA device (>= 0) */
+  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device); evict_on:
+   * the place whose replica goes; map_gpu: the CUDA device (>= 0) */
   uint8_t pin;
   int32_t device;
   /* matvec_ipc (x: in_off, x_bytes; y: out_off, out_cap), dequant_ipc (y: out_off, out_cap):

@@ -27,6 +27,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
     [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2", [NWC_OP_DEVICES] = "devices",
     [NWC_OP_MAP_GPU] = "map_gpu", [NWC_OP_PULL] = "pull", [NWC_OP_PUSH] = "push",
+    [NWC_OP_EVICT_ON] = "evict_on",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -236,6 +237,7 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       break;
     case NWC_OP_MAP_GPU:
+    case NWC_OP_EVICT_ON:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor), nwc_pw_u32(w, (uint32_t)r->device);
       break;
     case NWC_OP_PULL:
@@ -352,6 +354,14 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
       r->device = (int32_t)nwc_pr_u32(&p);
       NWC_RETURN_IF(p.err, -EBADMSG, "map_gpu payload is truncated");
       NWC_RETURN_IF(r->device < 0, -EBADMSG, "map_gpu device %d (0.. a CUDA device)",
+                    (int)r->device);
+      break;
+    case NWC_OP_EVICT_ON:
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      r->device = (int32_t)nwc_pr_u32(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "evict_on payload is truncated");
+      NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "evict_on device %d (-1 host, 0.. CUDA)",
                     (int)r->device);
       break;
     case NWC_OP_PULL:

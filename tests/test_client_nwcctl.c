@@ -558,7 +558,7 @@ int main(void) {
             (const char *[]){"load", "use", "--device", "cuda:0,gpu", NULL});
   run_fails(2, "got ''", (const char *[]){"load", "use", "--device", "cpu,", NULL});
   run_fails(1, "load: --device cuda:0,cuda:1: nwcd has no cuda:0 nor cuda:1 (its places: cpu); nothing "
-               "loaded", (const char *[]){"load", "use", "--device", "cuda:0,cuda:1", NULL});
+               "done", (const char *[]){"load", "use", "--device", "cuda:0,cuda:1", NULL});
   run_fails(1, "load: --device all: nwcd has no GPU (its places: cpu; --device cpu loads into host memory)",
             (const char *[]){"load", "use", "--device", "all", NULL});
   /* A list naming one place twice loads (finds) its one replica there twice, a result each. */
@@ -582,6 +582,16 @@ int main(void) {
   run_fails(1, "on cpu is pinned; unpin it first", (const char *[]){"evict", name, NULL});
   run_fails(1, "no device cuda:0: backend cpu has no GPU", (const char *[]){"pin", "use", "--device", "cuda:0", NULL});
   CHECK(run(NULL, (const char *[]){"unpin", name, NULL}) == 0, "unpin after pin --device cpu");
+  /* evict --device: that place's replica (here the only one); a place the daemon lacks refused */
+  run_fails(1, "evict: --device all: nwcd has no GPU (its places: cpu)", (const char *[]){"evict", name, "--device", "all", NULL});
+  run_fails(1, "no device cuda:0: backend cpu has no GPU", (const char *[]){"evict", name, "--device", "cuda:0", NULL});
+  CHECK(run(&out, (const char *[]){"evict", name, "--device", "cpu", NULL}) == 0 && strstr(out, "evicted ") &&
+            strstr(out, ": 1 tensor, "),
+        "evict --device cpu: %s", out);
+  free(out);
+  CHECK(run(&out, (const char *[]){"evict", name, "--device", "cpu", NULL}) == 0 && strstr(out, ": 0 tensors, "),
+        "evict --device cpu of what is gone: %s", out);
+  free(out);
   CHECK(run(NULL, (const char *[]){"ls", "use", "extra", NULL}) == 2, "ls with two arguments should exit 2");
   CHECK(run(NULL, (const char *[]){"ps", "extra", NULL}) == 2, "ps with an argument should exit 2");
   run_fails(2, "load: unexpected 'extra' (nwcctl load --help says what it takes)",

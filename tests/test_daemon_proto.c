@@ -261,6 +261,22 @@ int main(void) {
   check_request("req_load_on", &r);
   r.id = 26, r.pin = 0, r.device = NWC_DEVICE_CPU;
   check_request("req_load_on_cpu", &r);
+  r.op = NWC_OP_EVICT_ON, r.id = 33, r.device = 1; /* the replica on cuda:1 */
+  check_request("req_evict_on", &r);
+  r.id = 34, r.device = NWC_DEVICE_CPU, r.tensor[0] = 0; /* the model's replicas in host memory */
+  check_request("req_evict_on_cpu", &r);
+  {
+    nwc_proto_req bad = r, got;
+    bad.device = -2; /* below the host's -1 */
+    nwc_pw w;
+    nwc_pw_init(&w);
+    nwc_proto_hdr h;
+    CHECK(nwc_proto_req_encode(&bad, &w) > 0 && nwc_proto_hdr_decode(w.buf, &h) == 0 &&
+              nwc_proto_req_decode(&h, w.buf + NWC_PROTO_HEADER, &got) == -EBADMSG,
+          "evict_on device -2 accepted");
+    nwc_proto_req_clear(&got);
+    nwc_pw_free(&w);
+  }
   memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite"), strcpy(r.tensor, "W"), strcpy(r.bias, "b");
   r.op = NWC_OP_MATVEC_IPC, r.id = 27, r.scale = 0.5f, r.ncols = 2, r.out = NWC_OUT_BF16;

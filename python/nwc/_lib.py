@@ -136,6 +136,7 @@ _PROTOS = {
     "nwc_client_evict": (c_int, [_P, _S, _S, _R]),
     "nwc_client_pin": (c_int, [_P, _S, _S, _R]),
     "nwc_client_pin_on": (c_int, [_P, _S, _S, c_int, PROGRESS_FN, c_void_p, _R]),
+    "nwc_client_evict_on": (c_int, [_P, _S, _S, c_int, _R]),
     "nwc_client_unpin": (c_int, [_P, _S, _S, _R]),
     "nwc_client_verify": (c_int, [_P, _S, VERIFY_FN, c_void_p, _R]),
     "nwc_client_dequant": (c_int, [_P, _S, _S, c_uint, _P, c_size_t, _U64P, _U64P, _UP]),

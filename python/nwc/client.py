@@ -425,9 +425,15 @@ class Client(_lib.Closable):
         check(fn(self.handle, model.encode(), _enc(tensor), byref(res)))
         return _result(res)
 
-    def evict(self, model: str, tensor: Optional[str] = None) -> Result:
-        """Drops model's resident tensors (or one) (``nwcctl evict``)."""
-        return self._residency(lib().nwc_client_evict, model, tensor)
+    def evict(self, model: str, tensor: Optional[str] = None, device: Device = None) -> Result:
+        """Drops model's resident tensors (or one) (``nwcctl evict``): every replica, or with
+        device ("cpu", "cuda:N") the one there."""
+        if device is None:
+            return self._residency(lib().nwc_client_evict, model, tensor)
+        res = _lib.nwc_client_result()
+        check(lib().nwc_client_evict_on(self.handle, model.encode(), _enc(tensor),
+                                        device_index(device), byref(res)))
+        return _result(res)
 
     def pin(self, model: str, tensor: Optional[str] = None, device: Device = None) -> Result:
         """Loads and pins (never evicted by the budget) (``nwcctl pin``): device None for the

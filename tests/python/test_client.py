@@ -115,6 +115,12 @@ def test_load_ps_devices_stats_pin(client, sample):
         client.pin("m", "w", device="cuda:0")
     assert e.value.errno == errno.ENODEV
     client.unpin("m", "w")
+    # evict one place's replica: here the only one; a place the daemon lacks refused
+    with pytest.raises(nwc.NwcError) as e:
+        client.evict("m", "w", device="cuda:0")
+    assert e.value.errno == errno.ENODEV
+    assert client.evict("m", "w", device="cpu").tensors == 1
+    assert all(p.tensor != "w" for p in client.ps())
 
 
 def test_dequant_gather_matvec(client, sample, rng):
