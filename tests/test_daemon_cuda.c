@@ -554,10 +554,18 @@ static void replica_steps(nwc_client *c, int ndev) {
   CHECK(ps_places(c, "use", t->name) == 3, "an evict refused left places 0x%x",
         ps_places(c, "use", t->name));
   nwc_client_unmap(m);
+  /* evict_on: the replica on cuda:0 alone goes, the host's stays and still computes */
+  nwc_client_result er;
+  CHECK_RC(nwc_client_evict_on(c, "use", t->name, 0, &er));
+  CHECK(er.tensors == 1 && ps_places(c, "use", t->name) == 1, "evict_on cuda:0: %llu tensors, "
+        "places 0x%x", (unsigned long long)er.tensors, ps_places(c, "use", t->name));
+  budget_step_matvec(c, t->name); /* host memory's replica (its home: the last load named it) */
+  CHECK(ps_places(c, "use", t->name) == 1, "a matvec after evict_on cuda:0 made places 0x%x",
+        ps_places(c, "use", t->name));
   CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
   CHECK(ps_places(c, "use", t->name) == 0, "%s resident after evict: places 0x%x", t->name,
         ps_places(c, "use", t->name));
-  printf("replicas: %s in host memory and on cuda:0, mapped, evicted together\n", t->name);
+  printf("replicas: %s in host memory and on cuda:0, mapped, one evicted alone, then both\n", t->name);
   if (ndev < 2) {
     printf("replicas: this machine has %d GPU, the steps on cuda:0 and cuda:1 were skipped\n",
            ndev);
