@@ -51,7 +51,8 @@ void nwcd_ops_run(nwcd_job *j) {
     case NWC_OP_PIN:
     case NWC_OP_UNPIN:
     case NWC_OP_LOAD_ON:
-    case NWC_OP_EVICT_ON: rc = nwcd_op_residency(j); break;
+    case NWC_OP_EVICT_ON:
+    case NWC_OP_LOAD_PLACES: rc = nwcd_op_residency(j); break;
     case NWC_OP_DEQUANT:
     case NWC_OP_GATHER: rc = nwcd_op_dequant_gather(j); break;
     case NWC_OP_MATVEC: nwcd_op_matvec(j); return;

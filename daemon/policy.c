@@ -59,6 +59,7 @@ static bool needs_admin(unsigned op) {
   switch (op) {
     case NWC_OP_IMPORT: case NWC_OP_IMPORT2: case NWC_OP_REMOVE: case NWC_OP_LOAD:
     case NWC_OP_EVICT: case NWC_OP_PIN: case NWC_OP_UNPIN: case NWC_OP_LOAD_ON: case NWC_OP_EVICT_ON:
+    case NWC_OP_LOAD_PLACES:
     case NWC_OP_PULL: case NWC_OP_PUSH: return true;
     default: return false;
   }

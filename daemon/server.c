@@ -402,6 +402,7 @@ static void do_hello(nwcd_conn *c, const nwc_proto_hdr *h, const nwc_proto_req *
   nwc_proto_hello hello = {NWC_PROTO_VERSION,
                            NWC_CAP_SHM | NWC_CAP_FDIMPORT | NWC_CAP_BATCH | NWC_CAP_MAPPED |
                                NWC_CAP_ALONE | NWC_CAP_IMPORT2 | NWC_CAP_DEVICES | NWC_CAP_REGISTRY |
+                               NWC_CAP_LOAD_PLACES |
                                (c->srv->d->backend->host_share ? NWC_CAP_SHARE : 0) |
                                (c->srv->d->backend->ndevices ? NWC_CAP_CUDA_IPC : 0) |
                                (c->srv->d->backend->dev_matvec_shared ? NWC_CAP_SHM_DEVICE : 0) |

@@ -50,6 +50,7 @@
 #define NWC_CAP_DEVICES 512u    /* devices: budget and use of each place (host, each GPU) */
 #define NWC_CAP_MAP_GPU 1024u   /* map_gpu: device copies shared with clients (docs/gpu-maps.md) */
 #define NWC_CAP_REGISTRY 2048u  /* pull and push: models through an OCI registry (docs/oci.md) */
+#define NWC_CAP_LOAD_PLACES 4096u /* load_places: one read of each blob into several places */
 
 enum nwc_op {
   NWC_OP_HELLO = 1,
@@ -79,6 +80,7 @@ enum nwc_op {
   NWC_OP_PULL = 25,
   NWC_OP_PUSH = 26,
   NWC_OP_EVICT_ON = 27,
+  NWC_OP_LOAD_PLACES = 28,
   NWC_OP_COUNT
 };
 /* Name of an opcode ("matvec"), or NULL for an unknown one. */
@@ -94,6 +96,8 @@ enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies 
 #define NWC_PROTO_SECRET_MAX 8192 /* pull, push: a password or token (registry tokens run to a few KB) */
 #define NWC_PROTO_IPC_HANDLE 64 /* bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t */
 #define NWC_DEVICE_CPU (-1) /* host memory; 0.. are CUDA devices */
+/* load_places: the bit of a place in its mask (NWC_DEVICE_CPU: bit 0, cuda:n: bit 1 + n). */
+#define NWC_PLACE_BIT(device) (UINT64_C(1) << ((device) + 1))
 /* Reply flags of compute replies. */
 #define NWC_RF_MAPPED 1u  /* computed on a transient copy read from the container, not resident */
 #define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
@@ -182,9 +186,11 @@ typedef struct nwc_proto_req {
   const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
   uint64_t x_bytes;
   /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device); evict_on:
-   * the place whose replica goes; map_gpu: the CUDA device (>= 0) */
+   * the place whose replica goes; map_gpu: the CUDA device (>= 0); load_places: pin, and the
+   * places as a mask (NWC_PLACE_BIT) */
   uint8_t pin;
   int32_t device;
+  uint64_t places;
   /* matvec_ipc (x: in_off, x_bytes; y: out_off, out_cap), dequant_ipc (y: out_off, out_cap):
    * the client's buffers as cudaIpcMemHandle_t bytes, and optionally an event to wait for */
   uint8_t has_event;

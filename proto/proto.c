@@ -27,7 +27,7 @@ static const char *const op_names[NWC_OP_COUNT] = {
     [NWC_OP_MATVEC_IPC] = "matvec_ipc", [NWC_OP_DEQUANT_IPC] = "dequant_ipc",
     [NWC_OP_LOAD_ON] = "load_on", [NWC_OP_IMPORT2] = "import2", [NWC_OP_DEVICES] = "devices",
     [NWC_OP_MAP_GPU] = "map_gpu", [NWC_OP_PULL] = "pull", [NWC_OP_PUSH] = "push",
-    [NWC_OP_EVICT_ON] = "evict_on",
+    [NWC_OP_EVICT_ON] = "evict_on", [NWC_OP_LOAD_PLACES] = "load_places",
 };
 
 const char *nwc_proto_op_name(unsigned op) { return op < NWC_OP_COUNT ? op_names[op] : NULL; }
@@ -233,6 +233,10 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       nwc_pw_u8(w, r->pin), nwc_pw_u32(w, (uint32_t)r->device);
       break;
+    case NWC_OP_LOAD_PLACES:
+      nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
+      nwc_pw_u8(w, r->pin), nwc_pw_u64(w, r->places);
+      break;
     case NWC_OP_MAP:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
       break;
@@ -347,6 +351,13 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
       NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_on pin flag %u is not 0 or 1", r->pin);
       NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "load_on device %d (-1 host, 0.. CUDA)",
                     (int)r->device);
+      break;
+    case NWC_OP_LOAD_PLACES: /* places 0 and places the daemon lacks: the op's own errors */
+      NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
+      NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
+      r->pin = nwc_pr_u8(&p), r->places = nwc_pr_u64(&p);
+      NWC_RETURN_IF(p.err, -EBADMSG, "load_places payload is truncated");
+      NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_places pin flag %u is not 0 or 1", r->pin);
       break;
     case NWC_OP_MAP_GPU:
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
