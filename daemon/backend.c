@@ -28,6 +28,7 @@ static int cuda_get(const nwcd_backend **out) {
   cuda_backend.ndevices = n;
   cuda_backend.dev_load = nwcd_gpu_dev_load;
   cuda_backend.dev_settle = nwcd_gpu_dev_settle;
+  cuda_backend.places_load = nwcd_gpu_places_load;
   cuda_backend.dev_size = nwcd_cuda_copy_size;
   cuda_backend.dev_scales = nwcd_cuda_scales;
   cuda_backend.dev_free = nwcd_cuda_free;

@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 struct nwcd_load_info;
+struct nwcd_host_dst; /* loader.h */
 
 /* What a compute backend provides (cpu, and cuda on top of it).  Every function returns 0 or
  * a negative errno and may be called from any worker thread at once. */
@@ -68,6 +69,13 @@ typedef struct nwcd_backend {
    * copies on dev (0, or -EIO: one of them failed): a model load settles the devices its
    * tensors are on, not other devices' loads. */
   int (*dev_settle)(int dev);
+  /* One read of ti's blob into several places (load_places; NULL for cpu, whose one place is
+   * host memory): with host a host copy as host_load makes it (*p, *locked), and a device copy
+   * on each of devs[0..n) (ascending, n >= 1, dcopy[k] as dev_load), every chunk checked once
+   * and each checked piece put into every copy.  0 and all of them, or a negative errno
+   * (-ENOMEM: a device ran out of memory) and none.  *li: the one read's. */
+  int (*places_load)(const nwc_tensor_info *ti, bool host, void **p, bool *locked,
+                     const int *devs, int n, void **dcopy, struct nwcd_load_info *li);
   uint64_t (*dev_size)(const void *dcopy);
   int (*dev_scales)(const void *dcopy, float *out);
   void (*dev_free)(void *dcopy);
@@ -109,6 +117,15 @@ typedef struct nwcd_backend {
 #define NWCD_LOC_DEFAULT (-2)
 #define NWCD_LOC_CPU (-1)
 #define NWCD_MAX_DEVICES 16
+
+/* The cpu backend's host_load with the bytes written by fill (backend_cpu.c): makes the copy's
+ * memory as host_load does (a spare cut to size, or a fresh memfd), has fill write ti's whole
+ * blob into dst (0, or a negative errno), then maps it and returns as host_load.  How a load
+ * to several places (places_load) makes its host copy from the read it shares with devices. */
+typedef int (*nwcd_host_fill_fn)(void *ctx, const nwc_tensor_info *ti, const struct nwcd_host_dst *dst,
+                                 struct nwcd_load_info *li);
+int nwcd_host_load_with(const nwc_tensor_info *ti, nwcd_host_fill_fn fill, void *ctx, void **p,
+                        bool *locked, struct nwcd_load_info *li);
 
 /* The backend called name ("auto", "cpu", "cuda"): 0 and *out, -ENOTSUP with a detail for one
  * this build lacks, -EINVAL for an unknown name. */

@@ -174,12 +174,10 @@ static int map_ro(const nwc_tensor_info *ti, host_buf *b) {
   return 0;
 }
 
-/* A host copy being written, as a crew's helper sees it: a reused spare's writable mapping, or
- * else the memfd. */
+/* A host copy being written, as a crew's helper sees it. */
 typedef struct host_blob {
   const nwc_tensor_info *ti;
-  void *w;
-  int fd;
+  nwcd_host_dst dst;
 } host_blob;
 
 /* A crew helper's part of a host copy (nwcd_part_fn): bytes [off, off + len) of the blob into the
@@ -187,14 +185,24 @@ typedef struct host_blob {
 static int cpu_load_part(void *ctx, uint64_t off, uint64_t len, nwcd_load_info *li) {
   const host_blob *h = ctx;
   nwcd_load_opts o = {.from = off, .to = off + len};
-  return h->w ? nwcd_load(h->ti, h->w, &o, li) : nwcd_load_fd(h->ti, h->fd, &o, li);
+  return h->dst.w ? nwcd_load(h->ti, h->dst.w, &o, li) : nwcd_load_fd(h->ti, h->dst.fd, &o, li);
 }
 
-/* host_load: the blob written into a spare of its size or more (cut to it), or into a fresh
- * memfd then mapped; not sealed until it is shared (host_share).  With a crew joined (a model
- * load's lanes), the blob is offered to it, so that lanes with no tensor left write parts of it
- * from the back. */
-static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
+/* host_load's fill: the blob read into dst; with a crew joined (a model load's lanes), the blob is
+ * offered to it, so that lanes with no tensor left write parts of it from the back. */
+static int cpu_fill(void *ctx, const nwc_tensor_info *ti, const nwcd_host_dst *dst,
+                    nwcd_load_info *li) {
+  (void)ctx;
+  host_blob share = {ti, *dst};
+  nwcd_load_opts o = {0};
+  o.split = nwcd_crew_offer(nwcd_crew_joined(), ti->length, ti->chunk_size, cpu_load_part, &share);
+  int rc = dst->w ? nwcd_load(ti, dst->w, &o, li) : nwcd_load_fd(ti, dst->fd, &o, li);
+  if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
+  return rc;
+}
+
+int nwcd_host_load_with(const nwc_tensor_info *ti, nwcd_host_fill_fn fill, void *ctx, void **out,
+                        bool *locked, nwcd_load_info *li) {
   size_t len = host_len(ti->length);
   *out = NULL, *locked = false;
   host_buf b = {.fd = -1};
@@ -208,12 +216,8 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
     rc = nwc__fail(-errno, "memfd of %zu bytes for %s/%s: %s", len, ti->model, ti->name,
                    strerror(errno));
   }
-  host_blob share = {ti, b.w, b.fd};
-  nwcd_load_opts o = {0};
-  if (rc == 0) o.split = nwcd_crew_offer(nwcd_crew_joined(), ti->length, ti->chunk_size,
-                                         cpu_load_part, &share);
-  if (rc == 0) rc = b.w ? nwcd_load(ti, b.w, &o, li) : nwcd_load_fd(ti, b.fd, &o, li);
-  if (o.split) rc = nwcd_crew_withdraw(o.split, rc, li);
+  nwcd_host_dst dst = {b.w, b.fd};
+  if (rc == 0) rc = fill(ctx, ti, &dst, li);
   if (rc == 0 && !reused) rc = map_ro(ti, &b);
   if (rc == 0 && !buf_add(&b)) rc = nwc__fail(-ENOMEM, "no memory to track a resident copy");
   if (rc < 0) {
@@ -222,6 +226,12 @@ static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nw
   }
   *out = b.p, *locked = b.locked;
   return 0;
+}
+
+/* host_load: the blob written into a spare of its size or more (cut to it), or into a fresh
+ * memfd then mapped; not sealed until it is shared (host_share). */
+static int cpu_host_load(const nwc_tensor_info *ti, void **out, bool *locked, nwcd_load_info *li) {
+  return nwcd_host_load_with(ti, cpu_fill, NULL, out, locked, li);
 }
 
 /* The copy's memfd, sealed against writes at its first share (F_SEAL_WRITE, once the loader's

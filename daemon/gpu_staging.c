@@ -5,6 +5,14 @@
  * copy that backend_cuda.cu allocates and describes.  The rings are per device, one per load
  * lane, made at a device's first load and kept until exit; a model load's lanes help each other
  * through its crew (crew.h), each helper through a ring of its own.
+ *
+ * A load to several places (places_load, load_places) takes a ring of each device named, in
+ * ascending order of devices (each lane holds at most one ring per device and the rings per
+ * device are as many as the lanes, so lanes taking several never wait on each other for good),
+ * allocates a copy on each through its ring, and reads the blob once through the first ring,
+ * its slots copied to every device (nwcd_load_to_places) and written into the host copy when
+ * one is wanted (nwcd_host_load_with makes it).  It is not offered to the crew and not queued:
+ * it returns with the bytes on every device.
  */
 #include "gpu_staging.h"
 
@@ -145,5 +153,52 @@ int nwcd_gpu_dev_settle(int dev) {
     int r = g ? nwcd_gpu_ring_settle(g) : 0;
     if (rc == 0) rc = r;
   }
+  return rc;
+}
+
+/* A load to several places: the device copies, and the rings (one per device) they load through. */
+typedef struct places_job {
+  const int *devs;
+  int n;
+  nwcd_gpu_ring *g[NWCD_MAX_DEVICES];
+  void *blob[NWCD_MAX_DEVICES];
+} places_job;
+
+/* The one read (a nwcd_host_fill_fn when a host copy is wanted: dst, else NULL). */
+static int places_fill(void *ctx, const nwc_tensor_info *ti, const nwcd_host_dst *dst,
+                       nwcd_load_info *li) {
+  places_job *j = ctx;
+  return nwcd_load_to_places(j->g, j->blob, (unsigned)j->n, dst, ti, &dev_load_opts, li);
+}
+
+int nwcd_gpu_places_load(const nwc_tensor_info *ti, bool host, void **p, bool *locked,
+                         const int *devs, int n, void **dcopy, nwcd_load_info *li) {
+  NWC_RETURN_IF(n < 1 || n > NWCD_MAX_DEVICES, -EINVAL, "places_load of %d devices", n);
+  places_job j = {devs, n, {NULL}, {NULL}};
+  unsigned k[NWCD_MAX_DEVICES];
+  int taken = 0, rc = 0;
+  uint64_t t0 = nwcd_now_ns();
+  for (; taken < n && rc == 0; taken++) { /* ascending devices (see the top) */
+    if ((rc = ring_take(devs[taken], &k[taken])) < 0) break;
+    j.g[taken] = rings[devs[taken]][k[taken]];
+  }
+  for (int i = 0; i < n; i++) dcopy[i] = NULL;
+  for (int i = 0; i < n && rc == 0; i++) {
+    void *side = NULL;
+    rc = nwcd_gpu_ring_side(j.g[i], &side);
+    if (rc == 0) /* queues the allocation and the table on the ring's stream */
+      rc = nwcd_cuda_blob_alloc(ti, devs[i], nwcd_gpu_ring_stream(j.g[i]), side, &dcopy[i],
+                                &j.blob[i]);
+  }
+  uint64_t alloc_ns = nwcd_now_ns() - t0;
+  if (rc == 0 && host) rc = nwcd_host_load_with(ti, places_fill, &j, p, locked, li);
+  else if (rc == 0) rc = places_fill(&j, ti, NULL, li);
+  for (int i = 0; i < n; i++) {
+    if (rc < 0 && dcopy[i]) nwcd_gpu_ring_settle(j.g[i]); /* the table's copy, before the free */
+    if (dcopy[i] && rc == 0) nwcd_cuda_blob_finish(dcopy[i], ti);
+    else if (dcopy[i]) nwcd_cuda_free(dcopy[i]), dcopy[i] = NULL;
+  }
+  for (int i = 0; i < taken; i++) ring_give(devs[i], k[i]);
+  if (li) li->alloc_ns = alloc_ns;
   return rc;
 }

@@ -8,8 +8,14 @@
 #include "loader.h"
 #include "nwc_store.h"
 
+#include <stdbool.h>
+
 /* dev_load: a device copy of ti's blob on dev (backend.h). */
 int nwcd_gpu_dev_load(const nwc_tensor_info *ti, int dev, void **dcopy, nwcd_load_info *li);
+/* places_load: one read of ti's blob into a host copy (host) and a device copy on each of
+ * devs[0..n) (backend.h). */
+int nwcd_gpu_places_load(const nwc_tensor_info *ti, bool host, void **p, bool *locked,
+                         const int *devs, int n, void **dcopy, nwcd_load_info *li);
 /* dev_settle: waits for the copies that queued loads left running on dev's rings. */
 int nwcd_gpu_dev_settle(int dev);
 

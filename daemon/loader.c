@@ -14,6 +14,9 @@
  *     zeroed every page first and serialized the lanes on the process's mmap lock.  The ring is
  *     the calling thread's (made at its first such load, like its engine), small enough that its
  *     slots stay in the cache between the read, the check and the write.
+ * A ring's sink may also take each checked slot to several destinations, so that a blob wanted in
+ * several places is read once (load_places: loader_cuda.c copies the slot to each device and
+ * writes it into the host copy with nwcd_slot_to_host, the same write as nwcd_load_fd's).
  *
  * Engines: an engine is one io_uring (64 entries).  Host loads use the calling thread's engine,
  * made at the thread's first load and kept until the thread exits (a pthread key frees it), so
@@ -789,21 +792,30 @@ int nwcd_ring_load(nwcd_ring *r, const nwc_tensor_info *ti, const nwcd_load_opts
 
 typedef struct fd_sink {
   const nwc_tensor_info *ti;
-  int fd;
+  nwcd_host_dst dst;
 } fd_sink;
 
-/* Writes a checked slot at its blob offset and gives the slot straight back. */
-static int fd_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
-  const fd_sink *f = ctx;
+int nwcd_slot_to_host(const nwcd_host_dst *dst, const nwc_tensor_info *ti, const nwcd_slot *s) {
+  if (dst->w) {
+    memcpy((uint8_t *)dst->w + s->offset, s->data, s->len);
+    return 0;
+  }
   for (uint64_t o = 0; o < s->len;) {
-    ssize_t k = pwrite(f->fd, (const uint8_t *)s->data + o, s->len - o, (off_t)(s->offset + o));
+    ssize_t k = pwrite(dst->fd, (const uint8_t *)s->data + o, s->len - o, (off_t)(s->offset + o));
     if (k < 0 && errno == EINTR) continue;
     NWC_RETURN_IF(k <= 0, k < 0 ? -errno : -EIO, "model '%s' tensor '%s': writing %llu bytes at "
-                  "%llu into its memory: %s", f->ti->model, f->ti->name,
+                  "%llu into its memory: %s", ti->model, ti->name,
                   (unsigned long long)(s->len - o), (unsigned long long)(s->offset + o),
                   k < 0 ? strerror(errno) : "nothing written");
     o += (uint64_t)k;
   }
+  return 0;
+}
+
+/* Writes a checked slot at its blob offset and gives the slot straight back. */
+static int fd_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
+  const fd_sink *f = ctx;
+  NWC_TRY(nwcd_slot_to_host(&f->dst, f->ti, s));
   nwcd_ring_release(r, s->index);
   return 0;
 }
@@ -824,7 +836,7 @@ int nwcd_load_fd(const nwc_tensor_info *ti, int fd, const nwcd_load_opts *o, nwc
     NWC_TRY(nwcd_ring_create(FD_RING, FD_SLOT, &tl_ring));
     pthread_setspecific(tl_ring_key, tl_ring);
   }
-  fd_sink f = {ti, fd};
+  fd_sink f = {ti, {NULL, fd}};
   nwcd_sink sink = {fd_consume, fd_reclaim, &f};
   return nwcd_ring_load(tl_ring, ti, o, &sink, li);
 }

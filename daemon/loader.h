@@ -87,6 +87,13 @@ int nwcd_load_blob(const nwc_tensor_info *ti, void *buf, nwcd_load_info *li,
  * written.  Returns as nwcd_load (-EBADMSG,
  * -EIO, or the write's error, e.g. -ENOSPC); bytes may have been written when it fails. */
 int nwcd_load_fd(const nwc_tensor_info *ti, int fd, const nwcd_load_opts *o, nwcd_load_info *li);
+/* A host copy being written (backend_cpu.c makes it): through a writable mapping of its pages
+ * (w, a reused spare's) or else into its memfd (fd) with pwrite. */
+typedef struct nwcd_host_dst {
+  void *w;
+  int fd;
+} nwcd_host_dst;
+
 /* Loads on the calling thread also report to fn (ctx) until it is set back to NULL: how a
  * request handler sees the progress of loads that residency runs for it. */
 void nwcd_load_observe(nwcd_progress_fn fn, void *ctx);
@@ -120,6 +127,9 @@ int nwcd_ring_create(uint64_t bytes, uint64_t slot_size, nwcd_ring **out);
 void nwcd_ring_free(nwcd_ring *r);
 /* The ring's memory (e.g. for cudaHostRegister): its bytes and how many slots it holds. */
 void *nwcd_ring_memory(const nwcd_ring *r, uint64_t *bytes, unsigned *slots);
+/* Writes checked slot s of ti's blob into the host copy dst at its blob offset (nwcd_load_fd's
+ * sink, and a load_places' host destination beside its devices): 0, or the write's error. */
+int nwcd_slot_to_host(const nwcd_host_dst *dst, const nwc_tensor_info *ti, const nwcd_slot *s);
 /* Gives a consumed slot back (on the loading thread: from the sink's consume or reclaim). */
 void nwcd_ring_release(nwcd_ring *r, unsigned slot);
 /* Streams ti's blob through r to sink (one load at a time per ring: others wait), chunks checked

@@ -14,7 +14,16 @@
  * (nwcd_load_opts.queued) returns with its last copies still running: their slots stay in the
  * ring's list, oldest first, for the ring's next load to release in the same order, and
  * nwcd_gpu_ring_settle waits for them.  The ring memory is mapped by loader.c and pinned for DMA
- * here with cudaHostRegister.  A CUDA error fails the load (-EIO, the CUDA text in the detail);
+ * here with cudaHostRegister, portable: every device can copy out of any ring's slots.
+ *
+ * One read into several places (nwcd_load_to_places, load_places): the blob streams through the
+ * first device's ring, and its sink queues a copy of each checked slot on every destination
+ * device's ring's stream (each ring's event of that slot index recorded after it: the rings of
+ * one geometry have as many), then writes the slot into the host copy, if one is wanted, while
+ * the copies run; a slot goes back to the ring once every device's event of it has completed
+ * (in queued order: each stream completes in order).  The destination rings are drained first
+ * (their queued loads' slots back with them) and held for the load, whose end waits for every
+ * stream.  A CUDA error fails the load (-EIO, the CUDA text in the detail);
  * a failed load synchronizes the stream before its slots go back, and a slot is refilled only
  * once its copy's event has completed, so no copy reads a slot that a later load refills.
  */
@@ -111,7 +120,7 @@ int nwcd_gpu_ring_create(int device, uint64_t bytes, uint64_t slot_size, nwcd_gp
   g->ev = calloc(g->nslots, sizeof *g->ev);
   g->fifo = calloc(g->nslots, sizeof *g->fifo);
   cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaHostRegister(mem, len, cudaHostRegisterDefault);
+  if (e == cudaSuccess) e = cudaHostRegister(mem, len, cudaHostRegisterPortable);
   if (e == cudaSuccess) g->mem = mem;
   if (e == cudaSuccess) e = cudaHostAlloc(&g->side, NWCD_GPU_RING_SIDE, cudaHostAllocDefault);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
@@ -173,5 +182,104 @@ int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
     if (rc == 0 && e != cudaSuccess) rc = cuda_fail(e, "the copies to the device");
   }
   pthread_mutex_unlock(&g->lock);
+  return rc;
+}
+
+/* The destinations of one read (nwcd_load_to_places): g[k]'s stream copies into dev[k]; the
+ * slots are g[0]'s, in flight oldest first in g[0]'s fifo. */
+typedef struct fan_out {
+  nwcd_gpu_ring *const *g;
+  uint8_t *const *dev;
+  unsigned n;
+  const nwcd_host_dst *host;
+  const nwc_tensor_info *ti;
+} fan_out;
+
+/* Waits for every destination's stream (0, or the first CUDA error). */
+static int fan_sync(const fan_out *f) {
+  int rc = 0;
+  for (unsigned k = 0; k < f->n; k++) {
+    cudaError_t e = cudaSetDevice(f->g[k]->device);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(f->g[k]->stream);
+    if (e != cudaSuccess && rc == 0) rc = cuda_fail(e, "the copies to a device");
+  }
+  return rc;
+}
+
+static int fan_consume(void *ctx, nwcd_ring *r, const nwcd_slot *s) {
+  (void)r;
+  fan_out *f = ctx;
+  for (unsigned k = 0; k < f->n; k++) {
+    nwcd_gpu_ring *g = f->g[k];
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(f->dev[k] + s->offset, s->data, s->len, cudaMemcpyHostToDevice,
+                          g->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(g->ev[s->index], g->stream);
+    if (e != cudaSuccess) { /* the loader takes the slot back: nothing may read it any more */
+      int rc = cuda_fail(e, "cudaMemcpyAsync of a slot to a device");
+      fan_sync(f);
+      return rc;
+    }
+  }
+  nwcd_gpu_ring *g0 = f->g[0];
+  g0->fifo[(g0->head + g0->count++) % g0->nslots] = s->index;
+  return f->host ? nwcd_slot_to_host(f->host, f->ti, s) : 0; /* beside the copies */
+}
+
+static int fan_reclaim(void *ctx, nwcd_ring *r, bool wait) {
+  fan_out *f = ctx;
+  nwcd_gpu_ring *g0 = f->g[0];
+  unsigned released = 0;
+  while (g0->count) {
+    unsigned s = g0->fifo[g0->head];
+    cudaError_t e = cudaSuccess;
+    for (unsigned k = 0; k < f->n && e == cudaSuccess; k++)
+      e = wait && !released ? cudaEventSynchronize(f->g[k]->ev[s]) : cudaEventQuery(f->g[k]->ev[s]);
+    if (e == cudaErrorNotReady) break;
+    if (e != cudaSuccess) {
+      int rc = cuda_fail(e, "copy of a slot to a device");
+      fan_sync(f); /* nothing may still read the slots */
+      g0->count = 0;
+      return rc;
+    }
+    nwcd_ring_release(r, s);
+    g0->head = (g0->head + 1) % g0->nslots;
+    g0->count--, released++;
+  }
+  return 0;
+}
+
+/* Waits for what queued loads left on g's stream and gives their slots back to its ring (its
+ * lock held, no load on it). */
+static int ring_drain(nwcd_gpu_ring *g) {
+  cudaError_t e = cudaSetDevice(g->device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+  for (; g->count; g->count--, g->head = (g->head + 1) % g->nslots)
+    nwcd_ring_release(g->ring, g->fifo[g->head]);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "the copies queued on a GPU ring");
+}
+
+int nwcd_load_to_places(nwcd_gpu_ring *const *g, void *const *dev, unsigned n,
+                        const nwcd_host_dst *host, const nwc_tensor_info *ti,
+                        const nwcd_load_opts *o, nwcd_load_info *li) {
+  NWC_RETURN_IF(!g || !dev || !n || !ti, -EINVAL, "nwcd_load_to_places: missing argument");
+  for (unsigned k = 1; k < n; k++)
+    NWC_RETURN_IF(g[k]->nslots < g[0]->nslots || g[k] == g[0], -EINVAL,
+                  "nwcd_load_to_places: rings of other geometries, or one ring twice");
+  nwcd_load_opts ro = o ? *o : (nwcd_load_opts){0};
+  ro.queued = false, ro.split = NULL; /* its end waits for every device */
+  fan_out f = {g, (uint8_t *const *)dev, n, host, ti};
+  nwcd_sink sink = {fan_consume, fan_reclaim, &f};
+  for (unsigned k = 0; k < n; k++) pthread_mutex_lock(&g[k]->lock);
+  int rc = 0;
+  for (unsigned k = 0; k < n; k++) {
+    int d = ring_drain(g[k]);
+    if (rc == 0) rc = d;
+  }
+  if (rc == 0) rc = nwcd_ring_load(g[0]->ring, ti, &ro, &sink, li);
+  int s = fan_sync(&f);
+  if (rc == 0) rc = s;
+  for (unsigned k = n; k-- > 0;) pthread_mutex_unlock(&g[k]->lock);
   return rc;
 }

@@ -25,6 +25,15 @@ void nwcd_gpu_ring_free(nwcd_gpu_ring *g);
  * load at a time per ring (others wait). */
 int nwcd_load_to_device(nwcd_gpu_ring *g, const nwc_tensor_info *ti, void *dev,
                         const nwcd_load_opts *o, nwcd_load_info *li);
+/* One read of ti's blob into several places (load_places): streamed through g[0]'s ring, each
+ * checked slot copied to dev[k] (ti->length bytes of device memory on g[k]'s device) on g[k]'s
+ * stream for every k < n, and written into host when it is not NULL (nwcd_slot_to_host).  The
+ * rings (of one geometry, the callers' for this load: one per device, each device once) are
+ * drained of what queued loads left on them first; returns when every copy has arrived, or the
+ * first error, either way with every stream idle (o->queued and o->split are not used). */
+int nwcd_load_to_places(nwcd_gpu_ring *const *g, void *const *dev, unsigned n,
+                        const nwcd_host_dst *host, const nwc_tensor_info *ti,
+                        const nwcd_load_opts *o, nwcd_load_info *li);
 /* The ring's stream (a cudaStream_t) on which its copies go: work queued on it before a load
  * (the copy's allocation) is ordered before the load's copies and done when the load returns
  * (a queued load: when the ring settles). */

@@ -2,7 +2,9 @@
  * ops_load.c - load, load_on, evict, pin and unpin, of one tensor or of a whole model.  A model
  * loads in lanes (NWCD_LOAD_LANES, NWCD_GPU_LOAD_LANES) on the pool's workers, largest tensors
  * first, the lanes helping each other through a crew (crew.h) at the end; progress events
- * count the bytes checked so far.
+ * count the bytes checked so far.  load_places names several places in a mask: the lanes take
+ * each tensor once and load its replicas there from one read (nwcd_res_acquire_places); with one
+ * place named it is load_on there.
  */
 #include "ops_internal.h"
 
@@ -45,12 +47,14 @@ typedef struct lanes_ctx {
   const nwc_tensor_info *ti;
   size_t n;
   unsigned flags;
+  uint64_t places; /* load_places of several places: their mask (flags unused), else 0 */
+  bool pin;
   pthread_t owner;
   nwcd_crew *crew; /* NULL without memory for one: no help */
   nwcd_progress *pc;
   pthread_mutex_t lock;
   size_t next;
-  uint64_t done, total;
+  uint64_t done, total, read; /* read: bytes the lanes' loads read from container files */
   nwc_proto_result res;
   nwcd_load_info sum; /* the lanes' loads added up: their time in acquire (micros), its split */
   uint64_t t0, last_start, first_end, last_end; /* when the lanes started and ended (ns) */
@@ -58,6 +62,23 @@ typedef struct lanes_ctx {
   int rc;
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
+
+/* Loads model/tensor for a request: at the places of the mask places (nonzero) from one read,
+ * else as flags say (one place); *li the load's, *devices gets the devices it is now on (bit n:
+ * cuda:n), whose queued copies the request settles. */
+static int acquire_for_load(nwcd *d, const char *model, const char *tensor, unsigned flags,
+                            uint64_t places, bool pin, nwcd_load_info *li, uint64_t *devices) {
+  if (places) {
+    uint64_t loaded = 0;
+    int rc = nwcd_res_acquire_places(d->res, model, tensor, places, pin, li, &loaded);
+    *devices |= loaded >> 1;
+    return rc;
+  }
+  nwcd_ref ref;
+  int rc = nwcd_res_acquire(d->res, model, tensor, flags, &ref, li);
+  if (rc == 0 && ref.loc >= 0) *devices |= UINT64_C(1) << ref.loc;
+  return rc;
+}
 
 /* Largest first (qsort): the lanes end together when the last tensors taken are the small ones. */
 static int larger_first(const void *a, const void *b) {
@@ -75,19 +96,19 @@ static void load_lane(void *ctx, uint64_t lane) {
     size_t i = c->rc == 0 && c->next < c->n ? c->next++ : c->n;
     pthread_mutex_unlock(&c->lock);
     if (i == c->n) break;
-    nwcd_ref ref;
     nwcd_load_info li;
-    uint64_t t0 = nwcd_now_ns();
-    int rc = nwcd_res_acquire(c->d->res, c->r->model, c->ti[i].name, c->flags, &ref, &li);
+    uint64_t t0 = nwcd_now_ns(), devices = 0;
+    int rc = acquire_for_load(c->d, c->r->model, c->ti[i].name, c->flags, c->places, c->pin, &li,
+                              &devices);
     uint64_t ns = nwcd_now_ns() - t0;
     pthread_mutex_lock(&c->lock);
     c->sum.micros += ns / 1000;
     nwcd_load_info_add(&c->sum, &li);
+    c->read += li.bytes, c->devices |= devices;
     if (rc < 0 && c->rc == 0) {
       c->rc = rc;
       snprintf(c->msg, sizeof c->msg, "%s", nwc_error_detail());
     } else if (rc == 0) {
-      if (ref.loc >= 0) c->devices |= UINT64_C(1) << ref.loc;
       c->res.tensors++, c->res.bytes += c->ti[i].length;
       if (li.direct) c->res.direct++;
       else c->res.buffered++;
@@ -112,13 +133,48 @@ static void load_lane(void *ctx, uint64_t lane) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* The places of a load_places request (r->places) checked against the backend: -EINVAL for none,
+ * -ENODEV naming the first it lacks; else 0 with *loc the one place named, or *places the mask
+ * when it names several. */
+static int request_places(const nwcd_backend *b, const nwc_proto_req *r, int *loc,
+                          uint64_t *places) {
+  NWC_RETURN_IF(!r->places, -EINVAL, "load_places names no place (bit 0 host memory, bit 1 + n "
+                "cuda:n)");
+  for (int dv = 0; dv < 63; dv++)
+    if ((r->places >> (dv + 1) & 1) && dv >= b->ndevices) return nwcd_no_device(b, dv);
+  if (r->places & (r->places - 1)) *places = r->places;
+  else *loc = __builtin_ctzll(r->places) - 1;
+  return 0;
+}
+
+/* The budget check of a load of total bytes at loc, or at each place of the mask places. */
+static int fits_budgets(nwcd *d, const nwc_proto_req *r, int loc, uint64_t places,
+                        uint64_t total) {
+  for (int p = places ? NWCD_LOC_CPU : loc; p < (places ? 63 : loc + 1); p++) {
+    if (places && !(places >> (p + 1) & 1)) continue;
+    char where[16];
+    uint64_t budget = nwcd_res_budget(d->res, p, where);
+    char need[16], have[16];
+    if (total > budget)
+      return nwc__fail(-ENOSPC, "%s%s%s needs %s (%llu bytes), more than the memory budget of %s "
+                       "(%s); raise --budget / --gpu-budget or load single tensors", r->model,
+                       r->tensor[0] ? "/" : "", r->tensor, nwc_size_text(total, need),
+                       (unsigned long long)total, where, nwc_size_text(budget, have));
+  }
+  return 0;
+}
+
 /* load, evict, pin, unpin: one tensor, or every tensor of the model when tensor is "";
- * load_on is load or pin onto the place it names, evict_on evict of that place's replicas. */
+ * load_on is load or pin onto the place it names, evict_on evict of that place's replicas,
+ * load_places load or pin onto the places it names. */
 int nwcd_op_residency(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
-  int op = r->op == NWC_OP_LOAD_ON ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op == NWC_OP_EVICT_ON ? NWC_OP_EVICT : r->op;
+  bool placed = r->op == NWC_OP_LOAD_ON || r->op == NWC_OP_LOAD_PLACES;
+  int op = placed ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op == NWC_OP_EVICT_ON ? NWC_OP_EVICT : r->op;
   int loc = r->op == NWC_OP_LOAD_ON || r->op == NWC_OP_EVICT_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
+  uint64_t places = 0;
+  if (r->op == NWC_OP_LOAD_PLACES) NWC_TRY(request_places(d->backend, r, &loc, &places));
   if (loc >= d->backend->ndevices) return nwcd_no_device(d->backend, loc);
   nwc_tensor_info *ti = NULL;
   size_t n = 0;
@@ -130,30 +186,25 @@ int nwcd_op_residency(nwcd_job *j) {
   } else {
     NWC_TRY(nwcd_model_tensors(d, r->model, &ti, &n));
   }
-  uint64_t total = 0, done = 0;
+  uint64_t total = 0, done = 0, read = 0;
   for (size_t i = 0; i < n; i++) total += ti[i].length;
-  char where[16];
-  uint64_t budget = nwcd_res_budget(d->res, loc, where);
-  if ((op == NWC_OP_LOAD || op == NWC_OP_PIN) && total > budget) {
+  int rc = op == NWC_OP_LOAD || op == NWC_OP_PIN ? fits_budgets(d, r, loc, places, total) : 0;
+  if (rc < 0) {
     nwc_tensor_info_free(ti, n);
-    char need[16], have[16];
-    return nwc__fail(-ENOSPC, "%s%s%s needs %s (%llu bytes), more than the memory budget of %s "
-                     "(%s); raise --budget / --gpu-budget or load single tensors", r->model,
-                     r->tensor[0] ? "/" : "", r->tensor, nwc_size_text(total, need),
-                     (unsigned long long)total, where, nwc_size_text(budget, have));
+    return rc;
   }
   nwc_proto_result res = {0};
   uint64_t t0 = nwcd_now_ns();
   nwcd_progress pc = {j, 0};
-  int rc = 0;
   unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
   bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1;
   uint64_t parts = 0, helped = 0; /* taken by lanes that ran out of tensors (crew.c) */
   if (laned) {
-    lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .owner = pthread_self(),
-                    .pc = &pc, .total = total, .t0 = nwcd_now_ns()};
+    lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .places = places,
+                    .pin = op == NWC_OP_PIN, .owner = pthread_self(), .pc = &pc, .total = total,
+                    .t0 = nwcd_now_ns()};
     pthread_mutex_init(&lc.lock, NULL);
-    bool gpu = loc >= 0 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
+    bool gpu = loc >= 0 || places > 1 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
     if (n < lanes) lanes = n;
     qsort(ti, n, sizeof *ti, larger_first);
@@ -176,7 +227,7 @@ int nwcd_op_residency(nwcd_job *j) {
     if (lc.crew) nwcd_crew_taken(lc.crew, &parts, &helped);
     nwcd_crew_free(lc.crew);
     pthread_mutex_destroy(&lc.lock);
-    res = lc.res, rc = lc.rc;
+    res = lc.res, rc = lc.rc, read = lc.read;
     const nwcd_load_info *s = &lc.sum;
     double per = 1e-6 / (double)lanes; /* ns summed over the lanes -> ms per lane */
     nwcd_log(NWCD_LOG_DEBUG, "load %s: per lane (%zu) %.2f ms = reads %.2f + checks %.2f + sink "
@@ -195,12 +246,13 @@ int nwcd_op_residency(nwcd_job *j) {
   for (size_t i = 0; !laned && i < n && rc == 0; i++) {
     const char *tn = ti[i].name;
     if (op == NWC_OP_LOAD || op == NWC_OP_PIN) {
-      nwcd_ref ref;
       nwcd_load_info li;
+      uint64_t devices = 0; /* no crew: its loads have waited for their copies */
       load_progress lp = {&pc, done, total};
       nwcd_load_observe(on_load_progress, &lp);
-      rc = nwcd_res_acquire(d->res, r->model, tn, fl, &ref, &li);
+      rc = acquire_for_load(d, r->model, tn, fl, places, op == NWC_OP_PIN, &li, &devices);
       nwcd_load_observe(NULL, NULL);
+      read += li.bytes;
       if (rc == 0) {
         res.tensors++, res.bytes += ti[i].length;
         if (li.direct) res.direct++;
@@ -220,6 +272,7 @@ int nwcd_op_residency(nwcd_job *j) {
   nwc_tensor_info_free(ti, n);
   if (rc < 0) return rc;
   res.micros = (nwcd_now_ns() - t0) / 1000;
+  if (r->op == NWC_OP_LOAD_PLACES) res.raw_bytes = read; /* protocol.md: read once per blob */
   if (op == NWC_OP_LOAD) /* td_helped_parts (tests) reads "GB/s; N parts" */
     nwcd_log(NWCD_LOG_INFO, "load %s%s%s: %llu tensors, %llu bytes in %.3f s (%.2f GB/s; %llu parts, "
              "%.1f MB, by lanes that had run out of tensors)", r->model, r->tensor[0] ? "/" : "",

@@ -493,6 +493,44 @@ static void transient_done(nwcd_res *r, nwcd_ref *ref) {
   ref->transient = false;
 }
 
+/* Reserves need bytes at e's place, room made, for its load: LOADING (r->lock held). */
+static void load_begin(nwcd_res *r, nwcd_entry *e, uint64_t need) {
+  e->state = NWC_RES_LOADING;
+  e->dbytes = need;
+  *used_at(r, e->loc) += need;
+}
+
+/* Ends e's load (load_begin's need; r->lock held): with rc 0, RESIDENT with its copy (buf in host
+ * memory, or dcopy on its device: the host keeps the shapes), the load counted (l) and waiters
+ * woken; else, or when the host copy's view fails, ABSENT again with the reservation returned
+ * and the host copy freed.  Returns rc or the view's error. */
+static int load_end(nwcd_res *r, nwcd_entry *e, int rc, uint64_t need, void *buf, bool locked,
+                    void *dcopy, const nwcd_load_info *l) {
+  nwc_tensor view;
+  if (rc == 0 && e->loc >= 0) view = shape_view(e->info);
+  else if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
+  pthread_cond_broadcast(&r->cond);
+  if (rc < 0) {
+    if (buf) r->d->backend->host_free(buf, e->len, locked);
+    *used_at(r, e->loc) -= need;
+    e->state = NWC_RES_ABSENT;
+    return rc;
+  }
+  if (e->loc >= 0) {
+    e->dbytes = r->d->backend->dev_size(dcopy);
+    *used_at(r, e->loc) -= need - e->dbytes;
+  }
+  e->buf = buf, e->dcopy = dcopy;
+  e->locked = locked, e->direct = l->direct, e->view = view;
+  e->state = NWC_RES_RESIDENT;
+  r->loads++, r->load_bytes += l->bytes, r->load_us += l->micros;
+  if (l->direct) r->direct_loads++;
+  else r->buffered_loads++;
+  if (locked) r->mlock_ok++;
+  else r->mlock_failed++;
+  return 0;
+}
+
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li) {
   memset(ref, 0, sizeof *ref);
@@ -530,48 +568,21 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       rc = no_room(r, model, tensor, at, need);
       break;
     }
-    e->state = NWC_RES_LOADING;
-    e->dbytes = need;
-    *used_at(r, at) += need;
+    load_begin(r, e, need);
     pthread_mutex_unlock(&r->lock);
     bool locked = false;
     nwcd_load_info l = {0};
     void *buf = NULL, *dcopy = NULL;
-    nwc_tensor view;
-    if (at >= 0) { /* device: the blob streams there; the host keeps the shapes */
-      rc = load_device(r, e, need, &dcopy, &l);
-      if (rc == 0) view = shape_view(e->info);
-    } else {
-      rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
-      if (rc == 0) rc = nwc_store_blob_view(e->info, buf, &view);
-    }
+    if (at >= 0) rc = load_device(r, e, need, &dcopy, &l); /* the blob streams there */
+    else rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
     pthread_mutex_lock(&r->lock);
-    if (rc < 0) {
-      if (buf) r->d->backend->host_free(buf, e->len, locked);
-      *used_at(r, at) -= need;
-      e->state = NWC_RES_ABSENT;
-      pthread_cond_broadcast(&r->cond);
-      break;
-    }
-    if (at >= 0) {
-      e->dbytes = r->d->backend->dev_size(dcopy);
-      *used_at(r, at) -= need - e->dbytes;
-    }
-    e->buf = buf, e->dcopy = dcopy;
-    e->locked = locked, e->direct = l.direct, e->view = view;
-    e->state = NWC_RES_RESIDENT;
-    r->loads++, r->load_bytes += l.bytes, r->load_us += l.micros;
-    if (l.direct) r->direct_loads++;
-    else r->buffered_loads++;
-    if (locked) r->mlock_ok++;
-    else r->mlock_failed++;
+    if ((rc = load_end(r, e, rc, need, buf, locked, dcopy, &l)) < 0) break;
     ref->loaded = true;
     if (li) *li = l;
     if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* explicit loads are logged by ops_load.c */
       nwcd_log(NWCD_LOG_INFO, "loaded %s/%s for a request: %llu bytes (%s) in %.3f ms", model,
                tensor, (unsigned long long)l.bytes, l.direct ? "O_DIRECT" : "buffered",
                l.micros / 1e3);
-    pthread_cond_broadcast(&r->cond);
   }
   if (rc == 0) {
     e->last_used = nwcd_now_ns();
@@ -586,6 +597,108 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       ref->view = e->view;
       ref->dcopy = e->dcopy;
     }
+  }
+  pthread_mutex_unlock(&r->lock);
+  return rc;
+}
+
+/* The entries of model/tensor at locs[0..n) into es, made where absent, all valid together: a
+ * lookup may drop r->lock, and an entry could go meanwhile (r->lock held). */
+static int lookup_all(nwcd_res *r, const char *model, const char *tensor, const int *locs, int n,
+                      nwcd_entry **es) {
+  for (bool dropped = true; dropped;) {
+    for (int i = 0; i < n; i++) NWC_TRY(lookup(r, model, tensor, locs[i], &es[i]));
+    dropped = false;
+    for (int i = 0; i < n; i++) dropped |= !(es[i] = find(r, model, tensor, locs[i]));
+  }
+  return 0;
+}
+
+/* Loads es[0..n) (LOADING, need[k] reserved, ascending places) from one read: the single-place
+ * loads for one, else the backend's places_load, retried once after LRU evictions on the devices
+ * when device memory ran out (as load_device); *l gets the read's (called without r->lock). */
+static int load_places(nwcd_res *r, nwcd_entry **es, const uint64_t *need, int n, void **buf,
+                       bool *locked, void **dcopy, nwcd_load_info *l) {
+  const nwcd_backend *b = r->d->backend;
+  if (n == 1 && es[0]->loc >= 0) return load_device(r, es[0], need[0], &dcopy[0], l);
+  if (n == 1) return b->host_load(es[0]->info, buf, locked, l);
+  bool host = es[0]->loc < 0;
+  int devs[MAX_PLACES], nd = 0;
+  for (int k = host; k < n; k++) devs[nd++] = es[k]->loc;
+  NWC_RETURN_IF(!b->places_load, -ENOTSUP, "the %s backend loads one place at a time", b->name);
+  int rc = b->places_load(es[0]->info, host, buf, locked, devs, nd, dcopy + host, l);
+  if (rc != -ENOMEM) return rc;
+  pthread_mutex_lock(&r->lock);
+  for (int k = host; k < n; k++)
+    for (uint64_t freed = 0, got; freed < need[k] && (got = evict_lru(r, es[k]->loc));) freed += got;
+  pthread_mutex_unlock(&r->lock);
+  rc = b->places_load(es[0]->info, host, buf, locked, devs, nd, dcopy + host, l);
+  if (rc == -ENOMEM)
+    rc = nwc__fail(-ENOMEM, "no device memory for %s/%s on one of its places (after evicting and "
+                   "retrying)", es[0]->model, es[0]->tensor);
+  return rc;
+}
+
+int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, uint64_t places,
+                            bool pin, nwcd_load_info *li, uint64_t *loaded) {
+  const nwcd_backend *b = r->d->backend;
+  if (li) memset(li, 0, sizeof *li);
+  *loaded = 0;
+  int locs[MAX_PLACES], n = 0;
+  for (int loc = NWCD_LOC_CPU; loc < 63; loc++) {
+    if (!(places >> (loc + 1) & 1)) continue;
+    if (loc >= b->ndevices) return nwcd_no_device(b, loc);
+    locs[n++] = loc;
+  }
+  NWC_RETURN_IF(!n, -EINVAL, "load_places names no place");
+  int home = n > 1 && locs[0] == NWCD_LOC_CPU ? locs[1] : locs[0]; /* the lowest GPU, else host */
+  nwcd_entry *es[MAX_PLACES], *todo[MAX_PLACES];
+  uint64_t need[MAX_PLACES];
+  int rc = 0, nl = 0;
+  pthread_mutex_lock(&r->lock);
+  for (bool loading = true; loading;) {
+    if ((rc = lookup_all(r, model, tensor, locs, n, es)) < 0) {
+      pthread_mutex_unlock(&r->lock);
+      return rc;
+    }
+    loading = false;
+    for (int i = 0; i < n; i++) loading |= es[i]->state == NWC_RES_LOADING;
+    if (loading) pthread_cond_wait(&r->cond, &r->lock);
+  }
+  for (int i = 0; i < n; i++) {
+    if (es[i]->state == NWC_RES_RESIDENT) continue;
+    uint64_t want = locs[i] < 0 ? es[i]->len : es[i]->len + DEV_SLACK;
+    if (!make_room(r, locs[i], want)) { /* that place fails as load_on would; the others load */
+      int e = no_room(r, model, tensor, locs[i], want);
+      if (rc == 0) rc = e;
+      continue;
+    }
+    load_begin(r, es[i], want);
+    need[nl] = want, todo[nl++] = es[i];
+  }
+  if (nl) {
+    pthread_mutex_unlock(&r->lock);
+    void *buf = NULL, *dcopy[MAX_PLACES] = {NULL};
+    bool locked = false;
+    nwcd_load_info l = {0};
+    int lrc = load_places(r, todo, need, nl, &buf, &locked, dcopy, &l);
+    char detail[NWC_PROTO_MAX_MSG];
+    if (lrc < 0) snprintf(detail, sizeof detail, "%s", nwc_error_detail());
+    pthread_mutex_lock(&r->lock);
+    for (int k = 0; k < nl; k++) { /* one read: the bytes and the time counted once */
+      nwcd_load_info once = {.direct = l.direct};
+      int e = load_end(r, todo[k], lrc, need[k], todo[k]->loc < 0 ? buf : NULL,
+                       todo[k]->loc < 0 && locked, dcopy[k], k ? &once : &l);
+      if (e == 0) *loaded |= UINT64_C(1) << (todo[k]->loc + 1);
+      if (e < 0 && rc == 0) rc = lrc < 0 ? nwc__fail(lrc, "%s", detail) : e;
+    }
+    if (li) *li = l;
+  }
+  for (int i = 0; i < n; i++) {
+    if (es[i]->state != NWC_RES_RESIDENT) continue;
+    es[i]->last_used = nwcd_now_ns();
+    if (pin && !es[i]->pinned) es[i]->pinned = true, r->pinned_bytes += es[i]->len;
+    if (locs[i] == home) set_home(r, model, tensor, home);
   }
   pthread_mutex_unlock(&r->lock);
   return rc;

@@ -56,6 +56,15 @@ void nwcd_res_free(nwcd_res *r);
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li);
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
+/* Loads (pin: and pins) model/tensor's replica at every place of the mask places (bit 0 host
+ * memory, bit 1 + n device n) where it is not resident, from one read of its blob (the
+ * backend's places_load; a single such place loads as acquire does): room is made and each
+ * replica set LOADING under the lock, a place that cannot fit fails as an acquire there would
+ * while the others load.  The home becomes the lowest device named, else host memory.  Returns
+ * 0, or the first error (-ENODEV for a place the backend lacks, -EINVAL for none, -ENOSPC, a
+ * load error); *loaded gets the places loaded now (a mask), *li (may be NULL) the read's. */
+int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, uint64_t places,
+                            bool pin, nwcd_load_info *li, uint64_t *loaded);
 /* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
 int nwcd_no_device(const nwcd_backend *b, int at);
 /* Evicts every replica of one tensor (loc NWCD_LOC_DEFAULT) or its replica at loc, or none: 0, or
