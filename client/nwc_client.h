@@ -116,7 +116,8 @@ typedef struct nwc_client_resident {
 typedef struct nwc_client_result {
   uint64_t tensors, bytes, skipped, micros;
   uint64_t direct, buffered; /* load: tensors read with O_DIRECT / buffered */
-  uint64_t raw_bytes;        /* import: stored element bytes (nwc bytes are in bytes) */
+  uint64_t raw_bytes;        /* import: stored element bytes (nwc bytes are in bytes);
+                                load_places: bytes read from container files */
   uint64_t chunks, problems; /* verify (skipped holds the models checked) */
 } nwc_client_result;
 
@@ -222,6 +223,16 @@ NWC_CLIENT_API int nwc_client_pin_on(nwc_client *c, const char *model, const cha
                                      nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
+/* load (pin 0) or pin (pin 1) onto several places in one request: devices[0..n) (NWC_CLIENT_CPU
+ * or CUDA devices 0..62, any order; one named twice counts once), each blob read once and put
+ * into every place's replica; the home becomes the lowest CUDA device named, else host memory.
+ * res->raw_bytes gets the bytes the daemon read from its container files.  -EINVAL for n 0 or
+ * a device out of range, -ENODEV naming a place the daemon lacks, -EOPNOTSUPP (before sending
+ * anything) from a daemon without the op. */
+NWC_CLIENT_API int nwc_client_load_places(nwc_client *c, const char *model, const char *tensor,
+                                          const int *devices, size_t n, int pin,
+                                          nwc_client_progress_fn progress, void *ctx,
+                                          nwc_client_result *res);
 /* pull and push through an OCI registry (docs/oci.md), run by nwcd (it owns the store).  ref:
  * "host[:port]/repository[:tag|@sha256:...]"; user and secret: the credentials for its registry,
  * or both NULL for the caller's as docker and podman keep them ($REGISTRY_AUTH_FILE, podman's

@@ -494,6 +494,8 @@ static void print_result(const char *arg, const char *place, const nwc_client_re
                           (json_int_t)r->bytes, "skipped", (json_int_t)r->skipped, "seconds", r->micros / 1e6,
                           "direct", (json_int_t)r->direct, "buffered", (json_int_t)r->buffered);
     if (o && place) json_object_set_new(o, "device", json_string(place));
+    if (o && r->raw_bytes && strcmp(cmd, "import")) /* load_places: bytes the daemon read */
+      json_object_set_new(o, "read_bytes", json_integer((json_int_t)r->raw_bytes));
     if (arr) json_push(arr, o);
     else json_out(o);
   } else if (!strcmp(cmd, "load")) {
@@ -518,8 +520,27 @@ static int cmd_residency(const char *arg) {
   nwc_client *c = connected();
   if (!c) return 1;
   if (device_opt && n != 1 && (n = daemon_places(c, at, n)) < 0) return 1;
-  json_t *arr = json && n > 1 ? json_array() : NULL;
   int rc = 0;
+  if (n > 1 && strcmp(cmd, "evict")) { /* load, pin: one request, each blob read once */
+    nwc_client_result r;
+    rc = nwc_client_load_places(c, model, tensor, at, (size_t)n, !strcmp(cmd, "pin"), progress_bar,
+                                (void *)arg, &r);
+    if (rc == 0) { /* the places named, each once, host memory first */
+      char places[MAX_PLACES * 8] = "", name[16];
+      for (int p = NWC_CLIENT_CPU, off = 0; p < 256; p++) {
+        bool named = false;
+        for (int i = 0; i < n; i++) named |= at[i] == p;
+        if (!named) continue;
+        place_name(p, name);
+        off += snprintf(places + off, sizeof places - off, "%s%s", off ? "," : "", name);
+      }
+      print_result(arg, places, &r, NULL);
+      return 0;
+    }
+    if (rc != -EOPNOTSUPP) return die_tensor(c, rc, model, tensor);
+    rc = 0; /* an older daemon: a load_on per place, below */
+  }
+  json_t *arr = json && n > 1 ? json_array() : NULL;
   for (int i = 0; i < n && rc == 0; i++) { /* one replica per place, in order */
     nwc_client_result r;
     char place[16];
@@ -871,7 +892,8 @@ static const struct command {
     {"load", 1, 1, "load MODEL[/TENSOR] [--device PLACES] [--json]: read a model or one tensor into memory (io_uring,\n"
                    "  checksums checked), host memory or a GPU (default: where it is resident, else its last\n"
                    "  place, else GPU 0 with the cuda backend); PLACES is cpu, cuda:N, a comma-separated list\n"
-                   "  of them (one replica on each, loaded in order) or all (every GPU); a progress bar on a\n"
+                   "  of them (one replica on each, all from one read of each blob) or all (every GPU); a\n"
+                   "  progress bar on a\n"
                    "  TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
     {"evict", 1, 1, "evict MODEL[/TENSOR] [--device PLACES] [--json]: drop from memory, every place, or with --device\n"
                     "  the replicas on the places named (tensors in use or pinned there are kept whole and counted)"},

@@ -277,6 +277,28 @@ int main(void) {
     nwc_proto_req_clear(&got);
     nwc_pw_free(&w);
   }
+  /* load_places: host memory, cuda:0 and cuda:1 pinned from one read; the model into host
+   * memory.  A pin flag other than 0 and 1 is refused (places 0 and places the daemon lacks are
+   * the op's errors, test_daemon_basic). */
+  strcpy(r.tensor, "W");
+  r.op = NWC_OP_LOAD_PLACES, r.id = 35, r.pin = 1, r.device = 0;
+  r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU) | NWC_PLACE_BIT(0) | NWC_PLACE_BIT(1);
+  CHECK(r.places == 7, "places mask of host, cuda:0, cuda:1: %llu", (unsigned long long)r.places);
+  check_request("req_load_places", &r);
+  r.id = 36, r.pin = 0, r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU), r.tensor[0] = 0;
+  check_request("req_load_places_cpu", &r);
+  {
+    nwc_proto_req bad = r, got;
+    bad.pin = 2;
+    nwc_pw w;
+    nwc_pw_init(&w);
+    nwc_proto_hdr h;
+    CHECK(nwc_proto_req_encode(&bad, &w) > 0 && nwc_proto_hdr_decode(w.buf, &h) == 0 &&
+              nwc_proto_req_decode(&h, w.buf + NWC_PROTO_HEADER, &got) == -EBADMSG,
+          "load_places pin 2 accepted");
+    nwc_proto_req_clear(&got);
+    nwc_pw_free(&w);
+  }
   memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite"), strcpy(r.tensor, "W"), strcpy(r.bias, "b");
   r.op = NWC_OP_MATVEC_IPC, r.id = 27, r.scale = 0.5f, r.ncols = 2, r.out = NWC_OUT_BF16;

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import math
-from ctypes import byref, c_size_t, c_void_p
+from ctypes import byref, c_int, c_size_t, c_void_p
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from . import _arrays, _lib
 from ._lib import check, lib, text
@@ -30,6 +30,8 @@ _free.argtypes, _free.restype = [c_void_p], None
 
 Progress = Union[bool, None, Callable[[int, int], Any]]
 Device = Union[None, int, str]
+# a place, or several (a list or tuple of them: Client.load, Client.pin)
+Places = Union[Device, Sequence[Union[int, str]]]
 
 
 @dataclass
@@ -395,11 +397,13 @@ class Client(_lib.Closable):
         """Removes model from the store (``nwcctl rm``)."""
         check(lib().nwc_client_remove(self.handle, model.encode()))
 
-    def load(self, model: str, tensor: Optional[str] = None, device: Device = None,
+    def load(self, model: str, tensor: Optional[str] = None, device: Places = None,
              progress: Progress = True) -> Result:
         """Makes model's tensors (or one) resident (``nwcctl load``): device None for the
         tensor's resident replica or home (else the daemon's default place), or "cpu" or
-        "cuda:N" for a replica there (one per place); progress as for import_."""
+        "cuda:N" for a replica there (one per place), or a list of places: a replica on each
+        from one read of each blob (``Result.raw_bytes``: the bytes the daemon read; the home
+        becomes the lowest GPU named, else "cpu"); progress as for import_."""
         return self._on_place("load", model, tensor, device, progress)
 
     def _on_place(self, what: str, model: str, tensor: Optional[str], device: Device,
@@ -407,7 +411,12 @@ class Client(_lib.Closable):
         pr = _Progress(progress, f"{what} {model}")
         res = _lib.nwc_client_result()
         try:
-            if device is None and what == "load":
+            if isinstance(device, (list, tuple)):
+                at = [device_index(d) for d in device]
+                arr = (c_int * max(len(at), 1))(*at)
+                rc = lib().nwc_client_load_places(self.handle, model.encode(), _enc(tensor), arr,
+                                                  len(at), what == "pin", pr.fn, None, byref(res))
+            elif device is None and what == "load":
                 rc = lib().nwc_client_load(self.handle, model.encode(), _enc(tensor), pr.fn, None,
                                            byref(res))
             else:
@@ -435,9 +444,10 @@ class Client(_lib.Closable):
                                         device_index(device), byref(res)))
         return _result(res)
 
-    def pin(self, model: str, tensor: Optional[str] = None, device: Device = None) -> Result:
+    def pin(self, model: str, tensor: Optional[str] = None, device: Places = None) -> Result:
         """Loads and pins (never evicted by the budget) (``nwcctl pin``): device None for the
-        replica a request would use, or "cpu" or "cuda:N" for the replica there."""
+        replica a request would use, or "cpu" or "cuda:N" for the replica there, or a list of
+        places (as for load: one read of each blob)."""
         if device is None:
             return self._residency(lib().nwc_client_pin, model, tensor)
         return self._on_place("pin", model, tensor, device, False)

@@ -121,6 +121,20 @@ def test_load_ps_devices_stats_pin(client, sample):
     assert e.value.errno == errno.ENODEV
     assert client.evict("m", "w", device="cpu").tensors == 1
     assert all(p.tensor != "w" for p in client.ps())
+    # a list of places: one load_places, each blob read once (raw_bytes: the bytes read); a
+    # place named twice counts once; nothing read for a replica already resident
+    r = client.load("m", "w", device=["cpu", "cpu"], progress=False)
+    assert r.tensors == 1 and r.raw_bytes == r.bytes > 0
+    assert client.load("m", "w", device=("cpu",), progress=False).raw_bytes == 0
+    with pytest.raises(nwc.NwcError) as e:
+        client.load("m", "w", device=["cpu", "cuda:0"])
+    assert e.value.errno == errno.ENODEV and "cuda:0" in e.value.message
+    with pytest.raises(nwc.NwcError) as e:
+        client.load("m", "w", device=[])
+    assert e.value.errno == errno.EINVAL
+    assert client.pin("m", "w", device=["cpu"]).tensors == 1
+    assert [p.pinned for p in client.ps() if (p.model, p.tensor) == ("m", "w")] == [True]
+    client.unpin("m", "w")
 
 
 def test_dequant_gather_matvec(client, sample, rng):
