@@ -362,6 +362,76 @@ static void check_fp8_bias(nwc_client *c) {
   td_remove_q8(c, &q);
 }
 
+/* A load_places request of places (a mask) sent as it is, past the client library's checks:
+ * the reply's status, its message into msg. */
+static int raw_load_places(uint64_t places, char msg[256]) {
+  int fd = td_raw_hello(td_sock);
+  nwc_proto_req r;
+  memset(&r, 0, sizeof r);
+  r.op = NWC_OP_LOAD_PLACES, r.id = 2, r.places = places;
+  snprintf(r.model, sizeof r.model, "use");
+  nwc_proto_hdr h = {0};
+  uint8_t *p = NULL;
+  int ok = fd >= 0 && td_send_req(fd, &r) == 0 && td_recv_frame(fd, &h, &p, 5000) == 0;
+  snprintf(msg, 256, "%s", ok && p && h.status < 0 ? td_error_text(p, h.length) : "");
+  free(p);
+  if (fd >= 0) close(fd);
+  return ok ? h.status : -EIO;
+}
+
+/* load_places on the cpu backend: host memory alone is load_on(-1), each blob read once (the
+ * result's raw_bytes); a GPU named, or no place, is refused, naming it, and the daemon serves on. */
+static void check_load_places(nwc_client *c) {
+  nwc_client_result res, on;
+  size_t i = (size_t)rand() % td_nt;
+  const char *tn = td_t[i].name;
+  int cpu[] = {NWC_CLIENT_CPU, NWC_CLIENT_CPU};
+  printf("load_places: tensor %zu (%s)\n", i, tn);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, &res));
+  CHECK_RC(nwc_client_load_on(c, "use", tn, NWC_CLIENT_CPU, NULL, NULL, &on));
+  CHECK_RC(nwc_client_evict(c, "use", tn, &res));
+  CHECK_RC(nwc_client_load_places(c, "use", tn, cpu, 2, 0, NULL, NULL, &res));
+  CHECK(res.tensors == on.tensors && res.tensors == 1 && res.bytes == on.bytes &&
+            res.raw_bytes == res.bytes,
+        "load_places cpu of %s: %llu tensors, %llu bytes, %llu read (load_on: %llu, %llu)", tn,
+        (unsigned long long)res.tensors, (unsigned long long)res.bytes,
+        (unsigned long long)res.raw_bytes, (unsigned long long)on.tensors,
+        (unsigned long long)on.bytes);
+  nwc_client_resident *ps;
+  size_t n = 0;
+  CHECK_RC(nwc_client_ps(c, &ps, &n));
+  CHECK(n == 1 && !strcmp(ps[0].tensor, tn) && ps[0].device == NWC_CLIENT_CPU && !ps[0].pinned,
+        "ps after load_places cpu: %zu rows", n);
+  free(ps);
+  /* the model: the rest read once, the resident one not again */
+  CHECK_RC(nwc_client_load_places(c, "use", NULL, cpu, 1, 1, NULL, NULL, &res));
+  uint64_t rest = res.bytes - on.bytes; /* bytes: every tensor's blob, resident before or not */
+  CHECK(res.tensors == td_nt && res.raw_bytes == rest,
+        "pin_places of the model: %llu tensors, %llu bytes read (want %zu, %llu)",
+        (unsigned long long)res.tensors, (unsigned long long)res.raw_bytes, td_nt,
+        (unsigned long long)rest);
+  CHECK_RC(nwc_client_ps(c, &ps, &n));
+  for (size_t k = 0; k < n; k++) CHECK(ps[k].pinned, "ps: %s not pinned by pin_places", ps[k].tensor);
+  free(ps);
+  CHECK_RC(nwc_client_unpin(c, "use", NULL, &res));
+  CHECK_RC(nwc_client_load_places(c, "use", NULL, cpu, 1, 0, NULL, NULL, &res));
+  CHECK(res.tensors == td_nt && res.raw_bytes == 0, "load_places of a resident model read %llu",
+        (unsigned long long)res.raw_bytes);
+  /* refused: a GPU (the library's list or a raw mask), no place; the daemon serves on */
+  int gpu[] = {NWC_CLIENT_CPU, 3};
+  int rc = nwc_client_load_places(c, "use", tn, gpu, 2, 0, NULL, NULL, &res);
+  CHECK(rc == -ENODEV && strstr(nwc_client_last_error(), "no device cuda:3"),
+        "load_places cpu,cuda:3: %d %s", rc, nwc_client_last_error());
+  rc = nwc_client_load_places(c, "use", tn, gpu, 0, 0, NULL, NULL, &res);
+  CHECK(rc == -EINVAL, "load_places of no place in the library: %d", rc);
+  char msg[256];
+  rc = raw_load_places(0, msg);
+  CHECK(rc == -EINVAL && strstr(msg, "names no place"), "load_places 0: %d %s", rc, msg);
+  rc = raw_load_places(UINT64_C(1) << 63, msg);
+  CHECK(rc == -ENODEV && strstr(msg, "no device cuda:62"), "load_places cuda:62: %d %s", rc, msg);
+  CHECK_RC(nwc_client_stats(c, &(nwc_client_counters){0}));
+}
+
 int main(void) {
   int rc0;
   /* a host budget of its own, not a round one (devices must report it), that the model fits */
@@ -447,6 +517,7 @@ int main(void) {
         nwc_client_last_error());
   CHECK_RC(nwc_client_load_on(c, "use", td_t[0].name, NWC_CLIENT_CPU, NULL, NULL, &res));
   CHECK(res.tensors == 1, "load_on cpu: %llu tensors", (unsigned long long)res.tensors);
+  check_load_places(c);
   CHECK_RC(nwc_client_load(c, "use", NULL, NULL, NULL, &res));
   nwc_client_resident *ps;
   CHECK_RC(nwc_client_ps(c, &ps, &n));
