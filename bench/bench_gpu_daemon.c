@@ -20,6 +20,12 @@
  *                       nwcd's lanes copy them but with nothing else (no checks, no allocation):
  *                       the floor of a verified warm load on this host, in the same run
  *          (median of R rounds; GB/s of the bytes each moves: container blobs or the BF16 file)
+ *   load   places_one   with --places P,Q[,..] (cpu, N or cuda:N): a warm `load_on` of the whole
+ *                       model onto the first place named, and
+ *          places_all   a warm `load_places` of it onto every place named (one read of each
+ *                       blob; the reply's bytes read are checked to be the model's once), R
+ *                       rounds alternating, then a line with all / one (the target: two places
+ *                       in at most 1.15 times one place's time)
  *   stage, loader  after nwcd has stopped, on its store: the warm load taken apart in this
  *          process (bench_gpu_load.c): each stage alone (read, check, copy to the device, zero
  *          copy) and nwcd's loader itself in lanes of GPU rings as nwcd runs it, in the
@@ -236,13 +242,60 @@ static void line(const char *bench, const char *item, double seconds, double byt
   fprintf(stderr, "%-8s %-11s %10.3f ms %8.2f GB/s\n", bench, item, seconds * 1e3, bytes / seconds / 1e9);
 }
 
+/* "cpu,0,cuda:1" into at (NWC_CLIENT_CPU or devices): how many, or -1. */
+static int parse_places(const char *s, int at[16]) {
+  int n = 0;
+  for (const char *p = s; *p && n < 16;) {
+    size_t len = strcspn(p, ",");
+    if (len == 3 && !strncmp(p, "cpu", 3)) at[n++] = NWC_CLIENT_CPU;
+    else if (len > 5 && !strncmp(p, "cuda:", 5)) at[n++] = atoi(p + 5);
+    else if (len && p[0] >= '0' && p[0] <= '9') at[n++] = atoi(p);
+    else return -1;
+    p += len + (p[len] == ',');
+  }
+  return n;
+}
+
+/* The places item (--places): a warm load onto at[0] alone against load_places onto at[0..n),
+ * R rounds alternating, medians; 0, or 1 after a failed load. */
+static int places_item(nwc_client *c, const int *at, int n, unsigned R, uint64_t blob_bytes,
+                       const char *spec) {
+  double one[64], all[64];
+  uint64_t read = 0;
+  for (unsigned r = 0; r < R; r++) {
+    nwc_client_result res;
+    nwc_client_evict(c, "m", NULL, NULL);
+    double t0 = nwc_bench_now();
+    int rc = nwc_client_load_on(c, "m", NULL, at[0], NULL, NULL, NULL);
+    one[r] = nwc_bench_now() - t0;
+    nwc_client_evict(c, "m", NULL, NULL);
+    t0 = nwc_bench_now();
+    if (rc == 0) rc = nwc_client_load_places(c, "m", NULL, at, (size_t)n, 0, NULL, NULL, &res);
+    all[r] = nwc_bench_now() - t0;
+    if (rc < 0) return fprintf(stderr, "load --places %s: %s\n", spec, nwc_client_last_error()), 1;
+    read = res.raw_bytes;
+  }
+  nwc_client_evict(c, "m", NULL, NULL);
+  double m1 = nwc_bench_median(one, R), ma = nwc_bench_median(all, R);
+  line("load", "places_one", m1, (double)blob_bytes);
+  line("load", "places_all", ma, (double)blob_bytes * n);
+  printf("{\"bench\":\"load\",\"item\":\"places\",\"places\":\"%s\",\"one_s\":%.6f,\"all_s\":%.6f,"
+         "\"all_over_one\":%.3f,\"target_all_over_one\":1.15,\"read_bytes\":%llu,"
+         "\"blob_bytes\":%llu,\"read_once\":%s}\n", spec, m1, ma, ma / m1,
+         (unsigned long long)read, (unsigned long long)blob_bytes, read == blob_bytes ? "true" : "false");
+  fprintf(stderr, "places %s: %.3f x the time of one place (<= 1.15); %s\n", spec, ma / m1,
+          read == blob_bytes ? "each blob read once" : "BLOBS READ MORE THAN ONCE");
+  return read == blob_bytes ? 0 : 1;
+}
+
 int nwc_bench_gpu_daemon(int argc, char **argv) {
   unsigned T = 32, R = 3, iters = 2000;
   uint64_t E = 0;
   bool keep = false;
   const char *log_level = "--quiet"; /* its stderr kept: errors, and the log asked for */
-  const char *specs[32];
+  const char *specs[32], *places_spec = NULL;
   size_t nspecs = 0;
+  int places[16], nplaces = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tensors") && i + 1 < argc) T = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--embed") && i + 1 < argc) E = strtoull(argv[++i], NULL, 0);
@@ -253,11 +306,15 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
     else if (!strcmp(argv[i], "--nwcd") && i + 1 < argc) nwcd_path = argv[++i];
     else if (!strcmp(argv[i], "--keep")) keep = true;
     else if (!strcmp(argv[i], "--nwcd-verbose")) log_level = "--verbose";
+    else if (!strcmp(argv[i], "--places") && i + 1 < argc &&
+             (nplaces = parse_places(argv[i + 1], places)) >= 2)
+      places_spec = argv[++i];
     else if (!strcmp(argv[i], "--loader") && i + 1 < argc && nspecs < 32 &&
              nwc_bench_gpu_load_spec(argv[i + 1]) == 0)
       specs[nspecs++] = argv[++i];
     else return fprintf(stderr, "usage: nwc-bench gpu-daemon [--tensors T] [--rows M] [--cols K] "
                                 "[--embed E] [--rounds R] [--iters N] [--nwcd PATH] [--nwcd-verbose] [--keep] "
+                                "[--places P,Q[,..]] "
                                 "[--loader L:B:S:C[:none][:alloc][:fresh][:touch][:pool][:reuse][:hot][:pN]]...\n"), 2;
   }
   if (T < 1 || R < 1 || R > 64 || iters < 10 || M < 8 || K < 16) return fprintf(stderr, "bad sizes\n"), 2;
@@ -357,6 +414,7 @@ int nwc_bench_gpu_daemon(int argc, char **argv) {
   }
   double warm_gbps = blob_bytes / med[2] / 1e9, raw_gbps = raw.total / med[5] / 1e9;
   cudaFree(dev);
+  if (places_spec && places_item(c, places, nplaces, R, blob_bytes, places_spec) != 0) return 1;
   /* matvec through the socket and the bare kernel */
   const char *tn = "w.0";
   nwc_client_load_on(c, "m", tn, 0, NULL, NULL, NULL);

@@ -23,6 +23,7 @@ static void usage(FILE *f) {
         "  map FILE.safetensors [...]\n"
         "        calls on a mapped tensor against the socket, memory of N mapping processes\n"
         "  gpu-daemon [--tensors T] [--rows M] [--cols K] [--embed E] [--rounds R] [--iters N]\n"
+        "        [--places P,Q[,..]: a warm load onto several places at once vs one]\n"
         "        (CUDA builds)\n"
         "        nwcd --backend cuda: GPU loads vs O_DIRECT and BF16 read + cudaMemcpy, matvec\n"
         "        through the socket vs the bare kernel, 8 clients at once vs in a row\n"

@@ -594,6 +594,81 @@ static void replica_steps(nwc_client *c, int ndev) {
   printf("replicas: %s on cuda:0 and cuda:1, pinned, evicted together\n", t->name);
 }
 
+/* Bytes the daemon has loaded so far (stats load_bytes: each read counted once). */
+static uint64_t loaded_bytes(nwc_client *c) {
+  nwc_client_counters s = {0};
+  CHECK_RC(nwc_client_stats(c, &s));
+  return s.load_bytes;
+}
+
+/* 10. load_places (on the second daemon: 1 GiB per device, 6 MiB of host memory): the sample's
+ * largest matrix into host memory and onto cuda:0 in one request, both replicas RESIDENT in
+ * ps, its blob read once (the result's raw_bytes and stats' load_bytes grow by its length, not
+ * twice); a matvec within 1e-5 of fp64 from the cuda:0 replica (the home: the lowest GPU named)
+ * and from the host one (mapped, then through the socket after a load_on cpu that reads
+ * nothing); pinned through the flag on both places.  With a second GPU the whole model onto
+ * cuda:0 and cuda:1 at once (its lanes), every tensor on both, the model's bytes read once,
+ * and the matrix's matvec from each device. */
+static void places_steps(nwc_client *c, int ndev) {
+  const td_tensor *t = find_tensor(true);
+  nwc_client_result res;
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  uint64_t b0 = loaded_bytes(c);
+  int host_gpu[] = {0, NWC_CLIENT_CPU};
+  CHECK_RC(nwc_client_load_places(c, "use", t->name, host_gpu, 2, 0, NULL, NULL, &res));
+  uint64_t b1 = loaded_bytes(c);
+  CHECK(res.tensors == 1 && res.bytes > 0 && res.raw_bytes == res.bytes && b1 - b0 == res.bytes,
+        "load_places cpu,cuda:0 of %s: %llu tensors, %llu bytes, %llu read (stats: %llu)",
+        t->name, (unsigned long long)res.tensors, (unsigned long long)res.bytes,
+        (unsigned long long)res.raw_bytes, (unsigned long long)(b1 - b0));
+  CHECK(ps_places(c, "use", t->name) == 3, "load_places cpu,cuda:0: places 0x%x in ps",
+        ps_places(c, "use", t->name));
+  budget_step_matvec(c, t->name); /* cuda:0, the home */
+  nwc_client_mapping *m = NULL;
+  CHECK_RC(nwc_client_map(c, "use", t->name, &m));
+  if (m) map_matvec(m, t); /* the host replica's bytes */
+  nwc_client_unmap(m);
+  nwc_client_result on;
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, NWC_CLIENT_CPU, NULL, NULL, &on));
+  CHECK(loaded_bytes(c) == b1, "load_on cpu of a replica load_places made read %llu bytes",
+        (unsigned long long)(loaded_bytes(c) - b1));
+  budget_step_matvec(c, t->name); /* host memory's replica */
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  CHECK_RC(nwc_client_load_places(c, "use", t->name, host_gpu, 2, 1, NULL, NULL, &res));
+  int rc = nwc_client_evict_on(c, "use", t->name, NWC_CLIENT_CPU, NULL);
+  int rc0 = nwc_client_evict_on(c, "use", t->name, 0, NULL);
+  CHECK(rc == -EBUSY && rc0 == -EBUSY && ps_places(c, "use", t->name) == 3,
+        "pin through load_places: evict_on cpu %d, cuda:0 %d, places 0x%x", rc, rc0,
+        ps_places(c, "use", t->name));
+  CHECK_RC(nwc_client_unpin(c, "use", t->name, NULL));
+  CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
+  printf("load_places: %s into host memory and onto cuda:0 from one read of %llu bytes\n",
+         t->name, (unsigned long long)res.bytes);
+  if (ndev < 2) {
+    printf("load_places: this machine has %d GPU, the steps on cuda:0 and cuda:1 were skipped\n",
+           ndev);
+    return;
+  }
+  int gpus[] = {1, 0};
+  b0 = loaded_bytes(c);
+  CHECK_RC(nwc_client_load_places(c, "use", NULL, gpus, 2, 0, NULL, NULL, &res));
+  b1 = loaded_bytes(c);
+  CHECK(res.tensors == td_nt && res.raw_bytes == res.bytes && b1 - b0 == res.bytes,
+        "load_places cuda:0,cuda:1 of the model: %llu tensors, %llu bytes, %llu read (stats: "
+        "%llu)", (unsigned long long)res.tensors, (unsigned long long)res.bytes,
+        (unsigned long long)res.raw_bytes, (unsigned long long)(b1 - b0));
+  for (size_t i = 0; i < td_nt; i++)
+    CHECK(ps_places(c, "use", td_t[i].name) == 6, "%s: places 0x%x after load_places cuda:0,"
+          "cuda:1", td_t[i].name, ps_places(c, "use", td_t[i].name));
+  budget_step_matvec(c, t->name); /* cuda:0, the home */
+  CHECK_RC(nwc_client_load_on(c, "use", t->name, 1, NULL, NULL, NULL));
+  CHECK(loaded_bytes(c) == b1, "load_on cuda:1 of a replica load_places made read again");
+  budget_step_matvec(c, t->name); /* cuda:1 */
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  printf("load_places: the model onto cuda:0 and cuda:1 from one read of %llu bytes\n",
+         (unsigned long long)res.bytes);
+}
+
 /* One random step of the budget workload; checks the reply.  on_cpu[i]: tensor i has a replica
  * in host memory (loaded there explicitly; the host budget holds them all), beside which it may
  * have one on cuda:0. */
@@ -914,6 +989,7 @@ int main(int argc, char **argv) {
   oom_steps(c);
   home_steps(c);
   replica_steps(c, ndev);
+  places_steps(c, ndev);
   second_device_steps(c);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
