@@ -122,8 +122,8 @@ typedef struct nwcd_backend {
  * memory as host_load does (a spare cut to size, or a fresh memfd), has fill write ti's whole
  * blob into dst (0, or a negative errno), then maps it and returns as host_load.  How a load
  * to several places (places_load) makes its host copy from the read it shares with devices. */
-typedef int (*nwcd_host_fill_fn)(void *ctx, const nwc_tensor_info *ti, const struct nwcd_host_dst *dst,
-                                 struct nwcd_load_info *li);
+typedef int (*nwcd_host_fill_fn)(void *ctx, const nwc_tensor_info *ti,
+                                 const struct nwcd_host_dst *dst, struct nwcd_load_info *li);
 int nwcd_host_load_with(const nwc_tensor_info *ti, nwcd_host_fill_fn fill, void *ctx, void **p,
                         bool *locked, struct nwcd_load_info *li);
 

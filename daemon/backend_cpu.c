@@ -13,6 +13,10 @@
  * included, can write it (write(), a writable shared mmap, an mprotect to PROT_WRITE of a
  * read-only mapping all fail), shrink it, grow it or lift the seals.
  *
+ * nwcd_host_load_with is host_load with the blob's bytes written by its caller's function: how a
+ * load to several places (the cuda backend's places_load) writes the host copy from the read it
+ * shares with the devices, into the very memory host_load would make.
+ *
  * Spares: a copy freed (evicted by LRU) that was never shared has had no reader but this process, so
  * host_free keeps it, mapped, populated and locked, and the next host_load of at most its size
  * takes the smallest such spare, cuts it to its length (ftruncate frees the rest), zeros what the

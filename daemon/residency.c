@@ -75,8 +75,15 @@
  * explicit evict of a tensor takes all its replicas (evict) or the one at a place (evict_on), or
  * none: if one is loading, in use, mapped or pinned it is -EBUSY naming that place and every
  * replica stays (a model evict skips such a tensor); unpin unpins them all.
- * A tensor's home is the place its last explicit load or pin named (load_on), kept in every
- * replica alike (set_home).  A request that names no place (compute, a plain load or pin) uses
+ * A load onto several places at once (nwcd_res_acquire_places, load_places) takes the tensor's
+ * replica at each place under the lock in one pass: it waits while any of them is LOADING, skips
+ * the RESIDENT ones, makes room at each other place and sets it LOADING (a place that cannot fit
+ * is that place's -ENOSPC; the others go on), then loads them all from one read of the blob
+ * (the backend's places_load; one place alone loads as acquire does) and moves each on as an
+ * acquire would, the read's bytes and time counted once.  Its home is the lowest device named,
+ * else host memory.
+ * A tensor's home is the place its last explicit load or pin named (load_on; load_places:
+ * above), kept in every replica alike (set_home).  A request that names no place (compute, a plain load or pin) uses
  * a RESIDENT replica when there is one: the home's, else the default place's (device 0, or host
  * memory without devices), else the lowest place's (resident_replica); when none is resident,
  * such as after an LRU eviction, it loads the tensor at its home again, not at the default
@@ -630,7 +637,8 @@ static int load_places(nwcd_res *r, nwcd_entry **es, const uint64_t *need, int n
   if (rc != -ENOMEM) return rc;
   pthread_mutex_lock(&r->lock);
   for (int k = host; k < n; k++)
-    for (uint64_t freed = 0, got; freed < need[k] && (got = evict_lru(r, es[k]->loc));) freed += got;
+    for (uint64_t freed = 0, got; freed < need[k] && (got = evict_lru(r, es[k]->loc));)
+      freed += got;
   pthread_mutex_unlock(&r->lock);
   rc = b->places_load(es[0]->info, host, buf, locked, devs, nd, dcopy + host, l);
   if (rc == -ENOMEM)
