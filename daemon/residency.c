@@ -663,6 +663,7 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
   nwcd_entry *es[MAX_PLACES], *todo[MAX_PLACES];
   uint64_t need[MAX_PLACES];
   int rc = 0, nl = 0;
+  char first[NWC_PROTO_MAX_MSG] = ""; /* rc's detail: later failures set their own */
   pthread_mutex_lock(&r->lock);
   for (bool loading = true; loading;) {
     if ((rc = lookup_all(r, model, tensor, locs, n, es)) < 0) {
@@ -678,7 +679,7 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
     uint64_t want = locs[i] < 0 ? es[i]->len : es[i]->len + DEV_SLACK;
     if (!make_room(r, locs[i], want)) { /* that place fails as load_on would; the others load */
       int e = no_room(r, model, tensor, locs[i], want);
-      if (rc == 0) rc = e;
+      if (rc == 0) rc = e, snprintf(first, sizeof first, "%s", nwc_error_detail());
       continue;
     }
     load_begin(r, es[i], want);
@@ -690,15 +691,14 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
     bool locked = false;
     nwcd_load_info l = {0};
     int lrc = load_places(r, todo, need, nl, &buf, &locked, dcopy, &l);
-    char detail[NWC_PROTO_MAX_MSG];
-    if (lrc < 0) snprintf(detail, sizeof detail, "%s", nwc_error_detail());
+    if (lrc < 0 && rc == 0) rc = lrc, snprintf(first, sizeof first, "%s", nwc_error_detail());
     pthread_mutex_lock(&r->lock);
     for (int k = 0; k < nl; k++) { /* one read: the bytes and the time counted once */
       nwcd_load_info once = {.direct = l.direct};
       int e = load_end(r, todo[k], lrc, need[k], todo[k]->loc < 0 ? buf : NULL,
                        todo[k]->loc < 0 && locked, dcopy[k], k ? &once : &l);
       if (e == 0) *loaded |= UINT64_C(1) << (todo[k]->loc + 1);
-      if (e < 0 && rc == 0) rc = lrc < 0 ? nwc__fail(lrc, "%s", detail) : e;
+      if (e < 0 && rc == 0) rc = e, snprintf(first, sizeof first, "%s", nwc_error_detail());
     }
     if (li) *li = l;
   }
@@ -709,7 +709,7 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
     if (locs[i] == home) set_home(r, model, tensor, home);
   }
   pthread_mutex_unlock(&r->lock);
-  return rc;
+  return rc < 0 ? nwc__fail(rc, "%s", first) : 0;
 }
 
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref) {
