@@ -177,11 +177,11 @@ int nwc_client_load(nwc_client *c, const char *model, const char *tensor,
   return LOCKED(c, do_simple(c, NWC_OP_LOAD, model, tensor, progress, ctx, res));
 }
 static int do_on_place(nwc_client *c, unsigned op, const char *model, const char *tensor, int device,
-                       uint64_t places, bool pin, nwc_client_progress_fn progress, void *ctx,
+                       uint64_t places, unsigned flags, nwc_client_progress_fn progress, void *ctx,
                        nwc_client_result *res) {
   nwc_proto_req req = {0};
   nwc__client_names(&req, op, model, tensor);
-  req.device = device, req.places = places, req.pin = pin;
+  req.device = device, req.places = places, req.load_flags = (uint8_t)flags;
   size_t len;
   int rc = nwc__client_request(c, &req, NULL, 0, progress, ctx, &len);
   if (rc < 0) return rc;
@@ -195,7 +195,8 @@ static int place_request(nwc_client *c, unsigned op, const char *model, const ch
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;
   if (device < NWC_CLIENT_CPU)
     return nwc__client_fail(-EINVAL, "device %d (-1 host, 0.. CUDA)", device);
-  return LOCKED(c, do_on_place(c, op, model, tensor, device, 0, pin, progress, ctx, res));
+  return LOCKED(c, do_on_place(c, op, model, tensor, device, 0, pin ? NWC_LOAD_PIN : 0, progress,
+                               ctx, res));
 }
 int nwc_client_load_on(nwc_client *c, const char *model, const char *tensor, int device,
                        nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
@@ -210,16 +211,20 @@ int nwc_client_evict_on(nwc_client *c, const char *model, const char *tensor, in
   return place_request(c, NWC_OP_EVICT_ON, model, tensor, device, false, NULL, NULL, res);
 }
 static int do_load_places(nwc_client *c, const char *model, const char *tensor, uint64_t places,
-                          int pin, nwc_client_progress_fn progress, void *ctx,
+                          unsigned flags, nwc_client_progress_fn progress, void *ctx,
                           nwc_client_result *res) {
   if (!(c->hello.caps & NWC_CAP_LOAD_PLACES))
     return nwc__client_fail(-EOPNOTSUPP, "this nwcd has no load_places (one load per place)");
-  return do_on_place(c, NWC_OP_LOAD_PLACES, model, tensor, 0, places, pin, progress, ctx, res);
+  return do_on_place(c, NWC_OP_LOAD_PLACES, model, tensor, 0, places, flags, progress, ctx, res);
 }
 int nwc_client_load_places(nwc_client *c, const char *model, const char *tensor,
-                           const int *devices, size_t n, int pin, nwc_client_progress_fn progress,
-                           void *ctx, nwc_client_result *res) {
+                           const int *devices, size_t n, unsigned flags,
+                           nwc_client_progress_fn progress, void *ctx, nwc_client_result *res) {
+  _Static_assert(NWC_CLIENT_LOAD_PIN == NWC_LOAD_PIN && NWC_CLIENT_LOAD_SPLIT == NWC_LOAD_SPLIT,
+                 "load flags are the wire's");
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;
+  if (flags & ~(NWC_CLIENT_LOAD_PIN | NWC_CLIENT_LOAD_SPLIT))
+    return nwc__client_fail(-EINVAL, "load_places flags 0x%x (NWC_CLIENT_LOAD_PIN, _SPLIT)", flags);
   uint64_t places = 0;
   for (size_t i = 0; i < n; i++) {
     if (devices[i] < NWC_CLIENT_CPU || devices[i] > 62)
@@ -227,7 +232,7 @@ int nwc_client_load_places(nwc_client *c, const char *model, const char *tensor,
     places |= NWC_PLACE_BIT(devices[i]);
   }
   if (!places) return nwc__client_fail(-EINVAL, "load_places names no place");
-  return LOCKED(c, do_load_places(c, model, tensor, places, pin != 0, progress, ctx, res));
+  return LOCKED(c, do_load_places(c, model, tensor, places, flags, progress, ctx, res));
 }
 int nwc_client_evict(nwc_client *c, const char *model, const char *tensor, nwc_client_result *res) {
   if (nwc__client_check_names(model, tensor) < 0) return -EINVAL;

@@ -223,14 +223,21 @@ NWC_CLIENT_API int nwc_client_pin_on(nwc_client *c, const char *model, const cha
                                      nwc_client_result *res);
 NWC_CLIENT_API int nwc_client_unpin(nwc_client *c, const char *model, const char *tensor,
                                     nwc_client_result *res);
-/* load (pin 0) or pin (pin 1) onto several places in one request: devices[0..n) (NWC_CLIENT_CPU
- * or CUDA devices 0..62, any order; one named twice counts once), each blob read once and put
- * into every place's replica; the home becomes the lowest CUDA device named, else host memory.
- * res->raw_bytes gets the bytes the daemon read from its container files.  -EINVAL for n 0 or
- * a device out of range, -ENODEV naming a place the daemon lacks, -EOPNOTSUPP (before sending
- * anything) from a daemon without the op. */
+/* load onto several places in one request: devices[0..n) (NWC_CLIENT_CPU or CUDA devices 0..62,
+ * any order; one named twice counts once).  flags: NWC_CLIENT_LOAD_PIN pins what it loads;
+ * without NWC_CLIENT_LOAD_SPLIT each blob is read once and put into every place's replica, the
+ * home becoming the lowest CUDA device named, else host memory; with it each tensor goes to ONE
+ * of the places, the first in the order cuda:0, cuda:1, ..., host memory whose free budget takes
+ * it, the tensors taken in natural name order (layers.2 before layers.10), one already resident
+ * at a place named staying there, nothing evicted, and its home becomes that place
+ * (docs/protocol.md, Split); a tensor that fits at none is -ENOSPC naming it and each place's
+ * free bytes, nothing loaded.  res->raw_bytes gets the bytes the daemon read from its container
+ * files.  -EINVAL for n 0, a device out of range or another flag, -ENODEV naming a place the
+ * daemon lacks, -EOPNOTSUPP (before sending anything) from a daemon without the op. */
+#define NWC_CLIENT_LOAD_PIN 1u
+#define NWC_CLIENT_LOAD_SPLIT 2u
 NWC_CLIENT_API int nwc_client_load_places(nwc_client *c, const char *model, const char *tensor,
-                                          const int *devices, size_t n, int pin,
+                                          const int *devices, size_t n, unsigned flags,
                                           nwc_client_progress_fn progress, void *ctx,
                                           nwc_client_result *res);
 /* pull and push through an OCI registry (docs/oci.md), run by nwcd (it owns the store).  ref:

@@ -24,6 +24,7 @@ static const char *prog = "nwcctl";
 static const char *cmd = "";
 static bool json;
 static const char *device_opt; /* load, pin and evict --device, as given */
+static bool split_opt;         /* load and pin --split */
 static const char *sock_path;   /* --socket, or NULL: NWC_SOCKET or the default */
 static nwc_client *conn;        /* connected(): once a command's arguments are known to be good */
 
@@ -511,19 +512,70 @@ static void print_result(const char *arg, const char *place, const nwc_client_re
   }
 }
 
+/* After a split of model over at[0..n): the result, then per place named (GPUs in order, host
+ * memory last: the policy's order) the model's replicas there and their bytes as ps lists them;
+ * with --json one object with "places". */
+static int print_split(nwc_client *c, const char *model, const int *at, int n,
+                       const nwc_client_result *r) {
+  nwc_client_resident *ps;
+  size_t np;
+  int rc = nwc_client_ps(c, &ps, &np);
+  if (rc < 0) return die(rc);
+  char b[32], name[32];
+  json_t *places = json ? json_array() : NULL;
+  if (!json)
+    printf("%s %s split: %llu tensor%s, %s in %.3f s (read %s)\n",
+           !strcmp(cmd, "pin") ? "pinned" : "loaded", model, (unsigned long long)r->tensors,
+           plural(r->tensors), nwc_size_text(r->bytes, b), r->micros / 1e6,
+           nwc_size_text(r->raw_bytes, name));
+  for (int k = 0; k <= 256; k++) { /* cuda:0..255, then host memory */
+    int p = k < 256 ? k : NWC_CLIENT_CPU;
+    bool named = false;
+    for (int i = 0; i < n; i++) named |= at[i] == p;
+    if (!named) continue;
+    unsigned long long tensors = 0, bytes = 0;
+    for (size_t i = 0; i < np; i++)
+      if (ps[i].device == p && !strcmp(ps[i].model, model)) tensors++, bytes += ps[i].bytes;
+    place_name(p, name);
+    if (json)
+      json_push(places, json_pack("{s:s,s:I,s:I}", "device", name, "tensors", (json_int_t)tensors,
+                                  "bytes", (json_int_t)bytes));
+    else
+      printf("  %-7s %llu tensor%s, %s\n", name, tensors, plural(tensors), nwc_size_text(bytes, b));
+  }
+  free(ps);
+  if (json)
+    json_out(json_pack("{s:I,s:I,s:f,s:I,s:o}", "tensors", (json_int_t)r->tensors, "bytes",
+                       (json_int_t)r->bytes, "seconds", r->micros / 1e6, "read_bytes",
+                       (json_int_t)r->raw_bytes, "places", places));
+  return 0;
+}
+
 static int cmd_residency(const char *arg) {
   char model[1024];
   const char *tensor;
   if (split(arg, model, sizeof model, &tensor) < 0) return 2;
   int at[MAX_PLACES], n = 1;
   if (device_opt && (n = parse_places(device_opt, at)) < 0) return 2;
+  if (split_opt && (!device_opt || tensor)) {
+    fprintf(stderr, "%s: %s: --split spreads a model's tensors over the places of --device: %s\n",
+            prog, cmd, tensor ? "name a model, not one tensor" : "name them (--device A,B or all)");
+    return 2;
+  }
   nwc_client *c = connected();
   if (!c) return 1;
   if (device_opt && n != 1 && (n = daemon_places(c, at, n)) < 0) return 1;
   int rc = 0;
+  if (split_opt) { /* one request, each tensor at one place */
+    nwc_client_result r;
+    unsigned flags = NWC_CLIENT_LOAD_SPLIT | (!strcmp(cmd, "pin") ? NWC_CLIENT_LOAD_PIN : 0);
+    rc = nwc_client_load_places(c, model, NULL, at, (size_t)n, flags, progress_bar, (void *)arg, &r);
+    return rc < 0 ? die_tensor(c, rc, model, tensor) : print_split(c, model, at, n, &r);
+  }
   if (n > 1 && strcmp(cmd, "evict")) { /* load, pin: one request, each blob read once */
     nwc_client_result r;
-    rc = nwc_client_load_places(c, model, tensor, at, (size_t)n, !strcmp(cmd, "pin"), progress_bar,
+    rc = nwc_client_load_places(c, model, tensor, at, (size_t)n,
+                                !strcmp(cmd, "pin") ? NWC_CLIENT_LOAD_PIN : 0, progress_bar,
                                 (void *)arg, &r);
     if (rc == 0) { /* the places named, each once, host memory first */
       char places[MAX_PLACES * 8] = "", name[16];
@@ -889,16 +941,21 @@ static const struct command {
                       "  bytes and tensors resident (used), pinned bytes, free and total memory, and on a GPU\n"
                       "  what the daemon's pool of device copies holds beyond them (pool)"},
     {"info", 1, 1, "info MODEL/TENSOR [--json]: one tensor: shape, storage, container file and offset, residency"},
-    {"load", 1, 1, "load MODEL[/TENSOR] [--device PLACES] [--json]: read a model or one tensor into memory (io_uring,\n"
-                   "  checksums checked), host memory or a GPU (default: where it is resident, else its last\n"
-                   "  place, else GPU 0 with the cuda backend); PLACES is cpu, cuda:N, a comma-separated list\n"
-                   "  of them (one replica on each, all from one read of each blob) or all (every GPU); a\n"
-                   "  progress bar on a\n"
-                   "  TTY; fails with ENOSPC when it cannot fit the daemon's budget"},
+    {"load", 1, 1, "load MODEL[/TENSOR] [--device PLACES [--split]] [--json]: read a model or one tensor into memory\n"
+                   "  (io_uring, checksums checked), host memory or a GPU (default: where it is resident, else\n"
+                   "  its last place, else GPU 0 with the cuda backend); PLACES is cpu, cuda:N, a comma-separated\n"
+                   "  list of them (one replica on each, all from one read of each blob) or all (every GPU);\n"
+                   "  --split puts each tensor of MODEL at ONE of the places instead: tensors in natural name\n"
+                   "  order (layers.2 before layers.10), each at the first place in the order cuda:0, cuda:1,\n"
+                   "  ..., cpu whose free budget takes it, one already resident at a place named staying\n"
+                   "  there, nothing evicted; it prints the tensors and bytes at each place; a tensor that\n"
+                   "  fits nowhere fails it with ENOSPC, nothing loaded; a progress bar on a TTY; fails with\n"
+                   "  ENOSPC when it cannot fit the daemon's budget"},
     {"evict", 1, 1, "evict MODEL[/TENSOR] [--device PLACES] [--json]: drop from memory, every place, or with --device\n"
                     "  the replicas on the places named (tensors in use or pinned there are kept whole and counted)"},
-    {"pin", 1, 1, "pin MODEL[/TENSOR] [--device PLACES] [--json]: load and keep resident (never evicted by LRU);\n"
-                  "  with --device the replica on each place named (as load --device)"},
+    {"pin", 1, 1, "pin MODEL[/TENSOR] [--device PLACES [--split]] [--json]: load and keep resident (never evicted\n"
+                  "  by LRU); with --device the replica on each place named (as load --device), with --split\n"
+                  "  each tensor at its one place (as load --split)"},
     {"unpin", 1, 1, "unpin MODEL[/TENSOR] [--json]: let LRU eviction take it again"},
     {"import", -1, -1, "import MODEL FILE.safetensors|INDEX.json [--elem bf16|fp8] [--layout auto|0|1|2] [--strict]\n"
                        "  [--json]: encode into the store (layout auto, the default: 2 for BF16 matrices of 16 or\n"
@@ -962,7 +1019,7 @@ static void usage(FILE *f) {
           "  ps                         resident tensors\n"
           "  devices                    memory per place (host, each GPU)\n"
           "  info MODEL/TENSOR          one tensor\n"
-          "  load MODEL[/TENSOR] [--device cpu|cuda:N]\n"
+          "  load MODEL[/TENSOR] [--device cpu|cuda:N|A,B|all [--split]]\n"
           "                             read into memory (progress on a TTY)\n"
           "  evict MODEL[/TENSOR]       drop from memory\n"
           "  pin | unpin MODEL[/TENSOR] keep resident (loads first) / release\n"
@@ -1008,6 +1065,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--device") && i + 1 < argc &&
              (!strcmp(cmd, "load") || !strcmp(cmd, "pin") || !strcmp(cmd, "evict")))
       device_opt = argv[++i];
+    else if (!strcmp(argv[i], "--split") && (!strcmp(cmd, "load") || !strcmp(cmd, "pin")))
+      split_opt = true;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
       return printf("usage: %s [--socket PATH] %s\n", prog, spec->help), free(args), 0;
     else args[nargs++] = argv[i];

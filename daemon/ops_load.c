@@ -4,7 +4,15 @@
  * first, the lanes helping each other through a crew (crew.h) at the end; progress events
  * count the bytes checked so far.  load_places names several places in a mask: the lanes take
  * each tensor once and load its replicas there from one read (nwcd_res_acquire_places); with one
- * place named it is load_on there.
+ * place named it is load_on there.  load_places with NWC_LOAD_SPLIT puts each tensor at ONE of
+ * the places: nwcd_res_split_plan decides where and reserves the bytes, under the residency lock,
+ * before anything loads (a tensor that fits nowhere fails the request, nothing done), and the
+ * lanes then load each tensor at its place.  The policy, "fill in order within the budgets":
+ * the places in order cuda:0, cuda:1, ... and host memory last (the overflow); the tensors in
+ * natural name order (strverscmp: layers.2 before layers.10, so layers stay together and in
+ * order); each tensor at the first place whose free budget (budget minus what is resident or
+ * loading there, minus what the plan put there before it) takes it, a tensor already resident
+ * at one of the places staying there; no evictions.  Each tensor's home becomes its place.
  */
 #include "ops_internal.h"
 
@@ -48,6 +56,7 @@ typedef struct lanes_ctx {
   size_t n;
   unsigned flags;
   uint64_t places; /* load_places of several places: their mask (flags unused), else 0 */
+  nwcd_split_slot *slots; /* a split: each tensor's place (ti[i]'s at i), else NULL */
   bool pin;
   pthread_t owner;
   nwcd_crew *crew; /* NULL without memory for one: no help */
@@ -63,11 +72,18 @@ typedef struct lanes_ctx {
   char msg[NWC_PROTO_MAX_MSG];
 } lanes_ctx;
 
-/* Loads model/tensor for a request: at the places of the mask places (nonzero) from one read,
- * else as flags say (one place); *li the load's, *devices gets the devices it is now on (bit n:
- * cuda:n), whose queued copies the request settles. */
+/* Loads model/tensor for a request: at its split slot's place (slot not NULL), else at the
+ * places of the mask places (nonzero) from one read, else as flags say (one place); *li the
+ * load's, *devices gets the devices it is now on (bit n: cuda:n), whose queued copies the
+ * request settles. */
 static int acquire_for_load(nwcd *d, const char *model, const char *tensor, unsigned flags,
-                            uint64_t places, bool pin, nwcd_load_info *li, uint64_t *devices) {
+                            uint64_t places, nwcd_split_slot *slot, bool pin, nwcd_load_info *li,
+                            uint64_t *devices) {
+  if (slot) {
+    int rc = nwcd_res_split_load(d->res, model, tensor, slot, pin, li);
+    if (rc == 0 && slot->loc >= 0) *devices |= UINT64_C(1) << slot->loc;
+    return rc;
+  }
   if (places) {
     uint64_t loaded = 0;
     int rc = nwcd_res_acquire_places(d->res, model, tensor, places, pin, li, &loaded);
@@ -98,8 +114,8 @@ static void load_lane(void *ctx, uint64_t lane) {
     if (i == c->n) break;
     nwcd_load_info li;
     uint64_t t0 = nwcd_now_ns(), devices = 0;
-    int rc = acquire_for_load(c->d, c->r->model, c->ti[i].name, c->flags, c->places, c->pin, &li,
-                              &devices);
+    int rc = acquire_for_load(c->d, c->r->model, c->ti[i].name, c->flags, c->places,
+                              c->slots ? &c->slots[i] : NULL, c->pin, &li, &devices);
     uint64_t ns = nwcd_now_ns() - t0;
     pthread_mutex_lock(&c->lock);
     c->sum.micros += ns / 1000;
@@ -135,14 +151,14 @@ static void load_lane(void *ctx, uint64_t lane) {
 
 /* The places of a load_places request (r->places) checked against the backend: -EINVAL for none,
  * -ENODEV naming the first it lacks; else 0 with *loc the one place named, or *places the mask
- * when it names several. */
+ * when it names several or splits. */
 static int request_places(const nwcd_backend *b, const nwc_proto_req *r, int *loc,
                           uint64_t *places) {
   NWC_RETURN_IF(!r->places, -EINVAL, "load_places names no place (bit 0 host memory, bit 1 + n "
                 "cuda:n)");
   for (int dv = 0; dv < 63; dv++)
     if ((r->places >> (dv + 1) & 1) && dv >= b->ndevices) return nwcd_no_device(b, dv);
-  if (r->places & (r->places - 1)) *places = r->places;
+  if ((r->places & (r->places - 1)) || (r->load_flags & NWC_LOAD_SPLIT)) *places = r->places;
   else *loc = __builtin_ctzll(r->places) - 1;
   return 0;
 }
@@ -171,7 +187,9 @@ int nwcd_op_residency(nwcd_job *j) {
   nwcd *d = j->d;
   nwc_proto_req *r = &j->req;
   bool placed = r->op == NWC_OP_LOAD_ON || r->op == NWC_OP_LOAD_PLACES;
-  int op = placed ? (r->pin ? NWC_OP_PIN : NWC_OP_LOAD) : r->op == NWC_OP_EVICT_ON ? NWC_OP_EVICT : r->op;
+  int op = placed ? (r->load_flags & NWC_LOAD_PIN ? NWC_OP_PIN : NWC_OP_LOAD)
+                  : r->op == NWC_OP_EVICT_ON ? NWC_OP_EVICT : r->op;
+  bool split = r->op == NWC_OP_LOAD_PLACES && (r->load_flags & NWC_LOAD_SPLIT);
   int loc = r->op == NWC_OP_LOAD_ON || r->op == NWC_OP_EVICT_ON ? r->device : NWCD_LOC_DEFAULT; /* the wire checks >= -1 */
   uint64_t places = 0;
   if (r->op == NWC_OP_LOAD_PLACES) NWC_TRY(request_places(d->backend, r, &loc, &places));
@@ -188,8 +206,17 @@ int nwcd_op_residency(nwcd_job *j) {
   }
   uint64_t total = 0, done = 0, read = 0;
   for (size_t i = 0; i < n; i++) total += ti[i].length;
-  int rc = op == NWC_OP_LOAD || op == NWC_OP_PIN ? fits_budgets(d, r, loc, places, total) : 0;
+  if (op == NWC_OP_LOAD || op == NWC_OP_PIN) qsort(ti, n, sizeof *ti, larger_first);
+  /* a split is checked by its plan, which also reserves its bytes: nothing loads without room */
+  nwcd_split_slot *slots = split ? calloc(n ? n : 1, sizeof *slots) : NULL; /* ti[i]'s at i */
+  int rc = split && !slots ? -ENOMEM : 0;
+  if (rc == 0 && split) {
+    rc = nwcd_res_split_plan(d->res, r->model, ti, n, places, slots);
+  } else if (rc == 0 && (op == NWC_OP_LOAD || op == NWC_OP_PIN)) {
+    rc = fits_budgets(d, r, loc, places, total);
+  }
   if (rc < 0) {
+    free(slots);
     nwc_tensor_info_free(ti, n);
     return rc;
   }
@@ -197,19 +224,19 @@ int nwcd_op_residency(nwcd_job *j) {
   uint64_t t0 = nwcd_now_ns();
   nwcd_progress pc = {j, 0};
   unsigned fl = (op == NWC_OP_PIN ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(loc);
-  bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && n > 1;
+  bool laned = (op == NWC_OP_LOAD || op == NWC_OP_PIN) && (n > 1 || (split && n));
   uint64_t parts = 0, helped = 0; /* taken by lanes that ran out of tensors (crew.c) */
   if (laned) {
     lanes_ctx lc = {.d = d, .r = r, .ti = ti, .n = n, .flags = fl, .places = places,
-                    .pin = op == NWC_OP_PIN, .owner = pthread_self(), .pc = &pc, .total = total,
-                    .t0 = nwcd_now_ns()};
+                    .slots = slots, .pin = op == NWC_OP_PIN, .owner = pthread_self(), .pc = &pc,
+                    .total = total, .t0 = nwcd_now_ns()};
     pthread_mutex_init(&lc.lock, NULL);
     bool gpu = loc >= 0 || places > 1 || (loc == NWCD_LOC_DEFAULT && d->backend->ndevices > 0);
     size_t lanes = gpu ? NWCD_GPU_LOAD_LANES : NWCD_LOAD_LANES;
     if (n < lanes) lanes = n;
-    qsort(ti, n, sizeof *ti, larger_first);
     lc.crew = nwcd_crew_new(NWCD_CREW_PART);
     nwcd_pool_parallel(d->pool, lanes, load_lane, &lc);
+    if (slots) nwcd_res_split_cancel(d->res, slots, n); /* what a failure left unloaded */
     uint64_t done_ns = nwcd_now_ns();
     /* The lanes' last copies: the model is there when told.  Only the devices its tensors are
      * on (a load naming no place puts each at its home, which may be any GPU), so that it does
@@ -250,7 +277,7 @@ int nwcd_op_residency(nwcd_job *j) {
       uint64_t devices = 0; /* no crew: its loads have waited for their copies */
       load_progress lp = {&pc, done, total};
       nwcd_load_observe(on_load_progress, &lp);
-      rc = acquire_for_load(d, r->model, tn, fl, places, op == NWC_OP_PIN, &li, &devices);
+      rc = acquire_for_load(d, r->model, tn, fl, places, NULL, op == NWC_OP_PIN, &li, &devices);
       nwcd_load_observe(NULL, NULL);
       read += li.bytes;
       if (rc == 0) {
@@ -270,6 +297,7 @@ int nwcd_op_residency(nwcd_job *j) {
     if (op == NWC_OP_LOAD || op == NWC_OP_PIN) nwcd_send_progress(&pc, done, total, i + 1 == n);
   }
   nwc_tensor_info_free(ti, n);
+  free(slots);
   if (rc < 0) return rc;
   res.micros = (nwcd_now_ns() - t0) / 1000;
   if (r->op == NWC_OP_LOAD_PLACES) res.raw_bytes = read; /* protocol.md: read once per blob */

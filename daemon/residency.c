@@ -312,9 +312,20 @@ static uint64_t *used_at(nwcd_res *r, int loc) { return loc < 0 ? &r->used : &r-
 static uint64_t budget_at(nwcd_res *r, int loc) { return loc < 0 ? r->budget : r->gbudget[loc]; }
 /* Bytes e holds (or reserves) in its place. */
 static uint64_t held(const nwcd_entry *e) { return e->loc < 0 ? e->len : e->dbytes; }
+/* Bytes a load of a blob of length bytes reserves at loc: its memfd's whole pages in host
+ * memory, the lookup table more on a device (DEV_SLACK). */
+static uint64_t need_at(uint64_t length, int loc) {
+  uint64_t pages = (length + 4095) & ~(uint64_t)4095;
+  return loc < 0 ? pages : pages + DEV_SLACK;
+}
 static void loc_name(int loc, char out[16]) {
   if (loc < 0) snprintf(out, 16, "cpu");
   else snprintf(out, 16, "cuda:%d", loc);
+}
+
+/* Pins e, RESIDENT, at its place (r->lock held). */
+static void entry_pin(nwcd_res *r, nwcd_entry *e) {
+  if (!e->pinned) e->pinned = true, r->pinned_bytes += e->len;
 }
 
 static void entry_unload(nwcd_res *r, nwcd_entry *e) {
@@ -434,20 +445,13 @@ static nwc_tensor shape_view(const nwc_tensor_info *ti) {
   return v;
 }
 
-/* Finds or creates the entry of model/tensor at loc (with its own catalog info); called with
- * r->lock held, may drop and retake it (the store lock is taken first, per the lock order). */
-static int lookup(nwcd_res *r, const char *model, const char *tensor, int loc,
-                  nwcd_entry **out) {
+/* Creates the entry of model/tensor at loc (with its own catalog info) unless there is one:
+ * called with the daemon's store lock and r->lock both held. */
+static int lookup_locked(nwcd_res *r, const char *model, const char *tensor, int loc,
+                         nwcd_entry **out) {
   nwcd_entry *e = find(r, model, tensor, loc);
-  if (e) {
-    *out = e;
-    return 0;
-  }
-  pthread_mutex_unlock(&r->lock);
-  pthread_mutex_lock(&r->d->store_lock);
-  pthread_mutex_lock(&r->lock);
   int rc = 0;
-  if (!(e = find(r, model, tensor, loc))) {
+  if (!e) {
     nwc_tensor_info *ti = NULL;
     rc = nwc_store_tensor(r->d->store, model, tensor, &ti);
     if (rc == -ENOENT) rc = nwc__fail(-ENOENT, "no tensor %s/%s in the store", model, tensor);
@@ -470,14 +474,26 @@ static int lookup(nwcd_res *r, const char *model, const char *tensor, int loc,
       nwcd_entry *sib[MAX_PLACES]; /* a new replica takes the tensor's home */
       e->home = replicas(r, model, tensor, sib) ? sib[0]->home : NWCD_LOC_DEFAULT;
       e->hash = key_hash(model, tensor), e->info = ti, e->fd = -1, e->loc = loc;
-      e->len = (ti->length + 4095) & ~(uint64_t)4095;
+      e->len = need_at(ti->length, NWCD_LOC_CPU);
       r->e[r->n++] = e;
     } else {
       nwc_tensor_info_free(ti, ti ? 1 : 0);
     }
   }
-  pthread_mutex_unlock(&r->d->store_lock);
   *out = e;
+  return rc;
+}
+
+/* Finds or creates the entry of model/tensor at loc; called with r->lock held, may drop and
+ * retake it (the store lock is taken first, per the lock order). */
+static int lookup(nwcd_res *r, const char *model, const char *tensor, int loc,
+                  nwcd_entry **out) {
+  if ((*out = find(r, model, tensor, loc))) return 0;
+  pthread_mutex_unlock(&r->lock);
+  pthread_mutex_lock(&r->d->store_lock);
+  pthread_mutex_lock(&r->lock);
+  int rc = lookup_locked(r, model, tensor, loc, out);
+  pthread_mutex_unlock(&r->d->store_lock);
   return rc;
 }
 
@@ -538,6 +554,20 @@ static int load_end(nwcd_res *r, nwcd_entry *e, int rc, uint64_t need, void *buf
   return 0;
 }
 
+/* Loads e, LOADING with need bytes reserved (load_begin), at its place: the blob streams onto
+ * its device, or into a host copy; then load_end.  Called with r->lock held, which it drops
+ * while reading; *l gets the load's. */
+static int load_reserved(nwcd_res *r, nwcd_entry *e, uint64_t need, nwcd_load_info *l) {
+  pthread_mutex_unlock(&r->lock);
+  bool locked = false;
+  void *buf = NULL, *dcopy = NULL;
+  int rc;
+  if (e->loc >= 0) rc = load_device(r, e, need, &dcopy, l);
+  else rc = r->d->backend->host_load(e->info, &buf, &locked, l);
+  pthread_mutex_lock(&r->lock);
+  return load_end(r, e, rc, need, buf, locked, dcopy, l);
+}
+
 int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigned flags,
                      nwcd_ref *ref, nwcd_load_info *li) {
   memset(ref, 0, sizeof *ref);
@@ -556,7 +586,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       pthread_cond_wait(&r->cond, &r->lock);
       continue;
     }
-    uint64_t need = at < 0 ? e->len : e->len + DEV_SLACK;
+    uint64_t need = need_at(e->info->length, at);
     if (!make_room(r, at, need)) {
       if (flags & NWCD_ACQ_MAP_OK) {
         const nwc_tensor_info *ti = e->info; /* e->readers keeps it (nwcd_res_forget_model) */
@@ -576,14 +606,8 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
       break;
     }
     load_begin(r, e, need);
-    pthread_mutex_unlock(&r->lock);
-    bool locked = false;
     nwcd_load_info l = {0};
-    void *buf = NULL, *dcopy = NULL;
-    if (at >= 0) rc = load_device(r, e, need, &dcopy, &l); /* the blob streams there */
-    else rc = r->d->backend->host_load(e->info, &buf, &locked, &l);
-    pthread_mutex_lock(&r->lock);
-    if ((rc = load_end(r, e, rc, need, buf, locked, dcopy, &l)) < 0) break;
+    if ((rc = load_reserved(r, e, need, &l)) < 0) break;
     ref->loaded = true;
     if (li) *li = l;
     if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* explicit loads are logged by ops_load.c */
@@ -595,7 +619,7 @@ int nwcd_res_acquire(nwcd_res *r, const char *model, const char *tensor, unsigne
     e->last_used = nwcd_now_ns();
     if (named != NWCD_LOC_DEFAULT && (flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) /* load, pin */
       set_home(r, model, tensor, named);
-    if ((flags & NWCD_ACQ_PIN) && !e->pinned) e->pinned = true, r->pinned_bytes += e->len;
+    if (flags & NWCD_ACQ_PIN) entry_pin(r, e);
     if (li && !ref->loaded) li->direct = e->direct;
     ref->ti = e->info, ref->loc = e->loc;
     if (!(flags & (NWCD_ACQ_PIN | NWCD_ACQ_NOREF))) {
@@ -676,7 +700,7 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
   }
   for (int i = 0; i < n; i++) {
     if (es[i]->state == NWC_RES_RESIDENT) continue;
-    uint64_t want = locs[i] < 0 ? es[i]->len : es[i]->len + DEV_SLACK;
+    uint64_t want = need_at(es[i]->info->length, locs[i]);
     if (!make_room(r, locs[i], want)) { /* that place fails as load_on would; the others load */
       int e = no_room(r, model, tensor, locs[i], want);
       if (rc == 0) rc = e, snprintf(first, sizeof first, "%s", nwc_error_detail());
@@ -705,11 +729,141 @@ int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, 
   for (int i = 0; i < n; i++) {
     if (es[i]->state != NWC_RES_RESIDENT) continue;
     es[i]->last_used = nwcd_now_ns();
-    if (pin && !es[i]->pinned) es[i]->pinned = true, r->pinned_bytes += es[i]->len;
+    if (pin) entry_pin(r, es[i]);
     if (locs[i] == home) set_home(r, model, tensor, home);
   }
   pthread_mutex_unlock(&r->lock);
   return rc < 0 ? nwc__fail(rc, "%s", first) : 0;
+}
+
+/* Natural name order (qsort over tensor infos): digit runs compare as numbers, so that
+ * layers.2 comes before layers.10 (strverscmp(3)). */
+static int natural_order(const void *a, const void *b) {
+  return strverscmp((*(const nwc_tensor_info *const *)a)->name,
+                    (*(const nwc_tensor_info *const *)b)->name);
+}
+
+/* Returns the reservations of slots s[0..n) that the plan made and no lane took, and clears
+ * their load (r->lock held; a slot planned but not reserved yet has no e). */
+static void split_unreserve(nwcd_res *r, nwcd_split_slot *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (s[i].load && s[i].e) load_end(r, s[i].e, -ECANCELED, s[i].need, NULL, false, NULL, NULL);
+  for (size_t i = 0; i < n; i++) s[i].load = false;
+}
+
+/* -ENOSPC for a split whose tensor t fits none of the np places order[] (planned: the bytes
+ * the plan put at each before it, by loc + 1), naming each place's free bytes (r->lock held). */
+static int no_split_room(nwcd_res *r, const char *model, const nwc_tensor_info *t,
+                         const int *order, int np, const uint64_t *planned) {
+  char list[512], size[16], where[16], b[16];
+  size_t off = 0;
+  for (int p = 0; p < np && off < sizeof list; p++) {
+    int loc = order[p];
+    uint64_t taken = *used_at(r, loc) + planned[loc + 1], budget = budget_at(r, loc);
+    uint64_t free_bytes = taken < budget ? budget - taken : 0;
+    loc_name(loc, where);
+    off += snprintf(list + off, sizeof list - off, "%s%s %s (%llu bytes) free of %s", p ? ", " : "",
+                    where, nwc_size_text(free_bytes, size), (unsigned long long)free_bytes,
+                    nwc_size_text(budget, b));
+  }
+  return nwc__fail(-ENOSPC, "split of %s: %s/%s needs %s (%llu bytes at a place) and fits at none "
+                   "of its places (%s, after the tensors before it in name order); nothing "
+                   "loaded; raise --gpu-budget or --budget, name more places, or evict tensors "
+                   "(nwcctl ps lists them)", model, model, t->name, nwc_size_text(t->length, size),
+                   (unsigned long long)t->length, list);
+}
+
+/* Logs the plan: tensors and bytes at each place. */
+static void log_split(const char *model, const nwc_tensor_info *ti, const nwcd_split_slot *s,
+                      size_t n, const int *order, int np) {
+  char line[512], where[16], size[16];
+  size_t off = 0;
+  for (int p = 0; p < np && off < sizeof line; p++) {
+    uint64_t k = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++)
+      if (s[i].loc == order[p]) k++, bytes += ti[i].length;
+    loc_name(order[p], where);
+    off += snprintf(line + off, sizeof line - off, "%s%s %llu tensors, %s", p ? "; " : "", where,
+                    (unsigned long long)k, nwc_size_text(bytes, size));
+  }
+  nwcd_log(NWCD_LOG_INFO, "split %s: %s", model, line);
+}
+
+int nwcd_res_split_plan(nwcd_res *r, const char *model, const nwc_tensor_info *ti, size_t n,
+                        uint64_t places, nwcd_split_slot *out) {
+  const nwcd_backend *b = r->d->backend;
+  int order[MAX_PLACES], np = 0; /* the devices in order, host memory last (the overflow) */
+  for (int dv = 0; dv < b->ndevices; dv++)
+    if (places >> (dv + 1) & 1) order[np++] = dv;
+  if (places & 1) order[np++] = NWCD_LOC_CPU;
+  NWC_RETURN_IF(!np, -EINVAL, "split of %s names no place", model);
+  const nwc_tensor_info **by = malloc((n ? n : 1) * sizeof *by);
+  if (!by) return -ENOMEM;
+  for (size_t i = 0; i < n; i++) by[i] = &ti[i];
+  qsort(by, n, sizeof *by, natural_order);
+  uint64_t planned[MAX_PLACES] = {0}; /* bytes this plan put at loc, at loc + 1 */
+  int rc = 0;
+  pthread_mutex_lock(&r->d->store_lock); /* lookup_locked's order: the store's lock first */
+  pthread_mutex_lock(&r->lock);
+  for (size_t k = 0; k < n && rc == 0; k++) {
+    const nwc_tensor_info *t = by[k];
+    nwcd_split_slot *s = &out[t - ti];
+    *s = (nwcd_split_slot){.loc = NWCD_LOC_DEFAULT};
+    for (int p = 0; p < np && s->loc == NWCD_LOC_DEFAULT; p++) { /* there already: it stays */
+      const nwcd_entry *e = find(r, model, t->name, order[p]);
+      if (e && e->state != NWC_RES_ABSENT) s->loc = order[p];
+    }
+    for (int p = 0; p < np && s->loc == NWCD_LOC_DEFAULT; p++) { /* the first with room */
+      int loc = order[p];
+      uint64_t need = need_at(t->length, loc), taken = *used_at(r, loc) + planned[loc + 1];
+      if (taken + need > budget_at(r, loc)) continue;
+      s->loc = loc, s->load = true, s->need = need;
+      planned[loc + 1] += need;
+    }
+    if (s->loc == NWCD_LOC_DEFAULT) rc = no_split_room(r, model, t, order, np, planned);
+  }
+  for (size_t i = 0; i < n && rc == 0; i++) { /* reserved as acquire does: LOADING */
+    if (!out[i].load) continue;
+    out[i].load = false;
+    if ((rc = lookup_locked(r, model, ti[i].name, out[i].loc, &out[i].e)) == 0) {
+      load_begin(r, out[i].e, out[i].need);
+      out[i].load = true;
+    }
+  }
+  if (rc < 0) split_unreserve(r, out, n);
+  pthread_mutex_unlock(&r->lock);
+  pthread_mutex_unlock(&r->d->store_lock);
+  if (rc == 0) log_split(model, ti, out, n, order, np);
+  free(by);
+  return rc;
+}
+
+int nwcd_res_split_load(nwcd_res *r, const char *model, const char *tensor, nwcd_split_slot *s,
+                        bool pin, nwcd_load_info *li) {
+  if (!s->load) { /* resident or loading there already: as load_on or pin_on there */
+    nwcd_ref ref;
+    return nwcd_res_acquire(r, model, tensor,
+                            (pin ? NWCD_ACQ_PIN : NWCD_ACQ_NOREF) | NWCD_ACQ_AT(s->loc), &ref, li);
+  }
+  nwcd_load_info l = {0};
+  pthread_mutex_lock(&r->lock);
+  nwcd_entry *e = s->e;
+  s->load = false; /* taken: split_cancel leaves it */
+  int rc = load_reserved(r, e, s->need, &l);
+  if (rc == 0) {
+    e->last_used = nwcd_now_ns();
+    set_home(r, model, tensor, e->loc);
+    if (pin) entry_pin(r, e);
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (li) *li = l;
+  return rc;
+}
+
+void nwcd_res_split_cancel(nwcd_res *r, nwcd_split_slot *s, size_t n) {
+  pthread_mutex_lock(&r->lock);
+  split_unreserve(r, s, n);
+  pthread_mutex_unlock(&r->lock);
 }
 
 void nwcd_res_release(nwcd_res *r, nwcd_ref *ref) {

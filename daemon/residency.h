@@ -65,6 +65,26 @@ void nwcd_res_release(nwcd_res *r, nwcd_ref *ref);
  * load error); *loaded gets the places loaded now (a mask), *li (may be NULL) the read's. */
 int nwcd_res_acquire_places(nwcd_res *r, const char *model, const char *tensor, uint64_t places,
                             bool pin, nwcd_load_info *li, uint64_t *loaded);
+/* A split (load_places with NWC_LOAD_SPLIT) puts each tensor of a request at one place, as
+ * nwcd_res_split_plan decides (residency.c's head comment says the policy); a slot per tensor. */
+typedef struct nwcd_split_slot {
+  int loc;        /* the tensor's place */
+  bool load;      /* the plan reserved its replica there (e, LOADING) for this request to load;
+                     false: it is resident or loading there already */
+  nwcd_entry *e;  /* with load: that replica */
+  uint64_t need;  /* with load: the bytes reserved */
+} nwcd_split_slot;
+/* Plans a split of ti[0..n) of model over the places of the mask places, out[i] for ti[i], and
+ * reserves (LOADING) the replicas to load, all under the lock: 0, or -ENOSPC naming a tensor
+ * that fits at none of the places (then nothing is reserved), -ENOENT, -ENOMEM. */
+int nwcd_res_split_plan(nwcd_res *r, const char *model, const nwc_tensor_info *ti, size_t n,
+                        uint64_t places, nwcd_split_slot *out);
+/* Loads (pin: and pins) model/tensor at its slot's place (s->load: the reserved replica, which
+ * the slot gives up; else as an acquire there); its home becomes that place.  0 or an error. */
+int nwcd_res_split_load(nwcd_res *r, const char *model, const char *tensor, nwcd_split_slot *s,
+                        bool pin, nwcd_load_info *li);
+/* Returns the reservations of slots s[0..n) that no nwcd_res_split_load took (after a failure). */
+void nwcd_res_split_cancel(nwcd_res *r, nwcd_split_slot *s, size_t n);
 /* -ENODEV for place cuda:at that backend b lacks, its message saying which places b has. */
 int nwcd_no_device(const nwcd_backend *b, int at);
 /* Evicts every replica of one tensor (loc NWCD_LOC_DEFAULT) or its replica at loc, or none: 0, or

@@ -98,6 +98,9 @@ enum { NWC_WHERE_INLINE = 0, NWC_WHERE_SHM = 1, NWC_WHERE_DEVICE = 2 /* replies 
 #define NWC_DEVICE_CPU (-1) /* host memory; 0.. are CUDA devices */
 /* load_places: the bit of a place in its mask (NWC_DEVICE_CPU: bit 0, cuda:n: bit 1 + n). */
 #define NWC_PLACE_BIT(device) (UINT64_C(1) << ((device) + 1))
+/* The flags byte of load_on (NWC_LOAD_PIN alone) and load_places (both): other bits are refused. */
+#define NWC_LOAD_PIN 1u   /* pin what it loads (at each place) */
+#define NWC_LOAD_SPLIT 2u /* load_places: each tensor at one of the places (protocol.md, Split) */
 /* Reply flags of compute replies. */
 #define NWC_RF_MAPPED 1u  /* computed on a transient copy read from the container, not resident */
 #define NWC_RF_BATCHED 2u /* shared a decoder pass with other requests */
@@ -185,10 +188,10 @@ typedef struct nwc_proto_req {
   uint32_t ncols;           /* matvec */
   const uint8_t *x;         /* matvec inline: ncols * K f32 little-endian, inside the payload */
   uint64_t x_bytes;
-  /* load_on: load (pin 0) or pin (1) onto device (NWC_DEVICE_CPU or a CUDA device); evict_on:
-   * the place whose replica goes; map_gpu: the CUDA device (>= 0); load_places: pin, and the
-   * places as a mask (NWC_PLACE_BIT) */
-  uint8_t pin;
+  /* load_on: load (load_flags 0) or pin (NWC_LOAD_PIN) onto device (NWC_DEVICE_CPU or a CUDA
+   * device); evict_on: the place whose replica goes; map_gpu: the CUDA device (>= 0);
+   * load_places: NWC_LOAD_PIN and NWC_LOAD_SPLIT, and the places as a mask (NWC_PLACE_BIT) */
+  uint8_t load_flags;
   int32_t device;
   uint64_t places;
   /* matvec_ipc (x: in_off, x_bytes; y: out_off, out_cap), dequant_ipc (y: out_off, out_cap):

@@ -231,11 +231,11 @@ int64_t nwc_proto_req_encode(const nwc_proto_req *r, nwc_pw *w) {
       break;
     case NWC_OP_LOAD_ON:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
-      nwc_pw_u8(w, r->pin), nwc_pw_u32(w, (uint32_t)r->device);
+      nwc_pw_u8(w, r->load_flags), nwc_pw_u32(w, (uint32_t)r->device);
       break;
     case NWC_OP_LOAD_PLACES:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
-      nwc_pw_u8(w, r->pin), nwc_pw_u64(w, r->places);
+      nwc_pw_u8(w, r->load_flags), nwc_pw_u64(w, r->places);
       break;
     case NWC_OP_MAP:
       nwc_pw_str(w, r->model), nwc_pw_str(w, r->tensor);
@@ -346,18 +346,21 @@ int nwc_proto_req_decode(const nwc_proto_hdr *h, const uint8_t *payload, nwc_pro
     case NWC_OP_LOAD_ON:
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
       NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
-      r->pin = nwc_pr_u8(&p), r->device = (int32_t)nwc_pr_u32(&p);
+      r->load_flags = nwc_pr_u8(&p), r->device = (int32_t)nwc_pr_u32(&p);
       NWC_RETURN_IF(p.err, -EBADMSG, "load_on payload is truncated");
-      NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_on pin flag %u is not 0 or 1", r->pin);
+      NWC_RETURN_IF(r->load_flags > NWC_LOAD_PIN, -EBADMSG,
+                    "load_on pin flag %u is not 0 or 1", r->load_flags);
       NWC_RETURN_IF(r->device < NWC_DEVICE_CPU, -EBADMSG, "load_on device %d (-1 host, 0.. CUDA)",
                     (int)r->device);
       break;
     case NWC_OP_LOAD_PLACES: /* places 0 and places the daemon lacks: the op's own errors */
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));
       NWC_TRY(nwc_pr_str(&p, r->tensor, sizeof r->tensor));
-      r->pin = nwc_pr_u8(&p), r->places = nwc_pr_u64(&p);
+      r->load_flags = nwc_pr_u8(&p), r->places = nwc_pr_u64(&p);
       NWC_RETURN_IF(p.err, -EBADMSG, "load_places payload is truncated");
-      NWC_RETURN_IF(r->pin > 1, -EBADMSG, "load_places pin flag %u is not 0 or 1", r->pin);
+      NWC_RETURN_IF(r->load_flags & ~(NWC_LOAD_PIN | NWC_LOAD_SPLIT), -EBADMSG,
+                    "load_places flags 0x%x: only bit 0 (pin) and bit 1 (split) are defined",
+                    r->load_flags);
       break;
     case NWC_OP_MAP_GPU:
       NWC_TRY(nwc_pr_str(&p, r->model, sizeof r->model));

@@ -404,7 +404,7 @@ static void check_load_places(nwc_client *c) {
         "ps after load_places cpu: %zu rows", n);
   free(ps);
   /* the model: the rest read once, the resident one not again */
-  CHECK_RC(nwc_client_load_places(c, "use", NULL, cpu, 1, 1, NULL, NULL, &res));
+  CHECK_RC(nwc_client_load_places(c, "use", NULL, cpu, 1, NWC_CLIENT_LOAD_PIN, NULL, NULL, &res));
   uint64_t rest = res.bytes - on.bytes; /* bytes: every tensor's blob, resident before or not */
   CHECK(res.tensors == td_nt && res.raw_bytes == rest,
         "pin_places of the model: %llu tensors, %llu bytes read (want %zu, %llu)",

@@ -634,7 +634,7 @@ static void places_steps(nwc_client *c, int ndev) {
         (unsigned long long)(loaded_bytes(c) - b1));
   budget_step_matvec(c, t->name); /* host memory's replica */
   CHECK_RC(nwc_client_evict(c, "use", t->name, NULL));
-  CHECK_RC(nwc_client_load_places(c, "use", t->name, host_gpu, 2, 1, NULL, NULL, &res));
+  CHECK_RC(nwc_client_load_places(c, "use", t->name, host_gpu, 2, NWC_CLIENT_LOAD_PIN, NULL, NULL, &res));
   int rc = nwc_client_evict_on(c, "use", t->name, NWC_CLIENT_CPU, NULL);
   int rc0 = nwc_client_evict_on(c, "use", t->name, 0, NULL);
   CHECK(rc == -EBUSY && rc0 == -EBUSY && ps_places(c, "use", t->name) == 3,

@@ -257,9 +257,9 @@ int main(void) {
   /* Issue 8: placement and CUDA IPC. */
   memset(&r, 0, sizeof r);
   strcpy(r.model, "use-lite"), strcpy(r.tensor, "W");
-  r.op = NWC_OP_LOAD_ON, r.id = 25, r.pin = 1, r.device = 0;
+  r.op = NWC_OP_LOAD_ON, r.id = 25, r.load_flags = NWC_LOAD_PIN, r.device = 0;
   check_request("req_load_on", &r);
-  r.id = 26, r.pin = 0, r.device = NWC_DEVICE_CPU;
+  r.id = 26, r.load_flags = 0, r.device = NWC_DEVICE_CPU;
   check_request("req_load_on_cpu", &r);
   r.op = NWC_OP_EVICT_ON, r.id = 33, r.device = 1; /* the replica on cuda:1 */
   check_request("req_evict_on", &r);
@@ -278,24 +278,28 @@ int main(void) {
     nwc_pw_free(&w);
   }
   /* load_places: host memory, cuda:0 and cuda:1 pinned from one read; the model into host
-   * memory.  A pin flag other than 0 and 1 is refused (places 0 and places the daemon lacks are
-   * the op's errors, test_daemon_basic). */
+   * memory; the model split over cuda:0 and host memory, pinned.  Flags other than bit 0 (pin)
+   * and bit 1 (split) are refused (places 0 and places the daemon lacks are the op's errors,
+   * test_daemon_basic). */
   strcpy(r.tensor, "W");
-  r.op = NWC_OP_LOAD_PLACES, r.id = 35, r.pin = 1, r.device = 0;
+  r.op = NWC_OP_LOAD_PLACES, r.id = 35, r.load_flags = NWC_LOAD_PIN, r.device = 0;
   r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU) | NWC_PLACE_BIT(0) | NWC_PLACE_BIT(1);
   CHECK(r.places == 7, "places mask of host, cuda:0, cuda:1: %llu", (unsigned long long)r.places);
   check_request("req_load_places", &r);
-  r.id = 36, r.pin = 0, r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU), r.tensor[0] = 0;
+  r.id = 36, r.load_flags = 0, r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU), r.tensor[0] = 0;
   check_request("req_load_places_cpu", &r);
-  {
+  r.id = 37, r.load_flags = NWC_LOAD_PIN | NWC_LOAD_SPLIT;
+  r.places = NWC_PLACE_BIT(NWC_DEVICE_CPU) | NWC_PLACE_BIT(0);
+  check_request("req_load_places_split", &r);
+  for (unsigned bit = 2; bit < 8; bit++) {
     nwc_proto_req bad = r, got;
-    bad.pin = 2;
+    bad.load_flags = (uint8_t)(NWC_LOAD_SPLIT | 1u << bit);
     nwc_pw w;
     nwc_pw_init(&w);
     nwc_proto_hdr h;
     CHECK(nwc_proto_req_encode(&bad, &w) > 0 && nwc_proto_hdr_decode(w.buf, &h) == 0 &&
               nwc_proto_req_decode(&h, w.buf + NWC_PROTO_HEADER, &got) == -EBADMSG,
-          "load_places pin 2 accepted");
+          "load_places flags 0x%x accepted", bad.load_flags);
     nwc_proto_req_clear(&got);
     nwc_pw_free(&w);
   }

@@ -137,7 +137,7 @@ _PROTOS = {
     "nwc_client_pin": (c_int, [_P, _S, _S, _R]),
     "nwc_client_pin_on": (c_int, [_P, _S, _S, c_int, PROGRESS_FN, c_void_p, _R]),
     "nwc_client_evict_on": (c_int, [_P, _S, _S, c_int, _R]),
-    "nwc_client_load_places": (c_int, [_P, _S, _S, POINTER(c_int), c_size_t, c_int, PROGRESS_FN,
+    "nwc_client_load_places": (c_int, [_P, _S, _S, POINTER(c_int), c_size_t, c_uint, PROGRESS_FN,
                                        c_void_p, _R]),
     "nwc_client_unpin": (c_int, [_P, _S, _S, _R]),
     "nwc_client_verify": (c_int, [_P, _S, VERIFY_FN, c_void_p, _R]),
