@@ -30,6 +30,9 @@ _free.argtypes, _free.restype = [c_void_p], None
 
 Progress = Union[bool, None, Callable[[int, int], Any]]
 Device = Union[None, int, str]
+# nwc_client_load_places flags (nwc_client.h NWC_CLIENT_LOAD_PIN, NWC_CLIENT_LOAD_SPLIT)
+_LOAD_PIN = 1
+_LOAD_SPLIT = 2
 # a place, or several (a list or tuple of them: Client.load, Client.pin)
 Places = Union[Device, Sequence[Union[int, str]]]
 
@@ -398,24 +401,32 @@ class Client(_lib.Closable):
         check(lib().nwc_client_remove(self.handle, model.encode()))
 
     def load(self, model: str, tensor: Optional[str] = None, device: Places = None,
-             progress: Progress = True) -> Result:
+             progress: Progress = True, split: bool = False) -> Result:
         """Makes model's tensors (or one) resident (``nwcctl load``): device None for the
         tensor's resident replica or home (else the daemon's default place), or "cpu" or
         "cuda:N" for a replica there (one per place), or a list of places: a replica on each
         from one read of each blob (``Result.raw_bytes``: the bytes the daemon read; the home
-        becomes the lowest GPU named, else "cpu"); progress as for import_."""
-        return self._on_place("load", model, tensor, device, progress)
+        becomes the lowest GPU named, else "cpu"); with split=True (a list of places, no
+        tensor) each tensor goes to ONE of them instead (``nwcctl load --split``: natural name
+        order, each at the first of cuda:0, cuda:1, ..., cpu whose free budget takes it, nothing
+        evicted; a tensor that fits nowhere raises ENOSPC, nothing loaded; ``ps()`` says where
+        each went); progress as for import_."""
+        return self._on_place("load", model, tensor, device, progress, split)
 
     def _on_place(self, what: str, model: str, tensor: Optional[str], device: Device,
-                  progress: Progress) -> Result:
+                  progress: Progress, split: bool = False) -> Result:
+        if split and (not isinstance(device, (list, tuple)) or tensor is not None):
+            raise ValueError("split spreads a model's tensors over a list of places: "
+                             "device=[...] and no tensor")
         pr = _Progress(progress, f"{what} {model}")
         res = _lib.nwc_client_result()
         try:
             if isinstance(device, (list, tuple)):
                 at = [device_index(d) for d in device]
                 arr = (c_int * max(len(at), 1))(*at)
+                flags = (_LOAD_PIN if what == "pin" else 0) | (_LOAD_SPLIT if split else 0)
                 rc = lib().nwc_client_load_places(self.handle, model.encode(), _enc(tensor), arr,
-                                                  len(at), what == "pin", pr.fn, None, byref(res))
+                                                  len(at), flags, pr.fn, None, byref(res))
             elif device is None and what == "load":
                 rc = lib().nwc_client_load(self.handle, model.encode(), _enc(tensor), pr.fn, None,
                                            byref(res))
@@ -444,13 +455,15 @@ class Client(_lib.Closable):
                                         device_index(device), byref(res)))
         return _result(res)
 
-    def pin(self, model: str, tensor: Optional[str] = None, device: Places = None) -> Result:
+    def pin(self, model: str, tensor: Optional[str] = None, device: Places = None,
+            split: bool = False) -> Result:
         """Loads and pins (never evicted by the budget) (``nwcctl pin``): device None for the
         replica a request would use, or "cpu" or "cuda:N" for the replica there, or a list of
-        places (as for load: one read of each blob)."""
-        if device is None:
+        places (as for load: one read of each blob; with split=True each tensor at its one
+        place, pinned there)."""
+        if device is None and not split:
             return self._residency(lib().nwc_client_pin, model, tensor)
-        return self._on_place("pin", model, tensor, device, False)
+        return self._on_place("pin", model, tensor, device, False, split)
 
     def unpin(self, model: str, tensor: Optional[str] = None) -> Result:
         """Unpins (``nwcctl unpin``)."""

@@ -135,6 +135,23 @@ def test_load_ps_devices_stats_pin(client, sample):
     assert client.pin("m", "w", device=["cpu"]).tensors == 1
     assert [p.pinned for p in client.ps() if (p.model, p.tensor) == ("m", "w")] == [True]
     client.unpin("m", "w")
+    # split: each tensor at one place; over host memory alone, every tensor there, each blob
+    # read once; a GPU named is refused, and split without a list of places or with a tensor
+    client.evict("m")
+    names = sorted(t.name for t in client.tensors("m"))
+    r = client.load("m", device=["cpu"], split=True, progress=False)
+    assert r.tensors == len(names) and r.raw_bytes == r.bytes > 0
+    rows = [p for p in client.ps() if p.model == "m"]
+    assert sorted(p.tensor for p in rows) == names and {p.device for p in rows} == {"cpu"}
+    with pytest.raises(nwc.NwcError) as e:
+        client.load("m", device=["cuda:0", "cpu"], split=True)
+    assert e.value.errno == errno.ENODEV
+    for bad in ({"device": ["cpu"], "tensor": "w"}, {"device": "cpu"}, {}):
+        with pytest.raises(ValueError):
+            client.load("m", split=True, **bad)
+    assert client.pin("m", device=["cpu"], split=True).tensors == len(names)
+    assert all(p.pinned for p in client.ps() if p.model == "m")
+    client.unpin("m")
 
 
 def test_dequant_gather_matvec(client, sample, rng):
