@@ -48,6 +48,11 @@
  *      cuda:0 and cuda:1 with a pin on cuda:1, and both devices' memory back after the evict.
  *   8. (After 4.)  Layouts 2 and 1: the sample imported in each, each matrix on cuda:0 alone,
  *      dequant and gather bit for bit, matvecs of 1 - 3 columns within 1e-5 of fp64.
+ *  11. (After 8, on the first daemon: 4 MiB per device.)  Split: the sample over cuda:0 and host
+ *      memory, each tensor at the one place the test computes (natural name order, sizes, the
+ *      budget, what devices reports resident), a matvec from a matrix on each place within 1e-5
+ *      of fp64 making no new replica; over cuda:0 alone ENOSPC, nothing loaded; with a second
+ *      GPU over cuda:0, cuda:1 and host memory.
  *   7. (After 2, on its daemon: 4 MiB per device.)  devices: the host, then one place per GPU
  *      in order, each GPU's budget the 4 MiB given and all of them together what stats sums,
  *      its total memory CUDA's and its free memory at most that; every place's resident bytes,
@@ -669,6 +674,113 @@ static void places_steps(nwc_client *c, int ndev) {
          (unsigned long long)res.bytes);
 }
 
+/* The places a split of model "use" over at[0..n) (devices, NWC_CLIENT_CPU) should give its
+ * tensors, computed here as protocol.md's Split says: the places in the order cuda:0, cuda:1,
+ * ..., host memory; the tensors in natural name order (strverscmp); each at the first place
+ * whose free bytes (budget minus resident, as devices reports them, minus what the split put
+ * there before it) take its need (its blob's length rounded up to 4 KiB, and 16 KiB more for the
+ * lookup table on a GPU).  want[i] for names[i]; false when one fits nowhere. */
+static bool expected_split(nwc_client *c, const int *at, int n, const nwc_client_tensor *t,
+                           size_t nt, int *want) {
+  nwc_client_place *pl = NULL;
+  size_t np = 0;
+  CHECK_RC(nwc_client_devices(c, &pl, &np));
+  int order[64], no = 0;
+  uint64_t left[64];
+  for (int dv = 0; dv < 63; dv++)
+    for (int i = 0; i < n; i++)
+      if (at[i] == dv) order[no++] = dv, i = n;
+  for (int i = 0; i < n; i++)
+    if (at[i] == NWC_CLIENT_CPU) order[no++] = NWC_CLIENT_CPU, i = n;
+  for (int k = 0; k < no; k++) {
+    const nwc_client_place *p = (size_t)(order[k] + 1) < np ? &pl[order[k] + 1] : NULL;
+    left[k] = p && p->budget > p->resident_bytes ? p->budget - p->resident_bytes : 0;
+  }
+  free(pl);
+  size_t by[256];
+  for (size_t i = 0; i < nt; i++) by[i] = i;
+  for (size_t i = 1; i < nt; i++) /* insertion sort in natural order */
+    for (size_t j = i; j > 0 && strverscmp(t[by[j - 1]].name, t[by[j]].name) > 0; j--) {
+      size_t x = by[j];
+      by[j] = by[j - 1], by[j - 1] = x;
+    }
+  for (size_t k = 0; k < nt; k++) {
+    size_t i = by[k];
+    uint64_t pages = (t[i].nwc_bytes + 4095) & ~UINT64_C(4095);
+    want[i] = -2;
+    for (int p = 0; p < no && want[i] == -2; p++) {
+      uint64_t need = pages + (order[p] >= 0 ? 16384 : 0);
+      if (need <= left[p]) want[i] = order[p], left[p] -= need;
+    }
+    if (want[i] == -2) return false;
+  }
+  return true;
+}
+
+/* One split of "use" over at[0..n): every tensor at the place expected_split computes, alone
+ * (one replica), a matvec from a matrix at each place within 1e-5 of fp64 that makes no new
+ * replica (a request naming no place uses the split's place, the tensor's home). */
+static void split_over(nwc_client *c, const int *at, int n, const char *what) {
+  nwc_client_tensor *t = NULL;
+  size_t nt = 0;
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+  CHECK_RC(nwc_client_tensors(c, "use", &t, &nt));
+  int want[256];
+  if (nt > 256 || !expected_split(c, at, n, t, nt, want)) {
+    CHECK(false, "split over %s: the sample does not fit the places here", what);
+    free(t);
+    return;
+  }
+  nwc_client_result res;
+  CHECK_RC(nwc_client_load_places(c, "use", NULL, at, (size_t)n, NWC_CLIENT_LOAD_SPLIT, NULL, NULL,
+                                  &res));
+  CHECK(res.tensors == nt && res.raw_bytes == res.bytes, "split over %s: %llu tensors, %llu "
+        "bytes, %llu read", what, (unsigned long long)res.tensors, (unsigned long long)res.bytes,
+        (unsigned long long)res.raw_bytes);
+  unsigned seen = 0; /* places with a matrix matvec'd */
+  size_t counts[65] = {0};
+  for (size_t i = 0; i < nt; i++) {
+    unsigned places = ps_places(c, "use", t[i].name);
+    CHECK(places == 1u << (want[i] + 1), "split over %s: %s at places 0x%x, expected %d", what,
+          t[i].name, places, want[i]);
+    counts[want[i] + 1]++;
+    if (t[i].rows < 2 || (seen >> (want[i] + 1) & 1)) continue;
+    seen |= 1u << (want[i] + 1);
+    budget_step_matvec(c, t[i].name);
+    CHECK(ps_places(c, "use", t[i].name) == places, "a matvec of %s after the split made places "
+          "0x%x (was 0x%x)", t[i].name, ps_places(c, "use", t[i].name), places);
+  }
+  printf("split over %s: cpu %zu, cuda:0 %zu, cuda:1 %zu tensors, as computed; matvecs from "
+         "places 0x%x\n", what, counts[0], counts[1], counts[2], seen);
+  free(t);
+  CHECK_RC(nwc_client_evict(c, "use", NULL, NULL));
+}
+
+/* 11. Split (on the first daemon: 4 MiB per device, under the sample's 9.4; host memory's
+ * budget the default): the sample split over cuda:0 and host memory, some tensors on each, as
+ * expected_split computes; over cuda:0 alone -ENOSPC with nothing loaded; with a second GPU
+ * over cuda:0, cuda:1 and host memory. */
+static void split_steps(nwc_client *c, int ndev) {
+  int gpu_host[] = {NWC_CLIENT_CPU, 0}, gpu[] = {0};
+  split_over(c, gpu_host, 2, "cuda:0,cpu");
+  nwc_client_result res;
+  int rc = nwc_client_load_places(c, "use", NULL, gpu, 1, NWC_CLIENT_LOAD_SPLIT, NULL, NULL, &res);
+  nwc_client_resident *p = NULL;
+  size_t n = 0, use = 0;
+  CHECK_RC(nwc_client_ps(c, &p, &n));
+  for (size_t k = 0; k < n; k++) use += !strcmp(p[k].model, "use");
+  free(p);
+  CHECK(rc == -ENOSPC && strstr(nwc_client_last_error(), "nothing loaded") && use == 0,
+        "split of the sample over cuda:0 alone (4 MiB): %d %s, %zu tensors resident", rc,
+        nwc_client_last_error(), use);
+  if (ndev < 2) {
+    printf("split: this machine has %d GPU, the split over cuda:0 and cuda:1 was skipped\n", ndev);
+    return;
+  }
+  int three[] = {1, NWC_CLIENT_CPU, 0};
+  split_over(c, three, 3, "cuda:0,cuda:1,cpu");
+}
+
 /* One random step of the budget workload; checks the reply.  on_cpu[i]: tensor i has a replica
  * in host memory (loaded there explicitly; the host budget holds them all), beside which it may
  * have one on cuda:0. */
@@ -978,6 +1090,7 @@ int main(int argc, char **argv) {
   fp8_steps(c);
   tensor_core_steps(c, 2);
   tensor_core_steps(c, 1);
+  split_steps(c, ndev);
   nwc_client_free(c);
   CHECK(td_stop_daemon(d) == 0, "SIGTERM exit");
   /* 3. again with a budget that allows the large load (the same store) */
