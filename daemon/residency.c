@@ -82,6 +82,15 @@
  * (the backend's places_load; one place alone loads as acquire does) and moves each on as an
  * acquire would, the read's bytes and time counted once.  Its home is the lowest device named,
  * else host memory.
+ * A split (nwcd_res_split_plan, load_places with NWC_LOAD_SPLIT) puts each tensor of a request
+ * at ONE place: under the store's lock and r->lock it takes the places in the order cuda:0,
+ * cuda:1, ..., host memory and the tensors in natural name order (strverscmp), puts each at the
+ * first place where budget - used - what the plan put there before takes need_at() (a tensor
+ * RESIDENT or LOADING at a place named stays there), makes no room (no LRU evictions), and only
+ * when every tensor has a place moves the chosen replicas to LOADING with their bytes reserved
+ * (load_begin), so that the used <= budget invariant holds while the lanes load them
+ * (nwcd_res_split_load; nwcd_res_split_cancel returns what a failed request left).  A tensor
+ * that fits nowhere is -ENOSPC with nothing reserved.  Each one's home becomes its place.
  * A tensor's home is the place its last explicit load or pin named (load_on; load_places:
  * above), kept in every replica alike (set_home).  A request that names no place (compute, a plain load or pin) uses
  * a RESIDENT replica when there is one: the home's, else the default place's (device 0, or host
