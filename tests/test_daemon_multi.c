@@ -16,7 +16,12 @@
  *                                same checks (matvec within the kernels' 1e-5 of fp64), every
  *                                resident tensor on cuda:0 in ps, and in budget mode a 2 MiB
  *                                --gpu-budget, so that the device evicts and the largest tensor
- *                                runs on the CPU over the mapped container.
+ *                                runs on the CPU over the mapped container.  With two GPUs or
+ *                                more the children's loads name cuda:0 or cuda:1 at random, so
+ *                                that tensors live on both (replicas of one tensor on each,
+ *                                requests naming no place computing on either), ps shows them on
+ *                                those two only, and the parent checks each device's resident
+ *                                bytes against its own budget (devices).
  * The parent checks that the daemon counted batched passes / evictions and still serves.
  */
 #include "test_daemon_util.h"
@@ -29,7 +34,7 @@
 
 #define NCHILD 8
 
-static int budget_mode, cuda_mode;
+static int budget_mode, cuda_mode, two_gpus;
 
 static int child(const char *sock, double seconds) {
   nwc_client *c;
@@ -86,8 +91,9 @@ static int child(const char *sock, double seconds) {
           }
       free(f);
       ops[2]++;
-    } else if (op == 6) {
-      rc = nwc_client_load(c, "use", t->name, NULL, NULL, NULL);
+    } else if (op == 6) { /* with two GPUs onto either of them */
+      rc = two_gpus ? nwc_client_load_on(c, "use", t->name, (int)test_below(2), NULL, NULL, NULL)
+                    : nwc_client_load(c, "use", t->name, NULL, NULL, NULL);
       if (rc == -ENOSPC) nospc++;
       CHECK(rc == 0 || (budget_mode && rc == -ENOSPC), "load %s: %d %s", t->name, rc,
             nwc_client_last_error());
@@ -97,13 +103,14 @@ static int child(const char *sock, double seconds) {
       if (rc == -EBUSY) busy++;
       CHECK(rc == 0 || rc == -EBUSY, "evict %s: %d %s", t->name, rc, nwc_client_last_error());
       ops[4]++;
-    } else if (op == 8 && cuda_mode) { /* everything resident lives on the GPU */
+    } else if (op == 8 && cuda_mode) { /* everything resident lives on the GPU(s) */
       nwc_client_resident *p;
       size_t n;
       rc = nwc_client_ps(c, &p, &n);
       CHECK(rc == 0, "ps: %d", rc);
       for (size_t k = 0; rc == 0 && k < n; k++)
-        CHECK(p[k].device == 0, "ps: %s on device %d, not cuda:0", p[k].tensor, p[k].device);
+        CHECK(p[k].device == 0 || (two_gpus && p[k].device == 1), "ps: %s on device %d, not cuda:0%s",
+              p[k].tensor, p[k].device, two_gpus ? " or cuda:1" : "");
       if (rc == 0) free(p);
       ops[6]++;
     } else {
@@ -129,7 +136,7 @@ int main(int argc, char **argv) {
   int skip = td_open_sample();
   if (argc >= 5 && !strcmp(argv[1], "child")) {
     if (skip) return 1;
-    budget_mode = atoi(argv[4]) & 1, cuda_mode = atoi(argv[4]) >> 1;
+    budget_mode = atoi(argv[4]) & 1, cuda_mode = atoi(argv[4]) >> 1 & 1, two_gpus = atoi(argv[4]) >> 2 & 1;
     char seed[32];
     snprintf(seed, sizeof seed, "%s", argv[3]);
     setenv("NWC_SEED", seed, 1);
@@ -152,6 +159,9 @@ int main(int argc, char **argv) {
       printf("SKIP: no CUDA device\n");
       return 77;
     }
+    two_gpus = ndev >= 2;
+    printf("%s: %d GPU%s%s\n", name, ndev, ndev == 1 ? "" : "s",
+           two_gpus ? ": loads onto cuda:0 and cuda:1" : ": the steps on two GPUs are skipped");
 #else
     printf("SKIP: built without CUDA\n");
     return 77;
@@ -179,7 +189,7 @@ int main(int argc, char **argv) {
     if (kids[i] == 0) {
       char s[32], m[8];
       snprintf(s, sizeof s, "%llu", (unsigned long long)(seed + (uint64_t)i + 1));
-      snprintf(m, sizeof m, "%d", budget_mode | cuda_mode << 1);
+      snprintf(m, sizeof m, "%d", budget_mode | cuda_mode << 1 | two_gpus << 2);
       execl("/proc/self/exe", argv[0], "child", td_sock, s, m, (char *)NULL);
       _exit(127);
     }
@@ -201,10 +211,19 @@ int main(int argc, char **argv) {
     printf("daemon: backend %s, %llu bytes on the GPU of budget %llu\n", s.backend,
            (unsigned long long)s.gpu_resident_bytes, (unsigned long long)s.gpu_budget);
   CHECK(!strcmp(s.backend, cuda_mode ? "cuda" : "cpu"), "backend %s", s.backend);
+  nwc_client_place *pl = NULL;
+  size_t npl = 0;
+  CHECK_RC(nwc_client_devices(c, &pl, &npl));
+  for (size_t k = 0; k < npl; k++) { /* every place within its own budget (a GPU's is per device) */
+    printf("daemon: %s: %llu bytes in %llu tensors of budget %llu\n", pl[k].name,
+           (unsigned long long)pl[k].resident_bytes, (unsigned long long)pl[k].resident_tensors,
+           (unsigned long long)pl[k].budget);
+    CHECK(pl[k].resident_bytes <= pl[k].budget, "%s: resident %llu over its budget %llu", pl[k].name,
+          (unsigned long long)pl[k].resident_bytes, (unsigned long long)pl[k].budget);
+  }
+  free(pl);
   if (budget_mode) {
     CHECK(s.resident_bytes <= s.budget, "resident %llu over budget", (unsigned long long)s.resident_bytes);
-    CHECK(s.gpu_resident_bytes <= s.gpu_budget, "GPU resident %llu over budget",
-          (unsigned long long)s.gpu_resident_bytes);
     CHECK(s.evictions > 0 && s.mapped_computes > 0, "budget mode: no evictions or no mapped computes");
   }
   nwc_client_free(c);
