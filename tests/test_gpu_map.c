@@ -36,6 +36,9 @@
  *      raw plane.  Either the driver refuses (the map said read-only) or the write lands in
  *      nwcd's copy: then the daemon's own dequant shows it (docs/gpu-maps.md says so), and an
  *      evict and reload restores the weights bit for bit.  Printed as JSON either way.
+ *   7. With two GPUs or more, a process on cuda:1 ("second") maps use2 there: nwcd loads a
+ *      replica of each tensor on cuda:1 beside cuda:0's (ps lists both), and every tensor of the
+ *      map checks as in 1 on that device.  One GPU: a line says it was skipped.
  */
 #include "test_daemon_util.h"
 
@@ -305,6 +308,51 @@ static int role_check(const char *sock) {
   cudaStreamDestroy(st);
   nwc_client_free(c);
   return test_failures ? 1 : 0;
+}
+
+/* Role "second" (two GPUs or more): a process whose context is on device 1 maps use2 on cuda:1,
+ * which has nwcd load a replica of each tensor there beside cuda:0's, and checks every tensor of
+ * it (dequant, gather, matvecs) on that device. */
+static int role_second(const char *sock) {
+  nwc_client *c = connect_or_die(sock);
+  CU(cudaSetDevice(1));
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  nwc_cuda_map *m = NULL;
+  int rc = nwc_cuda_map_model(c, "use2", 1, &m);
+  CHECK(rc == 0, "map of use2 on cuda:1: %d %s", rc, nwc_cuda_last_error());
+  for (size_t i = 0; m && i < td_nt; i++) {
+    const nwc_cuda_tensor *t = nwc_cuda_find(m, td_t[i].name);
+    CHECK(t != NULL, "use2/%s not in the map on cuda:1", td_t[i].name);
+    if (!t) continue;
+    check_dequant_gather(m, t, &td_t[i], st);
+    check_matvecs(m, t, &td_t[i], st);
+  }
+  printf("pid %d: use2 on cuda:1: %zu tensors checked\n", (int)getpid(), m ? nwc_cuda_count(m) : 0);
+  nwc_cuda_unmap(m);
+  cudaStreamDestroy(st);
+  nwc_client_free(c);
+  return test_failures ? 1 : 0;
+}
+
+/* The second GPU (two or more): a client on cuda:1 maps the replicas there (role "second"), and
+ * ps then lists each tensor of use2 on both devices, cuda:0's untouched. */
+static void step_second_device(nwc_client *c, int ndev) {
+  if (ndev < 2) {
+    printf("second device: this machine has 1 GPU, the maps on cuda:1 were skipped\n");
+    return;
+  }
+  kid k = spawn("second", NULL);
+  CHECK(reap(&k) == 0, "the process on cuda:1 failed");
+  nwc_client_resident *p;
+  size_t n;
+  CHECK_RC(nwc_client_ps(c, &p, &n));
+  size_t on[2] = {0, 0};
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(p[i].model, "use2") && p[i].device >= 0 && p[i].device < 2) on[p[i].device]++;
+  CHECK(on[0] == td_nt && on[1] == td_nt, "use2 after a map on cuda:1: %zu tensors on cuda:0, %zu "
+        "on cuda:1, the sample has %zu on each", on[0], on[1], td_nt);
+  free(p);
 }
 
 /* Role "hold MODEL[/TENSOR]": context first ('r'), waits for 'g', maps, says 'm' (then the
@@ -721,6 +769,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "churn")) return role_churn(argv[2]);
     if (!strcmp(argv[1], "forge")) return role_forge(argv[2]);
     if (!strcmp(argv[1], "write")) return role_write(argv[2], argv[3]);
+    if (!strcmp(argv[1], "second")) return role_second(argv[2]);
     return 2;
   }
   test_seed("test_gpu_map");
@@ -759,6 +808,7 @@ int main(int argc, char **argv) {
   kid f = spawn("forge", NULL);
   CHECK(reap(&f) == 0, "the forge process failed");
   step_write(c);
+  step_second_device(c, ndev);
   unsigned maps = 1;
   model_device_bytes(c, "use2", &maps);
   CHECK(maps == 0, "%u maps of use2 left after every process ended", maps);
