@@ -29,6 +29,11 @@
  * raised to the hard one at start, and mappings are capped (MAX_MAPS).
  *
  * Invariants (all under r->lock):
+ *   - every entry is in r->e (ps lists that order) and in the index once: the replica set of its
+ *     model/tensor (a tsearch tree keyed by their hash and names), at its place, so that finding
+ *     a tensor's replicas costs a tree lookup, not a scan of every entry of every place (a host
+ *     with 8 GPUs and a 700-tensor model replicated on each holds 5600); a set goes with its
+ *     last entry, and entries are freed only with their model (or the daemon);
  *   - used = sum of the lengths of RESIDENT and LOADING entries <= budget, always (a host copy's
  *     length is its blob's rounded up to whole pages, the memory it holds): room is made
  *     (by evicting least-recently-used RESIDENT entries with refs == 0 and maps == 0 that are
@@ -122,6 +127,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +138,8 @@
 #include <xxhash.h>
 
 #define MAX_MAPS 1024 /* mapping sockets the daemon holds, all clients together */
+/* Places an entry can be at: host memory and each device. */
+#define MAX_PLACES (1 + NWCD_MAX_DEVICES)
 #define TRANSIENT_SMALL (16u << 20) /* a transient copy this small never waits (head comment) */
 
 struct nwcd_entry {
@@ -186,12 +194,23 @@ static bool mapref_holds(const nwcd_mapref *m, const nwcd_entry *e) {
   return false;
 }
 
+/* The index's node: a tensor's replicas by place (at[loc + 1]), found by the tensor's key (its
+ * hash, model and tensor: the strings of one of its entries) in a tree (tsearch), so that a
+ * request finds its tensor's entries without scanning every entry of every place. */
+typedef struct replica_set {
+  uint64_t hash;
+  const char *model, *tensor;
+  nwcd_entry *at[MAX_PLACES];
+  int n;
+} replica_set;
+
 struct nwcd_res {
   nwcd *d;
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  nwcd_entry **e;
+  nwcd_entry **e; /* every entry, in the order they were made (ps lists them so) */
   size_t n, cap;
+  void *index;    /* tsearch root of replica_set nodes: every entry of e[] in exactly one */
   uint64_t budget, used, pinned_bytes;             /* host memory */
   uint64_t gbudget[NWCD_MAX_DEVICES], gused[NWCD_MAX_DEVICES]; /* device copies */
   uint64_t gfree[NWCD_MAX_DEVICES]; /* device memory free when the default budget was set */
@@ -208,30 +227,61 @@ static uint64_t key_hash(const char *model, const char *tensor) {
   return XXH3_64bits_withSeed(tensor, strlen(tensor), XXH3_64bits(model, strlen(model)));
 }
 
-/* Places an entry can be at: host memory and each device. */
-#define MAX_PLACES (1 + NWCD_MAX_DEVICES)
-
-static bool entry_of(const nwcd_entry *e, uint64_t h, const char *model, const char *tensor) {
-  return e->hash == h && !strcmp(e->model, model) && !strcmp(e->tensor, tensor);
+static int set_cmp(const void *a, const void *b) {
+  const replica_set *x = a, *y = b;
+  if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+  int c = strcmp(x->model, y->model);
+  return c ? c : strcmp(x->tensor, y->tensor);
 }
 
-/* The entries of model/tensor (its replicas, one per place, in any state) into out; returns
- * how many (r->lock held). */
+/* The replicas of model/tensor, or NULL when it has no entry (r->lock held). */
+static replica_set *set_of(nwcd_res *r, const char *model, const char *tensor) {
+  replica_set key = {.hash = key_hash(model, tensor), .model = model, .tensor = tensor};
+  void *node = tfind(&key, &r->index, set_cmp);
+  return node ? *(replica_set **)node : NULL;
+}
+
+/* e (new, its hash set) into the index: 0, or -ENOMEM with nothing changed (r->lock held). */
+static int index_add(nwcd_res *r, nwcd_entry *e) {
+  replica_set *s = set_of(r, e->model, e->tensor);
+  if (!s) {
+    if (!(s = calloc(1, sizeof *s))) return -ENOMEM;
+    s->hash = e->hash, s->model = e->model, s->tensor = e->tensor;
+    if (!tsearch(s, &r->index, set_cmp)) return free(s), -ENOMEM;
+  }
+  s->at[e->loc + 1] = e, s->n++;
+  return 0;
+}
+
+/* e out of the index, before it is freed: its set goes with its last entry, else takes another
+ * entry's strings (r->lock held). */
+static void index_remove(nwcd_res *r, const nwcd_entry *e) {
+  replica_set *s = set_of(r, e->model, e->tensor);
+  s->at[e->loc + 1] = NULL;
+  if (--s->n == 0) {
+    tdelete(s, &r->index, set_cmp);
+    free(s);
+    return;
+  }
+  for (int p = 0; s->model == e->model && p < MAX_PLACES; p++)
+    if (s->at[p]) s->model = s->at[p]->model, s->tensor = s->at[p]->tensor;
+}
+
+/* The entries of model/tensor (its replicas, one per place, in any state) into out, host
+ * memory's first, then by device; returns how many (r->lock held). */
 static int replicas(nwcd_res *r, const char *model, const char *tensor,
                     nwcd_entry *out[MAX_PLACES]) {
-  uint64_t h = key_hash(model, tensor);
+  const replica_set *s = set_of(r, model, tensor);
   int k = 0;
-  for (size_t i = 0; i < r->n && k < MAX_PLACES; i++)
-    if (entry_of(r->e[i], h, model, tensor)) out[k++] = r->e[i];
+  for (int p = 0; s && p < MAX_PLACES; p++)
+    if (s->at[p]) out[k++] = s->at[p];
   return k;
 }
 
 /* The entry of model/tensor at loc, or NULL. */
 static nwcd_entry *find(nwcd_res *r, const char *model, const char *tensor, int loc) {
-  uint64_t h = key_hash(model, tensor);
-  for (size_t i = 0; i < r->n; i++)
-    if (r->e[i]->loc == loc && entry_of(r->e[i], h, model, tensor)) return r->e[i];
-  return NULL;
+  const replica_set *s = set_of(r, model, tensor);
+  return s ? s->at[loc + 1] : NULL;
 }
 
 /* The RESIDENT replica among es[0..n) that a request naming no place uses: the one at the
@@ -367,7 +417,7 @@ void nwcd_res_free(nwcd_res *r) {
   r->nmaps = 0; /* host maps stay valid: the pages live while they map them; device copies
                  * still mapped are not freed here (cudaMemPoolImportPointer: the exporter frees
                  * last), the driver reclaims them with this process */
-  for (size_t i = 0; i < r->n; i++) entry_free(r, r->e[i]);
+  for (size_t i = 0; i < r->n; i++) index_remove(r, r->e[i]), entry_free(r, r->e[i]);
   if (r->d->backend->host_trim) r->d->backend->host_trim(0, 0);
   free(r->e);
   pthread_cond_destroy(&r->cond);
@@ -484,10 +534,10 @@ static int lookup_locked(nwcd_res *r, const char *model, const char *tensor, int
       e->home = replicas(r, model, tensor, sib) ? sib[0]->home : NWCD_LOC_DEFAULT;
       e->hash = key_hash(model, tensor), e->info = ti, e->fd = -1, e->loc = loc;
       e->len = need_at(ti->length, NWCD_LOC_CPU);
-      r->e[r->n++] = e;
-    } else {
-      nwc_tensor_info_free(ti, ti ? 1 : 0);
+      if ((rc = index_add(r, e)) < 0) free(e->model), free(e->tensor), free(e), e = NULL;
+      else r->e[r->n++] = e;
     }
+    if (rc < 0) nwc_tensor_info_free(ti, ti ? 1 : 0);
   }
   *out = e;
   return rc;
@@ -1002,7 +1052,7 @@ int nwcd_res_forget_model(nwcd_res *r, const char *model) {
   }
   size_t k = 0;
   for (size_t i = 0; i < r->n; i++) {
-    if (!strcmp(r->e[i]->model, model)) entry_free(r, r->e[i]);
+    if (!strcmp(r->e[i]->model, model)) index_remove(r, r->e[i]), entry_free(r, r->e[i]);
     else r->e[k++] = r->e[i];
   }
   r->n = k;
