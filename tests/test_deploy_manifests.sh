@@ -134,6 +134,8 @@ prune = false
 present  registry.example.com/models/present:v1                  pin   cpu     all
 absent   registry.example.com:5000/models/absent@sha256:0123abcd load  -       tier=big
 other    registry.example.com/models/other:v1                    pin   cuda:0  tier=small,zone
+wide     registry.example.com/models/wide:v1                     load  split:cpu  all
+both     registry.example.com/models/both:v1                     pin   cuda:0,cpu tier=big
 EOF
 printf 'tier=big\nkubernetes.io/hostname=node-1\n' >"$dir/labels"
 mkdir "$dir/state"
@@ -148,8 +150,9 @@ cat "$dir/out"
 expect() { grep -qxF -- "nwc-models: $1" "$dir/out" || fail "missing line: nwc-models: $1"; }
 refuse() { ! grep -qF -- "$1" "$dir/out" || fail "unexpected: $1"; }
 expect "present: present, no pull"
-expect "dry-run: $nwcctl load present --device cpu"
-expect "dry-run: $nwcctl pin present"
+expect "dry-run: $nwcctl pin present --device cpu"
+expect "dry-run: $nwcctl load wide --device cpu --split"
+expect "dry-run: $nwcctl pin both --device cuda:0,cpu"
 expect "absent: missing, pulling registry.example.com:5000/models/absent@sha256:0123abcd"
 expect "dry-run: $nwcctl pull registry.example.com:5000/models/absent@sha256:0123abcd absent"
 expect "dry-run: $nwcctl load absent"
@@ -182,6 +185,14 @@ rc=0
 $models --config "$dir/bad.conf" --state "$dir/state" --once --dry-run >"$dir/out" 2>&1 || rc=$?
 [ $rc -eq 2 ] || { cat "$dir/out"; fail "a bad models.conf exited $rc, not 2"; }
 grep -q "bad.conf:1: expected NAME REF ACTION DEVICE NODES" "$dir/out" || fail "no FILE:LINE for a bad line"
+# and a DEVICE that is no place list (a list ending in a comma; split of nothing)
+for dev in cuda:0, split: gpu1; do
+  printf 'x registry.example.com/m:v1 pin %s all\n' "$dev" >"$dir/bad.conf"
+  rc=0
+  $models --config "$dir/bad.conf" --state "$dir/state" --once --dry-run >"$dir/out" 2>&1 || rc=$?
+  [ $rc -eq 2 ] && grep -q "bad.conf:1: DEVICE is .*not '$dev'" "$dir/out" ||
+    { cat "$dir/out"; fail "DEVICE '$dev' accepted (exit $rc)"; }
+done
 $models --help | grep -q -- "--dry-run" || fail "--help does not list --dry-run"
 echo "ok nwc-models.sh errors and --help"
 

@@ -15,7 +15,10 @@
 #   REF     host[:port]/repo[:tag|@digest], given to `nwcctl pull REF NAME`
 #   ACTION  store (pulled only), load (resident while the budget's LRU keeps it), pin (resident,
 #           never evicted)
-#   DEVICE  cpu, cuda:N, or - (nwcd's default: GPU 0 with the cuda backend, else host memory)
+#   DEVICE  cpu, cuda:N, a comma-separated list of them (a replica on each, read once) or all
+#           (every GPU), each optionally split:PLACES (each tensor at ONE of the places, filled
+#           in order within their budgets: nwcctl load --split), or - (nwcd's default: GPU 0
+#           with the cuda backend, else host memory)
 #   NODES   all, or comma-separated node label terms that must all hold: key=value or key
 #
 # Rules: a NAME already in the store is never pulled again (whatever REF it came from): give a
@@ -196,8 +199,8 @@ parse_config() {
     printf '%s' "$ref" | grep -qE '^[A-Za-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9_.-]+|@[a-z0-9]+:[0-9a-fA-F]+)?$' ||
       { log "$where: '$ref' is not a reference host[:port]/repo[:tag|@digest]"; return 2; }
     case $action in store | load | pin) ;; *) log "$where: ACTION is store, load or pin, not '$action'"; return 2 ;; esac
-    printf '%s' "$device" | grep -qE '^(cpu|cuda:[0-9]+|-)$' ||
-      { log "$where: DEVICE is cpu, cuda:N or -, not '$device'"; return 2; }
+    printf '%s' "$device" | grep -qE '^(-|(split:)?(all|(cpu|cuda:[0-9]+)(,(cpu|cuda:[0-9]+))*))$' ||
+      { log "$where: DEVICE is cpu, cuda:N, a list of them, all, split:PLACES or -, not '$device'"; return 2; }
     if node_matches "$nodes"; then
       echo "$name $ref $action $device" >>"$tmp/declared"
     else
@@ -231,14 +234,15 @@ reconcile() {
     fi
     was=$(awk -v n="$name" '$1 == n { print $2 }' "$managed")
     on=""
-    [ "$device" != - ] && on="--device $device"
+    case $device in
+      -) ;;
+      split:*) on="--device ${device#split:} --split" ;;
+      *) on="--device $device" ;;
+    esac
     case $action in
-      pin)
-        # load puts it on DEVICE (a model resident elsewhere fails: evict it first); pin then
-        # keeps it there.
+      pin) # loads (a replica on each place of DEVICE, or the split) and keeps it resident
         # shellcheck disable=SC2086
-        [ -n "$on" ] && { act "$nwcctl" load "$name" $on || { rc=1; continue; }; }
-        act "$nwcctl" pin "$name" || rc=1 ;;
+        act "$nwcctl" pin "$name" $on || rc=1 ;;
       load)
         [ "$was" = pin ] && { act "$nwcctl" unpin "$name" || rc=1; }
         # shellcheck disable=SC2086
