@@ -332,6 +332,12 @@ static int cmd_ls(int argc, char **argv) {
   return 0;
 }
 
+/* A place's name as nwcd says it: "cpu" (host memory, NWC_CLIENT_CPU) or "cuda:N". */
+static void place_name(int at, char name[16]) {
+  if (at == NWC_CLIENT_CPU) snprintf(name, 16, "cpu");
+  else snprintf(name, 16, "cuda:%d", at);
+}
+
 /* ps's last lines: the client mappings per place ("maps on cuda:0: 24 of 12 tensors"), places
  * in ps's order of first appearance; nothing when no tensor is mapped. */
 static void print_maps_per_place(const nwc_client_resident *p, size_t n) {
@@ -343,8 +349,7 @@ static void print_maps_per_place(const nwc_client_resident *p, size_t n) {
     for (size_t k = i; k < n; k++)
       if (p[k].device == p[i].device && p[k].maps) maps += p[k].maps, tensors++;
     char where[16];
-    if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
-    else snprintf(where, sizeof where, "cuda:%d", p[i].device);
+    place_name(p[i].device, where);
     printf("maps on %s: %lu of %lu tensor%s\n", where, maps, tensors, tensors == 1 ? "" : "s");
   }
 }
@@ -363,8 +368,7 @@ static int cmd_ps(void) {
   /* the tensor last, as in ls MODEL */
   if (!json) printf("%-*s %-7s %10s %6s %6s %5s %5s %-12s %s\n", mw, "MODEL", "WHERE", "BYTES", "PINNED", "LOCKED", "REFS", "MAPS", "LAST USED", "TENSOR");
   for (size_t i = 0; i < n; i++) {
-    if (p[i].device < 0) snprintf(where, sizeof where, "cpu");
-    else snprintf(where, sizeof where, "cuda:%d", p[i].device);
+    place_name(p[i].device, where);
     if (json) {
       json_push(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:b,s:b,s:i,s:i,s:I}", "model", p[i].model,
                                            "tensor", p[i].tensor, "where", where, "bytes", (json_int_t)p[i].bytes,
@@ -449,9 +453,11 @@ static int parse_places(const char *opt, int at[MAX_PLACES]) {
   }
 }
 
-static void place_name(int at, char name[16]) {
-  if (at == NWC_CLIENT_CPU) snprintf(name, 16, "cpu");
-  else snprintf(name, 16, "cuda:%d", at);
+/* Whether at[0..n) names place p. */
+static bool names_place(const int *at, int n, int p) {
+  for (int i = 0; i < n; i++)
+    if (at[i] == p) return true;
+  return false;
 }
 
 /* Resolves --device against the places the daemon reports (nwc_client_devices): all becomes
@@ -530,9 +536,7 @@ static int print_split(nwc_client *c, const char *model, const int *at, int n,
            nwc_size_text(r->raw_bytes, name));
   for (int k = 0; k <= 256; k++) { /* cuda:0..255, then host memory */
     int p = k < 256 ? k : NWC_CLIENT_CPU;
-    bool named = false;
-    for (int i = 0; i < n; i++) named |= at[i] == p;
-    if (!named) continue;
+    if (!names_place(at, n, p)) continue;
     unsigned long long tensors = 0, bytes = 0;
     for (size_t i = 0; i < np; i++)
       if (ps[i].device == p && !strcmp(ps[i].model, model)) tensors++, bytes += ps[i].bytes;
@@ -580,9 +584,7 @@ static int cmd_residency(const char *arg) {
     if (rc == 0) { /* the places named, each once, host memory first */
       char places[MAX_PLACES * 8] = "", name[16];
       for (int p = NWC_CLIENT_CPU, off = 0; p < 256; p++) {
-        bool named = false;
-        for (int i = 0; i < n; i++) named |= at[i] == p;
-        if (!named) continue;
+        if (!names_place(at, n, p)) continue;
         place_name(p, name);
         off += snprintf(places + off, sizeof places - off, "%s%s", off ? "," : "", name);
       }

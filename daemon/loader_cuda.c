@@ -199,9 +199,8 @@ typedef struct fan_out {
 static int fan_sync(const fan_out *f) {
   int rc = 0;
   for (unsigned k = 0; k < f->n; k++) {
-    cudaError_t e = cudaSetDevice(f->g[k]->device);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(f->g[k]->stream);
-    if (e != cudaSuccess && rc == 0) rc = cuda_fail(e, "the copies to a device");
+    int s = nwcd_gpu_ring_settle(f->g[k]);
+    if (rc == 0) rc = s;
   }
   return rc;
 }
@@ -253,11 +252,10 @@ static int fan_reclaim(void *ctx, nwcd_ring *r, bool wait) {
 /* Waits for what queued loads left on g's stream and gives their slots back to its ring (its
  * lock held, no load on it). */
 static int ring_drain(nwcd_gpu_ring *g) {
-  cudaError_t e = cudaSetDevice(g->device);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+  int rc = nwcd_gpu_ring_settle(g);
   for (; g->count; g->count--, g->head = (g->head + 1) % g->nslots)
     nwcd_ring_release(g->ring, g->fifo[g->head]);
-  return e == cudaSuccess ? 0 : cuda_fail(e, "the copies queued on a GPU ring");
+  return rc;
 }
 
 int nwcd_load_to_places(nwcd_gpu_ring *const *g, void *const *dev, unsigned n,

@@ -475,6 +475,17 @@ static int no_room(nwcd_res *r, const char *model, const char *tensor, int loc, 
                    nwc_size_text(r->pinned_bytes, b[3]), flag);
 }
 
+/* After a device allocation failed although the budget allowed it (memory used by others):
+ * LRU evictions at device loc until need bytes are freed or nothing is left to evict; returns
+ * the bytes freed (called without r->lock). */
+static uint64_t evict_for_memory(nwcd_res *r, int loc, uint64_t need) {
+  uint64_t freed = 0, got;
+  pthread_mutex_lock(&r->lock);
+  while (freed < need && (got = evict_lru(r, loc))) freed += got;
+  pthread_mutex_unlock(&r->lock);
+  return freed;
+}
+
 /* Loads e onto its device (the backend streams the blob there), evicting LRU copies of that
  * device for need bytes and retrying once when the allocation fails (called without r->lock). */
 static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy,
@@ -482,10 +493,7 @@ static int load_device(nwcd_res *r, nwcd_entry *e, uint64_t need, void **dcopy,
   const nwcd_backend *b = r->d->backend;
   int rc = b->dev_load(e->info, e->loc, dcopy, l);
   if (rc != -ENOMEM) return rc;
-  uint64_t freed = 0, got;
-  pthread_mutex_lock(&r->lock);
-  while (freed < need && (got = evict_lru(r, e->loc))) freed += got;
-  pthread_mutex_unlock(&r->lock);
+  uint64_t freed = evict_for_memory(r, e->loc, need);
   rc = b->dev_load(e->info, e->loc, dcopy, l);
   char where[16];
   loc_name(e->loc, where);
@@ -613,6 +621,14 @@ static int load_end(nwcd_res *r, nwcd_entry *e, int rc, uint64_t need, void *buf
   return 0;
 }
 
+/* The read of e's blob into its place (called without r->lock): onto its device (*dcopy), or
+ * into a host copy (*buf, *locked). */
+static int load_one(nwcd_res *r, nwcd_entry *e, uint64_t need, void **buf, bool *locked,
+                    void **dcopy, nwcd_load_info *l) {
+  if (e->loc >= 0) return load_device(r, e, need, dcopy, l);
+  return r->d->backend->host_load(e->info, buf, locked, l);
+}
+
 /* Loads e, LOADING with need bytes reserved (load_begin), at its place: the blob streams onto
  * its device, or into a host copy; then load_end.  Called with r->lock held, which it drops
  * while reading; *l gets the load's. */
@@ -620,9 +636,7 @@ static int load_reserved(nwcd_res *r, nwcd_entry *e, uint64_t need, nwcd_load_in
   pthread_mutex_unlock(&r->lock);
   bool locked = false;
   void *buf = NULL, *dcopy = NULL;
-  int rc;
-  if (e->loc >= 0) rc = load_device(r, e, need, &dcopy, l);
-  else rc = r->d->backend->host_load(e->info, &buf, &locked, l);
+  int rc = load_one(r, e, need, &buf, &locked, &dcopy, l);
   pthread_mutex_lock(&r->lock);
   return load_end(r, e, rc, need, buf, locked, dcopy, l);
 }
@@ -710,19 +724,14 @@ static int lookup_all(nwcd_res *r, const char *model, const char *tensor, const 
 static int load_places(nwcd_res *r, nwcd_entry **es, const uint64_t *need, int n, void **buf,
                        bool *locked, void **dcopy, nwcd_load_info *l) {
   const nwcd_backend *b = r->d->backend;
-  if (n == 1 && es[0]->loc >= 0) return load_device(r, es[0], need[0], &dcopy[0], l);
-  if (n == 1) return b->host_load(es[0]->info, buf, locked, l);
+  if (n == 1) return load_one(r, es[0], need[0], buf, locked, &dcopy[0], l);
   bool host = es[0]->loc < 0;
   int devs[MAX_PLACES], nd = 0;
   for (int k = host; k < n; k++) devs[nd++] = es[k]->loc;
   NWC_RETURN_IF(!b->places_load, -ENOTSUP, "the %s backend loads one place at a time", b->name);
   int rc = b->places_load(es[0]->info, host, buf, locked, devs, nd, dcopy + host, l);
   if (rc != -ENOMEM) return rc;
-  pthread_mutex_lock(&r->lock);
-  for (int k = host; k < n; k++)
-    for (uint64_t freed = 0, got; freed < need[k] && (got = evict_lru(r, es[k]->loc));)
-      freed += got;
-  pthread_mutex_unlock(&r->lock);
+  for (int k = host; k < n; k++) evict_for_memory(r, es[k]->loc, need[k]);
   rc = b->places_load(es[0]->info, host, buf, locked, devs, nd, dcopy + host, l);
   if (rc == -ENOMEM)
     rc = nwc__fail(-ENOMEM, "no device memory for %s/%s on one of its places (after evicting and "
