@@ -24,9 +24,10 @@
  * the warp's staging area, from which each lane takes its B registers of the batch's slots
  * (MatvecSink::stage); one column of BF16 x is copied into that staging with the planes
  * (copy_x), and more columns of BF16 x are loaded straight into B registers (load_b).  After a
- * block's last slot in the piece each lane adds its exception entries of the piece's slots (the
- * weights the planes decode to +0) times x on the CUDA cores, in entry order, into its own sums
- * in a table per warp in shared memory; at the piece's end the warp sums each column's parts and
+ * block's last slot in the piece the warp applies the block's exception entries of the piece's
+ * slots (the weights the planes decode to +0), a lane an entry: weight times x on the CUDA cores
+ * into the exception sums of the entry's owner lane, in a table per warp in shared memory, each
+ * sum's terms in entry order; at the piece's end the warp sums each column's parts and
  * its exceptions through that table, and writes the rows (a whole row group) or its part of them
  * into the warp's part table (work.cuh sums a CTA's parts after its warps' ends, then the CTAs'
  * in scratch, which every call leaves zero).
@@ -129,12 +130,15 @@ template <bool FP8>
 __host__ __device__ constexpr uint32_t entry_bytes() { return FP8 ? 2 : 3; }
 constexpr uint32_t kWindow = 128;   /* bytes of a block's entry list a warp holds in registers */
 
-/* Up to kExGroup of a lane's exception entries, applied together (the matvec's loads of x for them
- * in flight at once): row in the group, column, weight, and whether the entry is one. */
-constexpr uint32_t kExGroup = 4;
-struct ExGroup {
-  uint32_t row[kExGroup], col[kExGroup], w[kExGroup];
-  bool ok[kExGroup];
+/* One exception entry of a block, as a lane applies it: a lane takes one entry of the block's list
+ * at a time (entry e = 32 i + lane, whichever lane's stream it belongs to), so that a block's
+ * entries (about 16 in real BF16 weights) take one pass of the warp.  row in the group, column,
+ * weight; q and rank: the entry's owner (the lane whose weight it is: lane 4 r + q of its row r
+ * or r + 8) and its place among the owner's entries, which the matvec's sums follow (an
+ * owner's entries may share a sum, and are added in their order). */
+struct ExEntry {
+  uint32_t row, col, w, q, rank;
+  bool ok; /* an entry, in the piece's part of the block */
 };
 
 /* A block's exception entries as the warp holds them: the lane's count and the count of the
@@ -186,17 +190,24 @@ struct L2Source {
   __device__ __forceinline__ void issue(const Cur &ld, uint32_t set, bool bare) const {
     const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, last = ld.end() - ld.s - 1; /* slots 0 .. last */
     const uint64_t gs = (uint64_t)ld.grp * g.S + ld.s;
-    /* the lane's bytes of the batch's first slot (pair, for fp8), and where they go */
+    /* the lane's bytes of the batch's first slot (pair, for fp8; nibbles: of slot `half`), and where they go */
     const uint8_t *low = FP8 ? g.low + ((uint64_t)ld.grp * g.P + ld.s / 2) * 384 + 16 * lane : g.low + gs * 512 + 16 * lane;
     const uint8_t *nib = g.nib + gs * 256 + 16 * (lane & 15u);
     const uint32_t dst = ring + set * D * kEntry, dlow = dst + kLowOff + 16 * lane, dnib = dst + half * kEntry + 16 * (lane & 15u);
-    /* Every copy of a whole batch, each from its slot; a short batch's slots past its last copy
-     * the last one's bytes again (never decoded), so that no copy depends on a branch. */
+    if (last == D - 1) { /* a whole batch (all but a piece's or a short block's last): fixed offsets */
 #pragma unroll
-    for (uint32_t k = 0; k < (uint32_t)D; k++) {
-      if (!FP8) cp_async16(dlow + k * kEntry, low + umin32(k, last) * 512);
-      if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + umin32(k, last) / 2 * 384); /* the pair's 384 bytes */
-      if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + umin32(k + half, last) * 256);
+      for (uint32_t k = 0; k < (uint32_t)D; k++) {
+        if (!FP8) cp_async16(dlow + k * kEntry, low + k * 512);
+        if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + k / 2 * 384); /* the pair's 384 bytes */
+        if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + (k + half) * 256);
+      }
+    } else { /* a short batch's slots past its last copy the last one's bytes again (never decoded) */
+#pragma unroll
+      for (uint32_t k = 0; k < (uint32_t)D; k++) {
+        if (!FP8) cp_async16(dlow + k * kEntry, low + umin32(k, last) * 512);
+        if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + umin32(k, last) / 2 * 384);
+        if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + umin32(k + half, last) * 256);
+      }
     }
     if (!bare && ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
@@ -251,42 +262,36 @@ struct L2Source {
   }
 
   /* After the batch (next: its end, Cursor::end): where the block (or the piece) ends, its
-   * exception entries, kExGroup a lane at a time, to sink.exceptions. */
+   * exception entries, 32 at a time (a lane each), to sink.exception.  Entry e's owner is the lane
+   * whose entries reach past e first (a binary search over the lanes' inclusive counts, by
+   * shuffles); its bytes come from the window, or for an entry past it (rare) from the list. */
   template <class Cur, class Sink>
   __device__ __forceinline__ void end(const Cur &c, uint32_t next, Sink &sink) const {
-    const uint32_t lane = threadIdx.x & 31u, r = lane >> 2, q = lane & 3u;
+    const uint32_t lane = threadIdx.x & 31u;
     if (next % 16 == 0 || next == c.s_end) { /* the block (or the piece) ends: apply its entries */
+      constexpr uint32_t E = entry_bytes<FP8>();
       const uint32_t cb = c.s / 16, lo = max(c.s0, 16 * cb) - 16 * cb, hi = next - 16 * cb;
-      const uint32_t most = __reduce_max_sync(0xffffffffu, ex.n);
-      for (uint32_t k0 = 0; k0 < most; k0 += kExGroup) { /* kExGroup entries a lane at a time */
-        constexpr uint32_t E = entry_bytes<FP8>();
-        /* the group's entries, from the window, or (rare: some lane's reach past it) all from the list */
-        const bool far = __any_sync(0xffffffffu, k0 < ex.n && E * (ex.pre + min(k0 + kExGroup, ex.n)) > kWindow);
-        uint32_t ent[kExGroup];
-        if (!far) {
+      const uint32_t upto = ex.pre + ex.n, total = __shfl_sync(0xffffffffu, upto, 31); /* entries of lanes 0 .. lane, all */
+      for (uint32_t e = lane; e - lane < total; e += 32) {
+        uint32_t owner = 0; /* lanes whose entries end at or before e */
 #pragma unroll
-          for (uint32_t i = 0; i < kExGroup; i++) {
-            const uint32_t at = E * (ex.pre + k0 + i); /* the entry's byte in the list */
-            const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
-            const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
-            ent[i] = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
-          }
-        } else {
-#pragma unroll
-          for (uint32_t i = 0; i < kExGroup; i++) {
-            const uint8_t *p = ex.p + E * (ex.pre + k0 + i);
-            ent[i] = k0 + i < ex.n ? __ldg(p) | (uint32_t)__ldg(p + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(p + 2) << 16) : 0;
-          }
+        for (uint32_t step = 16; step; step >>= 1)
+          if (__shfl_sync(0xffffffffu, upto, owner + step - 1) <= e) owner += step;
+        const uint32_t at = E * e, pre = __shfl_sync(0xffffffffu, ex.pre, owner); /* the entry's byte in the list */
+        const uint32_t w0 = __shfl_sync(0xffffffffu, ex.win, (at >> 2) & 31u);
+        const uint32_t w1 = __shfl_sync(0xffffffffu, ex.win, ((at >> 2) + 1) & 31u);
+        uint32_t ent = __funnelshift_r(w0, w1, 8 * (at & 3u)); /* idx, weight low, weight high */
+        if (e < total && at + E > kWindow) {
+          const uint8_t *p = ex.p + at;
+          ent = __ldg(p) | (uint32_t)__ldg(p + 1) << 8 | (FP8 ? 0u : (uint32_t)__ldg(p + 2) << 16);
         }
-        ExGroup eg;
-#pragma unroll
-        for (uint32_t i = 0; i < kExGroup; i++) {
-          const uint32_t k = k0 + i, idx = ent[i] & 0xffu, j = idx & 15u, sc = idx >> 4;
-          eg.ok[i] = k < ex.n && sc >= lo && sc < hi; /* the lane's, in the piece's part of the block */
-          eg.row[i] = frag_row(r, j), eg.col[i] = NWC_BLOCK_COLS * cb + 32 * sc + frag_col(q, j);
-          eg.w[i] = FP8 ? fp8_to_bf16_bits((ent[i] >> 8) & 0xffu) : (ent[i] >> 8) & 0xffffu;
-        }
-        sink.exceptions(c, eg);
+        const uint32_t idx = ent & 0xffu, j = idx & 15u, sc = idx >> 4;
+        ExEntry x;
+        x.ok = e < total && sc >= lo && sc < hi;
+        x.q = owner & 3u, x.rank = e - pre;
+        x.row = frag_row(owner >> 2, j), x.col = NWC_BLOCK_COLS * cb + 32 * sc + frag_col(x.q, j);
+        x.w = FP8 ? fp8_to_bf16_bits((ent >> 8) & 0xffu) : (ent >> 8) & 0xffffu;
+        sink.exception(c, x);
       }
     }
   }
@@ -299,7 +304,7 @@ struct L2Source {
  * beside the source's copies of a batch into a set (a kCopyX sink copies its x there),
  * load_x(cursor) for the next batch's inputs (the other sinks), stage(cursor, set) at this batch's
  * start, slot(k, cursor, A) for slot k of the
- * batch decoded to A fragments, exceptions(cursor, group) for the entries of a block after its
+ * batch decoded to A fragments, exception(cursor, entry) for the entries of a block after its
  * last slot of the piece (layout 2), unit_end(M, split, cursor) after a piece and done(M, split,
  * warp) after the range (l2_stream: every warp of the CTA, with work or not).  The ring has NS
  * sets: before the loop the source starts the first NS - 1 batches, one a set; at the top of each
@@ -504,7 +509,7 @@ struct MatvecSink {
     if constexpr (kCopyX) {
       static_assert(C == 1 && P == 1, "one column, its own part");
       const uint32_t lane = threadIdx.x & 31u, col = 32 * c.s + D * lane;
-      const uint32_t bytes = col + D <= a.K ? 2 * D : col < a.K ? 2 * (a.K - col) : 0;
+      const uint32_t bytes = 2 * umin32(D, a.K - umin32(col, a.K));
       const X *p = static_cast<const X *>(a.x) + (bytes ? col : 0); /* nothing read past K */
       cp_async_zfill<2 * D>((uint32_t)__cvta_generic_to_shared(stg + set * kStage + 2 * D * lane), p, bytes);
     }
@@ -585,8 +590,10 @@ struct MatvecSink {
    * `set`'s with kCopyX, where copy_x put them; otherwise each lane first stores its xv's parts as
    * BF16 pairs, D / 2 words a part: fp32 x cut into three, BF16 x as loaded): lane (n, q) loads B
    * column 8 t + n of each slot, the 8 columns 8 q .. 8 q + 7 in order, as one uint4.  B's columns
-   * past P ncols are zero: their staging is never written (the constructor zeroed it), and those
-   * past P C have none. */
+   * past P ncols are zero: their staging is never written (the constructor zeroed it); those past
+   * P C have none and load the last staged column again (their products are never read: the
+   * piece's end adds columns P n + p of x's columns n < ncols only), so that no load is
+   * predicated. */
   template <class Cur>
   __device__ __forceinline__ void stage(const Cur &, uint32_t set) {
     if constexpr (kDirectB) {
@@ -606,9 +613,8 @@ struct MatvecSink {
       for (int k2 = 0; k2 < D; k2++)
 #pragma unroll
         for (int t = 0; t < T; t++) {
-          const uint32_t N = 8 * t + N0;
-          bn[k2][t] = N < P * C ? *reinterpret_cast<const uint4 *>(from + (k2 * P * C + N) * 64 + 16 * q)
-                                : make_uint4(0, 0, 0, 0);
+          const uint32_t N = umin32(8 * t + N0, P * C - 1); /* B's columns past P C: any staged column */
+          bn[k2][t] = *reinterpret_cast<const uint4 *>(from + (k2 * P * C + N) * 64 + 16 * q);
         }
     }
   }
@@ -648,51 +654,29 @@ struct MatvecSink {
     }
   }
 
-  /* The entries' weights times fp32 x, into the lane's own exception sums of their rows, in
-   * entry order.  BF16 x in more columns: an entry at a time, its columns' x loaded together, the
-   * entries that no lane has skipped (a lane's group is its first entries of the block: most have
-   * one or two).  Otherwise column by column, a column's x values for the group loaded before any is
-   * used, each entry's place in the table computed once, x's column start stepped by ldx (for 8
-   * columns that is 8 round trips to L2 a group: entry by entry was 2 % faster with BF16 x, 7 %
-   * slower with fp32 x, docs/results.md).  A sum's terms are added in the same order either way. */
+  /* The entry's weight times x, into its owner's exception sums of its row (one per lane of a row:
+   * q), the owner's entries one after another in their order (an owner's entries may share a sum):
+   * the x of the entry's columns loaded together first. */
   template <class Cur>
-  __device__ __forceinline__ void exceptions(const Cur &, const ExGroup &eg) const {
-    if constexpr (kBf16X && C > 1) {
+  __device__ __forceinline__ void exception(const Cur &, const ExEntry &x) const {
+    float xe[C];
+    const X *xn = static_cast<const X *>(a.x) + x.col; /* x's column n at the entry's column */
 #pragma unroll
-      for (uint32_t i = 0; i < kExGroup; i++) {
-        if (!__any_sync(0xffffffffu, eg.ok[i])) continue;
-        float xe[C];
+    for (uint32_t n = 0; n < (uint32_t)C; n++, xn += a.ldx) {
+      const bool take = x.ok && (all_cols() || n < a.ncols);
+      if constexpr (kBf16X) xe[n] = take ? bf16_to_f32(__ldg(xn)) : 0.f;
+      else xe[n] = take ? __ldg(xn) : 0.f;
+    }
+    const float w = bf16_to_f32(x.w);
+    float *sum = red + x.row * kRedCols + kRedEx + x.q; /* column n's at sum[4 n] */
+    const uint32_t rounds = __reduce_max_sync(0xffffffffu, x.ok ? x.rank + 1 : 0u);
+#pragma unroll 1
+    for (uint32_t r = 0; r < rounds; r++) {
+      if (x.ok && x.rank == r)
 #pragma unroll
         for (uint32_t n = 0; n < (uint32_t)C; n++)
-          xe[n] = eg.ok[i] && (all_cols() || n < a.ncols)
-                      ? bf16_to_f32(__ldg(static_cast<const uint16_t *>(a.x) + (uint64_t)n * a.ldx + eg.col[i]))
-                      : 0.f;
-        const float w = bf16_to_f32(eg.w[i]);
-        float *sum = red + eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u); /* column n's at sum[4 n] */
-#pragma unroll
-        for (uint32_t n = 0; n < (uint32_t)C; n++)
-          if (eg.ok[i] && (all_cols() || n < a.ncols)) sum[4 * n] += w * xe[n];
-      }
-    } else {
-      uint32_t at[kExGroup]; /* the entry's exception sum of column 0 in the table */
-      float w[kExGroup];
-#pragma unroll
-      for (uint32_t i = 0; i < kExGroup; i++)
-        at[i] = eg.row[i] * kRedCols + kRedEx + (threadIdx.x & 3u), w[i] = bf16_to_f32(eg.w[i]);
-      const X *xn = static_cast<const X *>(a.x); /* x's column n */
-#pragma unroll
-      for (uint32_t n = 0; n < (uint32_t)C; n++, xn += a.ldx) {
-        if (!all_cols() && n >= a.ncols) break;
-        float xe[kExGroup];
-#pragma unroll
-        for (uint32_t i = 0; i < kExGroup; i++) {
-          if constexpr (kBf16X) xe[i] = eg.ok[i] ? bf16_to_f32(__ldg(xn + eg.col[i])) : 0.f;
-          else xe[i] = eg.ok[i] ? __ldg(xn + eg.col[i]) : 0.f;
-        }
-#pragma unroll
-        for (uint32_t i = 0; i < kExGroup; i++)
-          if (eg.ok[i]) red[at[i] + 4 * n] += w[i] * xe[i];
-      }
+          if (all_cols() || n < a.ncols) sum[4 * n] = __fmaf_rn(w, xe[n], sum[4 * n]);
+      __syncwarp();
     }
   }
 
@@ -775,7 +759,7 @@ __global__ void __launch_bounds__(kL2Threads, kMatvecCtasPerSm) l2_matvec_kernel
 
 /* Dequant's and gather's sink: each slot's two rows of 8 weights per lane as two 16-byte stores
  * (gather: only the requested row, to out + k * K16), then the exceptions' weights over the +0
- * the planes gave them (the same lane, so in program order). */
+ * the planes gave them (by another lane, after the batches' __syncwarp, which orders them). */
 struct RowsSink {
   static constexpr int D = 4; /* layout 2's batch (layout 1's is kL1Batch) */
   static constexpr bool kDecodeFirst = false, kCopyX = false; /* no x: each slot stored as decoded */
@@ -804,12 +788,9 @@ struct RowsSink {
     if (d8) *reinterpret_cast<uint4 *>(d8 + col) = make_uint4(A[1], A[3], A[5], A[7]);
   }
   template <class Cur>
-  __device__ __forceinline__ void exceptions(const Cur &c, const ExGroup &eg) const {
-#pragma unroll
-    for (uint32_t i = 0; i < kExGroup; i++) {
-      uint16_t *d = eg.ok[i] ? dst(c, eg.row[i]) : nullptr;
-      if (d) d[eg.col[i]] = (uint16_t)eg.w[i];
-    }
+  __device__ __forceinline__ void exception(const Cur &c, const ExEntry &x) const {
+    uint16_t *d = x.ok ? dst(c, x.row) : nullptr; /* entries are at distinct weights (validated) */
+    if (d) d[x.col] = (uint16_t)x.w;
   }
   template <class Cur>
   __device__ __forceinline__ void unit_end(uint32_t, const Split &, const Cur &) const {}
