@@ -107,8 +107,8 @@ __host__ __device__ constexpr unsigned l1_stream_buf(unsigned per_warp, unsigned
 /*
  * Layout 1 as l2_stream's slot source (layout2.cu): issue(cursor, set, bare) copies a batch's raw
  * bytes into a ring set and, for a batch that starts a block, the block's streams into a stream
- * buffer (bare or not: the first batch needs them too); prologue() has nothing to fetch (layout 2's
- * fetches its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
+ * buffer (bare or not: the first batch needs them too); head() and prologue() have nothing to
+ * fetch (layout 2's fetch its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
  * fresh) starts the lanes' decoders at a block's start; slot(cursor, k, A) decodes slot k of the
  * batch (l2_stream asks only for those before its end); end() has nothing to do.  Shared memory
  * per warp: kWarpSmem = two ring sets and two stream buffers of SB bytes.
@@ -163,6 +163,8 @@ struct L1Source {
     cp_commit();
   }
 
+  template <class Cur>
+  __device__ __forceinline__ void head(const Cur &) const {}
   template <class Cur>
   __device__ __forceinline__ uint32_t prologue(const Cur &) const {
     return 0;

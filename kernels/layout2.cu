@@ -181,6 +181,7 @@ struct L2Source {
   uint32_t ring;
   const uint8_t *e; /* the set being decoded */
   ExList ex;
+  uint64_t hb0, hb1; /* the first block's bases (head) */
 
   __device__ __forceinline__ L2Source(const L2Geom &geom, uint8_t *mem)
       : g(geom), ring_mem(mem), ring((uint32_t)__cvta_generic_to_shared(mem)), e(mem), ex{0, 0, 0, nullptr} {}
@@ -217,16 +218,24 @@ struct L2Source {
     cp_commit();
   }
 
-  /* Before griddepcontrol.wait, for the first batch c (issued bare): the first block's entries by
-   * plain loads, bases, then the window (a chain of two latencies that would otherwise follow the
-   * planes'), while the kernel before may still run.  Returns a value made of the loads' results,
-   * for grid_wait_after. */
+  /* Before griddepcontrol.wait, for the first batch c (issued bare), the first block's entries by
+   * plain loads (a chain of two latencies that would otherwise follow the planes'), while the
+   * kernel before may still run: head() loads bases[b], bases[b + 1] and the lanes' counts before
+   * the first batch's copies are issued (behind the copies of every warp, a small matvec's first
+   * batches, they came back microseconds late), prologue() the window they locate, after the
+   * first batch's copies.  prologue() returns a value made of the loads' results, for
+   * grid_wait_after. */
   template <class Cur>
-  __device__ __forceinline__ uint32_t prologue(const Cur &c) {
+  __device__ __forceinline__ void head(const Cur &c) {
+    const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16;
+    hb0 = __ldg(g.bases + b), hb1 = __ldg(g.bases + b + 1);
+    ex.n = __ldg(g.hdr + b * 32 + (threadIdx.x & 31u));
+  }
+  template <class Cur>
+  __device__ __forceinline__ uint32_t prologue(const Cur &) {
     const uint32_t lane = threadIdx.x & 31u;
-    const uint64_t b = (uint64_t)c.grp * g.CB + c.s / 16, b0 = __ldg(g.bases + b), b1 = __ldg(g.bases + b + 1);
-    ex.n = __ldg(g.hdr + b * 32 + lane), ex.p = g.data + b0;
-    ex.win = 4 * lane < b1 - b0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
+    ex.p = g.data + hb0;
+    ex.win = 4 * lane < hb1 - hb0 ? __ldg(reinterpret_cast<const uint32_t *>(ex.p) + lane) : 0;
     ex.pre = warp_exclusive_sum(ex.n);
     return ex.win ^ ex.pre;
   }
@@ -314,8 +323,9 @@ struct L2Source {
  * counts the same).  A sink with kDecodeFirst has the batch's slots decoded before it stages x
  * and multiplies them after (the first batch's x then has the decode's time to arrive; the others
  * stage first and decode slot by slot, holding one slot's A fragments).  The first batch is issued
- * bare and the source's prologue fetches what else it needs of the first block by plain loads,
- * both before griddepcontrol.wait; its begin() is then told the batch is fresh.  x may be read only
+ * bare and the source fetches what else it needs of the first block by plain loads (head before
+ * the batch's copies, prologue after them), all before griddepcontrol.wait; its begin() is then
+ * told the batch is fresh.  x may be read only
  * after the wait: a kCopyX sink's x of the batches issued before it goes in a group of its own
  * after theirs, which the first batch waits for before it stages (the later batches' x is in their
  * planes' group).
@@ -330,9 +340,11 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
   ld.j = j0;
   ld.open(sp, j0, j_end, rows, M);
   if (!ld.valid) return;
+  src.head(ld);
   src.issue(ld, 0, true);
   c = ld;
   ld.next(sp, j0, j_end, rows, M);
+  const uint32_t token = src.prologue(c);
 #pragma unroll
   for (uint32_t s = 1; s + 1 < (uint32_t)NS; s++) { /* the batches after the first into sets 1 .. NS - 2 */
     if (ld.valid) src.issue(ld, s, false), ld.next(sp, j0, j_end, rows, M);
@@ -340,7 +352,7 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
   }
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
    * and may write what it read.  Everything above reads only the weights. */
-  grid_wait_after(src.prologue(c));
+  grid_wait_after(token);
   tl_mark(1);
   if constexpr (Sink::kCopyX) { /* the x of the batches issued above, into their sets: a group of its own */
     Cursor<D> xc = c;
