@@ -107,14 +107,17 @@ __host__ __device__ constexpr unsigned l1_stream_buf(unsigned per_warp, unsigned
 /*
  * Layout 1 as l2_stream's slot source (layout2.cu): issue(cursor, set, bare) copies a batch's raw
  * bytes into a ring set and, for a batch that starts a block, the block's streams into a stream
- * buffer (bare or not: the first batch needs them too); head() and prologue() have nothing to
- * fetch (layout 2's fetch its first block's exception window; layout 1 has no exceptions); begin(cursor, set,
+ * buffer (bare or not: the first batch needs them too; the caller commits the group); head() and
+ * prologue() have nothing to fetch (layout 2's fetch its first block's exception window; layout 1
+ * has no exceptions); begin(cursor, set,
  * fresh) starts the lanes' decoders at a block's start; slot(cursor, k, A) decodes slot k of the
  * batch (l2_stream asks only for those before its end); end() has nothing to do.  Shared memory
  * per warp: kWarpSmem = two ring sets and two stream buffers of SB bytes.
  */
 template <int D, bool FP8, unsigned SB>
 struct L1Source {
+  /* Slots past a batch's end are not decoded: the lanes' streams would run past the block. */
+  __device__ static constexpr bool decode_all() { return false; }
   static constexpr unsigned kE = FP8 ? 8 : 16, kSlot = 32 * kE, kSet = l1_set_bytes<D, FP8>();
   static constexpr unsigned kWarpSmem = 2 * kSet + 2 * SB;
   const L1Geom &g;
@@ -160,7 +163,6 @@ struct L1Source {
         hlen = __ldg(g.hdr + (b + 1) * 32 + lane);
       }
     }
-    cp_commit();
   }
 
   template <class Cur>

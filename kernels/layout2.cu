@@ -176,6 +176,9 @@ __host__ __device__ constexpr unsigned ring_bytes() { return NS * D * kEntry; }
  */
 template <int D, bool FP8>
 struct L2Source {
+  /* A short batch's slots past its end may be decoded (their set entries hold the last slot's
+   * bytes again): the decode then has no branch a slot, and its result is not multiplied. */
+  __device__ static constexpr bool decode_all() { return true; }
   const L2Geom &g;
   uint8_t *ring_mem;
   uint32_t ring;
@@ -186,7 +189,8 @@ struct L2Source {
   __device__ __forceinline__ L2Source(const L2Geom &geom, uint8_t *mem)
       : g(geom), ring_mem(mem), ring((uint32_t)__cvta_generic_to_shared(mem)), e(mem), ex{0, 0, 0, nullptr} {}
 
-  /* The loader's batch into set `set` of the ring (with its block's hdr and bases unless `bare`). */
+  /* The loader's batch into set `set` of the ring (with its block's hdr and bases unless `bare`);
+   * the caller commits the group. */
   template <class Cur>
   __device__ __forceinline__ void issue(const Cur &ld, uint32_t set, bool bare) const {
     const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, last = ld.end() - ld.s - 1; /* slots 0 .. last */
@@ -215,7 +219,6 @@ struct L2Source {
       if (lane < 30) cp_async16(dst + kHdrOff + 16 * (lane - 28), g.hdr + b * 32 + 16 * (lane - 28));
       else cp_async8(dst + kBaseOff + 8 * (lane - 30), g.bases + b + (lane - 30));
     }
-    cp_commit();
   }
 
   /* Before griddepcontrol.wait, for the first batch c (issued bare), the first block's entries by
@@ -342,13 +345,14 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
   if (!ld.valid) return;
   src.head(ld);
   src.issue(ld, 0, true);
+  cp_commit();
   c = ld;
   ld.next(sp, j0, j_end, rows, M);
   const uint32_t token = src.prologue(c);
 #pragma unroll
   for (uint32_t s = 1; s + 1 < (uint32_t)NS; s++) { /* the batches after the first into sets 1 .. NS - 2 */
     if (ld.valid) src.issue(ld, s, false), ld.next(sp, j0, j_end, rows, M);
-    else cp_commit();
+    cp_commit();
   }
   /* Launched as a programmatic dependent: everything below may read what the kernel before wrote,
    * and may write what it read.  Everything above reads only the weights. */
@@ -368,11 +372,10 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
     if (NS > 2 && !Sink::kCopyX) nx = c, nx.next(sp, j0, j_end, rows, M);
     if (ld.valid) {
       const uint32_t to = set == 0 ? NS - 1 : set - 1;
-      sink.copy_x(ld, to); /* in the planes' group */
       src.issue(ld, to, false);
-    } else {
-      cp_commit();
+      sink.copy_x(ld, to); /* in the planes' group */
     }
+    cp_commit();
     const uint32_t ce = c.end();
     const auto set_ready = [&] { /* this batch's copies landed, the source's block entries begun */
       cp_wait<NS - 1>();
@@ -392,8 +395,8 @@ __device__ __forceinline__ void l2_stream_range(Src &src, const Split &sp, const
       set_ready();
       uint32_t A[D][8];
 #pragma unroll
-      for (int k = 0; k < D; k++) /* the batch's slots only: a short batch's rest is not decoded */
-        if (k == 0 || c.s + k < ce) src.slot(c, k, A[k]);
+      for (int k = 0; k < D; k++) /* a short batch's rest too where the source allows (no branch a slot) */
+        if (Src::decode_all() || k == 0 || c.s + k < ce) src.slot(c, k, A[k]);
       stage_x();
 #pragma unroll
       for (int k = 0; k < D; k++)
