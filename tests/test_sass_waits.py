@@ -5,7 +5,8 @@ built from a stall count, yield, write and read barriers, a wait mask and reuse 
 places the sm_70+ encoding keeps them (bits 105 - 127), which the listing must print back, and,
 for an instruction asked about with --at, every instruction that sets a barrier it waits for,
 nearest first going back around the function, as computed here; then bad input (no such
-function, an instruction without its second word) must end with an error and status 1.
+function, an instruction without its second word) must end with an error and status 1, and a
+reader that stops early (`| head`) must not get a traceback.
 
   test_sass_waits.py SCRIPTS_DIR
 """
@@ -100,6 +101,17 @@ def main():
         r = subprocess.run([sys.executable, tool, cut], capture_output=True, text=True)
         if r.returncode != 1 or "has no second word" not in r.stderr:
             failures.append(f"a missing second word: status {r.returncode}, {r.stderr!r}")
+        # a reader that stops early (`| head`): a quiet end, no traceback
+        big = os.path.join(d, "big.sass")
+        with open(big, "w") as f:
+            f.write("\n".join(function_text("_Z3bigv", [random_insn() for _ in range(6000)])) + "\n")
+        p = subprocess.Popen([sys.executable, tool, big], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p.stdout.readline()
+        p.stdout.close()
+        err = p.stderr.read()
+        p.wait()
+        if "Traceback" in err:
+            failures.append(f"a reader that stops early: {err.strip().splitlines()[-1]}")
     for f in failures:
         print("FAIL:", f)
     print("test_sass_waits:", "ok" if not failures else f"{len(failures)} failures")
