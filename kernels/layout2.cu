@@ -199,21 +199,19 @@ struct L2Source {
     const uint8_t *low = FP8 ? g.low + ((uint64_t)ld.grp * g.P + ld.s / 2) * 384 + 16 * lane : g.low + gs * 512 + 16 * lane;
     const uint8_t *nib = g.nib + gs * 256 + 16 * (lane & 15u);
     const uint32_t dst = ring + set * D * kEntry, dlow = dst + kLowOff + 16 * lane, dnib = dst + half * kEntry + 16 * (lane & 15u);
-    if (last == D - 1) { /* a whole batch (all but a piece's or a short block's last): fixed offsets */
+    /* Every copy of the batch from slot `at(k)`: a short batch's slots past its last copy the last
+     * one's bytes again (never decoded), so that no copy depends on a branch; a whole batch (all
+     * but a piece's or a short block's last) takes the same copies at fixed offsets. */
+    const auto copies = [&](auto at) {
 #pragma unroll
       for (uint32_t k = 0; k < (uint32_t)D; k++) {
-        if (!FP8) cp_async16(dlow + k * kEntry, low + k * 512);
-        if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + k / 2 * 384); /* the pair's 384 bytes */
-        if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + (k + half) * 256);
+        if (!FP8) cp_async16(dlow + k * kEntry, low + at(k) * 512);
+        if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + at(k) / 2 * 384); /* the pair's 384 bytes */
+        if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + at(k + half) * 256);
       }
-    } else { /* a short batch's slots past its last copy the last one's bytes again (never decoded) */
-#pragma unroll
-      for (uint32_t k = 0; k < (uint32_t)D; k++) {
-        if (!FP8) cp_async16(dlow + k * kEntry, low + umin32(k, last) * 512);
-        if (FP8 && k % 2 == 0 && lane < 24) cp_async16(dlow + k * kEntry, low + umin32(k, last) / 2 * 384);
-        if (k % 2 == 0) cp_async16(dnib + k * kEntry, nib + umin32(k + half, last) * 256);
-      }
-    }
+    };
+    if (last == D - 1) copies([](uint32_t k) { return k; });
+    else copies([last](uint32_t k) { return umin32(k, last); });
     if (!bare && ld.block_start() && lane >= 28) { /* lanes 28, 29: hdr; 30, 31: bases[b], bases[b + 1] */
       const uint64_t b = (uint64_t)ld.grp * g.CB + ld.s / 16;
       if (lane < 30) cp_async16(dst + kHdrOff + 16 * (lane - 28), g.hdr + b * 32 + 16 * (lane - 28));
