@@ -225,10 +225,6 @@ int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
   svc.d = d;
   uv_signal_init(loop, &svc.sighup);
   uv_signal_start(&svc.sighup, on_sighup, SIGHUP);
-  sigset_t hup; /* main() blocked it until now: one sent early is delivered here, not fatal */
-  sigemptyset(&hup);
-  sigaddset(&hup, SIGHUP);
-  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
     uv_timer_init(loop, &svc.watchdog);
@@ -237,9 +233,16 @@ int nwcd_service_start(nwcd *d, uv_loop_t *loop) {
     nwcd_log(NWCD_LOG_INFO, "watchdog: WATCHDOG=1 every %llu ms",
              (unsigned long long)(usec / 2000));
   }
+  /* Started while SIGHUP is still blocked, the service thread inherits the block: the loop
+   * thread is the only one that takes it (under ThreadSanitizer a signal that lands on a thread
+   * waiting outside its interceptors runs only when that thread wakes). */
   int rc = pthread_create(&svc.thread, NULL, service_main, d);
+  svc.started = rc == 0;
+  sigset_t hup; /* main() blocked it until now: one sent early is delivered here, not fatal */
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
   NWC_RETURN_IF(rc, -rc, "cannot start the service thread: %s", strerror(rc));
-  svc.started = true;
   return 0;
 }
 
