@@ -75,7 +75,7 @@ static void reload_without_file(void) {
   if (d < 0) return;
   kill(d, SIGHUP);
   CHECK(ts_log_wait("reload: no settings file to re-read (NWCD_CONFIG is empty); nothing changed",
-                    5000), "SIGHUP without a settings file: not said so");
+                    10000), "SIGHUP without a settings file: not said so");
   nwc_client *c = NULL;
   nwc_client_counters s;
   CHECK_RC(nwc_client_connect(td_sock, &c));
@@ -138,14 +138,14 @@ int main(void) {
     CHECK(s.threads == 2, "threads %llu: the flag (2) should win over the file (3)",
           (unsigned long long)s.threads);
   }
-  CHECK(ts_log_wait("debug:", 2000), "log_level = debug from the file not applied");
+  CHECK(ts_log_wait("debug:", 10000), "log_level = debug from the file not applied");
   CHECK_RC(nwc_client_connect(td_sock, &c2));
   rc = nwc_client_connect(td_sock, &c3);
   /* -EUSERS even when the client's hello races the daemon's close (the client reads the error
    * frame after a failed send). */
   CHECK(rc == -EUSERS,
         "third connection with max_conn_per_uid = 2: %d %s", rc, nwc_client_last_error());
-  CHECK(ts_log_wait("too many connections for uid", 2000), "the refused connection is not logged");
+  CHECK(ts_log_wait("too many connections for uid", 10000), "the refused connection is not logged");
   nwc_client_free(c3), nwc_client_free(c2);
   td_stop_daemon(d);
 
@@ -184,12 +184,12 @@ int main(void) {
   for (int w = 0; w < 500 && pinned < td_nt; w++) n = ts_resident(c, "use", &pinned), usleep(20000);
   CHECK(n == td_nt && pinned == td_nt, "preload by reload: %zu resident, %zu pinned of %zu", n,
         pinned, td_nt);
-  CHECK(ts_log_wait("store changed", 5000), "the changed store path is not logged");
+  CHECK(ts_log_wait("store changed", 10000), "the changed store path is not logged");
   CHECK(ts_log_wait("not applied", 100), "'not applied' missing");
 
   ts_write(conf, "nwcd.conf", "[memory]\nhost_budget = 8M\nbudget_typo = 1\n");
   kill(d, SIGHUP);
-  CHECK(ts_log_wait("unknown key 'budget_typo' in [memory] (host_budget, gpu_budget); nothing changed", 5000),
+  CHECK(ts_log_wait("unknown key 'budget_typo' in [memory] (host_budget, gpu_budget); nothing changed", 10000),
         "the broken file on reload is not logged");
   if (stats(c, &s) == 0)
     CHECK(s.budget == (256u << 20), "a broken reload changed the budget to %llu",
@@ -199,7 +199,7 @@ int main(void) {
   kill(d, SIGHUP);
   for (int w = 0; w < 500 && pinned; w++) ts_resident(c, "use", &pinned), usleep(20000);
   CHECK(pinned == 0, "preload list dropped: %zu still pinned", pinned);
-  CHECK(ts_log_wait("left the list", 2000), "unpin not logged");
+  CHECK(ts_log_wait("left the list", 10000), "unpin not logged");
 
   /* log_level by reload: at warning, a load (an info line) is not logged, a refusal would be. */
   ts_write(conf, "nwcd.conf", "[daemon]\nlog_level = warning\n[memory]\nhost_budget = 200M\n");

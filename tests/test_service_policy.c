@@ -137,7 +137,7 @@ int main(void) {
     return TEST_SKIP;
   }
   CHECK(f == 0, "uid 65534 without the admin group: failures 0x%x", f);
-  CHECK(ts_log_wait("refused load use/", 2000) && ts_log_wait("for uid 65534", 100),
+  CHECK(ts_log_wait("refused load use/", 10000) && ts_log_wait("for uid 65534", 100),
         "refusals not logged with the uid");
   /* libnwc-client imports with import2 where the daemon has it. */
   CHECK(ts_log_wait("refused import2 copy", 100), "refused import not logged");
