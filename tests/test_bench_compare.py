@@ -3,7 +3,8 @@
 nwc_gpu_bench records (fresh seed each run, printed), with other records and table lines mixed in
 and a shape only one run has, whose per-shape times, speed-ups and geometric means the comparison
 must print as this test computes them, and, by the runs' names (a, b and a, b, a, b), each name's
-mean times and b's over a's; then bad input (a missing file, a malformed record, a run
+mean times and b's over a's; with --fp8 the same of the runs' linear_fp8 records (nwc against
+nwc_k_ref_fp8), none of the others; then bad input (a missing file, a malformed record, a run
 without records, --names of the wrong count) must end with a one-line error and status 2.
 
   test_bench_compare.py SCRIPTS_DIR
@@ -60,7 +61,7 @@ def main():
     rng = random.Random(seed)
     failures = []
     shapes = [f"{rng.randint(1, 99999)}x{rng.randint(1, 99999)}" for _ in range(rng.randint(2, 9))]
-    runs = []
+    runs, fp8 = [], [{}, {}]
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for r in range(2):
@@ -71,6 +72,10 @@ def main():
                 lines.append(json.dumps({"bench": "linear_bf16", "shape": s, "nwc_graph_us": nwc,
                                          "cublas_graph_us": cublas, "speedup_graph": 0}))
                 lines.append(json.dumps({"bench": "dequant_bf16", "shape": s, "graph_us": 1.0}))
+                nwc8, ref8 = round(rng.uniform(1, 500), 2), round(rng.uniform(1, 500), 2)
+                fp8[r][s] = (nwc8, ref8)
+                lines.append(json.dumps({"bench": "linear_fp8", "shape": s, "nwc_graph_us": nwc8,
+                                         "ref_fp8_graph_us": ref8, "speedup_graph": 0}))
             nwc, cublas = round(rng.uniform(1000, 3000), 1), round(rng.uniform(1000, 3000), 1)
             rows["token step: m"] = (nwc, cublas)
             lines.append(json.dumps({"bench": "token_step", "model": "m", "nwc_graph_us": nwc,
@@ -119,12 +124,27 @@ def main():
         if "\n\n" in p.stdout:
             failures.append("one name: a by-name section printed")
 
+        # --fp8: the linear_fp8 records, each nwc time over its run's ref_fp8 time, nothing else
+        p = run(script, *paths, "--names", "a,b", "--fp8")
+        first, _, second = p.stdout.partition("\n\n")
+        out = {line.split()[0]: line.split()[1:] for line in first.splitlines()[1:]}
+        if p.returncode != 0 or set(out) != set(shapes + ["only1x1", "geomean"]):
+            failures.append(f"--fp8: exit {p.returncode}, rows {sorted(out)}: {p.stderr.strip()}")
+        for s in shapes + ["only1x1"]:
+            want = []
+            for rows in fp8:
+                want += [f"{rows[s][0]:.2f}", f"{rows[s][1] / rows[s][0]:.3f}x"] if s in rows else ["-"]
+            if out.get(s) != want:
+                failures.append(f"--fp8 {s}: printed {out.get(s)}, want {want}")
+        failures += by_name(second, fp8, shapes, ["a", "b"])
+
         bad = os.path.join(tmp, "bad.jsonl")
         write(bad, ['{"bench":"linear_bf16","shape":"1x1"}'])
         empty = os.path.join(tmp, "empty.jsonl")
         write(empty, ['{"bench":"device"}', "table"])
         for what, args in (("a missing file", [os.path.join(tmp, "none")]), ("a malformed record", [bad]),
-                           ("no records", [empty]), ("--names of the wrong count", [paths[0], "--names", "a,b"])):
+                           ("no records", [empty]), ("--names of the wrong count", [paths[0], "--names", "a,b"]),
+                           ("--fp8 without fp8 records", [empty, "--fp8"])):
             p = run(script, *args)
             if p.returncode != 2 or len(p.stderr.strip().splitlines()) != 1 or p.stdout:
                 failures.append(f"{what}: exit {p.returncode}, stderr {p.stderr!r}, stdout {p.stdout!r}")
