@@ -2,12 +2,14 @@
  * mutate_util.h - what the mutation tests of all layouts share (test_codec_mutation.c,
  * test_layout_mutate.c): an encoded tensor whose arrays are exactly sized private copies (so
  * ASan reports any overread or overwrite), resizing an array with its size field, nearby values
- * for sizes and counts, the errno values a decoder may answer, and re-sealing a mutated record.
+ * for sizes and counts, the errno values a decoder may answer, every decoder run on a mutated
+ * tensor (mu_exercise), and re-sealing a mutated record.
  */
 #ifndef NWC_MUTATE_UTIL_H
 #define NWC_MUTATE_UTIL_H
 
 #include "codec_util.h"
+#include "layout_util.h"
 
 #include <xxhash.h>
 
@@ -64,6 +66,67 @@ static inline void mt_free(mtensor *m) {
 /* What a decoder may answer for a mutated tensor. */
 static inline int errno_ok(int rc) {
   return rc == 0 || rc == -EBADMSG || rc == -EINVAL || rc == -ENOTSUP || rc == -ENOMEM;
+}
+
+/*
+ * The decoders on t at every CPU level this machine runs, with exactly sized outputs, their
+ * answers checked (`what` names the mutation); returns validate's answer.  Properties besides
+ * memory safety: validate answers 0, -EBADMSG or -ENOTSUP and every decoder 0 or an errno; a
+ * layout-2 tensor that validate accepts dequantizes; where dequant succeeds, gather of rows in
+ * range (rows past M are asked for now and then) succeeds and returns the dequantized rows, and
+ * matvec (bias or none) and a 3-column matvec_batch succeed.  Shapes too large to allocate
+ * outputs for are only validated (their block count cannot match the small arrays).  *decoded
+ * counts the tensors that dequantized.
+ */
+static inline int mu_exercise(const nwc_tensor *t, const char *what, uint64_t *decoded) {
+  int v = nwc_tensor_validate(t);
+  CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
+  uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
+  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return v;
+  uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem), nrb = (M + br - 1) / br;
+  uint16_t *out = cu_malloc(M * K16 * 2), *Yb = cu_malloc(3 * M * 2);
+  float *X = cu_malloc(3 * K * 4), *Y = cu_malloc(3 * M * 4), *x = cu_malloc(K16 * 4), *bias = cu_malloc(M * 4);
+  for (uint64_t i = 0; i < 3 * K; i++) X[i] = (float)cu_normal();
+  for (uint64_t c = 0; c < K16; c++) x[c] = c < K ? X[c] : 0.0f;
+  for (uint64_t r = 0; r < M; r++) bias[r] = 0.5f;
+  int dq = 0;
+  for (int level = 0; level < lu_levels(); level++) {
+    lu_set_level(level);
+    dq = nwc_dequant(t, out);
+    CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
+    CHECK(v != 0 || NWC_ELEM_LAYOUT(t->elem) != 2 || dq == 0,
+          "%s: a valid layout-2 tensor fails to dequant (%s)", what, nwc_error_detail());
+    uint64_t b0 = test_below(nrb + 1), b1 = b0 + test_below(nrb + 1 - b0);
+    uint64_t rows = b1 > b0 ? (br * b1 < M ? br * b1 : M) - br * b0 : 0;
+    uint16_t *part = cu_malloc(rows * K16 * 2);
+    int dr = b1 > b0 ? nwc_dequant_range(t, b0, b1, part) : 0;
+    CHECK(errno_ok(dr), "%s: dequant_range returned %d", what, dr);
+    free(part);
+    uint64_t idx[4], n = 1 + test_below(4);
+    int in_range = 1;
+    for (uint64_t i = 0; i < n; i++) {
+      idx[i] = test_below(8) ? test_below(M) : M + test_below(4);
+      in_range &= idx[i] < M;
+    }
+    uint16_t *g = cu_malloc(n * K16 * 2);
+    int gr = nwc_gather(t, idx, n, g);
+    CHECK(errno_ok(gr), "%s: gather returned %d", what, gr);
+    if (dq == 0 && in_range) {
+      CHECK(gr == 0, "%s: dequant succeeds, gather fails (%s)", what, nwc_error_detail());
+      for (uint64_t i = 0; gr == 0 && i < n; i++)
+        CHECK(!memcmp(g + i * K16, out + idx[i] * K16, K16 * 2), "%s: gathered row %llu differs from dequant",
+              what, (unsigned long long)idx[i]);
+    }
+    free(g);
+    int mv = nwc_matvec(t, x, test_below(2) ? bias : NULL, Y, Yb);
+    CHECK(errno_ok(mv), "%s: matvec returned %d", what, mv);
+    int mb = nwc_matvec_batch(t, X, 3, K, NULL, Y, M, Yb);
+    CHECK(errno_ok(mb), "%s: matvec_batch returned %d", what, mb);
+    CHECK(dq != 0 || (mv == 0 && mb == 0), "%s: dequant succeeds, matvec fails (%s)", what, nwc_error_detail());
+  }
+  *decoded += dq == 0;
+  free(out), free(Yb), free(X), free(Y), free(x), free(bias);
+  return v;
 }
 
 /* A new value for a 64-bit size or count near v: small steps, block-sized steps, wild values. */
@@ -137,12 +200,11 @@ static inline int mt_mutate_sizes(mtensor *m, int f) {
 
 /* trials copies of base, each mutated once (three in four) or two to four times in fields drawn
  * from [0, nfields) (field_name: theirs) by mutate, which returns 1 when validate must now refuse
- * the tensor, and handed to exercise, which runs the decoders on it and returns validate's
- * answer: a single mutation that must be refused is checked.  Returns trials. */
+ * the tensor, and run through mu_exercise (*decoded: its count): a single mutation that must be
+ * refused is checked.  Returns trials. */
 static inline uint64_t mt_tensor_trials(const nwc_tensor *base, const char *name, int trials,
                                         int nfields, const char *const *field_name,
-                                        int (*mutate)(mtensor *m, int f),
-                                        int (*exercise)(const nwc_tensor *t, const char *what)) {
+                                        int (*mutate)(mtensor *m, int f), uint64_t *decoded) {
   char what[200];
   for (int i = 0; i < trials; i++) {
     mtensor m;
@@ -155,7 +217,7 @@ static inline uint64_t mt_tensor_trials(const nwc_tensor *base, const char *name
     mt_sync(&m);
     snprintf(what, sizeof what, "%s, trial %d, %d mutation(s), last %s", name, i, nmut,
              field_name[f]);
-    int v = exercise(&m.t, what);
+    int v = mu_exercise(&m.t, what, decoded);
     if (nmut == 1 && must) CHECK(v < 0, "%s: validate accepts it", what);
     mt_free(&m);
   }

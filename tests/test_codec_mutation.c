@@ -6,11 +6,11 @@
  *
  * Tensor mutations: elem, rows, cols, psym, nblocks, data_bytes, raw_bytes (array sizes change
  * together with the buffers behind them), bases[] entries, hdr[] stream lengths, data and raw
- * bytes, scales.  Each mutated tensor goes through nwc_tensor_validate, nwc_dequant,
- * nwc_dequant_range, nwc_gather and nwc_matvec with exactly sized outputs.  Properties besides
- * memory safety: validate rejects every change of a field it can check exactly (elem, rows,
- * nblocks, data_bytes, raw_bytes, bases, the K16 of cols); when dequant succeeds, gather and
- * matvec succeed too and gather returns the dequantized rows.
+ * bytes, scales.  Each mutated tensor goes through every decoder at every CPU level with exactly
+ * sized outputs (mutate_util.h's mu_exercise, with its properties: every answer 0 or an errno;
+ * where dequant succeeds, gather, matvec and matvec_batch succeed and gather returns the
+ * dequantized rows).  Besides: validate rejects every change of a field it can check exactly
+ * (elem, rows, nblocks, data_bytes, raw_bytes, bases, the K16 of cols).
  *
  * Record mutations: any changed byte, truncation or extension of a record is rejected (checksum,
  * length); with the checksum recomputed (store/record.c: XXH3-64 of bytes [72, end) seeded with
@@ -21,59 +21,6 @@
 #include "mutate_util.h"
 
 static uint64_t mutated_tensors, mutated_records, accepted_records, decoded_ok;
-
-/*
- * Runs the decoders on t with exactly sized outputs and checks their answers; returns validate's.
- * Shapes too large to allocate outputs for are only validated (their block count cannot match
- * the small arrays).
- */
-static int exercise(const nwc_tensor *t, const char *what) {
-  int v = nwc_tensor_validate(t);
-  CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
-  uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
-  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return v;
-  uint16_t *out = cu_malloc(M * K16 * 2);
-  int dq = nwc_dequant(t, out);
-  CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
-  uint64_t rb = (M + 7) / 8, b0 = test_below(rb + 1), b1 = b0 + test_below(rb + 1 - b0);
-  uint64_t part_rows = b1 > b0 ? (8 * b1 < M ? 8 * b1 : M) - 8 * b0 : 0;
-  uint16_t *part = cu_malloc(part_rows * K16 * 2);
-  int dr = b1 > b0 ? nwc_dequant_range(t, b0, b1, part) : 0;
-  CHECK(errno_ok(dr), "%s: dequant_range returned %d", what, dr);
-  free(part);
-
-  uint64_t idx[4], n = 1 + test_below(4);
-  for (uint64_t i = 0; i < n; i++) idx[i] = test_below(8) ? test_below(M) : M + test_below(4);
-  uint16_t *g = cu_malloc(n * K16 * 2);
-  int gr = nwc_gather(t, idx, n, g);
-  CHECK(errno_ok(gr), "%s: gather returned %d", what, gr);
-  int in_range = 1;
-  for (uint64_t i = 0; i < n; i++) in_range &= idx[i] < M;
-  if (dq == 0 && in_range) {
-    CHECK(gr == 0, "%s: dequant succeeds, gather fails (%s)", what, nwc_error_detail());
-    for (uint64_t i = 0; gr == 0 && i < n; i++)
-      if (memcmp(g + i * K16, out + idx[i] * K16, K16 * 2)) {
-        CHECK(0, "%s: gathered row %llu differs from dequant", what, (unsigned long long)idx[i]);
-        break;
-      }
-  }
-  free(g);
-
-  float *x = cu_malloc(K16 * 4), *y = cu_malloc(M * 4), *bias = cu_malloc(M * 4);
-  uint16_t *yb = cu_malloc(M * 2);
-  for (uint64_t c = 0; c < K16; c++) x[c] = c < K ? (float)cu_normal() : 0.0f;
-  for (uint64_t r = 0; r < M; r++) bias[r] = 0.5f;
-  int mv = nwc_matvec(t, x, test_below(2) ? bias : NULL, y, yb);
-  CHECK(errno_ok(mv), "%s: matvec returned %d", what, mv);
-  CHECK(dq != 0 || mv == 0, "%s: dequant succeeds, matvec fails (%s)", what, nwc_error_detail());
-  decoded_ok += dq == 0;
-  free(x);
-  free(y);
-  free(bias);
-  free(yb);
-  free(out);
-  return v;
-}
 
 enum {
   F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_DATA,
@@ -185,7 +132,7 @@ static int read_record(const uint8_t *rec, size_t len, const char *what) {
         what, rc);
   if (rc == 0) {
     accepted_records++;
-    exercise(&t, what);
+    mu_exercise(&t, what, &decoded_ok);
     nwc_tensor_release(&t);
   }
   mutated_records++;
@@ -255,8 +202,7 @@ int main(void) {
     nwc_tensor t;
     CHECK_RC(nwc_tensor_encode(w, bases_[i].M, bases_[i].K, NWC_ELEM(bases_[i].type, 0), scale,
                                &t));
-    mutated_tensors += mt_tensor_trials(&t, bases_[i].name, 3000, F_COUNT, field_name, mutate,
-                                        exercise);
+    mutated_tensors += mt_tensor_trials(&t, bases_[i].name, 3000, F_COUNT, field_name, mutate, &decoded_ok);
     record_mutations(&t, bases_[i].name, 2000);
     nwc_tensor_release(&t);
     free(scale);

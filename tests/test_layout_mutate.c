@@ -7,12 +7,12 @@
  * Tensor mutations: elem, rows, cols, psym (the layout-2 lut), nblocks, data_bytes, raw_bytes (the
  * buffers change size with them), bases[] entries, hdr[] (layout 1: stream words; layout 2:
  * exception counts, with bases re-chained so that only the counts are wrong), exception entries
- * (index and value bytes), data and raw bytes, scales.  Every mutated tensor goes through
- * nwc_tensor_validate, nwc_dequant, nwc_dequant_range, nwc_gather, nwc_matvec and
- * nwc_matvec_batch at every CPU level, with exactly sized outputs.  Properties besides memory
- * safety: validate rejects every single change of a field it checks exactly (elem, rows,
- * nblocks, data_bytes, raw_bytes, bases, the lut's fixed bytes); for layout 2, whatever validate
- * accepts decodes without error, and gather agrees with dequant when both succeed.
+ * (index and value bytes), data and raw bytes, scales.  Every mutated tensor goes through every
+ * decoder at every CPU level with exactly sized outputs (mutate_util.h's mu_exercise, with its
+ * properties: for layout 2, whatever validate accepts dequantizes; where dequant succeeds,
+ * gather, matvec and matvec_batch succeed and gather returns the dequantized rows).  Besides:
+ * validate rejects every single change of a field it checks exactly (elem, rows, nblocks,
+ * data_bytes, raw_bytes, bases, the lut's fixed bytes).
  *
  * Record mutations: header counts changed with the checksum recomputed (XXH3-64 of bytes
  * [72, end) seeded with XXH3-64 of bytes [0, 64), store/record.c) reach the parser's checks;
@@ -22,59 +22,6 @@
 #include "mutate_util.h"
 
 static uint64_t n_tensors, n_records, n_accepted, n_decoded;
-
-/* The decoders at every CPU level, exactly sized outputs; returns validate's answer. */
-static int exercise(const nwc_tensor *t, const char *what) {
-  int v = nwc_tensor_validate(t);
-  CHECK(v == 0 || v == -EBADMSG || v == -ENOTSUP, "%s: validate returned %d", what, v);
-  uint64_t M = t->rows, K = t->cols, K16 = cu_k16(K);
-  if (M == 0 || K == 0 || M > (1u << 16) || K > (1u << 16) || M * K16 > (1u << 20)) return v;
-  uint64_t br = NWC_LAYOUT_BLOCK_ROWS(t->elem), nrb = (M + br - 1) / br;
-  uint16_t *out = cu_malloc(M * K16 * 2);
-  float *X = cu_malloc(3 * K * 4), *Y = cu_malloc(3 * M * 4);
-  uint16_t *Yb = cu_malloc(3 * M * 2);
-  for (uint64_t i = 0; i < 3 * K; i++) X[i] = (float)cu_normal();
-  int dq = 0;
-  for (int level = 0; level < lu_levels(); level++) {
-    lu_set_level(level);
-    dq = nwc_dequant(t, out);
-    CHECK(errno_ok(dq), "%s: dequant returned %d", what, dq);
-    CHECK(v != 0 || NWC_ELEM_LAYOUT(t->elem) != 2 || dq == 0,
-          "%s: a valid layout-2 tensor fails to dequant (%s)", what, nwc_error_detail());
-    uint64_t b0 = test_below(nrb + 1), b1 = b0 + test_below(nrb + 1 - b0);
-    uint64_t rows = b1 > b0 ? (br * b1 < M ? br * b1 : M) - br * b0 : 0;
-    uint16_t *part = cu_malloc(rows * K16 * 2);
-    int dr = b1 > b0 ? nwc_dequant_range(t, b0, b1, part) : 0;
-    CHECK(errno_ok(dr), "%s: dequant_range returned %d", what, dr);
-    free(part);
-    uint64_t idx[3] = {test_below(M), M - 1, test_below(16) ? 0 : M};
-    unsigned n = 2 + (unsigned)test_below(2);
-    uint16_t *g = cu_malloc(n * K16 * 2);
-    int gr = nwc_gather(t, idx, n, g);
-    CHECK(errno_ok(gr), "%s: gather returned %d", what, gr);
-    if (dq == 0 && n == 2) {
-      CHECK(gr == 0, "%s: dequant succeeds, gather fails (%s)", what, nwc_error_detail());
-      for (unsigned i = 0; gr == 0 && i < n; i++)
-        CHECK(!memcmp(g + i * K16, out + idx[i] * K16, K16 * 2), "%s: gathered row differs", what);
-    }
-    free(g);
-    float *x = cu_malloc(K16 * 4);
-    for (uint64_t c = 0; c < K16; c++) x[c] = c < K ? X[c] : 0.0f;
-    int mv = nwc_matvec(t, x, NULL, Y, Yb);
-    CHECK(errno_ok(mv), "%s: matvec returned %d", what, mv);
-    int mb = nwc_matvec_batch(t, X, 3, K, NULL, Y, M, Yb);
-    CHECK(errno_ok(mb), "%s: matvec_batch returned %d", what, mb);
-    CHECK(dq != 0 || (mv == 0 && mb == 0), "%s: dequant succeeds, matvec fails (%s)", what,
-          nwc_error_detail());
-    free(x);
-  }
-  n_decoded += dq == 0;
-  free(out);
-  free(X);
-  free(Y);
-  free(Yb);
-  return v;
-}
 
 enum {
   F_ELEM, F_ROWS, F_COLS, F_PSYM, F_NBLOCKS, F_DATA_BYTES, F_RAW_BYTES, F_BASES, F_HDR, F_ENTRY,
@@ -203,7 +150,7 @@ static void record_mutations(const nwc_tensor *base, const char *name, int trial
           "%s: nwc_record_read returned %d", what, rc);
     if (rc == 0) {
       n_accepted++;
-      exercise(&t, what);
+      mu_exercise(&t, what, &n_decoded);
       nwc_tensor_release(&t);
     }
     n_records++;
@@ -233,8 +180,8 @@ int main(void) {
                                  scale, &t);
       CHECK(rc == 0, "%s: encode returned %d (%s)", name, rc, nwc_error_detail());
       if (rc == 0) {
-        CHECK(exercise(&t, name) == 0, "%s: the unchanged tensor is invalid", name);
-        n_tensors += mt_tensor_trials(&t, name, trials, F_COUNT, field_name, mutate, exercise);
+        CHECK(mu_exercise(&t, name, &n_decoded) == 0, "%s: the unchanged tensor is invalid", name);
+        n_tensors += mt_tensor_trials(&t, name, trials, F_COUNT, field_name, mutate, &n_decoded);
         record_mutations(&t, name, trials / 2);
         nwc_tensor_release(&t);
       }
