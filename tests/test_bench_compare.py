@@ -4,7 +4,8 @@ nwc_gpu_bench records (fresh seed each run, printed), with other records and tab
 and a shape only one run has, whose per-shape times, speed-ups and geometric means the comparison
 must print as this test computes them, and, by the runs' names (a, b and a, b, a, b), each name's
 mean times and b's over a's; with --fp8 the same of the runs' linear_fp8 records (nwc against
-nwc_k_ref_fp8), none of the others; then bad input (a missing file, a malformed record, a run
+nwc_k_ref_fp8), with --dequant of their dequant_bf16 records (time and TB/s out), none of the
+others; then bad input (a missing file, a malformed record, a run
 without records, --names of the wrong count) must end with a one-line error and status 2.
 
   test_bench_compare.py SCRIPTS_DIR
@@ -61,7 +62,7 @@ def main():
     rng = random.Random(seed)
     failures = []
     shapes = [f"{rng.randint(1, 99999)}x{rng.randint(1, 99999)}" for _ in range(rng.randint(2, 9))]
-    runs, fp8 = [], [{}, {}]
+    runs, fp8, deq = [], [{}, {}], [{}, {}]
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for r in range(2):
@@ -71,7 +72,9 @@ def main():
                 rows[s] = (nwc, cublas)
                 lines.append(json.dumps({"bench": "linear_bf16", "shape": s, "nwc_graph_us": nwc,
                                          "cublas_graph_us": cublas, "speedup_graph": 0}))
-                lines.append(json.dumps({"bench": "dequant_bf16", "shape": s, "graph_us": 1.0}))
+                dus, dtb = round(rng.uniform(1, 500), 2), round(rng.uniform(0.5, 4), 3)
+                deq[r][s] = (dus, dtb)
+                lines.append(json.dumps({"bench": "dequant_bf16", "shape": s, "graph_us": dus, "out_tbps": dtb}))
                 nwc8, ref8 = round(rng.uniform(1, 500), 2), round(rng.uniform(1, 500), 2)
                 fp8[r][s] = (nwc8, ref8)
                 lines.append(json.dumps({"bench": "linear_fp8", "shape": s, "nwc_graph_us": nwc8,
@@ -124,19 +127,27 @@ def main():
         if "\n\n" in p.stdout:
             failures.append("one name: a by-name section printed")
 
-        # --fp8: the linear_fp8 records, each nwc time over its run's ref_fp8 time, nothing else
-        p = run(script, *paths, "--names", "a,b", "--fp8")
-        first, _, second = p.stdout.partition("\n\n")
-        out = {line.split()[0]: line.split()[1:] for line in first.splitlines()[1:]}
-        if p.returncode != 0 or set(out) != set(shapes + ["only1x1", "geomean"]):
-            failures.append(f"--fp8: exit {p.returncode}, rows {sorted(out)}: {p.stderr.strip()}")
-        for s in shapes + ["only1x1"]:
-            want = []
-            for rows in fp8:
-                want += [f"{rows[s][0]:.2f}", f"{rows[s][1] / rows[s][0]:.3f}x"] if s in rows else ["-"]
-            if out.get(s) != want:
-                failures.append(f"--fp8 {s}: printed {out.get(s)}, want {want}")
-        failures += by_name(second, fp8, shapes, ["a", "b"])
+        # --fp8: the linear_fp8 records, each ref_fp8 time over its run's nwc time; --dequant: the
+        # dequant records, time and TB/s out; nothing else
+        for flag, recs, second_of, unit in (("--fp8", fp8, lambda t, o: o / t, "x"),
+                                            ("--dequant", deq, lambda t, o: o, "T")):
+            p = run(script, *paths, "--names", "a,b", flag)
+            first, _, second = p.stdout.partition("\n\n")
+            out = {line.split()[0]: line.split()[1:] for line in first.splitlines()[1:]}
+            if p.returncode != 0 or set(out) != set(shapes + ["only1x1", "geomean"]):
+                failures.append(f"{flag}: exit {p.returncode}, rows {sorted(out)}: {p.stderr.strip()}")
+            for s in shapes + ["only1x1"]:
+                want = []
+                for rows in recs:
+                    want += [f"{rows[s][0]:.2f}", f"{second_of(*rows[s]):.3f}{unit}"] if s in rows else ["-"]
+                if out.get(s) != want:
+                    failures.append(f"{flag} {s}: printed {out.get(s)}, want {want}")
+            for i, rows in enumerate(recs):
+                x = [second_of(*v) for v in rows.values()]
+                want = f"{math.exp(sum(map(math.log, x)) / len(x)):.3f}{unit}"
+                if len(out.get("geomean", [])) != 2 or out["geomean"][i] != want:
+                    failures.append(f"{flag} run {i}: geomean {out.get('geomean')}, want {want}")
+            failures += by_name(second, recs, shapes, ["a", "b"])
 
         bad = os.path.join(tmp, "bad.jsonl")
         write(bad, ['{"bench":"linear_bf16","shape":"1x1"}'])

@@ -7,9 +7,9 @@
 # exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file or of a
 # folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks, --ab-rounds a count below 1, and the
 # staged one's own name the same way, before it touches a GPU; and run --ab with two --ab-args sets
-# runs every side with each set in turn and compares each set on its own (stand-in benchmarks that
-# print a record named by their arguments, the staged build's path moved so that the run links it
-# to the stage, as on the device).  Skips (77) where the build has no CUDA kernels or no sample
+# runs every side with each set in turn and compares each set on its own, the dequant once
+# (stand-in benchmarks that print a record named by their arguments and a dequant record, the
+# staged build's path moved so that the run links it to the stage, as on the device).  Skips (77) where the build has no CUDA kernels or no sample
 # model.
 #   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
 src="$1" build="$2"
@@ -79,19 +79,22 @@ done
 echo "$tmp/moved/build" >"$tmp/d/build-path"
 for side in nwc_gpu_bench base; do
   us=$([ $side = base ] && echo 12 || echo 10)
-  printf '#!/bin/sh\necho "{\\"bench\\":\\"linear_bf16\\",\\"shape\\":\\"$*\\",\\"nwc_graph_us\\":%s,\\"cublas_graph_us\\":20}"\n' \
-    "$us" >"$tmp/d/bin/bench/$side"
+  printf '#!/bin/sh\necho "{\\"bench\\":\\"linear_bf16\\",\\"shape\\":\\"$*\\",\\"nwc_graph_us\\":%s,\\"cublas_graph_us\\":20}"\n%s\n' \
+    "$us" 'echo "{\"bench\":\"dequant_bf16\",\"shape\":\"1x1\",\"graph_us\":4,\"out_tbps\":2.5}"' \
+    >"$tmp/d/bin/bench/$side"
   chmod +x "$tmp/d/bin/bench/$side"
 done
 OUT="$tmp/o" "$tmp/d/gpu-daemon" run --no-test --ab base --ab-args "--cols 1" --ab-args "--cols 8 --x bf16" \
   --ab-rounds 1 >"$tmp/out" 2>&1 || fail "run --ab with two --ab-args: exit $? ($(tail -n 3 "$tmp/out"))"
 tar -xzf "$tmp/o/logs.tgz" -C "$tmp/o" 2>/dev/null || fail "run --ab: no logs.tgz"
 ab="$tmp/o/logs/ab.txt"
-[ "$(grep -c '^== A/B: ' "$ab" 2>/dev/null)" = 2 ] && grep -q '^== A/B: --cols 1$' "$ab" &&
+[ "$(grep '^== A/B: ' "$ab" 2>/dev/null | grep -vc ', dequant')" = 2 ] && grep -q '^== A/B: --cols 1$' "$ab" &&
   grep -q '^== A/B: --cols 8 --x bf16$' "$ab" || fail "run --ab: not one comparison a set: $(cat "$ab" 2>/dev/null)"
 for set in "--cols 1" "--cols 8 --x bf16"; do # each set's section names its own record, base 12 us over 10
   sed -n "/^== A\/B: $set\$/,/^== A\/B: /p" "$ab" | grep -q -- "^$set " ||
     fail "run --ab: the '$set' section lacks its record: $(cat "$ab")"
 done
 grep -q "1.200" "$ab" || fail "run --ab: base's times over the staged build's (1.200) not printed: $(cat "$ab")"
+[ "$(grep -c '^== A/B: .*, dequant' "$ab")" = 1 ] && grep -q "2.500T" "$ab" ||
+  fail "run --ab: the dequant not compared once: $(cat "$ab")"
 exit $status
