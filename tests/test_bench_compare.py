@@ -14,13 +14,10 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 
-
-def run(script, *args):
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
+from tool_test import finish, run, seed
 
 
 def write(path, lines):
@@ -57,9 +54,7 @@ def by_name(text, runs, shapes, names):
 
 def main():
     script = os.path.join(sys.argv[1], "bench-compare")
-    seed = int.from_bytes(os.urandom(8), "little")
-    print(f"test_bench_compare: seed {seed}")
-    rng = random.Random(seed)
+    rng = random.Random(seed("test_bench_compare"))
     failures = []
     shapes = [f"{rng.randint(1, 99999)}x{rng.randint(1, 99999)}" for _ in range(rng.randint(2, 9))]
     runs, fp8, deq = [], [{}, {}], [{}, {}]
@@ -159,10 +154,7 @@ def main():
             p = run(script, *args)
             if p.returncode != 2 or len(p.stderr.strip().splitlines()) != 1 or p.stdout:
                 failures.append(f"{what}: exit {p.returncode}, stderr {p.stderr!r}, stdout {p.stdout!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print("test_bench_compare:", "ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return finish("test_bench_compare", failures)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from tool_test import finish, run, seed
+
 STANDIN = r'''#!{python}
 import os, struct, sys
 if "--version" in sys.argv:
@@ -128,9 +130,7 @@ def read_output(path):
 def main():
     scripts = sys.argv[1]
     tool = os.path.join(scripts, "sass-local")
-    seed = int(os.environ.get("NWC_SEED", random.SystemRandom().randrange(1 << 62)))
-    print(f"test_sass_local: seed {seed} (replay with NWC_SEED={seed})")
-    random.seed(seed)
+    random.seed(seed("test_sass_local"))
     failures = []
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, NWC_CACHE=os.path.join(d, "cache"), STANDIN_SEEN=os.path.join(d, "seen"),
@@ -147,13 +147,13 @@ def main():
         original = cubin()
         open(k_cubin, "wb").write(original)
 
-        def run(*args):
+        def sass_local(*args):
             return subprocess.run([tool, *args], capture_output=True, text=True, env=env)
 
         for release, nvdisasm in standins.items():
             out = os.path.join(d, f"out-{release}", "k.sass")
             open(env["STANDIN_SEEN"], "w").close()
-            r = run("--out", out, "--nvdisasm", nvdisasm, k_cubin)
+            r = sass_local("--out", out, "--nvdisasm", nvdisasm, k_cubin)
             if r.returncode != 0:
                 failures.append(f"nvdisasm {release}: status {r.returncode}: {r.stderr}")
                 continue
@@ -180,7 +180,7 @@ def main():
                 failures.append(f"nvdisasm 11.8: headers it saw {seen}, expected ABI 8 then the patched ABI 7")
             if open(k_cubin, "rb").read() != original:
                 failures.append(f"nvdisasm {release}: the cubin itself was changed")
-            w = subprocess.run([sys.executable, os.path.join(scripts, "sass-waits"), out], capture_output=True, text=True)
+            w = run(os.path.join(scripts, "sass-waits"), out)
             n = sum(len(v) for v in want.values())
             if w.returncode != 0 or len([l for l in w.stdout.splitlines() if not l.startswith("==")]) != n:
                 failures.append(f"sass-waits on nvdisasm {release}'s output: status {w.returncode}, {w.stderr}")
@@ -189,7 +189,7 @@ def main():
         def bad(name, data, expect):
             path = os.path.join(d, name)
             open(path, "wb").write(data)
-            r = run("--out", os.path.join(d, "bad", "k.sass"), "--nvdisasm", standins["12.4"], path)
+            r = sass_local("--out", os.path.join(d, "bad", "k.sass"), "--nvdisasm", standins["12.4"], path)
             if r.returncode != 1 or expect not in r.stderr:
                 failures.append(f"{name}: status {r.returncode}, {r.stderr!r} (expected 1 and {expect!r})")
         bad("text.cubin", b"not an ELF file at all, but long enough to have a header" * 2, "not an ELF file")
@@ -197,24 +197,21 @@ def main():
         bad("sm80.cubin", cubin(flags=0x06005004), "sm_90 only")
         bad("sm80-abi7.cubin", cubin(abi=7, flags=0x500550), "sm_90 only")
         bad("abi6.cubin", cubin(abi=6), "ELF ABI version 6")
-        r = run("--nvdisasm", standins["12.4"], os.path.join(d, "nosuch.cubin"))
+        r = sass_local("--nvdisasm", standins["12.4"], os.path.join(d, "nosuch.cubin"))
         if r.returncode != 1 or "file not found" not in r.stderr:
             failures.append(f"a missing file: status {r.returncode}, {r.stderr!r}")
-        r = run("--nvdisasm", env["STANDIN_LISTING"], k_cubin)
+        r = sass_local("--nvdisasm", env["STANDIN_LISTING"], k_cubin)
         if r.returncode != 1 or "not an executable file" not in r.stderr:
             failures.append(f"an nvdisasm that is not executable: status {r.returncode}, {r.stderr!r}")
-        r = run("--no-such-option")
+        r = sass_local("--no-such-option")
         if r.returncode != 2 or "unknown option" not in r.stderr:
             failures.append(f"an unknown option: status {r.returncode}, {r.stderr!r}")
-        r = run("--help")
+        r = sass_local("--help")
         if r.returncode != 0 or "scripts/sass-local [--out FILE]" not in r.stdout:
             failures.append(f"--help: status {r.returncode}, {r.stdout[:200]!r}")
         if os.path.exists(env["NWC_CACHE"]):
             failures.append(f"{env['NWC_CACHE']} created though --nvdisasm was given")
-    for f in failures:
-        print("FAIL:", f)
-    print("test_sass_local:", "ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return finish("test_sass_local", failures)
 
 
 if __name__ == "__main__":

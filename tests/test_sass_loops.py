@@ -14,13 +14,10 @@ import collections
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 
-
-def run(script, *args):
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
+from tool_test import finish, run, seed
 
 
 def filler(rng, n):
@@ -71,9 +68,7 @@ def listing(name, ins):
 
 def main():
     script = os.path.join(sys.argv[1], "sass-loops")
-    seed = int.from_bytes(os.urandom(8), "little")
-    print(f"test_sass_loops: seed {seed}")
-    rng = random.Random(seed)
+    rng = random.Random(seed("test_sass_loops"))
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.sass")
@@ -116,10 +111,7 @@ def main():
         p = run(script, out, "--take", "20")
         if p.returncode != 1 or "leaves the loop" not in p.stderr:
             failures.append(f"a branch out of the loop: exit {p.returncode}, stderr {p.stderr!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print("test_sass_loops:", "ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return finish("test_sass_loops", failures)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from tool_test import finish, run, seed
+
 
 def control(stall, yld, wr, rd, wait, reuse):
     return (stall | yld << 4 | wr << 5 | rd << 8 | wait << 11 | reuse << 17) << 41
@@ -42,9 +44,7 @@ def random_insn():
 def main():
     scripts = sys.argv[1]
     tool = os.path.join(scripts, "sass-waits")
-    seed = int(os.environ.get("NWC_SEED", random.SystemRandom().randrange(1 << 62)))
-    print(f"test_sass_waits: seed {seed} (replay with NWC_SEED={seed})")
-    random.seed(seed)
+    random.seed(seed("test_sass_waits"))
     failures = []
     funcs = {f"_Z4kern{n}v": [random_insn() for _ in range(random.randint(5, 60))] for n in range(3)}
     with tempfile.TemporaryDirectory() as d:
@@ -55,7 +55,7 @@ def main():
                 f.write("\n".join(function_text(name, insns)) + "\n\n")
         # the listing of one function: every control field back, in order
         name = random.choice(list(funcs))
-        r = subprocess.run([sys.executable, tool, path, "--function", name], capture_output=True, text=True)
+        r = run(tool, path, "--function", name)
         lines = [l for l in r.stdout.splitlines() if not l.startswith("==")]
         if r.returncode != 0 or len(lines) != len(funcs[name]):
             failures.append(f"listing {name}: status {r.returncode}, {len(lines)} lines for {len(funcs[name])}: {r.stderr}")
@@ -71,8 +71,7 @@ def main():
         insns = funcs[name]
         waiting = [k for k, i in enumerate(insns) if i["wait"]] or [0]
         k = random.choice(waiting)
-        r = subprocess.run([sys.executable, tool, path, "--function", name, "--at", f"{16 * k:x}"],
-                           capture_output=True, text=True)
+        r = run(tool, path, "--function", name, "--at", f"{16 * k:x}")
         want = []
         for b in range(6):
             if not insns[k]["wait"] >> b & 1:
@@ -91,14 +90,14 @@ def main():
         if r.returncode != 0 or got != want:
             failures.append(f"--at {16 * k:x} of {name}: got {got}, expected {want} ({r.stderr})")
         # bad input: an unknown function; an instruction without its control word
-        r = subprocess.run([sys.executable, tool, path, "--function", "nosuch"], capture_output=True, text=True)
+        r = run(tool, path, "--function", "nosuch")
         if r.returncode != 1 or "no function matching" not in r.stderr:
             failures.append(f"unknown function: status {r.returncode}, {r.stderr!r}")
         cut = os.path.join(d, "cut.sass")
         text = open(path).read().splitlines()
         drop = next(n for n, l in enumerate(text) if re.match(r"^\s+/\* 0x", l))
         open(cut, "w").write("\n".join(text[:drop] + text[drop + 1:]) + "\n")
-        r = subprocess.run([sys.executable, tool, cut], capture_output=True, text=True)
+        r = run(tool, cut)
         if r.returncode != 1 or "has no second word" not in r.stderr:
             failures.append(f"a missing second word: status {r.returncode}, {r.stderr!r}")
         # a reader that stops early (`| head`): a quiet end, no traceback
@@ -112,10 +111,7 @@ def main():
         p.wait()
         if "Traceback" in err:
             failures.append(f"a reader that stops early: {err.strip().splitlines()[-1]}")
-    for f in failures:
-        print("FAIL:", f)
-    print("test_sass_waits:", "ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return finish("test_sass_waits", failures)
 
 
 if __name__ == "__main__":

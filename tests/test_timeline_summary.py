@@ -10,9 +10,10 @@ records for --tag) must end with a one-line error and a non-zero status.
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from tool_test import finish, run, seed
 
 CLOCK_MHZ = 1500.0  # not the default: the option must reach the conversion
 
@@ -22,15 +23,9 @@ def pct(values, p):
     return v[min(len(v) - 1, int(p / 100 * len(v)))]
 
 
-def run(script, *args):
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
-
-
 def main():
     script = os.path.join(sys.argv[1], "timeline-summary")
-    seed = int.from_bytes(os.urandom(8), "little")
-    print(f"test_timeline_summary: seed {seed}")
-    rng = random.Random(seed)
+    rng = random.Random(seed("test_timeline_summary"))
     failures = []
     lines, warps = [], {}
     per_ns = CLOCK_MHZ / 1000.0
@@ -105,10 +100,7 @@ def main():
             err = r.stderr.strip().splitlines()
             if r.returncode == 0 or len(err) != 1 or not err[0].startswith("timeline-summary: "):
                 failures.append(f"{what}: exit {r.returncode}, stderr {r.stderr.strip()!r}")
-    for f in failures:
-        print("FAIL:", f)
-    print("test_timeline_summary:", "ok" if not failures else f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish("test_timeline_summary", failures)
 
 
 if __name__ == "__main__":
