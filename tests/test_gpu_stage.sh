@@ -5,12 +5,13 @@
 # for the debug info stripped), --also NAME=BUILD that build's benchmark there and its kernels'
 # test as bin/tests/NAME; --tgz the same folder packed as DIR.tgz and no folder left; and
 # exit 2 with a one-line error for --also without NAME=FILE, --also of a missing file or of a
-# folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a benchmark the stage lacks, --ab-rounds a count below 1, and the
-# staged one's own name the same way, before it touches a GPU; and run --ab with two --ab-args sets
-# runs every side with each set in turn and compares each set on its own, the dequant once
-# (stand-in benchmarks that print a record named by their arguments and a dequant record, the
-# staged build's path moved so that the run links it to the stage, as on the device).  Skips (77) where the build has no CUDA kernels or no sample
-# model.
+# folder that is no build, and a --timeline build that has no benchmark; run --ab refuses a
+# benchmark the stage lacks, --ab-rounds a count below 1, and the staged one's own name the same
+# way, before it touches a GPU; and run --ab with two --ab-args sets runs every side with each set
+# in turn and compares each set on its own, the dequant once (stand-in benchmarks that print a
+# record named by their arguments and a dequant record, the staged build's path moved so that the
+# run links it to the stage, as on the device).  Skips (77) where the build has no CUDA kernels or
+# no sample model.
 #   test_gpu_stage.sh SOURCE_DIR BUILD_DIR
 src="$1" build="$2"
 stage="$src/scripts/gpu-daemon"
@@ -79,9 +80,11 @@ done
 echo "$tmp/moved/build" >"$tmp/d/build-path"
 for side in nwc_gpu_bench base; do
   us=$([ $side = base ] && echo 12 || echo 10)
-  printf '#!/bin/sh\necho "{\\"bench\\":\\"linear_bf16\\",\\"shape\\":\\"$*\\",\\"nwc_graph_us\\":%s,\\"cublas_graph_us\\":20}"\n%s\n' \
-    "$us" 'echo "{\"bench\":\"dequant_bf16\",\"shape\":\"1x1\",\"graph_us\":4,\"out_tbps\":2.5}"' \
-    >"$tmp/d/bin/bench/$side"
+  cat >"$tmp/d/bin/bench/$side" <<EOF
+#!/bin/sh
+echo "{\"bench\":\"linear_bf16\",\"shape\":\"\$*\",\"nwc_graph_us\":$us,\"cublas_graph_us\":20}"
+echo '{"bench":"dequant_bf16","shape":"1x1","graph_us":4,"out_tbps":2.5}'
+EOF
   chmod +x "$tmp/d/bin/bench/$side"
 done
 OUT="$tmp/o" "$tmp/d/gpu-daemon" run --no-test --ab base --ab-args "--cols 1" --ab-args "--cols 8 --x bf16" \
