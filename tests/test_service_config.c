@@ -9,10 +9,13 @@
  *     pinned; a changed store path is logged as not applied; a file with an unknown key changes
  *     nothing (logged) and the daemon keeps serving; dropping the preload list unpins; a new
  *     log_level takes effect; without a settings file (NWCD_CONFIG=), SIGHUP says there is
- *     none to re-read, reads no other, and nwcd keeps serving.
+ *     none to re-read, reads no other, and nwcd keeps serving; only nwcd's loop thread takes
+ *     SIGHUP (every other thread has it blocked, /proc's SigBlk).
  * Budgets are drawn per run (seeded) between bounds that keep each step meaningful.
  */
 #include "test_service_util.h"
+
+#include <stdbool.h>
 
 typedef struct bad_case {
   const char *text, *expect;
@@ -67,12 +70,42 @@ static void start_errors(void) {
 
 /* SIGHUP to a daemon started with no settings file (NWCD_CONFIG=): it reads none then either
  * (not /etc/nwc/nwcd.conf, nor an error for its absence), says so, and keeps serving. */
+/* The threads of process pid that take SIGHUP (not blocked in their mask, /proc's SigBlk), and
+ * whether pid's main thread is one of them; -1 where /proc cannot be read. */
+static int sighup_takers(pid_t pid, bool *main_takes) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  if (!dir) return -1;
+  int n = 0;
+  *main_takes = false;
+  for (struct dirent *e; (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    char status[384], line[256];
+    snprintf(status, sizeof status, "%s/%s/status", path, e->d_name);
+    FILE *f = fopen(status, "r");
+    unsigned long long blocked = ~0ull;
+    while (f && fgets(line, sizeof line, f))
+      if (sscanf(line, "SigBlk: %llx", &blocked) == 1) break;
+    if (f) fclose(f);
+    if (!(blocked >> (SIGHUP - 1) & 1)) n++, *main_takes |= atoi(e->d_name) == (int)pid;
+  }
+  closedir(dir);
+  return n;
+}
+
 static void reload_without_file(void) {
   setenv("NWCD_CONFIG", "", 1);
   ts_log_clear();
   pid_t d = td_start_daemon(NULL);
   CHECK(d > 0, "start without a settings file");
   if (d < 0) return;
+  /* SIGHUP is the loop thread's alone (notify.c): every other thread keeps it blocked */
+  bool main_takes = false;
+  int takers = sighup_takers(d, &main_takes);
+  CHECK(takers == 1 && main_takes,
+        "%d of nwcd's threads take SIGHUP (the loop thread %s): want the loop thread alone", takers,
+        main_takes ? "among them" : "not");
   kill(d, SIGHUP);
   CHECK(ts_log_wait("reload: no settings file to re-read (NWCD_CONFIG is empty); nothing changed",
                     10000), "SIGHUP without a settings file: not said so");
